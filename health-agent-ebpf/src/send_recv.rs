@@ -1,0 +1,78 @@
+//! `sock:sock_recv_length` / `sock:sock_send_length` (6.3+, layout read from tracefs; written
+//! against 6.18). They run in the calling process's context, so they say who claimed a
+//! connection, when its first request byte was read and when its first response byte left.
+//! This area owns the server-latency histogram.
+
+use aya_ebpf::{
+    helpers::bpf_get_current_pid_tgid,
+    macros::{map, tracepoint},
+    maps::PerCpuArray,
+    programs::TracePointContext,
+};
+use health_common::{latency_bucket, LatencyHist, LATENCY_BUCKETS, MAX_PORTS};
+
+use crate::{
+    field, now_ns, offsets,
+    tcp_state::{counters, CONNS},
+};
+
+#[map]
+static LATENCY: PerCpuArray<LatencyHist> = PerCpuArray::with_max_entries(MAX_PORTS, 0);
+
+#[tracepoint]
+pub fn sock_recv_length(ctx: TracePointContext) -> u32 {
+    let _ = try_io(&ctx, false);
+    0
+}
+
+#[tracepoint]
+pub fn sock_send_length(ctx: TracePointContext) -> u32 {
+    let _ = try_io(&ctx, true);
+    0
+}
+
+fn try_io(ctx: &TracePointContext, send: bool) -> Option<()> {
+    let off = offsets()?;
+    let (sk_off, ret_off) = if send {
+        (off.send_sk, off.send_ret)
+    } else {
+        (off.recv_sk, off.recv_ret)
+    };
+    // EAGAIN, errors and EOF move nothing.
+    let ret: i32 = field(ctx, ret_off)?;
+    if ret <= 0 {
+        return None;
+    }
+    let sk: u64 = field(ctx, sk_off)?;
+    // Every socket read/write on the box passes here: one hash lookup decides.
+    let conn = unsafe { &mut *CONNS.get_ptr_mut(sk)? };
+    let now = now_ns();
+    let c = counters(conn.slot)?;
+    if conn.claimed_ns == 0 {
+        conn.claimed_ns = now;
+        conn.pid = (bpf_get_current_pid_tgid() >> 32) as u32;
+        c.claimed += 1;
+    }
+    if !send {
+        if conn.first_request_ns == 0 {
+            conn.first_request_ns = now;
+            c.requests += 1;
+        }
+        return Some(());
+    }
+    if conn.first_response_ns != 0 {
+        return Some(());
+    }
+    conn.first_response_ns = now;
+    c.answered += 1;
+    if conn.first_request_ns != 0 {
+        let us = now.saturating_sub(conn.first_request_ns) / 1000;
+        let bucket = latency_bucket(us);
+        let hist = unsafe { &mut *LATENCY.get_ptr_mut(conn.slot)? };
+        // Redundant for correctness; it gives the verifier a bound it can see.
+        if bucket < LATENCY_BUCKETS {
+            hist.buckets[bucket] += 1;
+        }
+    }
+    Some(())
+}

@@ -1,0 +1,97 @@
+//! The checks. Each produces a serialisable report; `Report` is one round of all of them,
+//! the input of the policy and the body of `/health`.
+
+pub mod disk;
+pub mod probe;
+pub mod system;
+pub mod web;
+
+use serde::Serialize;
+
+use crate::policy::{ContainersState, DbState, DiskLevel, PolicyInput};
+
+/// Containers slot: filled by the containers check when `[containers]` names any.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ContainersReport {
+    pub state: ContainersState,
+    /// The seed's `checks.containers`, e.g. `"2/2 running"`.
+    pub summary: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Expected containers that are missing, not running or unhealthy.
+    pub faulty: Vec<String>,
+    pub containers: Vec<crate::docker::ContainerInfo>,
+}
+
+impl ContainersReport {
+    pub fn not_configured() -> Self {
+        Self {
+            state: ContainersState::NotConfigured,
+            summary: "not_configured".into(),
+            reason: None,
+            faulty: Vec::new(),
+            containers: Vec::new(),
+        }
+    }
+}
+
+/// Database slot: filled by the database check when `database.url` is set.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct DatabaseReport {
+    pub state: DbState,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl DatabaseReport {
+    pub fn not_configured() -> Self {
+        Self {
+            state: DbState::NotConfigured,
+            reason: None,
+        }
+    }
+
+    pub fn summary(&self) -> &'static str {
+        match self.state {
+            DbState::NotConfigured => "not_configured",
+            DbState::Connected => "connected",
+            DbState::Slow => "slow",
+            DbState::Unreachable => "unreachable",
+            DbState::Unknown => "unknown",
+        }
+    }
+}
+
+/// One round of every check.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Report {
+    pub web: web::WebReport,
+    pub disk: disk::DiskReport,
+    pub system: Option<system::SystemReport>,
+    pub containers: ContainersReport,
+    pub database: DatabaseReport,
+}
+
+impl Report {
+    pub fn policy_input(&self, in_boot_grace: bool) -> PolicyInput {
+        PolicyInput {
+            web: self.web.verdict,
+            disk: self.disk.level,
+            database: self.database.state,
+            containers: self.containers.state,
+            pressure: self
+                .system
+                .as_ref()
+                .map_or(crate::policy::Pressure::Normal, |s| s.pressure),
+            in_boot_grace,
+            heal: crate::policy::HealPhase::Idle,
+        }
+    }
+
+    pub fn disk_unknown() -> disk::DiskReport {
+        disk::DiskReport {
+            level: DiskLevel::Unknown,
+            mounts: Vec::new(),
+        }
+    }
+}

@@ -1,0 +1,553 @@
+//! The TOML configuration: every field defaulted (an empty file is valid), unknown keys
+//! rejected, durations as human strings ("2s", "10m"). `DEFAULT_TOML` is the commented file
+//! `health-agent config --dump` prints; a test keeps it equal to `Config::default()`.
+
+use std::{net::SocketAddr, path::Path, time::Duration};
+
+use serde::{Deserialize, Serialize};
+
+pub const DEFAULT_PATH: &str = "/etc/health-agent/health-agent.toml";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: String, message: String },
+    #[error("{path}: `{key}` {message}")]
+    Invalid {
+        path: String,
+        key: &'static str,
+        message: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub checks: ChecksConfig,
+    pub web: WebConfig,
+    pub disk: DiskConfig,
+    pub containers: ContainersConfig,
+    pub database: DatabaseConfig,
+    pub scaling: ScalingConfig,
+    pub heal: HealConfig,
+    pub alerts: AlertsConfig,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Details {
+    Always,
+    Loopback,
+    Token,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub details: Details,
+    pub token_env: String,
+    #[serde(with = "dur")]
+    pub request_timeout: Duration,
+    pub max_connections: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
+            details: Details::Loopback,
+            token_env: "HEALTH_AGENT_TOKEN".into(),
+            request_timeout: Duration::from_secs(5),
+            max_connections: 1024,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ChecksConfig {
+    #[serde(with = "dur")]
+    pub interval: Duration,
+    #[serde(with = "dur")]
+    pub timeout: Duration,
+    #[serde(with = "dur")]
+    pub boot_grace: Duration,
+    #[serde(with = "dur")]
+    pub stale_after: Duration,
+    #[serde(with = "dur")]
+    pub fail_after: Duration,
+    #[serde(with = "dur")]
+    pub recover_after: Duration,
+}
+
+impl Default for ChecksConfig {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(2),
+            timeout: Duration::from_secs(5),
+            boot_grace: Duration::from_secs(120),
+            stale_after: Duration::from_secs(10),
+            fail_after: Duration::ZERO,
+            recover_after: Duration::from_secs(4),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WebConfig {
+    pub port: u16,
+    pub probe_path: String,
+    #[serde(with = "dur")]
+    pub probe_timeout: Duration,
+    #[serde(with = "dur")]
+    pub hung_after: Duration,
+    #[serde(with = "dur")]
+    pub unanswered_after: Duration,
+    #[serde(with = "dur")]
+    pub slow_after: Duration,
+    #[serde(with = "dur")]
+    pub latency_window: Duration,
+    #[serde(with = "dur")]
+    pub eval_interval: Duration,
+    pub kernel: bool,
+    pub max_connections_tracked: u32,
+    pub container: String,
+    pub restart_command: String,
+}
+
+impl Default for WebConfig {
+    fn default() -> Self {
+        Self {
+            port: 0,
+            probe_path: "/up".into(),
+            probe_timeout: Duration::from_secs(2),
+            hung_after: Duration::from_secs(2),
+            unanswered_after: Duration::from_secs(10),
+            slow_after: Duration::from_secs(1),
+            latency_window: Duration::from_secs(60),
+            eval_interval: Duration::from_millis(250),
+            kernel: true,
+            max_connections_tracked: health_common::DEFAULT_MAX_CONNS,
+            container: String::new(),
+            restart_command: String::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DiskConfig {
+    pub paths: Vec<String>,
+    pub warn_percent: f64,
+    pub fail_percent: f64,
+}
+
+impl Default for DiskConfig {
+    fn default() -> Self {
+        Self {
+            paths: vec!["/".into()],
+            warn_percent: 80.0,
+            fail_percent: 90.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ContainersConfig {
+    pub names: Vec<String>,
+    pub labels: Vec<String>,
+    pub docker_host: String,
+}
+
+impl Default for ContainersConfig {
+    fn default() -> Self {
+        Self {
+            names: Vec::new(),
+            labels: Vec::new(),
+            docker_host: "unix:///var/run/docker.sock".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DatabaseConfig {
+    pub url: String,
+    #[serde(with = "dur")]
+    pub interval: Duration,
+    #[serde(with = "dur")]
+    pub timeout: Duration,
+    #[serde(with = "dur")]
+    pub slow_after: Duration,
+    pub password_file: String,
+}
+
+impl Default for DatabaseConfig {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            interval: Duration::from_secs(30),
+            timeout: Duration::from_secs(5),
+            slow_after: Duration::from_secs(1),
+            password_file: String::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ScalingConfig {
+    #[serde(with = "dur")]
+    pub window: Duration,
+    pub cpu_high_percent: f64,
+    pub memory_high_percent: f64,
+    pub cpu_low_percent: f64,
+    pub memory_low_percent: f64,
+}
+
+impl Default for ScalingConfig {
+    fn default() -> Self {
+        Self {
+            window: Duration::from_secs(60),
+            cpu_high_percent: 85.0,
+            memory_high_percent: 90.0,
+            cpu_low_percent: 10.0,
+            memory_low_percent: 30.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HealConfig {
+    pub enabled: bool,
+    pub max_restarts: u32,
+    #[serde(with = "dur")]
+    pub window: Duration,
+    #[serde(with = "dur")]
+    pub timeout: Duration,
+}
+
+impl Default for HealConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_restarts: 3,
+            window: Duration::from_secs(600),
+            timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AlertsConfig {
+    pub slack_webhook_url: String,
+    pub pagerduty_routing_key: String,
+    pub pagerduty_url: String,
+    pub github_repo: String,
+    pub github_token_env: String,
+    pub github_api_url: String,
+    pub webhook_url: String,
+}
+
+impl Default for AlertsConfig {
+    fn default() -> Self {
+        Self {
+            slack_webhook_url: String::new(),
+            pagerduty_routing_key: String::new(),
+            pagerduty_url: "https://events.pagerduty.com/v2/enqueue".into(),
+            github_repo: String::new(),
+            github_token_env: "GITHUB_TOKEN".into(),
+            github_api_url: "https://api.github.com".into(),
+            webhook_url: String::new(),
+        }
+    }
+}
+
+impl Config {
+    /// Loads and validates a file. A missing file at the default path is an empty config.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let shown = path.display().to_string();
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e)
+                if e.kind() == std::io::ErrorKind::NotFound && path == Path::new(DEFAULT_PATH) =>
+            {
+                String::new()
+            }
+            Err(source) => {
+                return Err(ConfigError::Read {
+                    path: shown,
+                    source,
+                })
+            }
+        };
+        Self::parse(&text, &shown)
+    }
+
+    pub fn parse(text: &str, path: &str) -> Result<Self, ConfigError> {
+        let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_string(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        cfg.validate(path)?;
+        Ok(cfg)
+    }
+
+    fn validate(&self, path: &str) -> Result<(), ConfigError> {
+        let bad = |key, message: String| ConfigError::Invalid {
+            path: path.to_string(),
+            key,
+            message,
+        };
+        let pct = |key, v: f64| {
+            if (0.0..=100.0).contains(&v) {
+                Ok(())
+            } else {
+                Err(bad(key, format!("must be between 0 and 100, got {v}")))
+            }
+        };
+        pct("disk.warn_percent", self.disk.warn_percent)?;
+        pct("disk.fail_percent", self.disk.fail_percent)?;
+        pct("scaling.cpu_high_percent", self.scaling.cpu_high_percent)?;
+        pct(
+            "scaling.memory_high_percent",
+            self.scaling.memory_high_percent,
+        )?;
+        pct("scaling.cpu_low_percent", self.scaling.cpu_low_percent)?;
+        pct(
+            "scaling.memory_low_percent",
+            self.scaling.memory_low_percent,
+        )?;
+        if self.disk.warn_percent > self.disk.fail_percent {
+            return Err(bad(
+                "disk.warn_percent",
+                format!(
+                    "({}) must not exceed disk.fail_percent ({})",
+                    self.disk.warn_percent, self.disk.fail_percent
+                ),
+            ));
+        }
+        let positive = |key, d: Duration| {
+            if d.is_zero() {
+                Err(bad(key, "must be greater than 0".into()))
+            } else {
+                Ok(())
+            }
+        };
+        positive("checks.interval", self.checks.interval)?;
+        positive("checks.timeout", self.checks.timeout)?;
+        positive("checks.stale_after", self.checks.stale_after)?;
+        positive("web.probe_timeout", self.web.probe_timeout)?;
+        positive("web.hung_after", self.web.hung_after)?;
+        positive("web.unanswered_after", self.web.unanswered_after)?;
+        positive("web.eval_interval", self.web.eval_interval)?;
+        positive("database.interval", self.database.interval)?;
+        positive("server.request_timeout", self.server.request_timeout)?;
+        if self.checks.stale_after < self.checks.interval * 2 {
+            return Err(bad(
+                "checks.stale_after",
+                "must be at least twice checks.interval".into(),
+            ));
+        }
+        if !self.web.probe_path.is_empty() && !self.web.probe_path.starts_with('/') {
+            return Err(bad(
+                "web.probe_path",
+                format!(
+                    "must start with '/' (or be \"\" to disable), got {:?}",
+                    self.web.probe_path
+                ),
+            ));
+        }
+        if !(64..=1 << 22).contains(&self.web.max_connections_tracked) {
+            return Err(bad(
+                "web.max_connections_tracked",
+                "must be between 64 and 4194304".into(),
+            ));
+        }
+        if self.server.max_connections == 0 {
+            return Err(bad("server.max_connections", "must be at least 1".into()));
+        }
+        if self.disk.paths.iter().any(|p| !p.starts_with('/')) {
+            return Err(bad("disk.paths", "entries must be absolute paths".into()));
+        }
+        for l in &self.containers.labels {
+            if l.trim().is_empty() || l.starts_with('=') {
+                return Err(bad(
+                    "containers.labels",
+                    format!("{l:?} is not key or key=value"),
+                ));
+            }
+        }
+        if !self.alerts.github_repo.is_empty() && self.alerts.github_repo.split('/').count() != 2 {
+            return Err(bad(
+                "alerts.github_repo",
+                format!("must be owner/name, got {:?}", self.alerts.github_repo),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The documented default configuration, printed by `health-agent config --dump`.
+pub const DEFAULT_TOML: &str = r#"# health-agent configuration. Every key is optional; these are the defaults.
+
+[server]
+listen = "0.0.0.0:8080"          # the load balancer's HealthCheckPort
+details = "loopback"             # who sees full diagnostics: "always" | "loopback" | "token"
+token_env = "HEALTH_AGENT_TOKEN" # with details = "token": env var holding the bearer token
+request_timeout = "5s"           # a client slower than this is cut off
+max_connections = 1024           # concurrent HTTP connections; beyond it new ones wait
+
+[checks]
+interval = "2s"                  # snapshot refresh cadence (disk, cpu, memory, probe)
+timeout = "5s"                   # each check's own deadline; a hung check is reported, not waited for
+boot_grace = "120s"              # after the agent starts: answer 200 "booting"
+stale_after = "10s"              # snapshot older than this: 503, the agent can no longer vouch
+fail_after = "0s"                # a 503 condition must hold this long before 503 (web verdicts
+                                 # already wait hung_after / unanswered_after)
+recover_after = "4s"             # a 503 must be gone this long before 200 again
+
+[web]
+port = 0                         # the backend's listen port; 0 = no web check
+probe_path = "/up"               # active probe on 127.0.0.1:<port>; "" disables it
+probe_timeout = "2s"
+hung_after = "2s"                # queued connections with no accept progress for this long
+unanswered_after = "10s"         # a read request with no response byte for this long
+slow_after = "1s"                # p99 request → first response byte above this: slow
+latency_window = "60s"           # sliding window of the latency percentiles
+eval_interval = "250ms"          # how often the kernel view is evaluated
+kernel = true                    # load the eBPF programs (false: probe + accept queue only)
+max_connections_tracked = 16384  # size of the kernel's per-connection LRU table
+container = ""                   # optional: heal by restarting this container
+restart_command = ""             # optional: heal by running this (non-container backends)
+
+[disk]
+paths = ["/"]
+warn_percent = 80.0
+fail_percent = 90.0
+
+[containers]
+names = []                       # expected containers by name
+labels = []                      # and/or by label, "key=value"
+docker_host = "unix:///var/run/docker.sock"
+
+[database]
+url = ""                         # e.g. postgres://user@127.0.0.1:5432/db (password from PGPASSWORD)
+interval = "30s"                 # its own cadence, cached: never once per /health request
+timeout = "5s"
+slow_after = "1s"
+password_file = ""
+
+[scaling]
+window = "60s"                   # CPU and memory are averaged over this window
+cpu_high_percent = 85.0          # sustained above: degraded, scale_up
+memory_high_percent = 90.0
+cpu_low_percent = 10.0           # sustained below both: scale_down
+memory_low_percent = 30.0
+
+[heal]
+enabled = true
+max_restarts = 3                 # restart budget per window; spent = 503 straight away
+window = "10m"
+timeout = "30s"                  # how long a restart may take to bring the backend back
+
+[alerts]
+slack_webhook_url = ""
+pagerduty_routing_key = ""
+pagerduty_url = "https://events.pagerduty.com/v2/enqueue"
+github_repo = ""                 # owner/name
+github_token_env = "GITHUB_TOKEN"
+github_api_url = "https://api.github.com"
+webhook_url = ""                 # generic JSON webhook
+"#;
+
+/// serde for `Duration` as a human string ("250ms", "2s", "10m").
+mod dur {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_duration(&s).map_err(|e| {
+            serde::de::Error::custom(format!(
+                "invalid duration {s:?} ({e}); use a number with a unit, e.g. \"250ms\", \"2s\", \"10m\""
+            ))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_is_the_default() {
+        assert_eq!(Config::parse("", "t").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn documented_default_matches_code() {
+        assert_eq!(
+            Config::parse(DEFAULT_TOML, "dump").unwrap(),
+            Config::default()
+        );
+    }
+
+    #[test]
+    fn unknown_key_names_key_and_line() {
+        let err = Config::parse("[web]\nport = 9000\nhung_aftr = \"2s\"\n", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("line 3"), "{err}");
+        assert!(err.contains("hung_aftr"), "{err}");
+        assert!(err.contains("hung_after"), "lists what is allowed: {err}");
+    }
+
+    #[test]
+    fn bad_duration_says_how() {
+        let err = Config::parse("[checks]\ninterval = \"soon\"\n", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("line 2") && err.contains("\"2s\""), "{err}");
+    }
+
+    #[test]
+    fn thresholds_are_range_checked() {
+        let err = Config::parse("[disk]\nwarn_percent = 95.0\n", "x")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("disk.warn_percent"), "{err}");
+        let err = Config::parse("[disk]\nfail_percent = 120.0\n", "x")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("between 0 and 100"), "{err}");
+        let err = Config::parse("[web]\nprobe_path = \"up\"\n", "x")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("web.probe_path"), "{err}");
+    }
+
+    #[test]
+    fn durations_round_trip() {
+        let cfg = Config::parse("[web]\neval_interval = \"100ms\"\n", "x").unwrap();
+        assert_eq!(cfg.web.eval_interval, Duration::from_millis(100));
+        let again = Config::parse(&toml::to_string(&cfg).unwrap(), "x").unwrap();
+        assert_eq!(again, cfg);
+    }
+}

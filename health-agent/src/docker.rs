@@ -1,0 +1,248 @@
+//! The Docker Engine API (bollard): the expected-containers check ("N/M running", state, own
+//! HEALTHCHECK, restart count, CPU and memory — the old `docker:status`) and container restarts
+//! for self-healing. A daemon that does not answer is `unknown` with the reason: a warning,
+//! never a 503 storm.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use bollard::{
+    models::{ContainerInspectResponse, ContainerStateStatusEnum, HealthStatusEnum},
+    query_parameters::{
+        InspectContainerOptions, ListContainersOptionsBuilder, RestartContainerOptionsBuilder,
+        StatsOptionsBuilder,
+    },
+};
+use futures_util::StreamExt as _;
+use serde::Serialize;
+
+use crate::{checks::ContainersReport, config::ContainersConfig, policy::ContainersState};
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ContainerInfo {
+    pub name: String,
+    /// created, running, paused, restarting, removing, exited, dead, or missing.
+    pub state: String,
+    /// The container's own HEALTHCHECK: healthy, unhealthy, starting, or none.
+    pub health: String,
+    pub restart_count: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_percent: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_percent: Option<f64>,
+}
+
+impl ContainerInfo {
+    fn faulty(&self) -> bool {
+        self.state != "running" || self.health == "unhealthy"
+    }
+}
+
+#[derive(Clone)]
+pub struct Docker {
+    client: bollard::Docker,
+    /// Previous (container cpu, system cpu) per container, for CPU % between two checks.
+    cpu: Arc<Mutex<HashMap<String, (u64, u64)>>>,
+}
+
+impl Docker {
+    /// `unix:///path` or `http://127.0.0.1:2375`. Connecting is lazy: this never fails because
+    /// the daemon is down, only when the address is malformed.
+    pub fn connect(host: &str, timeout: Duration) -> Result<Self, String> {
+        let secs = timeout.as_secs().max(1);
+        let client = if host.starts_with("unix://") || host.starts_with('/') {
+            bollard::Docker::connect_with_unix(host, secs, bollard::API_DEFAULT_VERSION)
+        } else if host.starts_with("http://") || host.starts_with("tcp://") {
+            bollard::Docker::connect_with_http(host, secs, bollard::API_DEFAULT_VERSION)
+        } else {
+            return Err(format!(
+                "containers.docker_host {host:?}: use unix:///var/run/docker.sock or http://HOST:PORT"
+            ));
+        }
+        .map_err(|e| format!("containers.docker_host {host:?}: {e}"))?;
+        Ok(Self {
+            client,
+            cpu: Arc::default(),
+        })
+    }
+
+    pub async fn restart(&self, name: &str, timeout: Duration) -> Result<(), String> {
+        let grace = (timeout.as_secs() / 2).clamp(1, 10) as i32;
+        let opts = RestartContainerOptionsBuilder::new().t(grace).build();
+        self.client
+            .restart_container(name, Some(opts))
+            .await
+            .map_err(|e| format!("docker restart {name}: {e}"))
+    }
+
+    /// Checks the expected containers. Never fails: an unreachable daemon is `unknown`.
+    pub async fn check(&self, cfg: &ContainersConfig) -> (ContainersReport, Vec<ContainerInfo>) {
+        match self.inspect_expected(cfg).await {
+            Ok(infos) => {
+                let running = infos.iter().filter(|c| !c.faulty()).count();
+                let faulty: Vec<&ContainerInfo> = infos.iter().filter(|c| c.faulty()).collect();
+                let reason = (!faulty.is_empty()).then(|| {
+                    faulty
+                        .iter()
+                        .map(|c| {
+                            format!(
+                                "{} {}",
+                                c.name,
+                                if c.state == "running" {
+                                    &c.health
+                                } else {
+                                    &c.state
+                                }
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                });
+                let report = ContainersReport {
+                    state: if faulty.is_empty() {
+                        ContainersState::AllRunning
+                    } else {
+                        ContainersState::Faulty
+                    },
+                    summary: format!("{running}/{} running", infos.len()),
+                    reason,
+                    faulty: faulty.iter().map(|c| c.name.clone()).collect(),
+                    containers: infos.clone(),
+                };
+                (report, infos)
+            }
+            Err(e) => (
+                ContainersReport {
+                    state: ContainersState::Unknown,
+                    summary: "unknown".into(),
+                    reason: Some(format!("Docker did not answer: {e}")),
+                    faulty: Vec::new(),
+                    containers: Vec::new(),
+                },
+                Vec::new(),
+            ),
+        }
+    }
+
+    async fn inspect_expected(
+        &self,
+        cfg: &ContainersConfig,
+    ) -> Result<Vec<ContainerInfo>, bollard::errors::Error> {
+        let all = self
+            .client
+            .list_containers(Some(ListContainersOptionsBuilder::new().all(true).build()))
+            .await?;
+        let mut expected: Vec<String> = cfg.names.clone();
+        for c in &all {
+            let labels = c.labels.clone().unwrap_or_default();
+            let matches = cfg.labels.iter().any(|want| match want.split_once('=') {
+                Some((k, v)) => labels.get(k).is_some_and(|have| have == v),
+                None => labels.contains_key(want),
+            });
+            if matches {
+                if let Some(name) = c.names.as_ref().and_then(|n| n.first()) {
+                    let name = name.trim_start_matches('/').to_string();
+                    if !expected.contains(&name) {
+                        expected.push(name);
+                    }
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(expected.len());
+        for name in expected {
+            match self
+                .client
+                .inspect_container(&name, None::<InspectContainerOptions>)
+                .await
+            {
+                Ok(inspect) => out.push(self.describe(&name, inspect).await),
+                Err(bollard::errors::Error::DockerResponseServerError {
+                    status_code: 404, ..
+                }) => out.push(ContainerInfo {
+                    name,
+                    state: "missing".into(),
+                    health: "none".into(),
+                    restart_count: 0,
+                    exit_code: None,
+                    cpu_percent: None,
+                    memory_bytes: None,
+                    memory_percent: None,
+                }),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
+    async fn describe(&self, name: &str, inspect: ContainerInspectResponse) -> ContainerInfo {
+        let state = inspect.state.clone().unwrap_or_default();
+        let status = state.status.unwrap_or(ContainerStateStatusEnum::EMPTY);
+        let health = state
+            .health
+            .and_then(|h| h.status)
+            .filter(|s| *s != HealthStatusEnum::EMPTY)
+            .map_or("none".to_string(), |s| s.to_string());
+        let mut info = ContainerInfo {
+            name: name.to_string(),
+            state: status.to_string(),
+            health,
+            restart_count: inspect.restart_count.unwrap_or(0),
+            exit_code: (status != ContainerStateStatusEnum::RUNNING)
+                .then_some(state.exit_code)
+                .flatten(),
+            cpu_percent: None,
+            memory_bytes: None,
+            memory_percent: None,
+        };
+        if status == ContainerStateStatusEnum::RUNNING {
+            self.add_stats(&mut info).await;
+        }
+        info
+    }
+
+    /// One-shot stats; CPU % comes from the change since this container's previous check.
+    async fn add_stats(&self, info: &mut ContainerInfo) {
+        let opts = StatsOptionsBuilder::new()
+            .stream(false)
+            .one_shot(true)
+            .build();
+        let Some(Ok(stats)) = self.client.stats(&info.name, Some(opts)).next().await else {
+            return;
+        };
+        if let Some(mem) = &stats.memory_stats {
+            info.memory_bytes = mem.usage;
+            if let (Some(u), Some(l)) = (mem.usage, mem.limit) {
+                if l > 0 {
+                    info.memory_percent = Some((u as f64 * 1000.0 / l as f64).round() / 10.0);
+                }
+            }
+        }
+        let Some(cpu) = &stats.cpu_stats else { return };
+        let (Some(total), Some(system)) = (
+            cpu.cpu_usage.as_ref().and_then(|u| u.total_usage),
+            cpu.system_cpu_usage,
+        ) else {
+            return;
+        };
+        let online = cpu.online_cpus.unwrap_or(1).max(1) as f64;
+        let prev = self
+            .cpu
+            .lock()
+            .ok()
+            .and_then(|mut m| m.insert(info.name.clone(), (total, system)));
+        if let Some((pt, ps)) = prev {
+            let dt = total.saturating_sub(pt) as f64;
+            let ds = system.saturating_sub(ps) as f64;
+            if ds > 0.0 {
+                info.cpu_percent = Some((dt / ds * online * 1000.0).round() / 10.0);
+            }
+        }
+    }
+}

@@ -1,0 +1,351 @@
+//! User-space side of the kernel programs: load the embedded object, hand the programs their
+//! record offsets and watched ports, attach the tracepoints, drain aya-log into `tracing`, and
+//! read the maps into plain samples. Dropping `KernelView` detaches everything.
+
+pub mod tracefs;
+
+use std::time::Duration;
+
+use aya::{
+    maps::{Array, HashMap, MapData, PerCpuArray},
+    programs::TracePoint,
+    Ebpf, EbpfLoader,
+};
+use health_common::{
+    maps, AcceptKey, AcceptStat, ConnState, LatencyHist, PortCounters, TracepointOffsets, MAX_PORTS,
+};
+use tokio::io::unix::AsyncFd;
+
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    #[error("{0}")]
+    Tracefs(String),
+    #[error("loading the eBPF object failed: {0} (needs root or CAP_BPF+CAP_PERFMON, and a kernel with BTF)")]
+    Load(#[source] aya::EbpfError),
+    #[error("program {name}: {source}")]
+    Program {
+        name: &'static str,
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    #[error("map {name}: {detail}")]
+    Map { name: &'static str, detail: String },
+    #[error("too many watched ports (at most {MAX_PORTS})")]
+    TooManyPorts,
+}
+
+/// (program, tracepoint category, tracepoint name)
+const PROGRAMS: [(&str, &str, &str); 7] = [
+    ("inet_sock_set_state", "sock", "inet_sock_set_state"),
+    ("sock_recv_length", "sock", "sock_recv_length"),
+    ("sock_send_length", "sock", "sock_send_length"),
+    ("sys_enter_accept4", "syscalls", "sys_enter_accept4"),
+    ("sys_exit_accept4", "syscalls", "sys_exit_accept4"),
+    ("sys_enter_accept", "syscalls", "sys_enter_accept"),
+    ("sys_exit_accept", "syscalls", "sys_exit_accept"),
+];
+
+/// What the kernel saw for one watched port, at one instant.
+#[derive(Debug, Clone, Default)]
+pub struct PortSample {
+    pub port: u16,
+    pub counters: PortCounters,
+    pub latency: LatencyHist,
+    /// Established connections no process has touched yet (waiting in the accept queue).
+    pub waiting: u32,
+    pub oldest_waiting: Option<Duration>,
+    /// Connections whose first request was read and not yet answered.
+    pub pending: u32,
+    pub oldest_pending: Option<Duration>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct KernelSample {
+    pub ports: Vec<PortSample>,
+    /// Successful accepts per (process, listen fd); user space maps them to listen ports.
+    pub accepts: Vec<(AcceptKey, AcceptStat)>,
+    /// CLOCK_MONOTONIC of the sample, the kernel programs' clock.
+    pub now_ns: u64,
+}
+
+pub struct KernelView {
+    ports: Vec<(u16, u32)>,
+    counters: PerCpuArray<MapData, PortCounters>,
+    latency: PerCpuArray<MapData, LatencyHist>,
+    conns: HashMap<MapData, u64, ConnState>,
+    accepts: HashMap<MapData, AcceptKey, AcceptStat>,
+    log_task: Option<tokio::task::JoinHandle<()>>,
+    // Owns the programs and their links: dropping it detaches every tracepoint.
+    _ebpf: Ebpf,
+}
+
+impl Drop for KernelView {
+    fn drop(&mut self) {
+        if let Some(t) = self.log_task.take() {
+            t.abort();
+        }
+        tracing::info!("kernel programs detached");
+    }
+}
+
+fn map_err(name: &'static str) -> impl Fn(aya::maps::MapError) -> KernelError {
+    move |e| KernelError::Map {
+        name,
+        detail: e.to_string(),
+    }
+}
+
+fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, KernelError>
+where
+    T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
+{
+    let map = ebpf.take_map(name).ok_or(KernelError::Map {
+        name,
+        detail: "missing from the object".into(),
+    })?;
+    T::try_from(map).map_err(map_err(name))
+}
+
+/// Reads the record offsets of every tracepoint the programs use.
+fn read_offsets(root: &std::path::Path) -> Result<TracepointOffsets, KernelError> {
+    use tracefs::Format;
+    let state = Format::read(root, "sock", "inet_sock_set_state")?;
+    let send = Format::read(root, "sock", "sock_send_length")?;
+    let recv = Format::read(root, "sock", "sock_recv_length")?;
+    let enter = Format::read(root, "syscalls", "sys_enter_accept4")?;
+    let exit = Format::read(root, "syscalls", "sys_exit_accept4")?;
+    // The plain accept pair must share the accept4 layout: one offset serves both.
+    let enter_plain = Format::read(root, "syscalls", "sys_enter_accept")?;
+    let exit_plain = Format::read(root, "syscalls", "sys_exit_accept")?;
+    let accept_enter_fd = enter.offset("fd", 8)?;
+    let accept_exit_ret = exit.offset("ret", 8)?;
+    if enter_plain.offset("fd", 8)? != accept_enter_fd
+        || exit_plain.offset("ret", 8)? != accept_exit_ret
+    {
+        return Err(KernelError::Tracefs(
+            "sys_enter_accept and sys_enter_accept4 record layouts differ".into(),
+        ));
+    }
+    Ok(TracepointOffsets {
+        state_skaddr: state.offset("skaddr", 8)?,
+        state_oldstate: state.offset("oldstate", 4)?,
+        state_newstate: state.offset("newstate", 4)?,
+        state_sport: state.offset("sport", 2)?,
+        state_family: state.offset("family", 2)?,
+        state_protocol: state.offset("protocol", 2)?,
+        send_sk: send.offset("sk", 8)?,
+        send_family: send.offset("family", 2)?,
+        send_protocol: send.offset("protocol", 2)?,
+        send_ret: send.offset("ret", 4)?,
+        recv_sk: recv.offset("sk", 8)?,
+        recv_family: recv.offset("family", 2)?,
+        recv_protocol: recv.offset("protocol", 2)?,
+        recv_ret: recv.offset("ret", 4)?,
+        accept_enter_fd,
+        accept_exit_ret,
+        ready: 1,
+        _pad: 0,
+    })
+}
+
+/// The compiled kernel programs, built by build.rs from `health-agent-ebpf`.
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/health-agent"));
+
+impl KernelView {
+    /// Loads and attaches the programs for `ports`. Must run inside a tokio runtime (the
+    /// aya-log drain is a task).
+    pub fn load(ports: &[u16], max_conns: u32) -> Result<Self, KernelError> {
+        if ports.len() > MAX_PORTS as usize {
+            return Err(KernelError::TooManyPorts);
+        }
+        let root = tracefs::ensure_mounted()?;
+        let offsets = read_offsets(&root)?;
+        raise_memlock_limit();
+
+        let mut ebpf = EbpfLoader::new()
+            .map_max_entries(maps::CONNS, max_conns)
+            .load(OBJECT)
+            .map_err(KernelError::Load)?;
+
+        let log_task = match aya_log::EbpfLogger::init(&mut ebpf) {
+            Ok(logger) => drain_logs(logger),
+            Err(e) => {
+                tracing::warn!(
+                    "eBPF log channel unavailable, kernel-side warnings will not show: {e}"
+                );
+                None
+            }
+        };
+
+        let mut offsets_map: Array<MapData, TracepointOffsets> = take(&mut ebpf, maps::OFFSETS)?;
+        offsets_map
+            .set(0, offsets, 0)
+            .map_err(map_err(maps::OFFSETS))?;
+        let mut watched: HashMap<MapData, u16, u32> = take(&mut ebpf, maps::WATCHED_PORTS)?;
+        let ports: Vec<(u16, u32)> = ports.iter().copied().zip(0u32..).collect();
+        for (port, slot) in &ports {
+            watched
+                .insert(port, slot, 0)
+                .map_err(map_err(maps::WATCHED_PORTS))?;
+        }
+        let counters = take(&mut ebpf, maps::PORT_COUNTERS)?;
+        let latency = take(&mut ebpf, maps::LATENCY)?;
+        let conns = take(&mut ebpf, maps::CONNS)?;
+        let accepts = take(&mut ebpf, maps::ACCEPTS)?;
+
+        for (name, category, tracepoint) in PROGRAMS {
+            let program: &mut TracePoint = ebpf
+                .program_mut(name)
+                .ok_or(KernelError::Program {
+                    name,
+                    source: aya::programs::ProgramError::UnexpectedProgramType,
+                })?
+                .try_into()
+                .map_err(|source| KernelError::Program { name, source })?;
+            program
+                .load()
+                .map_err(|source| KernelError::Program { name, source })?;
+            program
+                .attach(category, tracepoint)
+                .map_err(|source| KernelError::Program { name, source })?;
+        }
+        tracing::info!(
+            ?ports,
+            max_conns,
+            "kernel programs attached ({} tracepoints)",
+            PROGRAMS.len()
+        );
+        // The offsets/watched maps stay referenced by the loaded programs; our handles can go.
+        drop((offsets_map, watched));
+        Ok(Self {
+            ports,
+            counters,
+            latency,
+            conns,
+            accepts,
+            log_task,
+            _ebpf: ebpf,
+        })
+    }
+
+    pub fn programs(&self) -> usize {
+        PROGRAMS.len()
+    }
+
+    /// Reads every map once. Cost grows with the connection table only while connections wait
+    /// or requests are pending; otherwise it is a handful of syscalls.
+    pub fn sample(&self) -> KernelSample {
+        let now_ns = monotonic_ns();
+        let mut ports: Vec<PortSample> = self
+            .ports
+            .iter()
+            .map(|&(port, slot)| {
+                let mut counters = PortCounters::default();
+                if let Ok(per_cpu) = self.counters.get(&slot, 0) {
+                    for c in per_cpu.iter() {
+                        counters.add(c);
+                    }
+                }
+                let mut latency = LatencyHist::default();
+                if let Ok(per_cpu) = self.latency.get(&slot, 0) {
+                    for h in per_cpu.iter() {
+                        for (sum, b) in latency.buckets.iter_mut().zip(h.buckets.iter()) {
+                            *sum += b;
+                        }
+                    }
+                }
+                PortSample {
+                    port,
+                    counters,
+                    latency,
+                    ..PortSample::default()
+                }
+            })
+            .collect();
+
+        let maybe_busy = ports.iter().any(|p| {
+            let c = &p.counters;
+            c.established > c.claimed + c.closed_unclaimed || c.requests > c.answered
+        });
+        if maybe_busy {
+            for entry in self.conns.iter() {
+                let Ok((_, conn)) = entry else { continue };
+                let Some(p) = ports.get_mut(conn.slot as usize) else {
+                    continue;
+                };
+                if conn.claimed_ns == 0 {
+                    p.waiting += 1;
+                    let age = Duration::from_nanos(now_ns.saturating_sub(conn.established_ns));
+                    p.oldest_waiting = Some(p.oldest_waiting.map_or(age, |o| o.max(age)));
+                } else if conn.first_request_ns != 0 && conn.first_response_ns == 0 {
+                    p.pending += 1;
+                    let age = Duration::from_nanos(now_ns.saturating_sub(conn.first_request_ns));
+                    p.oldest_pending = Some(p.oldest_pending.map_or(age, |o| o.max(age)));
+                }
+            }
+        }
+        let accepts = self.accepts.iter().filter_map(Result::ok).collect();
+        KernelSample {
+            ports,
+            accepts,
+            now_ns,
+        }
+    }
+}
+
+fn drain_logs(
+    logger: aya_log::EbpfLogger<&'static dyn log::Log>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    // SAFETY: the logger owns its ring buffer fd for its whole life, and the AsyncFd owns the
+    // logger, so the fd stays open and the same until the AsyncFd is dropped.
+    let registered =
+        unsafe { AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE) };
+    let mut fd = match registered {
+        Ok(fd) => fd,
+        Err(e) => {
+            tracing::warn!("cannot poll the eBPF log channel: {e}");
+            return None;
+        }
+    };
+    Some(tokio::spawn(async move {
+        loop {
+            match fd.readable_mut().await {
+                Ok(mut guard) => {
+                    guard.get_inner_mut().flush();
+                    guard.clear_ready();
+                }
+                Err(e) => {
+                    tracing::warn!("eBPF log channel closed: {e}");
+                    return;
+                }
+            }
+        }
+    }))
+}
+
+/// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; lift it so loading does not fail
+/// there for want of a few pages.
+fn raise_memlock_limit() {
+    let rlim = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: setrlimit with a valid struct.
+    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &rlim) } != 0 {
+        tracing::debug!(
+            "could not raise RLIMIT_MEMLOCK: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the struct we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

@@ -1,0 +1,23 @@
+//! health-agent: a node agent that tells the load balancer, per instance, "send traffic or
+//! not" — and the scaling group why. Kernel tracepoints watch the web backend's listen socket
+//! and connections; user space merges that with disk, container, database, CPU and memory
+//! checks into one cached snapshot served as `GET /health`.
+//!
+//! Module map: `config` (TOML), `ebpf` (loader and map reads), `net` (listen sockets without
+//! eBPF), `checks` (one module per check), `policy` (the status table, pure), `heal`
+//! (self-healing), `docker` (Engine API), `runner` (background checks and the composer),
+//! `snapshot` (what /health serves), `server` (HTTP), `metrics` (OpenMetrics), `oneshot`
+//! (`health-agent check`).
+
+pub mod checks;
+pub mod config;
+pub mod docker;
+pub mod ebpf;
+pub mod heal;
+pub mod metrics;
+pub mod net;
+pub mod oneshot;
+pub mod policy;
+pub mod runner;
+pub mod server;
+pub mod snapshot;

@@ -1,0 +1,172 @@
+//! The `health-agent` binary: parse the command line, load the config, start.
+
+use std::{path::PathBuf, process::ExitCode, sync::Arc};
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use health_agent::{
+    config::{self, Config},
+    oneshot, runner, server,
+};
+use tokio_util::sync::CancellationToken;
+use tracing_subscriber::EnvFilter;
+
+/// Node health agent: an honest GET /health for the load balancer, from eBPF and local checks.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    /// Config file (TOML). A missing file at the default path means all defaults.
+    #[arg(long, global = true, default_value = config::DEFAULT_PATH)]
+    config: PathBuf,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the daemon: background checks and the HTTP server.
+    Serve,
+    /// Run every check once and print the verdict. Exit code 0 healthy/degraded, 1 unhealthy,
+    /// 2 error.
+    Check {
+        /// Print the full JSON report instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the documented default config, or validate a file.
+    Config {
+        /// Print the full default configuration, commented.
+        #[arg(long, conflicts_with = "validate")]
+        dump: bool,
+        /// Validate FILE and exit 0 (valid) or 2 (invalid).
+        #[arg(long, value_name = "FILE")]
+        validate: Option<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_env("HEALTH_AGENT_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("health-agent: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Config { dump: true, .. } => {
+            print!("{}", config::DEFAULT_TOML);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Config {
+            validate: Some(file),
+            ..
+        } => {
+            Config::load(&file)?;
+            println!("{}: valid", file.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Config { .. } => anyhow::bail!("config needs --dump or --validate FILE"),
+        Command::Check { json } => {
+            let cfg = Config::load(&cli.config)?;
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            let (decision, report) = rt.block_on(oneshot::run(&cfg));
+            if json {
+                let body = serde_json::json!({
+                    "status": decision.status,
+                    "http": decision.http,
+                    "recommendation": decision.recommendation,
+                    "reasons": decision.reasons,
+                    "report": report,
+                });
+                println!("{}", serde_json::to_string_pretty(&body)?);
+            } else {
+                print!("{}", oneshot::table(&decision, &report));
+            }
+            Ok(ExitCode::from(if decision.http >= 500 { 1 } else { 0 }))
+        }
+        Command::Serve => {
+            let cfg = Arc::new(Config::load(&cli.config)?);
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            rt.block_on(serve(cfg))?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+async fn serve(cfg: Arc<Config>) -> anyhow::Result<()> {
+    let shutdown = CancellationToken::new();
+    spawn_signal_handler(shutdown.clone())?;
+    let listener = tokio::net::TcpListener::bind(cfg.server.listen)
+        .await
+        .with_context(|| {
+            format!(
+                "binding {} failed — is another process using the port? Change server.listen",
+                cfg.server.listen
+            )
+        })?;
+    let token = match cfg.server.details {
+        config::Details::Token => {
+            let t = std::env::var(&cfg.server.token_env)
+                .ok()
+                .filter(|t| !t.is_empty());
+            if t.is_none() {
+                tracing::warn!(
+                    "server.details = \"token\" but {} is empty: nobody gets full diagnostics",
+                    cfg.server.token_env
+                );
+            }
+            t
+        }
+        _ => None,
+    };
+    let agent = runner::start(cfg.clone(), shutdown.clone()).await;
+    let app = Arc::new(server::App {
+        snapshot: agent.snapshot.clone(),
+        details: cfg.server.details,
+        token,
+        stale_after: cfg.checks.stale_after,
+    });
+    tracing::info!(listen = %cfg.server.listen, web_port = cfg.web.port, "serving /health");
+    server::serve(
+        listener,
+        server::router(app),
+        cfg.server.max_connections,
+        cfg.server.request_timeout,
+        shutdown.clone(),
+    )
+    .await;
+    // Wait for the composer so the kernel programs are detached before exit.
+    let _ = agent.composer.await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+fn spawn_signal_handler(token: CancellationToken) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        }
+        token.cancel();
+    });
+    Ok(())
+}

@@ -1,0 +1,298 @@
+//! `/metrics`: every check's values in the OpenMetrics text format (prometheus-client), so a
+//! Prometheus or CloudWatch pipeline can act on the same snapshot the balancer sees —
+//! including the scaling recommendation.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::{
+    encoding::text::encode,
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
+};
+
+use crate::snapshot::Snapshot;
+
+type Labels = Vec<(&'static str, String)>;
+type FGauge = Gauge<f64, AtomicU64>;
+
+struct Out {
+    reg: Registry,
+}
+
+impl Out {
+    fn gauge(&mut self, name: &str, help: &str, v: f64) {
+        let g = FGauge::default();
+        g.set(v);
+        self.reg.register(name, help, g);
+    }
+
+    fn counter(&mut self, name: &str, help: &str, v: u64) {
+        let c: Counter = Counter::default();
+        c.inc_by(v);
+        self.reg.register(name, help, c);
+    }
+
+    fn labeled(&mut self, name: &str, help: &str, values: Vec<(Labels, f64)>) {
+        let f = Family::<Labels, FGauge>::default();
+        for (labels, v) in values {
+            f.get_or_create(&labels).set(v);
+        }
+        self.reg.register(name, help, f);
+    }
+
+    /// One series per possible value, 1 for the current one (a state set).
+    fn state(&mut self, name: &str, help: &str, label: &'static str, all: &[&str], current: &str) {
+        let values = all
+            .iter()
+            .map(|s| {
+                (
+                    vec![(label, s.to_string())],
+                    f64::from(u8::from(*s == current)),
+                )
+            })
+            .collect();
+        self.labeled(name, help, values);
+    }
+}
+
+pub fn render(s: &Snapshot) -> String {
+    let mut o = Out {
+        reg: Registry::with_prefix("health_agent"),
+    };
+    let d = &s.decision;
+    let r = &s.report;
+    o.gauge(
+        "http_status",
+        "HTTP code /health answers",
+        f64::from(d.http),
+    );
+    o.state(
+        "status",
+        "Instance status",
+        "status",
+        &["healthy", "degraded", "unhealthy", "booting", "recovering"],
+        d.status.as_str(),
+    );
+    o.state(
+        "recommendation",
+        "Scaling recommendation",
+        "recommendation",
+        &["stable", "scale_up", "scale_down", "infrastructure_issue"],
+        d.recommendation.as_str(),
+    );
+    o.gauge("uptime_seconds", "Host uptime", s.uptime as f64);
+    o.gauge(
+        "agent_uptime_seconds",
+        "Agent uptime",
+        s.agent_uptime as f64,
+    );
+    o.gauge(
+        "snapshot_age_seconds",
+        "Age of the snapshot being served",
+        s.created.elapsed().as_secs_f64(),
+    );
+
+    let w = &r.web;
+    o.state(
+        "web_verdict",
+        "Web backend verdict",
+        "verdict",
+        &[
+            "not_configured",
+            "unknown",
+            "up",
+            "slow",
+            "hung",
+            "unresponsive",
+            "down",
+        ],
+        w.verdict.as_str(),
+    );
+    o.gauge(
+        "web_kernel_view_active",
+        "1 when the eBPF programs are attached",
+        f64::from(u8::from(w.kernel.state == "active")),
+    );
+    o.gauge(
+        "web_accept_queue",
+        "Connections waiting in the accept queue",
+        f64::from(w.accept_queue),
+    );
+    o.gauge(
+        "web_accept_queue_max",
+        "Accept queue maximum",
+        f64::from(w.accept_queue_max),
+    );
+    o.counter(
+        "web_listen_overflows",
+        "TcpExt ListenOverflows since agent start",
+        w.listen_overflows,
+    );
+    o.counter(
+        "web_listen_drops",
+        "TcpExt ListenDrops since agent start",
+        w.listen_drops,
+    );
+    if let Some(c) = &w.counters {
+        o.counter(
+            "web_connections_established",
+            "Handshakes completed into the accept queue",
+            c.established,
+        );
+        o.counter(
+            "web_connections_accepted",
+            "Connections returned by accept()",
+            c.accepted,
+        );
+        o.counter(
+            "web_connections_claimed",
+            "Connections first touched by a process",
+            c.claimed,
+        );
+        o.counter(
+            "web_requests",
+            "Connections whose first request byte was read",
+            c.requests,
+        );
+        o.counter(
+            "web_responses",
+            "Connections whose first response byte was sent",
+            c.answered,
+        );
+        o.counter(
+            "web_closed_unanswered",
+            "Connections closed without a response byte",
+            c.closed_unanswered,
+        );
+        o.counter(
+            "web_closed_unaccepted",
+            "Connections closed while waiting in the queue",
+            c.closed_unaccepted,
+        );
+        o.gauge(
+            "web_waiting",
+            "Connections waiting untouched now",
+            f64::from(c.waiting),
+        );
+        o.gauge(
+            "web_oldest_waiting_seconds",
+            "Age of the oldest waiting connection",
+            c.oldest_waiting_ms.unwrap_or(0) as f64 / 1000.0,
+        );
+        o.gauge(
+            "web_pending",
+            "Requests read and unanswered now",
+            f64::from(c.pending),
+        );
+        o.gauge(
+            "web_oldest_pending_seconds",
+            "Age of the oldest unanswered request",
+            c.oldest_pending_ms.unwrap_or(0) as f64 / 1000.0,
+        );
+        o.labeled(
+            "web_latency_seconds",
+            "Server latency, request read to first response byte, over the window",
+            vec![
+                (vec![("quantile", "0.5".into())], c.latency.p50_ms / 1000.0),
+                (vec![("quantile", "0.95".into())], c.latency.p95_ms / 1000.0),
+                (vec![("quantile", "0.99".into())], c.latency.p99_ms / 1000.0),
+            ],
+        );
+    }
+    if let Some(p) = &w.probe {
+        o.gauge(
+            "web_probe_success",
+            "1 when the last probe got a 2xx/3xx",
+            f64::from(u8::from(p.ok)),
+        );
+        o.gauge(
+            "web_probe_latency_seconds",
+            "Latency of the last probe",
+            p.latency_ms / 1000.0,
+        );
+    }
+
+    o.labeled(
+        "disk_used_ratio",
+        "Used fraction of each configured mount",
+        r.disk
+            .mounts
+            .iter()
+            .map(|m| (vec![("path", m.path.clone())], m.used_percent / 100.0))
+            .collect(),
+    );
+    if let Some(sys) = &r.system {
+        o.gauge(
+            "cpu_ratio",
+            "CPU use averaged over the scaling window",
+            sys.cpu_avg_percent / 100.0,
+        );
+        o.gauge(
+            "memory_ratio",
+            "Memory use averaged over the scaling window",
+            sys.memory_avg_percent / 100.0,
+        );
+        o.gauge("load1", "1-minute load average", sys.load1);
+    }
+    o.labeled(
+        "container_up",
+        "1 when an expected container is running and not unhealthy",
+        r.containers
+            .containers
+            .iter()
+            .map(|c| {
+                let up = c.state == "running" && c.health != "unhealthy";
+                (vec![("name", c.name.clone())], f64::from(u8::from(up)))
+            })
+            .collect(),
+    );
+    o.labeled(
+        "container_restarts",
+        "Docker's restart count of each expected container",
+        r.containers
+            .containers
+            .iter()
+            .map(|c| (vec![("name", c.name.clone())], c.restart_count as f64))
+            .collect(),
+    );
+    o.state(
+        "database",
+        "Database state",
+        "state",
+        &[
+            "not_configured",
+            "connected",
+            "slow",
+            "unreachable",
+            "unknown",
+        ],
+        r.database.summary(),
+    );
+    let h = &s.heal;
+    o.counter(
+        "heal_attempts",
+        "Self-heal restarts issued",
+        h.total_attempts,
+    );
+    o.counter(
+        "heal_recovered",
+        "Self-heal restarts that brought the instance back",
+        h.total_recovered,
+    );
+    o.counter(
+        "heal_failed",
+        "Self-heal restarts that did not",
+        h.total_failed,
+    );
+    o.gauge(
+        "heal_restarts_in_window",
+        "Restarts counted against the budget",
+        f64::from(h.restarts_in_window),
+    );
+
+    let mut text = String::new();
+    if encode(&mut text, &o.reg).is_err() {
+        text = "# metrics encoding failed\n# EOF\n".into();
+    }
+    text
+}

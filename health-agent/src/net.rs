@@ -1,0 +1,243 @@
+//! What the kernel says about listen sockets without eBPF: accept-queue depth and maximum for
+//! each listener (sock_diag netlink, which walks only listening sockets), the process owning
+//! a socket (/proc/<pid>/fd), and the TcpExt ListenOverflows/ListenDrops counters.
+
+use std::{collections::HashMap, io, mem, os::fd::AsRawFd, os::fd::FromRawFd, os::fd::OwnedFd};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Listener {
+    pub port: u16,
+    pub ipv6: bool,
+    /// Connections completed and waiting for accept() (ss Recv-Q).
+    pub queue: u32,
+    /// The accept queue's maximum (ss Send-Q): min(listen backlog, somaxconn).
+    pub max_queue: u32,
+    pub inode: u64,
+}
+
+const NETLINK_SOCK_DIAG: i32 = 4;
+const SOCK_DIAG_BY_FAMILY: u16 = 20;
+const TCP_LISTEN: u32 = 10;
+const NLMSG_HDR: usize = 16;
+const REQ_LEN: usize = 56; // struct inet_diag_req_v2
+const MSG_LEN: usize = 72; // struct inet_diag_msg
+
+/// Every TCP listen socket on the host (both families).
+pub fn listeners() -> io::Result<Vec<Listener>> {
+    // SAFETY: socket(2); the fd is owned right away.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+            NETLINK_SOCK_DIAG,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh descriptor we own.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut out = Vec::new();
+    for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
+        dump(&sock, family, &mut out)?;
+    }
+    Ok(out)
+}
+
+fn dump(sock: &OwnedFd, family: u8, out: &mut Vec<Listener>) -> io::Result<()> {
+    let mut req = [0u8; NLMSG_HDR + REQ_LEN];
+    req[0..4].copy_from_slice(&((NLMSG_HDR + REQ_LEN) as u32).to_ne_bytes());
+    req[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+    let flags = (libc::NLM_F_REQUEST | libc::NLM_F_DUMP) as u16;
+    req[6..8].copy_from_slice(&flags.to_ne_bytes());
+    req[NLMSG_HDR] = family;
+    req[NLMSG_HDR + 1] = libc::IPPROTO_TCP as u8;
+    req[NLMSG_HDR + 4..NLMSG_HDR + 8].copy_from_slice(&(1u32 << TCP_LISTEN).to_ne_bytes());
+
+    // SAFETY: zeroed sockaddr_nl is valid (pid 0 = the kernel).
+    let mut addr: libc::sockaddr_nl = unsafe { mem::zeroed() };
+    addr.nl_family = libc::AF_NETLINK as u16;
+    // SAFETY: buffer and address are valid for the given lengths.
+    let sent = unsafe {
+        libc::sendto(
+            sock.as_raw_fd(),
+            req.as_ptr().cast(),
+            req.len(),
+            0,
+            (&addr as *const libc::sockaddr_nl).cast(),
+            mem::size_of::<libc::sockaddr_nl>() as u32,
+        )
+    };
+    if sent < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut buf = vec![0u8; 32 * 1024];
+    loop {
+        // SAFETY: recv into a buffer we own.
+        let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        let mut msgs = &buf[..n as usize];
+        while msgs.len() >= NLMSG_HDR {
+            let len = u32::from_ne_bytes(msgs[0..4].try_into().unwrap_or_default()) as usize;
+            let ty = u16::from_ne_bytes(msgs[4..6].try_into().unwrap_or_default());
+            if len < NLMSG_HDR || len > msgs.len() {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "truncated netlink message",
+                ));
+            }
+            match ty as i32 {
+                libc::NLMSG_DONE => return Ok(()),
+                libc::NLMSG_ERROR => {
+                    let errno = i32::from_ne_bytes(
+                        msgs[NLMSG_HDR..NLMSG_HDR + 4]
+                            .try_into()
+                            .unwrap_or_default(),
+                    );
+                    return Err(io::Error::from_raw_os_error(-errno));
+                }
+                _ if ty == SOCK_DIAG_BY_FAMILY && len >= NLMSG_HDR + MSG_LEN => {
+                    out.push(parse_msg(&msgs[NLMSG_HDR..NLMSG_HDR + MSG_LEN]));
+                }
+                _ => {}
+            }
+            let aligned = (len + 3) & !3;
+            msgs = &msgs[aligned.min(msgs.len())..];
+        }
+    }
+}
+
+/// struct inet_diag_msg: family, state, timer, retrans, sockid (sport/dport big-endian,
+/// addresses, interface, cookie: 48 bytes), expires, rqueue, wqueue, uid, inode.
+fn parse_msg(m: &[u8]) -> Listener {
+    let u32_at = |o: usize| u32::from_ne_bytes([m[o], m[o + 1], m[o + 2], m[o + 3]]);
+    Listener {
+        ipv6: m[0] == libc::AF_INET6 as u8,
+        port: u16::from_be_bytes([m[4], m[5]]),
+        queue: u32_at(56),
+        max_queue: u32_at(60),
+        inode: u32_at(68) as u64,
+    }
+}
+
+/// The listen sockets bound to `port`.
+pub fn listeners_on(port: u16) -> io::Result<Vec<Listener>> {
+    Ok(listeners()?
+        .into_iter()
+        .filter(|l| l.port == port)
+        .collect())
+}
+
+/// Finds the processes holding socket `inode` open. `hint` (a previous answer) is checked
+/// first so the full /proc scan only runs when ownership changed.
+pub fn socket_owners(inode: u64, hint: &[u32]) -> Vec<u32> {
+    let needle = format!("socket:[{inode}]");
+    let owned_by = |pid: u32| -> bool {
+        let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            return false;
+        };
+        dir.filter_map(Result::ok)
+            .any(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == needle.as_str()))
+    };
+    if !hint.is_empty() && hint.iter().all(|&p| owned_by(p)) {
+        return hint.to_vec();
+    }
+    let Ok(proc_dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut pids: Vec<u32> = proc_dir
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|&pid| owned_by(pid))
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+/// `/proc/<pid>/fd/<fd>` as a socket inode, if it is a socket.
+pub fn fd_socket_inode(pid: u32, fd: u32) -> Option<u64> {
+    let link = std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).ok()?;
+    let s = link.to_str()?;
+    s.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+}
+
+pub fn process_name(pid: u32) -> Option<String> {
+    Some(
+        std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .ok()?
+            .trim()
+            .to_string(),
+    )
+}
+
+/// TcpExt counters from /proc/net/netstat.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ListenDrops {
+    pub overflows: u64,
+    pub drops: u64,
+}
+
+pub fn listen_drops() -> io::Result<ListenDrops> {
+    Ok(parse_netstat(&std::fs::read_to_string(
+        "/proc/net/netstat",
+    )?))
+}
+
+fn parse_netstat(text: &str) -> ListenDrops {
+    let mut lines = text.lines();
+    let mut out = ListenDrops::default();
+    while let (Some(names), Some(values)) = (lines.next(), lines.next()) {
+        if !names.starts_with("TcpExt:") {
+            continue;
+        }
+        let map: HashMap<&str, u64> = names
+            .split_whitespace()
+            .zip(values.split_whitespace())
+            .filter_map(|(n, v)| Some((n, v.parse().ok()?)))
+            .collect();
+        out.overflows = map.get("ListenOverflows").copied().unwrap_or(0);
+        out.drops = map.get("ListenDrops").copied().unwrap_or(0);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn netstat_counters() {
+        let t = "TcpExt: SyncookiesSent ListenOverflows ListenDrops\nTcpExt: 0 7 9\nIpExt: InNoRoutes\nIpExt: 1\n";
+        assert_eq!(
+            parse_netstat(t),
+            ListenDrops {
+                overflows: 7,
+                drops: 9
+            }
+        );
+    }
+
+    #[test]
+    fn finds_a_real_listener_with_its_queue_and_owner() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let _c1 = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let _c2 = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let found = listeners_on(port).unwrap();
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].queue, 2, "two handshakes wait for accept()");
+        assert_eq!(found[0].max_queue, 128.min(found[0].max_queue.max(1)));
+        let owners = socket_owners(found[0].inode, &[]);
+        assert_eq!(owners, vec![std::process::id()]);
+        let (_s, _) = l.accept().unwrap();
+        assert_eq!(listeners_on(port).unwrap()[0].queue, 1);
+        drop(l);
+        assert!(listeners_on(port).unwrap().is_empty());
+    }
+}

@@ -1,0 +1,730 @@
+//! The status policy of SPEC.md as one pure function: check results in, (`status`, HTTP code,
+//! `recommendation`, reasons) out. 503 only for what a new instance or a restart would fix;
+//! a shared dependency (the database) never takes the fleet out. `FlapGuard` holds a change of
+//! HTTP code back until the new condition has lasted its configured time.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WebVerdict {
+    /// `web.port` is 0: nothing to check.
+    NotConfigured,
+    /// Listening, but no evidence yet either way.
+    Unknown,
+    Up,
+    Slow,
+    Hung,
+    Unresponsive,
+    Down,
+}
+
+impl WebVerdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NotConfigured => "not_configured",
+            Self::Unknown => "unknown",
+            Self::Up => "up",
+            Self::Slow => "slow",
+            Self::Hung => "hung",
+            Self::Unresponsive => "unresponsive",
+            Self::Down => "down",
+        }
+    }
+
+    fn is_fault(self) -> bool {
+        matches!(self, Self::Hung | Self::Unresponsive | Self::Down)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DiskLevel {
+    Ok,
+    Warn,
+    Fail,
+    Unknown,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DbState {
+    NotConfigured,
+    Connected,
+    Slow,
+    Unreachable,
+    /// Not checked yet.
+    Unknown,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ContainersState {
+    NotConfigured,
+    AllRunning,
+    /// An expected container is missing, exited or unhealthy.
+    Faulty,
+    /// The Docker daemon did not answer: a warning, not a fault.
+    Unknown,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pressure {
+    High,
+    Normal,
+    Low,
+}
+
+/// Where self-healing stands for the current fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HealPhase {
+    /// Nothing is being healed (no target, disabled, or no fault).
+    Idle,
+    /// A restart was issued and is within `heal.timeout`.
+    Recovering,
+    /// Restarts were tried and failed, or the budget is spent.
+    Exhausted,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Healthy,
+    Degraded,
+    Unhealthy,
+    Booting,
+    Recovering,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Healthy => "healthy",
+            Self::Degraded => "degraded",
+            Self::Unhealthy => "unhealthy",
+            Self::Booting => "booting",
+            Self::Recovering => "recovering",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Recommendation {
+    Stable,
+    ScaleUp,
+    ScaleDown,
+    InfrastructureIssue,
+}
+
+impl Recommendation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stable => "stable",
+            Self::ScaleUp => "scale_up",
+            Self::ScaleDown => "scale_down",
+            Self::InfrastructureIssue => "infrastructure_issue",
+        }
+    }
+}
+
+/// A condition a restart or a new instance would fix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fault {
+    Web(WebVerdict),
+    DiskFull,
+    Containers,
+}
+
+impl Fault {
+    /// Whether self-healing (a restart) can address it.
+    pub fn healable(self) -> bool {
+        matches!(self, Self::Web(_) | Self::Containers)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicyInput {
+    pub web: WebVerdict,
+    pub disk: DiskLevel,
+    pub database: DbState,
+    pub containers: ContainersState,
+    pub pressure: Pressure,
+    pub in_boot_grace: bool,
+    pub heal: HealPhase,
+}
+
+impl Default for PolicyInput {
+    fn default() -> Self {
+        Self {
+            web: WebVerdict::NotConfigured,
+            disk: DiskLevel::Ok,
+            database: DbState::NotConfigured,
+            containers: ContainersState::NotConfigured,
+            pressure: Pressure::Normal,
+            in_boot_grace: false,
+            heal: HealPhase::Idle,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Decision {
+    pub status: Status,
+    pub http: u16,
+    pub recommendation: Recommendation,
+    pub reasons: Vec<String>,
+    /// Faults a restart or a new instance would fix (empty when guarded or none).
+    pub faults: Vec<Fault>,
+    /// A fault was seen but attributed to a shared dependency (fleet-safety guard).
+    pub shared_dependency: bool,
+}
+
+impl Decision {
+    /// The fault self-healing should act on, if any.
+    pub fn healable_fault(&self) -> Option<Fault> {
+        self.faults.iter().copied().find(|f| f.healable())
+    }
+}
+
+pub fn evaluate(i: &PolicyInput) -> Decision {
+    let mut reasons = Vec::new();
+    let mut faults = Vec::new();
+    let dependency_down = matches!(i.database, DbState::Unreachable | DbState::Slow);
+    let mut shared_dependency = false;
+
+    if i.web.is_fault() {
+        if dependency_down {
+            // Fleet-safety guard: every instance shares this database, so every instance
+            // would look the same and replacing them fixes nothing.
+            shared_dependency = true;
+            reasons.push(format!(
+                "web backend {} while the database is {}: shared dependency, not replacing the instance",
+                i.web.as_str(),
+                db_word(i.database)
+            ));
+        } else {
+            faults.push(Fault::Web(i.web));
+            reasons.push(format!("web backend {}", i.web.as_str()));
+        }
+    }
+    if i.containers == ContainersState::Faulty {
+        faults.push(Fault::Containers);
+        reasons.push("expected container not running".into());
+    }
+    if i.disk == DiskLevel::Fail {
+        faults.push(Fault::DiskFull);
+        reasons.push("disk usage at or above the fail threshold".into());
+    }
+
+    let decided = |status, http, recommendation, reasons, faults| Decision {
+        status,
+        http,
+        recommendation,
+        reasons,
+        faults,
+        shared_dependency,
+    };
+
+    if i.in_boot_grace {
+        reasons.insert(0, "within the boot grace period".into());
+        return decided(
+            Status::Booting,
+            200,
+            Recommendation::Stable,
+            reasons,
+            Vec::new(),
+        );
+    }
+    if !faults.is_empty() {
+        let only_healable = faults.iter().all(|f| f.healable());
+        if i.heal == HealPhase::Recovering && only_healable {
+            reasons.push("self-heal in progress".into());
+            return decided(
+                Status::Recovering,
+                200,
+                Recommendation::Stable,
+                reasons,
+                faults,
+            );
+        }
+        if i.heal == HealPhase::Exhausted {
+            reasons.push("self-heal failed or its budget is spent".into());
+        }
+        return decided(
+            Status::Unhealthy,
+            503,
+            Recommendation::Stable,
+            reasons,
+            faults,
+        );
+    }
+
+    let mut degraded = shared_dependency;
+    let mut infrastructure = shared_dependency;
+    let mut scale_up = false;
+    if dependency_down {
+        degraded = true;
+        infrastructure = true;
+        reasons.push(format!("database {}", db_word(i.database)));
+    }
+    match i.disk {
+        DiskLevel::Warn => {
+            degraded = true;
+            reasons.push("disk usage at or above the warn threshold".into());
+        }
+        DiskLevel::Unknown => {
+            degraded = true;
+            reasons.push("disk usage could not be read".into());
+        }
+        DiskLevel::Ok | DiskLevel::Fail => {}
+    }
+    if i.containers == ContainersState::Unknown {
+        degraded = true;
+        reasons.push("container state unknown: Docker did not answer".into());
+    }
+    if i.web == WebVerdict::Slow {
+        degraded = true;
+        scale_up = true;
+        reasons.push("web backend slow".into());
+    }
+    if i.pressure == Pressure::High {
+        degraded = true;
+        scale_up = true;
+        reasons.push("sustained high CPU or memory".into());
+    }
+
+    let recommendation = if infrastructure {
+        Recommendation::InfrastructureIssue
+    } else if scale_up {
+        Recommendation::ScaleUp
+    } else if !degraded && i.pressure == Pressure::Low {
+        Recommendation::ScaleDown
+    } else {
+        Recommendation::Stable
+    };
+    let status = if degraded {
+        Status::Degraded
+    } else {
+        Status::Healthy
+    };
+    decided(status, 200, recommendation, reasons, Vec::new())
+}
+
+fn db_word(d: DbState) -> &'static str {
+    match d {
+        DbState::Slow => "slow",
+        _ => "unreachable",
+    }
+}
+
+/// Holds back a change of HTTP code until the new code has held for its time:
+/// `fail_after` to go to 503, `recover_after` to come back to 200. Changes within the same
+/// code (healthy ↔ degraded) pass straight through.
+#[derive(Debug)]
+pub struct FlapGuard {
+    fail_after: Duration,
+    recover_after: Duration,
+    published: Option<Decision>,
+    /// The HTTP code the raw decisions moved to, and since when.
+    pending: Option<(u16, Instant)>,
+}
+
+impl FlapGuard {
+    pub fn new(fail_after: Duration, recover_after: Duration) -> Self {
+        Self {
+            fail_after,
+            recover_after,
+            published: None,
+            pending: None,
+        }
+    }
+
+    pub fn apply(&mut self, raw: Decision, now: Instant) -> Decision {
+        let Some(published) = &self.published else {
+            self.published = Some(raw.clone());
+            return raw;
+        };
+        if raw.http == published.http {
+            self.pending = None;
+            self.published = Some(raw.clone());
+            return raw;
+        }
+        let since = match self.pending {
+            Some((code, since)) if code == raw.http => since,
+            _ => {
+                self.pending = Some((raw.http, now));
+                now
+            }
+        };
+        let needed = if raw.http >= 500 {
+            self.fail_after
+        } else {
+            self.recover_after
+        };
+        let held = now.saturating_duration_since(since);
+        if held >= needed {
+            self.pending = None;
+            self.published = Some(raw.clone());
+            return raw;
+        }
+        let mut kept = published.clone();
+        kept.reasons.push(format!(
+            "turning {} ({}) once it has held {:.1}s of {}s",
+            raw.status.as_str(),
+            raw.http,
+            held.as_secs_f64(),
+            needed.as_secs_f64()
+        ));
+        kept
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input() -> PolicyInput {
+        PolicyInput {
+            web: WebVerdict::Up,
+            disk: DiskLevel::Ok,
+            database: DbState::Connected,
+            containers: ContainersState::AllRunning,
+            pressure: Pressure::Normal,
+            in_boot_grace: false,
+            heal: HealPhase::Idle,
+        }
+    }
+
+    /// One row per line of the SPEC.md status table (and the edges around it).
+    #[test]
+    fn status_table() {
+        use Recommendation::*;
+        use Status::*;
+        type Case = (
+            &'static str,
+            fn(&mut PolicyInput),
+            Status,
+            u16,
+            Recommendation,
+        );
+        let cases: &[Case] = &[
+            ("all fine", |_| {}, Healthy, 200, Stable),
+            (
+                "all fine, sustained low use",
+                |i| i.pressure = Pressure::Low,
+                Healthy,
+                200,
+                ScaleDown,
+            ),
+            (
+                "web down, no heal possible",
+                |i| i.web = WebVerdict::Down,
+                Unhealthy,
+                503,
+                Stable,
+            ),
+            (
+                "web down, heal failed",
+                |i| {
+                    i.web = WebVerdict::Down;
+                    i.heal = HealPhase::Exhausted;
+                },
+                Unhealthy,
+                503,
+                Stable,
+            ),
+            (
+                "container not running",
+                |i| i.containers = ContainersState::Faulty,
+                Unhealthy,
+                503,
+                Stable,
+            ),
+            (
+                "web hung after heal failed",
+                |i| {
+                    i.web = WebVerdict::Hung;
+                    i.heal = HealPhase::Exhausted;
+                },
+                Unhealthy,
+                503,
+                Stable,
+            ),
+            (
+                "web unresponsive after heal failed",
+                |i| {
+                    i.web = WebVerdict::Unresponsive;
+                    i.heal = HealPhase::Exhausted;
+                },
+                Unhealthy,
+                503,
+                Stable,
+            ),
+            (
+                "disk at fail threshold",
+                |i| i.disk = DiskLevel::Fail,
+                Unhealthy,
+                503,
+                Stable,
+            ),
+            (
+                "disk full while healing web: still 503",
+                |i| {
+                    i.disk = DiskLevel::Fail;
+                    i.web = WebVerdict::Hung;
+                    i.heal = HealPhase::Recovering;
+                },
+                Unhealthy,
+                503,
+                Stable,
+            ),
+            (
+                "disk at warn threshold",
+                |i| i.disk = DiskLevel::Warn,
+                Degraded,
+                200,
+                Stable,
+            ),
+            (
+                "disk unreadable",
+                |i| i.disk = DiskLevel::Unknown,
+                Degraded,
+                200,
+                Stable,
+            ),
+            (
+                "database unreachable",
+                |i| i.database = DbState::Unreachable,
+                Degraded,
+                200,
+                InfrastructureIssue,
+            ),
+            (
+                "database slow",
+                |i| i.database = DbState::Slow,
+                Degraded,
+                200,
+                InfrastructureIssue,
+            ),
+            (
+                "web hung while database unreachable",
+                |i| {
+                    i.web = WebVerdict::Hung;
+                    i.database = DbState::Unreachable;
+                },
+                Degraded,
+                200,
+                InfrastructureIssue,
+            ),
+            (
+                "web unresponsive while database slow",
+                |i| {
+                    i.web = WebVerdict::Unresponsive;
+                    i.database = DbState::Slow;
+                },
+                Degraded,
+                200,
+                InfrastructureIssue,
+            ),
+            (
+                "web down while database unreachable",
+                |i| {
+                    i.web = WebVerdict::Down;
+                    i.database = DbState::Unreachable;
+                },
+                Degraded,
+                200,
+                InfrastructureIssue,
+            ),
+            (
+                "high cpu/memory",
+                |i| i.pressure = Pressure::High,
+                Degraded,
+                200,
+                ScaleUp,
+            ),
+            (
+                "web slow",
+                |i| i.web = WebVerdict::Slow,
+                Degraded,
+                200,
+                ScaleUp,
+            ),
+            (
+                "infrastructure beats scale_up",
+                |i| {
+                    i.pressure = Pressure::High;
+                    i.database = DbState::Unreachable;
+                },
+                Degraded,
+                200,
+                InfrastructureIssue,
+            ),
+            (
+                "low use but degraded: no scale_down",
+                |i| {
+                    i.pressure = Pressure::Low;
+                    i.disk = DiskLevel::Warn;
+                },
+                Degraded,
+                200,
+                Stable,
+            ),
+            (
+                "boot grace hides a dead backend",
+                |i| {
+                    i.in_boot_grace = true;
+                    i.web = WebVerdict::Down;
+                },
+                Booting,
+                200,
+                Stable,
+            ),
+            (
+                "boot grace hides a full disk",
+                |i| {
+                    i.in_boot_grace = true;
+                    i.disk = DiskLevel::Fail;
+                },
+                Booting,
+                200,
+                Stable,
+            ),
+            (
+                "self-heal in progress",
+                |i| {
+                    i.web = WebVerdict::Hung;
+                    i.heal = HealPhase::Recovering;
+                },
+                Recovering,
+                200,
+                Stable,
+            ),
+            (
+                "docker unreachable is a warning",
+                |i| i.containers = ContainersState::Unknown,
+                Degraded,
+                200,
+                Stable,
+            ),
+            (
+                "database not configured",
+                |i| i.database = DbState::NotConfigured,
+                Healthy,
+                200,
+                Stable,
+            ),
+            (
+                "database not checked yet",
+                |i| i.database = DbState::Unknown,
+                Healthy,
+                200,
+                Stable,
+            ),
+            (
+                "web not configured",
+                |i| i.web = WebVerdict::NotConfigured,
+                Healthy,
+                200,
+                Stable,
+            ),
+            (
+                "web without evidence yet",
+                |i| i.web = WebVerdict::Unknown,
+                Healthy,
+                200,
+                Stable,
+            ),
+        ];
+        for (name, set, status, http, rec) in cases {
+            let mut i = input();
+            set(&mut i);
+            let d = evaluate(&i);
+            assert_eq!(
+                (d.status, d.http, d.recommendation),
+                (*status, *http, *rec),
+                "{name}: {d:?}"
+            );
+            if d.http == 503 {
+                assert!(!d.reasons.is_empty(), "{name}: a 503 must say why");
+            }
+        }
+    }
+
+    #[test]
+    fn guarded_fault_is_not_healable() {
+        let d = evaluate(&PolicyInput {
+            web: WebVerdict::Hung,
+            database: DbState::Unreachable,
+            ..input()
+        });
+        assert!(d.shared_dependency);
+        assert_eq!(d.healable_fault(), None);
+        let d = evaluate(&PolicyInput {
+            web: WebVerdict::Hung,
+            ..input()
+        });
+        assert_eq!(d.healable_fault(), Some(Fault::Web(WebVerdict::Hung)));
+        let d = evaluate(&PolicyInput {
+            disk: DiskLevel::Fail,
+            ..input()
+        });
+        assert_eq!(d.healable_fault(), None, "a restart does not empty a disk");
+    }
+
+    #[test]
+    fn flap_guard_holds_each_direction_for_its_time() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let ok = evaluate(&input());
+        let bad = evaluate(&PolicyInput {
+            web: WebVerdict::Down,
+            ..input()
+        });
+        let mut g = FlapGuard::new(2 * s, 4 * s);
+        assert_eq!(g.apply(ok.clone(), t0).http, 200);
+        // 503 only once it has held 2 s.
+        assert_eq!(g.apply(bad.clone(), t0 + s).http, 200);
+        assert_eq!(g.apply(bad.clone(), t0 + 2 * s).http, 200);
+        assert_eq!(g.apply(bad.clone(), t0 + 3 * s).http, 503);
+        // A single good evaluation does not bring it back…
+        assert_eq!(g.apply(ok.clone(), t0 + 4 * s).http, 503);
+        // …and a relapse restarts the clock.
+        assert_eq!(g.apply(bad.clone(), t0 + 5 * s).http, 503);
+        assert_eq!(g.apply(ok.clone(), t0 + 6 * s).http, 503);
+        assert_eq!(g.apply(ok.clone(), t0 + 9 * s).http, 503);
+        assert_eq!(g.apply(ok.clone(), t0 + 10 * s).http, 200);
+    }
+
+    #[test]
+    fn flap_guard_zero_fail_after_is_immediate() {
+        let t0 = Instant::now();
+        let mut g = FlapGuard::new(Duration::ZERO, Duration::from_secs(4));
+        g.apply(evaluate(&input()), t0);
+        let bad = evaluate(&PolicyInput {
+            disk: DiskLevel::Fail,
+            ..input()
+        });
+        let held = g.apply(bad, t0);
+        assert_eq!(held.http, 503);
+        assert!(held.reasons.iter().any(|r| r.contains("disk")));
+    }
+
+    #[test]
+    fn flap_guard_passes_changes_within_a_code() {
+        let t0 = Instant::now();
+        let mut g = FlapGuard::new(Duration::from_secs(2), Duration::from_secs(4));
+        g.apply(evaluate(&input()), t0);
+        let warn = evaluate(&PolicyInput {
+            disk: DiskLevel::Warn,
+            ..input()
+        });
+        assert_eq!(g.apply(warn, t0).status, Status::Degraded);
+    }
+}

@@ -1,0 +1,254 @@
+//! The immutable snapshot `/health` answers from: one round of checks, the policy's decision,
+//! and the response bodies rendered once per round so a request only picks one and sends it.
+
+use std::{
+    sync::Arc,
+    time::{Instant, SystemTime},
+};
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::{
+    checks::Report,
+    heal::HealLog,
+    policy::{Decision, DiskLevel, Status},
+};
+
+pub type SharedSnapshot = Arc<ArcSwap<Snapshot>>;
+
+#[derive(Debug)]
+pub struct Snapshot {
+    pub created: Instant,
+    pub decision: Decision,
+    pub report: Report,
+    pub heal: HealLog,
+    /// Host uptime in seconds.
+    pub uptime: u64,
+    pub agent_uptime: u64,
+    pub generated_at: String,
+    /// The seed body plus full diagnostics.
+    pub full: Bytes,
+    /// The seed body only (status, uptime, checks, recommendation, reasons).
+    pub brief: Bytes,
+    /// `application/health+json` renderings.
+    pub ietf_full: Bytes,
+    pub ietf_brief: Bytes,
+}
+
+#[derive(Serialize)]
+struct Seed<'a> {
+    status: &'static str,
+    uptime: u64,
+    checks: SeedChecks,
+    recommendation: &'static str,
+    reasons: &'a [String],
+}
+
+#[derive(Serialize)]
+struct SeedChecks {
+    webserver: &'static str,
+    database: &'static str,
+    disk: &'static str,
+    containers: String,
+    cpu: String,
+    memory: String,
+}
+
+fn seed<'a>(decision: &'a Decision, report: &Report, uptime: u64) -> Seed<'a> {
+    let pct = |v: Option<f64>| v.map_or("unknown".to_string(), |v| format!("{:.0}%", v));
+    Seed {
+        status: decision.status.as_str(),
+        uptime,
+        checks: SeedChecks {
+            webserver: report.web.verdict.as_str(),
+            database: report.database.summary(),
+            disk: report.disk.summary(),
+            containers: report.containers.summary.clone(),
+            cpu: pct(report.system.as_ref().map(|s| s.cpu_avg_percent)),
+            memory: pct(report.system.as_ref().map(|s| s.memory_avg_percent)),
+        },
+        recommendation: decision.recommendation.as_str(),
+        reasons: &decision.reasons,
+    }
+}
+
+impl Snapshot {
+    pub fn new(
+        decision: Decision,
+        report: Report,
+        heal: HealLog,
+        uptime: u64,
+        agent_uptime: u64,
+    ) -> Self {
+        let generated_at = rfc3339(SystemTime::now());
+        let seed = seed(&decision, &report, uptime);
+        let brief = serde_json::to_vec(&seed).unwrap_or_default();
+        let mut full = serde_json::to_value(&seed).unwrap_or(Value::Null);
+        if let Value::Object(m) = &mut full {
+            m.insert("generated_at".into(), json!(generated_at));
+            m.insert(
+                "details".into(),
+                json!({
+                    "web": report.web,
+                    "disk": report.disk,
+                    "system": report.system,
+                    "containers": report.containers,
+                    "database": report.database,
+                    "heal": heal,
+                    "agent": {
+                        "version": env!("CARGO_PKG_VERSION"),
+                        "uptime": agent_uptime,
+                        "kernel_view": report.web.kernel.state,
+                    },
+                }),
+            );
+        }
+        let ietf_full = ietf(&decision, &report, &generated_at, true);
+        let ietf_brief = ietf(&decision, &report, &generated_at, false);
+        Self {
+            created: Instant::now(),
+            full: Bytes::from(serde_json::to_vec(&full).unwrap_or_default()),
+            brief: Bytes::from(brief),
+            ietf_full: Bytes::from(serde_json::to_vec(&ietf_full).unwrap_or_default()),
+            ietf_brief: Bytes::from(serde_json::to_vec(&ietf_brief).unwrap_or_default()),
+            decision,
+            report,
+            heal,
+            uptime,
+            agent_uptime,
+            generated_at,
+        }
+    }
+}
+
+pub fn rfc3339(t: SystemTime) -> String {
+    time::OffsetDateTime::from(t)
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
+
+fn ietf_status(s: Status) -> &'static str {
+    match s {
+        Status::Healthy => "pass",
+        Status::Unhealthy => "fail",
+        Status::Degraded | Status::Booting | Status::Recovering => "warn",
+    }
+}
+
+/// The IETF health check response format (draft-inadarei-api-health-check):
+/// `checks` keys are `component:measurement`, each an array of observations.
+fn ietf(decision: &Decision, report: &Report, time: &str, details: bool) -> Value {
+    let mut body = json!({
+        "status": ietf_status(decision.status),
+        "version": "1",
+        "releaseId": env!("CARGO_PKG_VERSION"),
+        "serviceId": "health-agent",
+        "description": format!("instance health: {}, recommendation {}", decision.status.as_str(), decision.recommendation.as_str()),
+        "notes": decision.reasons,
+    });
+    if !details {
+        return body;
+    }
+    let level = |fail: bool, warn: bool| {
+        if fail {
+            "fail"
+        } else if warn {
+            "warn"
+        } else {
+            "pass"
+        }
+    };
+    let web = &report.web;
+    let web_fault = matches!(
+        web.verdict,
+        crate::policy::WebVerdict::Hung
+            | crate::policy::WebVerdict::Unresponsive
+            | crate::policy::WebVerdict::Down
+    );
+    let mut checks = serde_json::Map::new();
+    checks.insert(
+        "webserver:status".into(),
+        json!([{
+            "componentId": format!("port {}", web.port),
+            "componentType": "component",
+            "observedValue": web.verdict.as_str(),
+            "status": level(web_fault, web.verdict == crate::policy::WebVerdict::Slow),
+            "time": time,
+            "output": web.detail,
+        }]),
+    );
+    if let Some(p99) = web.counters.as_ref().map(|c| c.latency.p99_ms) {
+        checks.insert(
+            "webserver:responseTime".into(),
+            json!([{
+                "componentId": format!("port {}", web.port),
+                "componentType": "component",
+                "observedValue": p99,
+                "observedUnit": "ms",
+                "status": level(false, web.verdict == crate::policy::WebVerdict::Slow),
+                "time": time,
+            }]),
+        );
+    }
+    let disks: Vec<Value> = report
+        .disk
+        .mounts
+        .iter()
+        .map(|m| {
+            json!({
+                "componentId": m.path,
+                "componentType": "system",
+                "observedValue": m.used_percent,
+                "observedUnit": "percent",
+                "status": level(m.level == DiskLevel::Fail, m.level != DiskLevel::Ok),
+                "time": time,
+                "output": m.error.clone().unwrap_or_default(),
+            })
+        })
+        .collect();
+    checks.insert("disk:utilization".into(), Value::Array(disks));
+    if let Some(s) = &report.system {
+        let high = s.pressure == crate::policy::Pressure::High;
+        checks.insert(
+            "cpu:utilization".into(),
+            json!([{"componentType": "system", "observedValue": s.cpu_avg_percent, "observedUnit": "percent", "status": level(false, high), "time": time}]),
+        );
+        checks.insert(
+            "memory:utilization".into(),
+            json!([{"componentType": "system", "observedValue": s.memory_avg_percent, "observedUnit": "percent", "status": level(false, high), "time": time}]),
+        );
+    }
+    let db = &report.database;
+    if db.state != crate::policy::DbState::NotConfigured {
+        checks.insert(
+            "database:connection".into(),
+            json!([{
+                "componentType": "datastore",
+                "observedValue": db.summary(),
+                "status": level(false, matches!(db.state, crate::policy::DbState::Unreachable | crate::policy::DbState::Slow)),
+                "time": time,
+                "output": db.reason.clone().unwrap_or_default(),
+            }]),
+        );
+    }
+    let c = &report.containers;
+    if c.state != crate::policy::ContainersState::NotConfigured {
+        checks.insert(
+            "containers:running".into(),
+            json!([{
+                "componentType": "component",
+                "observedValue": c.summary,
+                "status": level(c.state == crate::policy::ContainersState::Faulty, c.state == crate::policy::ContainersState::Unknown),
+                "time": time,
+                "output": c.reason.clone().unwrap_or_default(),
+            }]),
+        );
+    }
+    if let Value::Object(m) = &mut body {
+        m.insert("checks".into(), Value::Object(checks));
+    }
+    body
+}

@@ -1,0 +1,250 @@
+//! Types and names shared by the kernel programs (`health-agent-ebpf`) and user space
+//! (`health-agent`). Everything here is `#[repr(C)]` plain data: both sides read the same bytes
+//! out of the same maps, so a field added here is added for both at once.
+#![no_std]
+
+/// Map names, spelled once for both sides.
+pub mod maps {
+    /// `HashMap<u16 port, u32 slot>`: listen ports to watch and their counter slot.
+    pub const WATCHED_PORTS: &str = "WATCHED_PORTS";
+    /// `PerCpuArray<PortCounters>` indexed by slot.
+    pub const PORT_COUNTERS: &str = "PORT_COUNTERS";
+    /// `PerCpuArray<LatencyHist>` indexed by slot.
+    pub const LATENCY: &str = "LATENCY";
+    /// `LruHashMap<u64 sock pointer, ConnState>`: server-side connections of watched ports.
+    pub const CONNS: &str = "CONNS";
+    /// `LruHashMap<AcceptKey, AcceptStat>`: successful accepts per (process, listen fd).
+    pub const ACCEPTS: &str = "ACCEPTS";
+    /// `HashMap<u64 pid_tgid, u32 fd>`: listen fd of an accept call in flight.
+    pub const ACCEPT_ARGS: &str = "ACCEPT_ARGS";
+    /// `Array<TracepointOffsets>` with one entry, written by user space before attaching.
+    pub const OFFSETS: &str = "OFFSETS";
+}
+
+/// Upper bound on watched listen ports (size of the slot-indexed arrays).
+pub const MAX_PORTS: u32 = 64;
+/// Default size of the per-connection LRU map; the config can change it at load time.
+pub const DEFAULT_MAX_CONNS: u32 = 16_384;
+
+/// Kernel constants the programs compare against (include/net/tcp_states.h, socket.h, in.h).
+pub mod kernel {
+    pub const TCP_ESTABLISHED: i32 = 1;
+    pub const TCP_SYN_RECV: i32 = 3;
+    pub const TCP_CLOSE: i32 = 7;
+    pub const AF_INET: u16 = 2;
+    pub const AF_INET6: u16 = 10;
+    pub const IPPROTO_TCP: u16 = 6;
+}
+
+/// Monotonic counters for one watched port. Per CPU in the kernel; user space sums them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PortCounters {
+    /// Passive handshakes completed (SYN_RECV → ESTABLISHED): the connection is now in the
+    /// listener's accept queue.
+    pub established: u64,
+    /// Connections first touched (read or written) by a process: claimed by the server.
+    pub claimed: u64,
+    /// Connections whose first request byte was read by the server.
+    pub requests: u64,
+    /// Connections whose first response byte was sent.
+    pub answered: u64,
+    /// Connections that reached CLOSE without the server ever sending a byte.
+    pub closed_unanswered: u64,
+    /// Connections that reached CLOSE without any process touching them (died in the queue).
+    pub closed_unclaimed: u64,
+}
+
+impl PortCounters {
+    pub fn add(&mut self, o: &PortCounters) {
+        self.established += o.established;
+        self.claimed += o.claimed;
+        self.requests += o.requests;
+        self.answered += o.answered;
+        self.closed_unanswered += o.closed_unanswered;
+        self.closed_unclaimed += o.closed_unclaimed;
+    }
+}
+
+/// What the kernel remembers about one server-side connection, keyed by its `struct sock *`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConnState {
+    /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC) when the handshake completed.
+    pub established_ns: u64,
+    /// First read or write by a process; 0 while the connection waits in the accept queue.
+    pub claimed_ns: u64,
+    /// First request byte read by the server; 0 until then.
+    pub first_request_ns: u64,
+    /// First response byte sent by the server; 0 until then.
+    pub first_response_ns: u64,
+    /// Counter slot of the listen port.
+    pub slot: u32,
+    /// tgid of the process that claimed it.
+    pub pid: u32,
+}
+
+/// Buckets of the server-latency histogram (request read → first response byte).
+pub const LATENCY_BUCKETS: usize = 64;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LatencyHist {
+    pub buckets: [u64; LATENCY_BUCKETS],
+}
+
+impl Default for LatencyHist {
+    fn default() -> Self {
+        Self {
+            buckets: [0; LATENCY_BUCKETS],
+        }
+    }
+}
+
+/// Floor of log2(v) for v > 0, branch-only so the verifier sees no loop.
+#[inline(always)]
+pub fn log2_floor(v: u64) -> u32 {
+    let mut x = v;
+    let mut n = 0u32;
+    if x >= 1 << 32 {
+        x >>= 32;
+        n += 32;
+    }
+    if x >= 1 << 16 {
+        x >>= 16;
+        n += 16;
+    }
+    if x >= 1 << 8 {
+        x >>= 8;
+        n += 8;
+    }
+    if x >= 1 << 4 {
+        x >>= 4;
+        n += 4;
+    }
+    if x >= 1 << 2 {
+        x >>= 2;
+        n += 2;
+    }
+    if x >= 1 << 1 {
+        n += 1;
+    }
+    n
+}
+
+/// Histogram bucket of a latency in microseconds: exact below 4 µs, then two buckets per
+/// power of two (each bucket spans at most a third of its value), capped at the last bucket.
+#[inline(always)]
+pub fn latency_bucket(us: u64) -> usize {
+    if us < 4 {
+        return us as usize;
+    }
+    let msb = log2_floor(us);
+    let half = ((us >> (msb - 1)) & 1) as usize;
+    let idx = 4 + (msb as usize - 2) * 2 + half;
+    if idx >= LATENCY_BUCKETS {
+        LATENCY_BUCKETS - 1
+    } else {
+        idx
+    }
+}
+
+/// Smallest latency in microseconds that falls into `bucket` (inverse of [`latency_bucket`]).
+pub fn latency_bucket_floor(bucket: usize) -> u64 {
+    if bucket < 4 {
+        return bucket as u64;
+    }
+    let msb = (bucket - 4) / 2 + 2;
+    let half = ((bucket - 4) % 2) as u64;
+    (1u64 << msb) | (half << (msb - 1))
+}
+
+/// Key of [`maps::ACCEPTS`]: a process and the listen fd it accepted from.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AcceptKey {
+    pub tgid: u32,
+    pub fd: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AcceptStat {
+    /// Successful accepts (a returned socket; EAGAIN and errors are not counted).
+    pub count: u64,
+    /// `bpf_ktime_get_ns` of the latest one.
+    pub last_ns: u64,
+}
+
+/// Byte offsets of the tracepoint record fields the programs read. Record layouts change
+/// between kernel versions, so user space reads them from tracefs `format` files at start-up.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TracepointOffsets {
+    /// sock:inet_sock_set_state
+    pub state_skaddr: u32,
+    pub state_oldstate: u32,
+    pub state_newstate: u32,
+    pub state_sport: u32,
+    pub state_family: u32,
+    pub state_protocol: u32,
+    /// sock:sock_send_length
+    pub send_sk: u32,
+    pub send_family: u32,
+    pub send_protocol: u32,
+    pub send_ret: u32,
+    /// sock:sock_recv_length
+    pub recv_sk: u32,
+    pub recv_family: u32,
+    pub recv_protocol: u32,
+    pub recv_ret: u32,
+    /// syscalls:sys_enter_accept4 / sys_enter_accept (`fd`)
+    pub accept_enter_fd: u32,
+    /// syscalls:sys_exit_accept4 / sys_exit_accept (`ret`)
+    pub accept_exit_ret: u32,
+    /// Set to 1 by user space once the offsets are valid; the programs do nothing until then.
+    pub ready: u32,
+    pub _pad: u32,
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: all of these are repr(C) structs of integers with no padding holes.
+    unsafe impl aya::Pod for super::PortCounters {}
+    unsafe impl aya::Pod for super::ConnState {}
+    unsafe impl aya::Pod for super::LatencyHist {}
+    unsafe impl aya::Pod for super::AcceptKey {}
+    unsafe impl aya::Pod for super::AcceptStat {}
+    unsafe impl aya::Pod for super::TracepointOffsets {}
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+
+    #[test]
+    fn buckets_are_monotonic_and_invert() {
+        let mut last = 0;
+        for us in 0..2_000_000u64 {
+            let b = latency_bucket(us);
+            assert!(b >= last, "bucket went backwards at {us}");
+            last = b;
+            assert!(
+                latency_bucket_floor(b) <= us,
+                "floor of bucket {b} above {us}"
+            );
+        }
+        for b in 0..LATENCY_BUCKETS - 1 {
+            assert_eq!(latency_bucket(latency_bucket_floor(b)), b);
+        }
+        assert_eq!(latency_bucket(u64::MAX), LATENCY_BUCKETS - 1);
+    }
+
+    #[test]
+    fn log2_matches_std() {
+        for v in [1u64, 2, 3, 4, 7, 8, 1000, 1 << 40, u64::MAX] {
+            assert_eq!(log2_floor(v), 63 - v.leading_zeros());
+        }
+    }
+}

@@ -1,0 +1,62 @@
+//! Developer verbs for the health-agent workspace: `cargo xtask <verb>`.
+//!
+//! Product logic lives in the other crates; this one only drives toolchains, packages, services
+//! and cargo. Each verb is one module.
+
+mod cmd;
+mod run;
+mod services;
+mod setup;
+mod test;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "cargo xtask",
+    bin_name = "cargo xtask",
+    about = "Developer tasks for health-agent"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Make this machine ready (run as root; a second run changes nothing): nightly rust-src,
+    /// bpf-linker on the nightly's LLVM, Debian packages, tracefs, dockerd and PostgreSQL.
+    Setup(setup::Args),
+    /// Start dockerd and PostgreSQL 15 if they are not running.
+    Services,
+    /// Build the agent; its build.rs builds and embeds the eBPF programs.
+    Build(run::BuildArgs),
+    /// Build, then run the agent as root (default arguments: serve).
+    Run(run::RunArgs),
+    /// The full check CI runs: setup, fmt, clippy, tests — stops at the first failing stage.
+    Test(test::Args),
+}
+
+fn main() -> ExitCode {
+    let result = match Cli::parse().command {
+        Command::Setup(args) => setup::run(&args),
+        Command::Services => services::run("services"),
+        Command::Build(args) => run::build(&args).map(|_| ()),
+        Command::Run(args) => run::run(args),
+        Command::Test(args) => test::run(&args),
+    };
+    // The cause chain says what failed and how to fix it; with RUST_BACKTRACE set, anyhow's
+    // default report would bury that under a backtrace of this small program.
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            for cause in e.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,379 @@
+//! `cargo xtask setup`: what a fresh Debian 12 machine (as root) needs to build, test and demo the
+//! agent. Every step checks before it changes anything, so a second run only prints "ok".
+
+use std::{
+    fs,
+    os::unix::fs::symlink,
+    path::{Path, PathBuf},
+    process::Command,
+    time::Instant,
+};
+
+use anyhow::{bail, ensure, Context, Result};
+
+use crate::{cmd, services};
+
+#[derive(clap::Args, Default)]
+pub struct Args {
+    /// Build bpf-linker into this cargo root even when a good one is installed (tests the recipe).
+    #[arg(long, hide = true, value_name = "DIR")]
+    pub bpf_linker_root: Option<PathBuf>,
+}
+
+const BPF_LINKER_VERSION: &str = "0.13.0";
+/// For the integration tests and the demo: the backends, the load generator, `ss`, `curl`.
+const PACKAGES: &[&str] = &[
+    "docker.io",
+    "nginx-light",
+    "postgresql",
+    "wrk",
+    "caddy",
+    "haproxy",
+    "iproute2",
+    "curl",
+];
+const TRACEFS: &str = "/sys/kernel/tracing";
+
+/// What a step found.
+pub enum Outcome {
+    /// Nothing to do; the note says why ("already present").
+    Ok(&'static str),
+    /// It changed something ("installed"); printed with the time it took.
+    Done(&'static str),
+}
+
+/// Runs one step and prints its one-line result; `verb` prefixes the line.
+pub fn step(verb: &str, thing: &str, f: impl FnOnce() -> Result<Outcome>) -> Result<()> {
+    let start = Instant::now();
+    match f().with_context(|| format!("{verb}: {thing} failed"))? {
+        Outcome::Ok(note) => println!("{verb}: {thing}: ok ({note})"),
+        Outcome::Done(what) => println!("{verb}: {thing}: {what} in {} s", cmd::secs(start)),
+    }
+    Ok(())
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    step("setup", "rust-src (nightly)", rust_src)?;
+    step("setup", "bpf-linker", || {
+        bpf_linker(args.bpf_linker_root.as_deref())
+    })?;
+    step("setup", "debian packages", packages)?;
+    step("setup", "tracefs", tracefs)?;
+    services::run("setup")
+}
+
+/// The part of setup a build needs; runs the whole setup when it is missing.
+pub fn ensure_toolchain() -> Result<()> {
+    let llvm = NightlyLlvm::detect()?;
+    let linker = cmd::on_path("bpf-linker");
+    if has_rust_src()? && linker.is_some_and(|bin| linker_mismatch(&bin, &llvm).is_none()) {
+        return Ok(());
+    }
+    println!("build: rust-src or bpf-linker missing, running setup first");
+    run(&Args::default())
+}
+
+fn has_rust_src() -> Result<bool> {
+    let installed = cmd::stdout(Command::new("rustup").args([
+        "component",
+        "list",
+        "--toolchain",
+        "nightly",
+        "--installed",
+    ]))
+    .context("rustup has no nightly toolchain — the eBPF crate needs nightly 1.97 (LLVM 22)")?;
+    Ok(installed.lines().any(|line| line.trim() == "rust-src"))
+}
+
+fn rust_src() -> Result<Outcome> {
+    if has_rust_src()? {
+        return Ok(Outcome::Ok("already present"));
+    }
+    cmd::run(Command::new("rustup").args([
+        "component",
+        "add",
+        "rust-src",
+        "--toolchain",
+        "nightly",
+    ]))
+    .context("could not add rust-src (about 80 MB download) — check the network and retry")?;
+    Ok(Outcome::Done("installed"))
+}
+
+/// The LLVM inside the nightly rustc; bpf-linker must link this very library, or the bitcode
+/// rustc emits for the eBPF crate may not load.
+struct NightlyLlvm {
+    /// "22" from `LLVM version: 22.1.4`.
+    major: String,
+    /// `<sysroot>/lib/libLLVM.so.<ver>-rust-<ver>-nightly`.
+    lib: PathBuf,
+}
+
+impl NightlyLlvm {
+    fn detect() -> Result<Self> {
+        let version = cmd::stdout(Command::new("rustc").args(["+nightly", "-vV"]))?;
+        let major = llvm_major(&version)
+            .context("`rustc +nightly -vV` printed no `LLVM version:` line")?
+            .to_owned();
+        let sysroot = cmd::stdout(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))?;
+        let dir = Path::new(sysroot.trim()).join("lib");
+        let mut libs: Vec<PathBuf> = fs::read_dir(&dir)
+            .with_context(|| format!("cannot read the nightly's {}", dir.display()))?
+            .filter_map(|entry| entry.ok().map(|e| e.path()))
+            .filter(|path| file_name(path).starts_with("libLLVM.so."))
+            .collect();
+        match libs.len() {
+            1 => Ok(Self {
+                major,
+                lib: libs.remove(0),
+            }),
+            0 => bail!(
+                "the nightly ships no libLLVM.so.* in {} — bpf-linker has no LLVM to link",
+                dir.display()
+            ),
+            _ => bail!(
+                "several libLLVM.so.* in {}: {libs:?} — expected one",
+                dir.display()
+            ),
+        }
+    }
+
+    fn file_name(&self) -> &str {
+        file_name(&self.lib)
+    }
+}
+
+/// "22" from the `LLVM version: 22.1.4` line of `rustc -vV`.
+fn llvm_major(rustc_version: &str) -> Option<&str> {
+    rustc_version
+        .lines()
+        .find_map(|line| line.strip_prefix("LLVM version: "))
+        .and_then(|version| version.split('.').next())
+}
+
+/// The libLLVM line of `ldd` output as (name, resolved path).
+fn ldd_libllvm(ldd: &str) -> Option<(&str, &str)> {
+    ldd.lines().find_map(|line| {
+        let (name, rest) = line.trim().split_once(" => ")?;
+        let path = rest.split(" (").next()?;
+        name.starts_with("libLLVM").then_some((name, path))
+    })
+}
+
+fn file_name(path: &Path) -> &str {
+    path.file_name()
+        .and_then(|name| name.to_str())
+        .unwrap_or_default()
+}
+
+fn bpf_linker(root: Option<&Path>) -> Result<Outcome> {
+    let llvm = NightlyLlvm::detect()?;
+    if let Some(root) = root {
+        println!(
+            "setup: bpf-linker: building into {} as asked",
+            root.display()
+        );
+    } else {
+        let reason = match cmd::on_path("bpf-linker") {
+            None => "not on PATH".to_owned(),
+            Some(bin) => match linker_mismatch(&bin, &llvm) {
+                None => return Ok(Outcome::Ok("already present")),
+                Some(reason) => reason,
+            },
+        };
+        println!(
+            "setup: bpf-linker: {reason}; building {BPF_LINKER_VERSION} against the nightly's \
+             LLVM {} (about a minute)",
+            llvm.major
+        );
+    }
+
+    install_bpf_linker(&llvm, root)?;
+
+    let bin = match root {
+        Some(root) => root.join("bin/bpf-linker"),
+        None => cmd::on_path("bpf-linker").context(
+            "bpf-linker was installed into ~/.cargo/bin, which is not on PATH — add it: \
+             export PATH=\"$HOME/.cargo/bin:$PATH\"",
+        )?,
+    };
+    if let Some(reason) = linker_mismatch(&bin, &llvm) {
+        bail!(
+            "the freshly built {} is still unusable: {reason}",
+            bin.display()
+        );
+    }
+    Ok(Outcome::Done("installed"))
+}
+
+/// Why `bin` is not a bpf-linker 0.13 running on the nightly's own libLLVM, or None if it is.
+fn linker_mismatch(bin: &Path, llvm: &NightlyLlvm) -> Option<String> {
+    let version = match cmd::stdout(Command::new(bin).arg("--version")) {
+        Ok(version) => version,
+        Err(e) => return Some(format!("it does not run ({e:#})")),
+    };
+    let version = version.trim();
+    if version
+        .strip_prefix("bpf-linker 0.13.")
+        .is_none_or(str::is_empty)
+    {
+        return Some(format!("found `{version}`, want 0.13.x"));
+    }
+    let ldd = match cmd::stdout(Command::new("ldd").arg(bin)) {
+        Ok(ldd) => ldd,
+        Err(e) => return Some(format!("ldd failed ({e:#})")),
+    };
+    if let Some(line) = ldd.lines().find(|line| line.contains("not found")) {
+        return Some(format!("a library does not resolve: {}", line.trim()));
+    }
+    let Some((name, path)) = ldd_libllvm(&ldd) else {
+        return Some("it does not link libLLVM dynamically".to_owned());
+    };
+    if name != llvm.file_name() {
+        return Some(format!(
+            "it links {name}, the nightly has {}",
+            llvm.file_name()
+        ));
+    }
+    let same_file = match (fs::canonicalize(path), fs::canonicalize(&llvm.lib)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    if !same_file {
+        return Some(format!(
+            "its {name} is {path}, not the nightly's {}",
+            llvm.lib.display()
+        ));
+    }
+    None
+}
+
+/// Builds bpf-linker against the nightly's libLLVM through a prefix of symlinks: bpf-linker's
+/// build looks for `libLLVM.so` under `$LLVM_PREFIX/lib` and records that directory as RUNPATH,
+/// where the loader then needs the exact versioned name. The prefix must therefore outlive the
+/// build; it lives under ~/.local/share.
+fn install_bpf_linker(llvm: &NightlyLlvm, root: Option<&Path>) -> Result<()> {
+    let prefix = cmd::home()?
+        .join(".local/share/health-agent")
+        .join(format!("llvm-{}", llvm.major));
+    let lib = prefix.join("lib");
+    fs::create_dir_all(&lib).with_context(|| format!("cannot create {}", lib.display()))?;
+    for name in ["libLLVM.so", llvm.file_name()] {
+        link(&llvm.lib, &lib.join(name))?;
+    }
+
+    let feature = format!("llvm-{}", llvm.major);
+    let install = |locked: bool| {
+        let mut cargo = Command::new("cargo");
+        // Not in the workspace, so its .cargo/config.toml does not apply to this build.
+        cargo.current_dir(&prefix).env("LLVM_PREFIX", &prefix);
+        cargo.args([
+            "install",
+            "bpf-linker",
+            "--version",
+            BPF_LINKER_VERSION,
+            "--force",
+        ]);
+        cargo.args(["--no-default-features", "--features", &feature]);
+        if locked {
+            cargo.arg("--locked");
+        }
+        if let Some(root) = root {
+            cargo.arg("--root").arg(root);
+        }
+        cmd::run(&mut cargo)
+    };
+    if let Err(e) = install(true) {
+        println!("setup: bpf-linker: --locked build failed ({e:#}); retrying without --locked");
+        install(false).with_context(|| {
+            format!(
+                "cargo install bpf-linker failed — does bpf-linker {BPF_LINKER_VERSION} have a \
+                 `{feature}` feature for the nightly's LLVM?"
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// Points the symlink `path` at `target`, replacing whatever is there.
+fn link(target: &Path, path: &Path) -> Result<()> {
+    if fs::read_link(path).is_ok_and(|current| current == target) {
+        return Ok(());
+    }
+    if path.symlink_metadata().is_ok() {
+        fs::remove_file(path).with_context(|| format!("cannot replace {}", path.display()))?;
+    }
+    symlink(target, path)
+        .with_context(|| format!("cannot link {} -> {}", path.display(), target.display()))
+}
+
+fn installed(package: &str) -> bool {
+    cmd::stdout(Command::new("dpkg-query").args(["-W", "-f=${Status}", package]))
+        .is_ok_and(|status| status.trim() == "install ok installed")
+}
+
+fn packages() -> Result<Outcome> {
+    let missing: Vec<&str> = PACKAGES.iter().copied().filter(|p| !installed(p)).collect();
+    if missing.is_empty() {
+        return Ok(Outcome::Ok("already present"));
+    }
+    println!("setup: debian packages: installing {}", missing.join(" "));
+    ensure!(
+        cmd::is_root(),
+        "installing packages needs root — run: sudo cargo xtask setup"
+    );
+    let apt_get = || {
+        let mut apt = Command::new("apt-get");
+        apt.env("DEBIAN_FRONTEND", "noninteractive");
+        apt
+    };
+    cmd::run(apt_get().arg("update"))
+        .context("apt-get update failed — check the network and /etc/apt/sources.list*")?;
+    cmd::run(apt_get().args(["install", "-y"]).args(&missing))
+        .context("apt-get install failed — see apt's message above")?;
+    Ok(Outcome::Done("installed"))
+}
+
+fn tracefs() -> Result<Outcome> {
+    if Path::new(TRACEFS).join("events").exists() {
+        return Ok(Outcome::Ok("already present"));
+    }
+    let mut mount = Command::new("mount");
+    mount.args(["-t", "tracefs", "nodev", TRACEFS]);
+    cmd::run(&mut mount).context(
+        "cannot mount tracefs — run as root, or by hand: mount -t tracefs nodev /sys/kernel/tracing",
+    )?;
+    Ok(Outcome::Done("mounted at /sys/kernel/tracing"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llvm_major_comes_from_rustc_vv() {
+        let vv = "rustc 1.97.0-nightly (e50aa6fba 2026-05-19)\nhost: x86_64-unknown-linux-gnu\n\
+                  release: 1.97.0-nightly\nLLVM version: 22.1.4\n";
+        assert_eq!(llvm_major(vv), Some("22"));
+        assert_eq!(llvm_major("rustc 1.97.0-nightly\n"), None);
+    }
+
+    #[test]
+    fn ldd_libllvm_finds_the_resolved_library() {
+        let ldd = "\tlinux-vdso.so.1 (0x00007fb299d93000)\n\
+                   \tlibLLVM.so.22.1-rust-1.97.0-nightly => /p/libLLVM.so.22.1-rust-1.97.0-nightly (0x1)\n\
+                   \tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007fb28f01e000)\n";
+        assert_eq!(
+            ldd_libllvm(ldd),
+            Some((
+                "libLLVM.so.22.1-rust-1.97.0-nightly",
+                "/p/libLLVM.so.22.1-rust-1.97.0-nightly"
+            ))
+        );
+        assert_eq!(
+            ldd_libllvm("\tlibLLVM.so.22 => not found\n"),
+            Some(("libLLVM.so.22", "not found"))
+        );
+        assert_eq!(ldd_libllvm("\tlibc.so.6 => /lib/libc.so.6 (0x1)\n"), None);
+    }
+}

@@ -1,0 +1,96 @@
+//! `cargo xtask test`: the project's full check, the one CI runs. Stages run in order and stop at
+//! the first failure, naming it.
+
+use std::{process::Command, time::Instant};
+
+use anyhow::Result;
+
+use crate::{cmd, setup};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Skip both clippy stages.
+    #[arg(long)]
+    no_clippy: bool,
+    /// Only lib and bin unit tests; skips the integration tests, which need root.
+    #[arg(long)]
+    unit: bool,
+    /// Passed to the test binaries after `--`: a test name filter, --nocapture, ...
+    #[arg(last = true, value_name = "TEST_ARGS")]
+    test_args: Vec<String>,
+}
+
+enum Stage {
+    Setup,
+    Run(Command),
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    let cargo = |words: &[&str]| {
+        let mut cargo = Command::new("cargo");
+        cargo.current_dir(cmd::root()).args(words);
+        Stage::Run(cargo)
+    };
+    let ebpf_cargo = |words: &[&str]| {
+        let mut cargo = cmd::ebpf_cargo();
+        cargo.args(words);
+        Stage::Run(cargo)
+    };
+
+    let mut stages = vec![
+        ("setup", Stage::Setup),
+        // `--all` covers the eBPF crate too: it is a workspace member, just not a default one.
+        ("fmt", cargo(&["fmt", "--all", "--", "--check"])),
+    ];
+    if !args.no_clippy {
+        stages.push((
+            "clippy",
+            // Default members: the eBPF crate only builds for its own target (next stage).
+            cargo(&["clippy", "--all-targets", "--", "-D", "warnings"]),
+        ));
+        stages.push((
+            "clippy-ebpf",
+            ebpf_cargo(&["clippy", "--release", "--", "-D", "warnings"]),
+        ));
+    }
+    let targets: &[&str] = if args.unit {
+        &["--lib", "--bins"]
+    } else {
+        &["--all-targets"]
+    };
+    let mut test = Command::new("cargo");
+    test.current_dir(cmd::root()).arg("test").args(targets);
+    if !args.test_args.is_empty() {
+        test.arg("--").args(&args.test_args);
+    }
+    stages.push((
+        if args.unit { "test-unit" } else { "test" },
+        Stage::Run(test),
+    ));
+
+    let start = Instant::now();
+    let mut timings = Vec::new();
+    for (name, stage) in stages {
+        println!("test: === {name} ===");
+        let stage_start = Instant::now();
+        let result = match stage {
+            Stage::Setup => setup::run(&setup::Args::default()),
+            Stage::Run(mut command) => cmd::run(&mut command),
+        };
+        timings.push(format!("{name} {} s", cmd::secs(stage_start)));
+        if let Err(e) = result {
+            println!(
+                "test: FAILED at stage `{name}` after {} s ({})",
+                cmd::secs(start),
+                timings.join(", ")
+            );
+            return Err(e.context(format!("test: stage `{name}` failed")));
+        }
+    }
+    println!(
+        "test: ok in {} s ({})",
+        cmd::secs(start),
+        timings.join(", ")
+    );
+    Ok(())
+}
