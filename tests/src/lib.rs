@@ -272,6 +272,11 @@ pub struct Fixture {
 
 impl Fixture {
     pub fn start(mode: &str) -> Self {
+        Self::start_with(mode, &[])
+    }
+
+    /// With extra arguments, e.g. `["--workers", "1"]`.
+    pub fn start_with(mode: &str, extra: &[&str]) -> Self {
         let port = free_port();
         let control = free_port();
         let child = Command::new(binary("fixture-backend", "health-agent-tests"))
@@ -283,6 +288,7 @@ impl Fixture {
                 "--mode",
                 mode,
             ])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -45,7 +45,7 @@ use std::thread;
 use std::time::Duration;
 
 const USAGE: &str = "usage: fixture-backend --listen IP:PORT [--control IP:PORT] \
-[--mode normal|slow|stop-accepting|no-respond|exit|error] [--delay-ms N] [--backlog N]";
+[--mode normal|slow|stop-accepting|no-respond|exit|error] [--delay-ms N] [--backlog N] [--workers N]";
 
 /// Exit code for the `exit` mode; distinct from 1 (panic/failure) and 2
 /// (usage) so tests can tell a deliberate crash from a broken fixture.
@@ -115,6 +115,9 @@ struct Shared {
     accepted: AtomicU64,
     requests: AtomicU64,
     responses: AtomicU64,
+    /// Connections being served now, and the cap (`--workers`, 0 = none).
+    active: AtomicU64,
+    max_workers: u64,
 }
 
 impl Shared {
@@ -133,6 +136,7 @@ struct Config {
     mode: Mode,
     delay_ms: u64,
     backlog: i32,
+    workers: u64,
 }
 
 fn usage_error(msg: &str) -> ! {
@@ -156,6 +160,7 @@ fn parse_args() -> Config {
     let mut mode = Mode::Normal;
     let mut delay_ms = 500u64;
     let mut backlog = 128i32;
+    let mut workers = 0u64;
 
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -168,7 +173,14 @@ fn parse_args() -> Config {
             Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
             _ => (arg.clone(), None),
         };
-        let known = ["--listen", "--control", "--mode", "--delay-ms", "--backlog"];
+        let known = [
+            "--listen",
+            "--control",
+            "--mode",
+            "--delay-ms",
+            "--backlog",
+            "--workers",
+        ];
         if !known.contains(&flag.as_str()) {
             usage_error(&format!("unknown argument {arg:?}"));
         }
@@ -196,6 +208,11 @@ fn parse_args() -> Config {
                     )),
                 }
             }
+            "--workers" => {
+                workers = value
+                    .parse()
+                    .unwrap_or_else(|_| usage_error(&format!("--workers: not a number: {value:?}")))
+            }
             _ => unreachable!("flag checked against the known list above"),
         }
     }
@@ -207,6 +224,7 @@ fn parse_args() -> Config {
         mode,
         delay_ms,
         backlog,
+        workers,
     }
 }
 
@@ -321,6 +339,13 @@ fn poll_fd(
 fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     let lfd = listener.as_raw_fd();
     loop {
+        // Like Puma's thread pool: with every worker busy, the server does not accept, and
+        // the kernel queues the handshakes. Progress continues as workers free up.
+        let max = shared.max_workers;
+        if max > 0 && shared.active.load(Ordering::SeqCst) >= max {
+            thread::sleep(Duration::from_millis(1));
+            continue;
+        }
         if shared.mode() == Mode::StopAccepting {
             // Not calling accept() is the whole point: the kernel keeps
             // queueing completed handshakes, which is what the agent sees.
@@ -342,11 +367,15 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
         match listener.accept() {
             Ok((stream, _peer)) => {
                 shared.accepted.fetch_add(1, Ordering::SeqCst);
+                shared.active.fetch_add(1, Ordering::SeqCst);
                 let shared = Arc::clone(&shared);
                 let spawned = thread::Builder::new()
                     .name("conn".into())
                     .stack_size(256 * 1024)
-                    .spawn(move || serve_web_connection(stream, &shared));
+                    .spawn(move || {
+                        serve_web_connection(stream, &shared);
+                        shared.active.fetch_sub(1, Ordering::SeqCst);
+                    });
                 if let Err(e) = spawned {
                     // The stream was moved into the closure and is dropped
                     // (closed) with it; nothing else to clean up.
@@ -728,6 +757,8 @@ fn main() {
         accepted: AtomicU64::new(0),
         requests: AtomicU64::new(0),
         responses: AtomicU64::new(0),
+        active: AtomicU64::new(0),
+        max_workers: cfg.workers,
     });
 
     let listener = bind_listener(cfg.listen, cfg.backlog).unwrap_or_else(|e| {

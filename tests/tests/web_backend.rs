@@ -1,0 +1,207 @@
+//! The kernel view of the web backend against real servers: exact counters through nginx, each
+//! hang shape of the fixture backend, a `kill -STOP`ped server (the production failure), and
+//! the degraded mode without eBPF.
+
+use std::time::Duration;
+
+use health_agent_tests::{
+    background_requests, counters, requests, require_root, Agent, Fixture, Nginx,
+};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+#[test]
+fn nginx_requests_are_counted_exactly() {
+    require_root();
+    let nginx = Nginx::start(&[b'x'; 512]);
+    let agent = Agent::start(&format!(
+        "[web]\nport = {}\nprobe_path = \"\"\n",
+        nginx.port
+    ));
+    const N: usize = 100;
+    assert_eq!(requests(nginx.port, N, "/index.html"), N);
+    let (_, body) = agent.wait_health(WAIT, "N answered", |_, b| {
+        counters(b)["answered"] == N as u64
+    });
+    let c = counters(&body);
+    for k in ["established", "accepted", "claimed", "requests", "answered"] {
+        assert_eq!(c[k], N as u64, "{k}: {c}");
+    }
+    assert_eq!(c["closed_unanswered"], 0, "{c}");
+    assert_eq!(body["checks"]["webserver"], "up");
+    let pids: Vec<u64> = body["details"]["web"]["pids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p.as_u64())
+        .collect();
+    assert!(
+        pids.contains(&(nginx.pids()[0] as u64)),
+        "nginx master owns the listener: {pids:?}"
+    );
+}
+
+#[test]
+fn stopped_server_is_hung_503_then_200_after_cont() {
+    require_root();
+    let nginx = Nginx::start(b"hello");
+    let agent = Agent::start(&format!(
+        "[checks]\nrecover_after = \"1s\"\n[web]\nport = {}\nhung_after = \"2s\"\n",
+        nginx.port
+    ));
+    agent.wait_health(WAIT, "healthy first", |c, b| {
+        c == 200 && b["checks"]["webserver"] == "up"
+    });
+
+    nginx.signal_all(libc::SIGSTOP);
+    let clients = background_requests(nginx.port, 5, Duration::from_secs(15));
+    let (code, body) = agent.wait_health(WAIT, "503 hung", |c, _| c == 503);
+    assert_eq!(code, 503);
+    assert_eq!(body["checks"]["webserver"], "hung", "{body}");
+    let web = &body["details"]["web"];
+    assert!(web["accept_queue"].as_u64().unwrap() >= 5, "{web}");
+    assert!(
+        counters(&body)["oldest_waiting_ms"].as_u64().unwrap() >= 2000,
+        "{web}"
+    );
+    assert!(
+        web["detail"].as_str().unwrap().contains("accept queue"),
+        "{web}"
+    );
+
+    nginx.signal_all(libc::SIGCONT);
+    let (_, body) = agent.wait_health(WAIT, "200 after SIGCONT", |c, _| c == 200);
+    assert_eq!(body["checks"]["webserver"], "up", "{body}");
+    for c in clients {
+        let _ = c.join();
+    }
+}
+
+#[test]
+fn fixture_shapes_get_their_verdicts() {
+    require_root();
+    let backend = Fixture::start("normal");
+    let agent = Agent::start(&format!(
+        "[checks]\ninterval = \"500ms\"\nrecover_after = \"1s\"\n\
+         [web]\nport = {}\nhung_after = \"2s\"\nunanswered_after = \"3s\"\nprobe_timeout = \"6s\"\nslow_after = \"700ms\"\nlatency_window = \"3s\"\n",
+        backend.port
+    ));
+    let up = agent.wait_health(WAIT, "up", |c, b| {
+        c == 200 && b["checks"]["webserver"] == "up"
+    });
+    assert_eq!(up.1["status"], "healthy");
+
+    // slow: answering, but over slow_after → 200 degraded, scale_up.
+    backend.set_mode("slow?delay_ms=1200");
+    let _load = background_requests(backend.port, 8, Duration::from_secs(10));
+    let (code, body) = agent.wait_health(WAIT, "slow", |_, b| b["checks"]["webserver"] == "slow");
+    assert_eq!(code, 200);
+    assert_eq!(body["status"], "degraded");
+    assert_eq!(body["recommendation"], "scale_up");
+
+    backend.set_mode("normal");
+    agent.wait_health(WAIT, "up again", |c, b| {
+        c == 200 && b["checks"]["webserver"] == "up"
+    });
+
+    // accepts and reads, never answers → unresponsive, 503.
+    backend.set_mode("no-respond");
+    let _waiting = background_requests(backend.port, 3, Duration::from_secs(8));
+    let (code, body) = agent.wait_health(WAIT, "unresponsive", |_, b| {
+        b["checks"]["webserver"] == "unresponsive"
+    });
+    assert_eq!(code, 503, "{body}");
+    let c = counters(&body);
+    assert!(
+        c["pending"].as_u64().unwrap() >= 1,
+        "kernel saw read-but-unanswered requests: {c}"
+    );
+
+    backend.set_mode("normal");
+    agent.wait_health(WAIT, "up again", |c, b| {
+        c == 200 && b["checks"]["webserver"] == "up"
+    });
+
+    // keeps the listen socket, never accepts → hung, 503.
+    backend.set_mode("stop-accepting");
+    let _queued = background_requests(backend.port, 4, Duration::from_secs(8));
+    let (code, body) = agent.wait_health(WAIT, "hung", |_, b| b["checks"]["webserver"] == "hung");
+    assert_eq!(code, 503, "{body}");
+
+    backend.set_mode("normal");
+    agent.wait_health(WAIT, "up again", |c, b| {
+        c == 200 && b["checks"]["webserver"] == "up"
+    });
+
+    // process exits → nothing listens → down, 503.
+    backend.set_mode("exit");
+    let (code, body) = agent.wait_health(WAIT, "down", |_, b| b["checks"]["webserver"] == "down");
+    assert_eq!(code, 503, "{body}");
+}
+
+#[test]
+fn without_ebpf_a_stopped_server_is_still_caught() {
+    require_root();
+    let backend = Fixture::start("normal");
+    let agent = Agent::start(&format!(
+        "[checks]\ninterval = \"500ms\"\n[web]\nport = {}\nkernel = false\nhung_after = \"2s\"\nprobe_timeout = \"1s\"\n",
+        backend.port
+    ));
+    let (_, body) = agent.wait_health(WAIT, "up", |c, b| {
+        c == 200 && b["checks"]["webserver"] == "up"
+    });
+    assert_eq!(body["details"]["web"]["kernel"]["state"], "disabled");
+    assert!(body["details"]["web"].get("counters").is_none());
+
+    backend.signal(libc::SIGSTOP);
+    let _clients = background_requests(backend.port, 3, Duration::from_secs(10));
+    let (code, body) = agent.wait_health(WAIT, "503 hung from probe + queue", |c, _| c == 503);
+    assert_eq!(body["checks"]["webserver"], "hung", "{body}");
+    assert_eq!(code, 503);
+    let detail = body["details"]["web"]["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("kernel view unavailable"),
+        "the response says so: {detail}"
+    );
+    backend.signal(libc::SIGCONT);
+    agent.wait_health(WAIT, "200 after SIGCONT", |c, _| c == 200);
+}
+
+#[test]
+fn saturated_but_working_server_is_never_hung() {
+    require_root();
+    // One worker at 50 ms a request and 60 clients at once: the accept queue backs up for
+    // seconds (far past hung_after), yet accepts keep coming. That is slow, never hung.
+    let backend = Fixture::start_with(
+        "slow",
+        &["--workers", "1", "--delay-ms", "50", "--backlog", "256"],
+    );
+    let agent = Agent::start(&format!(
+        "[web]\nport = {}\nhung_after = \"1s\"\nslow_after = \"10s\"\nprobe_path = \"\"\n",
+        backend.port
+    ));
+    let clients = background_requests(backend.port, 60, Duration::from_secs(20));
+    let mut deepest_wait = 0;
+    for _ in 0..25 {
+        let (_, body) = agent.health();
+        let v = body["checks"]["webserver"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        assert!(
+            v != "hung" && v != "unresponsive",
+            "a working server was called {v}: {body}"
+        );
+        deepest_wait = deepest_wait.max(counters(&body)["oldest_waiting_ms"].as_u64().unwrap_or(0));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        deepest_wait >= 1000,
+        "the test must really saturate the server: oldest waiting connection was {deepest_wait} ms"
+    );
+    for c in clients {
+        let _ = c.join();
+    }
+    let (_, body) = agent.wait_health(WAIT, "all served", |_, b| counters(b)["answered"] == 60);
+    assert_eq!(counters(&body)["accepted"], 60);
+}
