@@ -4,6 +4,7 @@
 //! and cargo. Each verb is one module.
 
 mod cmd;
+mod demo;
 mod run;
 mod services;
 mod setup;
@@ -35,6 +36,9 @@ enum Command {
     Build(run::BuildArgs),
     /// Build, then run the agent as root (default arguments: serve).
     Run(run::RunArgs),
+    /// The product's main job on a built-in default: a bundled backend, the agent, and a
+    /// narrated healthy → hung → 503 → healthy story, then the same hang healed by a restart.
+    Demo(demo::Args),
     /// The full check CI runs: setup, fmt, clippy, tests — stops at the first failing stage.
     Test(test::Args),
 }
@@ -46,6 +50,7 @@ fn main() -> ExitCode {
         Command::Build(args) => run::build(&args).map(|_| ()),
         Command::Run(args) => run::run(args),
         Command::Test(args) => test::run(&args),
+        Command::Demo(args) => demo::run(&args),
     };
     // The cause chain says what failed and how to fix it; with RUST_BACKTRACE set, anyhow's
     // default report would bury that under a backtrace of this small program.

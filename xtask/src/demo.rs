@@ -1,0 +1,339 @@
+//! `cargo xtask demo`: the product's main job on a built-in default. A bundled backend (the
+//! fixture server, standing in for Puma), the agent watching it from the kernel, steady traffic,
+//! and a narrated story: healthy → hung (kill -STOP keeps the port, accepts nothing) → 503 →
+//! resumed → healthy; then the same hang with self-healing on: recovering → restarted → healthy,
+//! without a single 503.
+
+use std::{
+    fs,
+    io::{Read, Write},
+    net::TcpStream,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+
+use crate::{cmd, setup};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Port the agent serves /health on.
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Port of the bundled backend.
+    #[arg(long, default_value_t = 9000)]
+    backend_port: u16,
+}
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child; CONT first so a stopped process can die.
+        unsafe {
+            libc::kill(self.0.id() as i32, libc::SIGCONT);
+            libc::kill(self.0.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn get(port: u16, path: &str) -> Result<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(3)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw)?;
+    let code = raw
+        .get(9..12)
+        .and_then(|c| c.parse().ok())
+        .context("bad HTTP answer")?;
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    Ok((code, body))
+}
+
+fn health(port: u16) -> Result<(u16, Value)> {
+    let (code, body) = get(port, "/health")?;
+    Ok((code, serde_json::from_str(&body)?))
+}
+
+/// One line per /health answer: the balancer's view and the kernel's.
+fn line(t0: Instant, code: u16, b: &Value) -> String {
+    let w = &b["details"]["web"];
+    let c = &w["counters"];
+    let n = |v: &Value| v.as_u64().map_or("-".into(), |n| n.to_string());
+    format!(
+        "  t={:5.1}s  /health {code} {:<10} webserver={:<12} queue={:<3} established={:<4} accepted={:<4} answered={:<4} waiting={:<3} oldest_waiting_ms={}",
+        t0.elapsed().as_secs_f64(),
+        b["status"].as_str().unwrap_or("?"),
+        b["checks"]["webserver"].as_str().unwrap_or("?"),
+        n(&w["accept_queue"]),
+        n(&c["established"]),
+        n(&c["accepted"]),
+        n(&c["answered"]),
+        n(&c["waiting"]),
+        n(&c["oldest_waiting_ms"]),
+    )
+}
+
+/// Polls /health, printing every answer that differs, until `done` says so or `timeout`.
+fn watch(
+    port: u16,
+    t0: Instant,
+    timeout: Duration,
+    mut done: impl FnMut(u16, &Value) -> bool,
+) -> Result<(u16, Value)> {
+    let deadline = Instant::now() + timeout;
+    let mut last_key = String::new();
+    let mut last_print = Instant::now() - Duration::from_secs(10);
+    loop {
+        let (code, body) = health(port)?;
+        let key = format!("{code}{}{}", body["status"], body["checks"]["webserver"]);
+        if key != last_key || last_print.elapsed() >= Duration::from_secs(1) {
+            println!("{}", line(t0, code, &body));
+            last_key = key;
+            last_print = Instant::now();
+        }
+        if done(code, &body) {
+            return Ok((code, body));
+        }
+        if Instant::now() > deadline {
+            bail!("the demo did not reach the expected state within {timeout:?}; last /health: {code} {body}");
+        }
+        thread::sleep(Duration::from_millis(250));
+    }
+}
+
+fn start_backend(bin: &Path, port: u16, pid_file: &Path) -> Result<Proc> {
+    let child = Command::new(bin)
+        .args([
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--control",
+            &format!("127.0.0.1:{}", port + 1),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    fs::write(pid_file, child.id().to_string())?;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while get(port, "/up").is_err() {
+        if Instant::now() > deadline {
+            bail!("the bundled backend did not start on 127.0.0.1:{port} — is the port in use? try --backend-port");
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    Ok(Proc(child))
+}
+
+fn start_agent(bin: &Path, config: &Path, log: &Path, port: u16) -> Result<Proc> {
+    let child = Command::new(bin)
+        .arg("--config")
+        .arg(config)
+        .arg("serve")
+        .env("HEALTH_AGENT_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(log)?)
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let mut agent = Proc(child);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while get(port, "/livez").is_err() {
+        if let Ok(Some(status)) = agent.0.try_wait() {
+            bail!(
+                "the agent exited ({status}): {}",
+                fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        if Instant::now() > deadline {
+            bail!("the agent did not answer on 127.0.0.1:{port} — is the port in use? try --port");
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    Ok(agent)
+}
+
+/// ~10 requests a second to the backend, like real users would send.
+fn traffic(port: u16, stop: Arc<AtomicBool>) -> thread::JoinHandle<()> {
+    thread::spawn(move || {
+        while !stop.load(Ordering::Relaxed) {
+            thread::spawn(move || {
+                let _ = get(port, "/");
+            });
+            thread::sleep(Duration::from_millis(100));
+        }
+    })
+}
+
+fn signal_backend(pid_file: &Path, sig: i32) -> Result<()> {
+    let pid: i32 = fs::read_to_string(pid_file)?.trim().parse()?;
+    // SAFETY: signalling the backend this demo started.
+    if unsafe { libc::kill(pid, sig) } != 0 {
+        bail!(
+            "signalling the backend failed: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(())
+}
+
+fn config(port: u16, backend_port: u16, restart_command: &str) -> String {
+    format!(
+        "# written by cargo xtask demo\n[server]\nlisten = \"127.0.0.1:{port}\"\ndetails = \"always\"\n\n\
+         [checks]\ninterval = \"1s\"\nboot_grace = \"0s\"\nrecover_after = \"2s\"\n\n\
+         [web]\nport = {backend_port}\nprobe_path = \"/up\"\nprobe_timeout = \"1s\"\nhung_after = \"2s\"\nrestart_command = {restart_command:?}\n\n\
+         [heal]\nmax_restarts = 3\ntimeout = \"10s\"\n"
+    )
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    if !cmd::is_root() {
+        bail!("the demo loads eBPF programs: run it as root (sudo -E cargo xtask demo)");
+    }
+    setup::ensure_toolchain()?;
+    cmd::run(Command::new("cargo").current_dir(cmd::root()).args([
+        "build",
+        "--package",
+        "health-agent",
+        "--package",
+        "health-agent-tests",
+        "--bin",
+        "health-agent",
+        "--bin",
+        "fixture-backend",
+    ]))
+    .context("building the agent and the bundled backend failed")?;
+    let target: PathBuf = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| cmd::root().join("target"), PathBuf::from);
+    let agent_bin = target.join("debug/health-agent");
+    let backend_bin = target.join("debug/fixture-backend");
+    let dir = std::env::temp_dir().join(format!("health-agent-demo-{}", std::process::id()));
+    fs::create_dir_all(&dir)?;
+    let pid_file = dir.join("backend.pid");
+    let (port, bport) = (args.port, args.backend_port);
+
+    println!("\nhealth-agent demo");
+    println!("  backend  fixture-backend on 127.0.0.1:{bport}, standing in for a Puma web server");
+    println!("  agent    health-agent on 127.0.0.1:{port}, watching port {bport} from the kernel (eBPF tracepoints)");
+    println!("  traffic  10 requests/s to the backend\n");
+
+    let mut backend = Some(start_backend(&backend_bin, bport, &pid_file)?);
+    let cfg_path = dir.join("act1.toml");
+    fs::write(&cfg_path, config(port, bport, ""))?;
+    let agent = start_agent(&agent_bin, &cfg_path, &dir.join("agent1.log"), port)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = traffic(bport, stop.clone());
+    let t0 = Instant::now();
+
+    println!("== 1. healthy: requests are accepted and answered ==");
+    let (_, b) = watch(port, t0, Duration::from_secs(20), |c, b| {
+        c == 200
+            && b["checks"]["webserver"] == "up"
+            && b["details"]["web"]["counters"]["answered"].as_u64() > Some(15)
+    })?;
+    println!("  kernel view: {}", b["details"]["web"]["kernel"]["state"]);
+
+    println!(
+        "\n== 2. the backend hangs: kill -STOP keeps its listen port, nobody calls accept() =="
+    );
+    println!(
+        "  (a port check still passes: the kernel completes every handshake into the accept queue)"
+    );
+    signal_backend(&pid_file, libc::SIGSTOP)?;
+    let hung_at = Instant::now();
+    let (_, b) = watch(port, t0, Duration::from_secs(30), |c, _| c == 503)?;
+    println!(
+        "  -> 503 after {:.1}s: {}",
+        hung_at.elapsed().as_secs_f64(),
+        b["details"]["web"]["detail"].as_str().unwrap_or("")
+    );
+
+    println!("\n== 3. the backend resumes (kill -CONT): the queue drains ==");
+    println!("  (200 comes back once the backend has been fine for checks.recover_after = 2s: no flapping)");
+    signal_backend(&pid_file, libc::SIGCONT)?;
+    let resumed = Instant::now();
+    watch(port, t0, Duration::from_secs(30), |c, b| {
+        c == 200 && b["status"] == "healthy"
+    })?;
+    println!(
+        "  -> healthy again after {:.1}s",
+        resumed.elapsed().as_secs_f64()
+    );
+    drop(agent);
+
+    println!("\n== 4. self-healing: the same hang, now with web.restart_command set ==");
+    // The restart command replaces the hung process with a fresh one, like `systemctl restart`.
+    let script = dir.join("restart-backend.sh");
+    fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nkill -KILL $(cat {pid}) 2>/dev/null\nsleep 0.2\nsetsid {bin} --listen 127.0.0.1:{bport} --control 127.0.0.1:{c} >/dev/null 2>&1 &\necho $! > {pid}\necho restarted backend as pid $!\n",
+            pid = pid_file.display(),
+            bin = backend_bin.display(),
+            c = bport + 1
+        ),
+    )?;
+    cmd::run(Command::new("chmod").arg("+x").arg(&script))?;
+    let cfg_path = dir.join("act2.toml");
+    fs::write(
+        &cfg_path,
+        config(port, bport, &script.display().to_string()),
+    )?;
+    let agent = start_agent(&agent_bin, &cfg_path, &dir.join("agent2.log"), port)?;
+    watch(port, t0, Duration::from_secs(20), |c, b| {
+        c == 200 && b["checks"]["webserver"] == "up"
+    })?;
+    signal_backend(&pid_file, libc::SIGSTOP)?;
+    // From here the restart script owns the backend process.
+    if let Some(b) = backend.take() {
+        std::mem::forget(b);
+    }
+    let mut saw_503 = false;
+    let mut saw_recovering = false;
+    let (_, b) = watch(port, t0, Duration::from_secs(40), |c, b| {
+        saw_503 |= c == 503;
+        saw_recovering |= b["status"] == "recovering";
+        let healed = b["details"]["heal"]["total_recovered"].as_u64() >= Some(1);
+        healed && c == 200 && b["status"] == "healthy"
+    })?;
+    let attempt = &b["details"]["heal"]["attempts"][0];
+    println!(
+        "  -> healed: {} ({}, {} ms); answered `recovering` meanwhile: {}; 503 meanwhile: {}",
+        attempt["action"].as_str().unwrap_or("?"),
+        attempt["outcome"].as_str().unwrap_or("?"),
+        attempt["duration_ms"],
+        if saw_recovering { "yes" } else { "no" },
+        if saw_503 { "yes" } else { "no" }
+    );
+
+    stop.store(true, Ordering::Relaxed);
+    let _ = load.join();
+    drop(agent);
+    let _ = signal_backend(&pid_file, libc::SIGKILL);
+    let _ = fs::remove_dir_all(&dir);
+    println!("\ndemo: done. The agent's config for your own backend: health-agent config --dump");
+    Ok(())
+}
