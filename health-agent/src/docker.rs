@@ -21,6 +21,9 @@ use serde::Serialize;
 
 use crate::{checks::ContainersReport, config::ContainersConfig, policy::ContainersState};
 
+/// Seconds between SIGTERM and SIGKILL when self-healing restarts a container.
+const RESTART_GRACE_SECS: i32 = 2;
+
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct ContainerInfo {
     pub name: String,
@@ -73,10 +76,27 @@ impl Docker {
         })
     }
 
+    /// Restarts `name` within `timeout` (the whole call, including Docker's stop grace).
     pub async fn restart(&self, name: &str, timeout: Duration) -> Result<(), String> {
-        let grace = (timeout.as_secs() / 2).clamp(1, 10) as i32;
-        let opts = RestartContainerOptionsBuilder::new().t(grace).build();
-        self.client
+        let client = self.client.clone().with_timeout(timeout);
+        // A frozen process cannot act on SIGTERM: thaw it first, or the stop waits out the grace.
+        let paused = client
+            .inspect_container(name, None::<InspectContainerOptions>)
+            .await
+            .ok()
+            .and_then(|i| i.state?.paused)
+            .unwrap_or(false);
+        if paused {
+            if let Err(e) = client.unpause_container(name).await {
+                tracing::warn!("docker unpause {name} before restart: {e}");
+            }
+        }
+        // The backend is being restarted because it stopped serving: there is little in flight
+        // to drain, so a short grace keeps the instance out of rotation for less time.
+        let opts = RestartContainerOptionsBuilder::new()
+            .t(RESTART_GRACE_SECS)
+            .build();
+        client
             .restart_container(name, Some(opts))
             .await
             .map_err(|e| format!("docker restart {name}: {e}"))

@@ -12,10 +12,10 @@ use std::{
 use axum::{
     body::Body,
     extract::{Request, State},
-    http::{header, HeaderMap, HeaderValue, StatusCode},
+    http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode},
     response::{IntoResponse, Response},
     routing::get,
-    Extension, Router,
+    Router,
 };
 use bytes::Bytes;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -72,11 +72,10 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-async fn health(
-    State(app): State<Arc<App>>,
-    peer: Option<Extension<Peer>>,
-    headers: HeaderMap,
-) -> Response {
+// Takes the request itself: an extracted HeaderMap would be a copy of every header, per probe.
+async fn health(State(app): State<Arc<App>>, req: Request) -> Response {
+    let headers = req.headers();
+    let peer = req.extensions().get::<Peer>().copied();
     let snap = app.snapshot.load();
     let age = Instant::now().saturating_duration_since(snap.created);
     let ietf = headers
@@ -86,7 +85,7 @@ async fn health(
     if age > app.stale_after {
         return stale(age, ietf);
     }
-    let details = wants_details(&app, peer.map(|Extension(p)| p), &headers);
+    let details = wants_details(&app, peer, headers);
     let body = match (ietf, details) {
         (false, true) => snap.full.clone(),
         (false, false) => snap.brief.clone(),
@@ -109,9 +108,10 @@ fn respond(code: StatusCode, body: Bytes, ietf: bool, age: Duration) -> Response
         }),
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    if let Ok(v) = HeaderValue::from_str(&age.as_millis().to_string()) {
-        h.insert("x-snapshot-age-ms", v);
-    }
+    h.insert(
+        HeaderName::from_static("x-snapshot-age-ms"),
+        HeaderValue::from(age.as_millis() as u64),
+    );
     r
 }
 

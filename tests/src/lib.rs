@@ -38,7 +38,46 @@ pub fn binary(name: &str, package: &str) -> PathBuf {
 }
 
 pub fn agent_binary() -> PathBuf {
-    binary("health-agent", "health-agent")
+    let bin = binary("health-agent", "health-agent");
+    assert_fresh(
+        &bin,
+        &["health-agent", "health-common", "health-agent-ebpf"],
+    );
+    bin
+}
+
+/// Newest modification time of the files under `dir`.
+fn newest(dir: &Path) -> std::time::SystemTime {
+    let mut newest = std::time::SystemTime::UNIX_EPOCH;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if let Ok(m) = e.metadata().and_then(|m| m.modified()) {
+                newest = newest.max(m);
+            }
+        }
+    }
+    newest
+}
+
+/// `cargo test -p health-agent-tests` does not rebuild the agent: refuse to test old code.
+fn assert_fresh(bin: &Path, crates: &[&str]) {
+    let built = std::fs::metadata(bin)
+        .and_then(|m| m.modified())
+        .expect("binary mtime");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for c in crates {
+        let src = root.join(c).join("src");
+        assert!(
+            newest(&src) <= built,
+            "{} is older than {}: run `cargo build --bins` (cargo xtask test does) before these tests",
+            bin.display(),
+            src.display()
+        );
+    }
 }
 
 /// A port that was free a moment ago on 127.0.0.1.
@@ -455,4 +494,124 @@ pub fn background_requests(
 /// The web counters from a full /health body.
 pub fn counters(body: &Value) -> &Value {
     &body["details"]["web"]["counters"]
+}
+
+/// The `FROM scratch` image holding a statically linked fixture backend, built once per test
+/// process. Images cannot be pulled here, so it is imported from a tarball of the one binary.
+pub fn fixture_image() -> &'static str {
+    static IMAGE: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    const TAG: &str = "health-agent-fixture:test";
+    IMAGE.get_or_init(|| {
+        // A separate target dir: the outer `cargo test` may hold the main one's lock.
+        let static_dir = target_dir().join("..").join("static");
+        let status = Command::new(env!("CARGO"))
+            .args([
+                "build",
+                "--release",
+                "-p",
+                "health-agent-tests",
+                "--bin",
+                "fixture-backend",
+                "--target",
+                "x86_64-unknown-linux-gnu",
+            ])
+            .env("CARGO_TARGET_DIR", &static_dir)
+            .env("RUSTFLAGS", "-C target-feature=+crt-static")
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .expect("running cargo build for the static fixture");
+        assert!(
+            status.success(),
+            "building the static fixture-backend failed"
+        );
+        let bin = static_dir.join("x86_64-unknown-linux-gnu/release/fixture-backend");
+        let ctx = tempfile::tempdir().expect("tempdir");
+        std::fs::copy(&bin, ctx.path().join("fixture-backend")).expect("copying fixture");
+        let tar = ctx.path().join("rootfs.tar");
+        let ok = Command::new("tar")
+            .arg("-C")
+            .arg(ctx.path())
+            .arg("-cf")
+            .arg(&tar)
+            .arg("fixture-backend")
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "tar failed");
+        let out = Command::new("docker")
+            .args(["import", "--change", "ENTRYPOINT [\"/fixture-backend\"]"])
+            .arg(&tar)
+            .arg(TAG)
+            .output()
+            .expect("running docker import (is dockerd running? cargo xtask services starts it)");
+        assert!(
+            out.status.success(),
+            "docker import failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
+    TAG
+}
+
+/// Runs `docker` with `args` and returns stdout; panics with stderr on failure.
+pub fn docker(args: &[&str]) -> String {
+    let out = Command::new("docker")
+        .args(args)
+        .output()
+        .expect("running docker");
+    assert!(
+        out.status.success(),
+        "docker {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A container of the fixture image on the host network (it listens on 127.0.0.1 only),
+/// removed on drop.
+pub struct Container {
+    pub name: String,
+    pub port: u16,
+}
+
+impl Container {
+    /// `fixture_args` go to the fixture backend after `--listen 127.0.0.1:<port>`.
+    pub fn run(label: &str, fixture_args: &[&str]) -> Self {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let name = format!("ha-test-{label}-{}-{n}", std::process::id());
+        let port = free_port();
+        let image = fixture_image();
+        let listen = format!("127.0.0.1:{port}");
+        let mut args = vec![
+            "run",
+            "-d",
+            "--name",
+            &name,
+            "--network",
+            "host",
+            image,
+            "--listen",
+            &listen,
+        ];
+        args.extend_from_slice(fixture_args);
+        docker(&args);
+        Self { name, port }
+    }
+
+    pub fn wait_serving(&self) {
+        wait_until(Duration::from_secs(15), "the container to serve", || {
+            get(self.port, "/up").ok().filter(|(c, _)| *c == 200)
+        });
+    }
+}
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        let _ = Command::new("docker")
+            .args(["rm", "-f", &self.name])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
 }

@@ -3,8 +3,10 @@
 //! Product logic lives in the other crates; this one only drives toolchains, packages, services
 //! and cargo. Each verb is one module.
 
+mod bench;
 mod cmd;
 mod demo;
+mod live;
 mod run;
 mod services;
 mod setup;
@@ -39,6 +41,8 @@ enum Command {
     /// The product's main job on a built-in default: a bundled backend, the agent, and a
     /// narrated healthy → hung → 503 → healthy story, then the same hang healed by a restart.
     Demo(demo::Args),
+    /// Speed and memory targets, measured side by side, written to docs/BENCHMARKS.md.
+    Bench(bench::Args),
     /// The full check CI runs: setup, fmt, clippy, tests — stops at the first failing stage.
     Test(test::Args),
 }
@@ -51,6 +55,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run::run(args),
         Command::Test(args) => test::run(&args),
         Command::Demo(args) => demo::run(&args),
+        Command::Bench(args) => bench::run(&args),
     };
     // The cause chain says what failed and how to fix it; with RUST_BACKTRACE set, anyhow's
     // default report would bury that under a backtrace of this small program.

@@ -53,6 +53,8 @@ pub fn run(args: &Args) -> Result<()> {
             ebpf_cargo(&["clippy", "--release", "--", "-D", "warnings"]),
         ));
     }
+    // The integration tests run the agent and fixture binaries: build them first.
+    stages.push(("build", cargo(&["build", "--bins"])));
     let targets: &[&str] = if args.unit {
         &["--lib", "--bins"]
     } else {

@@ -1,0 +1,305 @@
+//! Containers and self-healing against a real Docker daemon: restart before ever reporting
+//! 503, give up within the budget, heal plain processes through `web.restart_command`.
+
+use std::{
+    os::unix::net::UnixListener,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use health_agent_tests::{docker, get, require_root, wait_until, Agent, Container, Fixture};
+
+const WAIT: Duration = Duration::from_secs(40);
+
+/// Polls /health in the background and remembers whether any answer was a 503.
+struct Watch503 {
+    seen: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Watch503 {
+    fn start(port: u16) -> Self {
+        let seen = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s, st) = (seen.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            while !st.load(Ordering::Relaxed) {
+                if get(port, "/health").is_ok_and(|(c, _)| c == 503) {
+                    s.store(true, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        Self {
+            seen,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn saw_503(mut self) -> bool {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        self.seen.load(Ordering::Relaxed)
+    }
+}
+
+fn web_container_config(c: &Container, extra: &str) -> String {
+    format!(
+        "[checks]\ninterval = \"500ms\"\n[web]\nport = {}\ncontainer = \"{}\"\nhung_after = \"2s\"\nprobe_timeout = \"1s\"\n\
+         [containers]\nnames = [\"{}\"]\n[heal]\ntimeout = \"20s\"\n{extra}",
+        c.port, c.name, c.name
+    )
+}
+
+#[test]
+fn killed_web_container_is_restarted_without_a_503() {
+    require_root();
+    let web = Container::run("killed", &[]);
+    web.wait_serving();
+    let agent = Agent::start(&web_container_config(&web, ""));
+    let (_, body) = agent.wait_health(WAIT, "healthy", |c, b| c == 200 && b["status"] == "healthy");
+    assert_eq!(body["checks"]["containers"], "1/1 running");
+
+    let watch = Watch503::start(agent.port);
+    docker(&["kill", &web.name]);
+    let (_, body) = agent.wait_health(WAIT, "healed", |c, b| {
+        c == 200 && b["status"] == "healthy" && b["details"]["heal"]["total_recovered"] == 1
+    });
+    assert!(!watch.saw_503(), "self-heal must come before any 503");
+    let heal = &body["details"]["heal"];
+    assert_eq!(heal["total_attempts"], 1, "{heal}");
+    assert_eq!(
+        heal["attempts"][0]["action"],
+        format!("docker restart {}", web.name)
+    );
+    assert_eq!(heal["attempts"][0]["outcome"], "recovered");
+    assert_eq!(
+        docker(&["inspect", "-f", "{{.State.Running}}", &web.name]),
+        "true"
+    );
+}
+
+#[test]
+fn paused_web_container_is_seen_hung_and_restarted() {
+    require_root();
+    let web = Container::run("paused", &[]);
+    web.wait_serving();
+    // Only `web.container`, not `containers.names`: the container check would see `paused`
+    // at once; this test is about the kernel view seeing the frozen server hang.
+    let agent = Agent::start(&format!(
+        "[checks]\ninterval = \"500ms\"\n[web]\nport = {}\ncontainer = \"{}\"\nhung_after = \"2s\"\nprobe_timeout = \"1s\"\n[heal]\ntimeout = \"20s\"\n",
+        web.port, web.name
+    ));
+    agent.wait_health(WAIT, "healthy", |c, b| {
+        c == 200 && b["checks"]["webserver"] == "up"
+    });
+
+    let watch = Watch503::start(agent.port);
+    docker(&["pause", &web.name]);
+    // Real traffic queues on the frozen server; the kernel view calls it hung.
+    let clients = health_agent_tests::background_requests(web.port, 5, Duration::from_secs(10));
+    let (_, body) = agent.wait_health(WAIT, "recovering", |_, b| b["status"] == "recovering");
+    let web_detail = body["details"]["web"]["verdict"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let (_, body) = agent.wait_health(WAIT, "healed", |c, b| {
+        c == 200 && b["status"] == "healthy" && b["details"]["heal"]["total_recovered"] == 1
+    });
+    assert!(!watch.saw_503(), "self-heal must come before any 503");
+    let reason = body["details"]["heal"]["attempts"][0]["reason"]
+        .as_str()
+        .unwrap();
+    assert!(
+        reason.contains("web backend hung"),
+        "the heal was for the hang: {reason}"
+    );
+    assert_eq!(
+        docker(&["inspect", "-f", "{{.State.Status}}", &web.name]),
+        "running"
+    );
+    for c in clients {
+        let _ = c.join();
+    }
+}
+
+#[test]
+fn crash_looping_container_turns_503_within_the_budget() {
+    require_root();
+    // The fixture in `exit` mode dies at once, on every start.
+    let web = Container::run("crashloop", &["--mode", "exit"]);
+    wait_until(Duration::from_secs(10), "the container to exit", || {
+        (docker(&["inspect", "-f", "{{.State.Status}}", &web.name]) == "exited").then_some(())
+    });
+    let agent = Agent::start(&format!(
+        "[checks]\ninterval = \"500ms\"\n[web]\nport = {}\ncontainer = \"{}\"\n[containers]\nnames = [\"{}\"]\n\
+         [heal]\nmax_restarts = 2\nwindow = \"10m\"\ntimeout = \"3s\"\n",
+        web.port, web.name, web.name
+    ));
+    let (code, body) = agent.wait_health(WAIT, "503 once heals failed", |c, b| {
+        c == 503 && b["details"]["heal"]["budget_spent"] == true
+    });
+    assert_eq!(code, 503);
+    assert_eq!(body["status"], "unhealthy");
+    assert_eq!(body["checks"]["containers"], "0/1 running");
+    assert!(
+        body["details"]["containers"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains(&web.name),
+        "names the container: {body}"
+    );
+    assert!(
+        body["reasons"]
+            .to_string()
+            .contains("self-heal failed or its budget is spent"),
+        "{body}"
+    );
+    // Give it time to (wrongly) try again: the budget holds.
+    std::thread::sleep(Duration::from_secs(8));
+    let (code, body) = agent.health();
+    assert_eq!(code, 503);
+    let heal = &body["details"]["heal"];
+    assert_eq!(
+        heal["total_attempts"], 2,
+        "no more than max_restarts: {heal}"
+    );
+    assert_eq!(heal["attempts"].as_array().unwrap().len(), 2);
+    for a in heal["attempts"].as_array().unwrap() {
+        assert_eq!(a["outcome"], "failed", "{a}");
+        assert_eq!(a["action"], format!("docker restart {}", web.name));
+    }
+}
+
+#[test]
+fn containers_summary_counts_running_ones() {
+    require_root();
+    let a = Container::run("count-a", &[]);
+    let b = Container::run("count-b", &[]);
+    a.wait_serving();
+    b.wait_serving();
+    let agent = Agent::start(&format!(
+        "[checks]\ninterval = \"500ms\"\n[containers]\nnames = [\"{}\", \"{}\"]\n[heal]\nenabled = false\n",
+        a.name, b.name
+    ));
+    let (code, body) = agent.wait_health(WAIT, "2/2", |_, b| {
+        b["checks"]["containers"] == "2/2 running"
+    });
+    assert_eq!(code, 200);
+    let info = &body["details"]["containers"]["containers"];
+    assert_eq!(info.as_array().unwrap().len(), 2);
+    assert!(
+        info[0]["memory_bytes"].as_u64().unwrap() > 0,
+        "per-container memory: {info}"
+    );
+    docker(&["stop", "-t", "1", &b.name]);
+    let (code, body) = agent.wait_health(WAIT, "1/2", |_, b| {
+        b["checks"]["containers"] == "1/2 running"
+    });
+    assert_eq!(
+        code, 503,
+        "an expected container down is a fault a new instance fixes: {body}"
+    );
+    assert_eq!(body["details"]["containers"]["faulty"][0], b.name.as_str());
+}
+
+#[test]
+fn unreachable_docker_is_unknown_not_503() {
+    require_root();
+    // What a crashed dockerd leaves behind: a socket file nobody listens on.
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("docker.sock");
+    drop(UnixListener::bind(&sock).unwrap());
+    let backend = Fixture::start("normal");
+    let agent = Agent::start(&format!(
+        "[checks]\ninterval = \"500ms\"\n[web]\nport = {}\n[containers]\nnames = [\"web\"]\ndocker_host = \"unix://{}\"\n",
+        backend.port,
+        sock.display()
+    ));
+    let (code, body) = agent.wait_health(WAIT, "containers unknown", |_, b| {
+        b["checks"]["containers"] == "unknown"
+    });
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["status"], "degraded");
+    let reason = body["details"]["containers"]["reason"].as_str().unwrap();
+    assert!(reason.contains("Docker did not answer"), "{reason}");
+    assert_eq!(
+        body["checks"]["webserver"], "up",
+        "the web check keeps deciding"
+    );
+}
+
+#[test]
+fn restart_command_heals_a_plain_process() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let port = health_agent_tests::free_port();
+    let pid_file = dir.path().join("backend.pid");
+    let bin = health_agent_tests::binary("fixture-backend", "health-agent-tests");
+    let start = format!(
+        "setsid {} --listen 127.0.0.1:{port} >/dev/null 2>&1 & echo $! > {}",
+        bin.display(),
+        pid_file.display()
+    );
+    let script = dir.path().join("restart.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nkill -KILL $(cat {}) 2>/dev/null\nsleep 0.2\n{start}\necho restarted\n",
+            pid_file.display()
+        ),
+    )
+    .unwrap();
+    std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(&script)
+        .status()
+        .unwrap();
+    std::process::Command::new("sh")
+        .arg("-c")
+        .arg(&start)
+        .status()
+        .unwrap();
+    wait_until(Duration::from_secs(5), "backend up", || {
+        get(port, "/up").ok().filter(|(c, _)| *c == 200)
+    });
+
+    let agent = Agent::start(&format!(
+        "[checks]\ninterval = \"500ms\"\n[web]\nport = {port}\nhung_after = \"2s\"\nrestart_command = \"{}\"\n[heal]\ntimeout = \"10s\"\n",
+        script.display()
+    ));
+    agent.wait_health(WAIT, "healthy", |c, b| {
+        c == 200 && b["checks"]["webserver"] == "up"
+    });
+    let watch = Watch503::start(agent.port);
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // SAFETY: stopping the backend this test started.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let _clients = health_agent_tests::background_requests(port, 3, Duration::from_secs(6));
+    let (_, body) = agent.wait_health(WAIT, "healed", |c, b| {
+        c == 200 && b["status"] == "healthy" && b["details"]["heal"]["total_recovered"] == 1
+    });
+    assert!(!watch.saw_503());
+    let a = &body["details"]["heal"]["attempts"][0];
+    assert_eq!(a["output"], "restarted", "{a}");
+    assert_eq!(a["outcome"], "recovered");
+    let new_pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_ne!(new_pid, pid, "a new process serves now");
+    // SAFETY: cleaning up the process the restart script started.
+    unsafe { libc::kill(new_pid, libc::SIGKILL) };
+}

@@ -1,0 +1,625 @@
+//! `cargo xtask bench`: the speed and memory targets, measured side by side in one run and
+//! written to docs/BENCHMARKS.md. Loopback only; every load is bounded in time.
+//!
+//! 1. `/health` throughput and latency against nginx serving a static body of the same size
+//!    (the practical ceiling on this machine), at several concurrency levels and at half of the
+//!    agent's peak rate; agent RSS and idle CPU.
+//! 2. Time from hang onset (kill -STOP) to 503, under 10 req/s and idle, next to what Caddy's
+//!    active check needs (measured) and ALB's defaults (computed).
+//! 3. Backend throughput with the agent's eBPF programs attached vs not.
+//! 4. A saturation run of a healthy backend: no false `hung`/`unresponsive`.
+
+use std::{
+    fmt::Write as _,
+    fs,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+
+use crate::{
+    cmd,
+    live::{get, health, start_agent, start_backend, Proc},
+    setup,
+};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Shorter runs (saturation 30 s instead of 300 s, fewer trials): for trying the bench
+    /// out, not for the record.
+    #[arg(long)]
+    quick: bool,
+    /// Where to write the results table.
+    #[arg(long, default_value = "docs/BENCHMARKS.md")]
+    out: PathBuf,
+}
+
+struct Wrk {
+    rps: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    non_2xx: u64,
+    errors: u64,
+}
+
+fn parse_time_ms(s: &str) -> Option<f64> {
+    let (num, unit) = s.split_at(s.find(|c: char| c.is_ascii_alphabetic())?);
+    let v: f64 = num.parse().ok()?;
+    Some(match unit {
+        "us" => v / 1000.0,
+        "ms" => v,
+        "s" => v * 1000.0,
+        "m" => v * 60_000.0,
+        _ => return None,
+    })
+}
+
+fn parse_wrk(out: &str) -> Result<Wrk> {
+    let mut w = Wrk {
+        rps: 0.0,
+        p50_ms: 0.0,
+        p99_ms: 0.0,
+        non_2xx: 0,
+        errors: 0,
+    };
+    for line in out.lines().map(str::trim) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["Requests/sec:", v] => w.rps = v.parse()?,
+            ["50%", v] => w.p50_ms = parse_time_ms(v).context("wrk p50")?,
+            ["99%", v] => w.p99_ms = parse_time_ms(v).context("wrk p99")?,
+            ["Non-2xx", "or", "3xx", "responses:", n] => w.non_2xx = n.parse()?,
+            ["Socket", "errors:", rest @ ..] => {
+                w.errors = rest
+                    .iter()
+                    .filter_map(|x| x.trim_end_matches(',').parse::<u64>().ok())
+                    .sum()
+            }
+            _ => {}
+        }
+    }
+    if w.rps == 0.0 {
+        bail!("wrk reported no requests:\n{out}");
+    }
+    Ok(w)
+}
+
+/// wrk with `conns` connections for `secs`; `rate_delay_ms` throttles each connection.
+fn wrk(url: &str, conns: u32, secs: u32, extra: &[&str], script: Option<&Path>) -> Result<Wrk> {
+    let threads = conns.clamp(1, 2);
+    let mut c = Command::new("wrk");
+    c.args([
+        "-t",
+        &threads.to_string(),
+        "-c",
+        &conns.to_string(),
+        "-d",
+        &format!("{secs}s"),
+        "--latency",
+    ]);
+    c.args(extra);
+    if let Some(s) = script {
+        c.arg("-s").arg(s);
+    }
+    c.arg(url);
+    parse_wrk(
+        &cmd::stdout(&mut c)
+            .context("running wrk (apt-get install wrk; cargo xtask setup does)")?,
+    )
+}
+
+fn nginx_conf(dir: &Path, port: u16, workers: u32) -> Result<PathBuf> {
+    let d = dir.display();
+    let conf = format!(
+        "worker_processes {workers};\ndaemon off;\npid {d}/nginx.pid;\nerror_log {d}/error.log;\n\
+         events {{ worker_connections 8192; }}\n\
+         http {{\n  access_log off;\n  keepalive_requests 1000000;\n  client_body_temp_path {d}/tmp;\n  proxy_temp_path {d}/tmp;\n  fastcgi_temp_path {d}/tmp;\n  uwsgi_temp_path {d}/tmp;\n  scgi_temp_path {d}/tmp;\n\
+           server {{\n    listen 127.0.0.1:{port} backlog=4096;\n    root {d}/www;\n    location / {{ default_type application/json; }}\n  }}\n}}\n"
+    );
+    let path = dir.join(format!("nginx-{port}.conf"));
+    fs::write(&path, conf)?;
+    Ok(path)
+}
+
+fn start_nginx(dir: &Path, port: u16, workers: u32) -> Result<Proc> {
+    fs::create_dir_all(dir.join("www"))?;
+    fs::write(dir.join("www/up"), "ok\n")?;
+    let conf = nginx_conf(dir, port, workers)?;
+    let child = Command::new("nginx")
+        .arg("-c")
+        .arg(&conf)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting nginx (apt-get install nginx-light; cargo xtask setup does)")?;
+    let p = Proc(child);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while get(port, "/up").ok().map(|(c, _)| c) != Some(200) {
+        if Instant::now() > deadline {
+            bail!("nginx did not answer on 127.0.0.1:{port}");
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    Ok(p)
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn proc_status_kb(pid: u32, key: &str) -> Option<u64> {
+    let s = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = s.lines().find(|l| l.starts_with(key))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// utime + stime of a process, in seconds.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &s[s.rfind(')')? + 2..];
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Some(ticks / hz)
+}
+
+fn agent_config(port: u16, web_port: u16, kernel: bool) -> String {
+    format!(
+        "[server]\nlisten = \"127.0.0.1:{port}\"\n\n[checks]\nboot_grace = \"0s\"\n\n[web]\nport = {web_port}\nkernel = {kernel}\n"
+    )
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn wait_code(port: u16, want: u16, timeout: Duration) -> Result<Duration> {
+    let start = Instant::now();
+    loop {
+        if health(port).map(|(c, _)| c).ok() == Some(want) {
+            return Ok(start.elapsed());
+        }
+        if start.elapsed() > timeout {
+            bail!("/health did not answer {want} within {timeout:?}");
+        }
+        thread::sleep(Duration::from_millis(25));
+    }
+}
+
+fn kill(pid: u32, sig: i32) {
+    // SAFETY: signalling processes this bench started.
+    unsafe { libc::kill(pid as i32, sig) };
+}
+
+/// Background traffic at ~`per_sec` requests/s, each with a short timeout.
+fn trickle(port: u16, per_sec: u64, stop: Arc<AtomicBool>) -> thread::JoinHandle<()> {
+    thread::spawn(move || {
+        while !stop.load(Ordering::Relaxed) {
+            thread::spawn(move || {
+                let _ = get(port, "/");
+            });
+            thread::sleep(Duration::from_millis(1000 / per_sec));
+        }
+    })
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    if !cmd::is_root() {
+        bail!("the bench loads eBPF programs: run it as root");
+    }
+    setup::ensure_toolchain()?;
+    cmd::run(Command::new("cargo").current_dir(cmd::root()).args([
+        "build",
+        "--release",
+        "-p",
+        "health-agent",
+        "-p",
+        "health-agent-tests",
+        "--bin",
+        "health-agent",
+        "--bin",
+        "fixture-backend",
+    ]))?;
+    let target: PathBuf = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| cmd::root().join("target"), PathBuf::from);
+    let agent_bin = target.join("release/health-agent");
+    let backend_bin = target.join("release/fixture-backend");
+    let dir = std::env::temp_dir().join(format!("health-agent-bench-{}", std::process::id()));
+    fs::create_dir_all(&dir)?;
+    let mut md = String::new();
+    let started = Instant::now();
+
+    // ---- 1. /health vs nginx -------------------------------------------------------------
+    let web_port = free_port()?;
+    let _backend_nginx = start_nginx(&dir.join("backend"), web_port, 1)?;
+    let agent_port = free_port()?;
+    let cfg = dir.join("agent.toml");
+    fs::write(&cfg, agent_config(agent_port, web_port, true))?;
+    let agent = start_agent(&agent_bin, &cfg, &dir.join("agent.log"), agent_port)?;
+    let agent_pid = agent.0.id();
+    thread::sleep(Duration::from_secs(3));
+    let (_, body) = get(agent_port, "/health")?;
+    let ceiling_port = free_port()?;
+    let cdir = dir.join("ceiling");
+    fs::create_dir_all(cdir.join("www"))?;
+    fs::write(cdir.join("www/health"), &body)?;
+    let _ceiling = start_nginx(&cdir, ceiling_port, 2)?;
+    println!(
+        "bench: /health body is {} bytes; nginx serves the same size",
+        body.len()
+    );
+
+    let secs = if args.quick { 3 } else { 5 };
+    let mut rows = String::new();
+    let mut peak = 0.0f64;
+    let mut worst_ratio = f64::MAX;
+    for conns in [1u32, 10, 50, 200] {
+        let a = wrk(
+            &format!("http://127.0.0.1:{agent_port}/health"),
+            conns,
+            secs,
+            &[],
+            None,
+        )?;
+        let n = wrk(
+            &format!("http://127.0.0.1:{ceiling_port}/health"),
+            conns,
+            secs,
+            &[],
+            None,
+        )?;
+        if a.non_2xx + a.errors > 0 {
+            bail!(
+                "/health answered {} non-2xx and {} socket errors under load",
+                a.non_2xx,
+                a.errors
+            );
+        }
+        peak = peak.max(a.rps);
+        let ratio = a.rps / n.rps;
+        worst_ratio = worst_ratio.min(ratio);
+        println!("bench: c={conns:<3} agent {:>8.0} req/s p50 {:.3} ms p99 {:.3} ms | nginx {:>8.0} req/s p50 {:.3} ms p99 {:.3} ms | {ratio:.2}x",
+            a.rps, a.p50_ms, a.p99_ms, n.rps, n.p50_ms, n.p99_ms);
+        let _ = writeln!(
+            rows,
+            "| {conns} | {:.0} | {:.3} | {:.3} | {:.0} | {:.3} | {:.3} | **{ratio:.2}×** |",
+            a.rps, a.p50_ms, a.p99_ms, n.rps, n.p50_ms, n.p99_ms
+        );
+    }
+    // Half of peak: wrk throttled per connection with a Lua delay (whole milliseconds).
+    let target_rate = peak / 2.0;
+    let conns = ((target_rate * 5.0 / 1000.0).ceil() as u32).clamp(2, 1000);
+    let delay_ms = (f64::from(conns) * 1000.0 / target_rate).round().max(1.0) as u32;
+    let script = dir.join("throttle.lua");
+    fs::write(
+        &script,
+        format!("function delay()\n  return {delay_ms}\nend\n"),
+    )?;
+    let half_a = wrk(
+        &format!("http://127.0.0.1:{agent_port}/health"),
+        conns,
+        secs * 2,
+        &[],
+        Some(&script),
+    )?;
+    let half_n = wrk(
+        &format!("http://127.0.0.1:{ceiling_port}/health"),
+        conns,
+        secs * 2,
+        &[],
+        Some(&script),
+    )?;
+    println!("bench: half of peak ({target_rate:.0} req/s target): agent {:.0} req/s p99 {:.3} ms, nginx {:.0} req/s p99 {:.3} ms",
+        half_a.rps, half_a.p99_ms, half_n.rps, half_n.p99_ms);
+    let rss_kb = proc_status_kb(agent_pid, "VmRSS:").unwrap_or(0);
+    let hwm_kb = proc_status_kb(agent_pid, "VmHWM:").unwrap_or(0);
+    thread::sleep(Duration::from_secs(2));
+    let idle_secs = if args.quick { 10 } else { 30 };
+    let c0 = cpu_seconds(agent_pid).unwrap_or(0.0);
+    thread::sleep(Duration::from_secs(idle_secs));
+    let idle_pct = (cpu_seconds(agent_pid).unwrap_or(0.0) - c0) / idle_secs as f64 * 100.0;
+    println!(
+        "bench: agent RSS {} KiB (peak {} KiB), idle CPU {idle_pct:.2} % of a core",
+        rss_kb, hwm_kb
+    );
+    drop(agent);
+
+    let _ = writeln!(
+        md,
+        "## 1. `/health` against nginx serving the same {}-byte body\n",
+        body.len()
+    );
+    md.push_str("Both on loopback, measured back to back with the same wrk settings (`wrk -t2 -cC -d5s --latency`; wrk shares the 2 cores). nginx: 2 workers, static file.\n\n");
+    md.push_str("| connections | agent req/s | agent p50 ms | agent p99 ms | nginx req/s | nginx p50 ms | nginx p99 ms | agent/nginx |\n|---|---|---|---|---|---|---|---|\n");
+    md.push_str(&rows);
+    let _ = writeln!(
+        md,
+        "\n| at half of the agent's peak ({:.0} req/s offered, {conns} connections) | req/s | p99 ms |\n|---|---|---|\n| agent | {:.0} | **{:.3}** |\n| nginx | {:.0} | {:.3} |\n",
+        target_rate, half_a.rps, half_a.p99_ms, half_n.rps, half_n.p99_ms
+    );
+    let _ = writeln!(
+        md,
+        "| agent resources | value | target |\n|---|---|---|\n| RSS after the load runs | {:.1} MB (peak {:.1} MB) | < 30 MB |\n| idle CPU over {idle_secs} s (probe every 2 s, kernel view every 250 ms) | {idle_pct:.2} % of a core | < 1 % |\n| worst agent/nginx ratio | {worst_ratio:.2}× | ≥ 0.8× |\n",
+        rss_kb as f64 / 1024.0,
+        hwm_kb as f64 / 1024.0,
+    );
+
+    // ---- 2. hang onset → 503 ---------------------------------------------------------------
+    let bport = free_port()?;
+    let pid_file = dir.join("backend.pid");
+    let backend = start_backend(&backend_bin, bport, &pid_file)?;
+    let bpid = backend.0.id();
+    let aport = free_port()?;
+    let cfg2 = dir.join("agent2.toml");
+    fs::write(&cfg2, agent_config(aport, bport, true))?;
+    let agent = start_agent(&agent_bin, &cfg2, &dir.join("agent2.log"), aport)?;
+    wait_code(aport, 200, Duration::from_secs(20))?;
+    let trials = if args.quick { 2 } else { 5 };
+    let measure = |traffic: bool| -> Result<Vec<f64>> {
+        let mut out = Vec::new();
+        for _ in 0..trials {
+            let stop = Arc::new(AtomicBool::new(false));
+            let load = traffic.then(|| trickle(bport, 10, stop.clone()));
+            // Let the probe and the traffic settle into a random phase.
+            thread::sleep(Duration::from_millis(3000 + fastrand_ms()));
+            wait_code(aport, 200, Duration::from_secs(30))?;
+            kill(bpid, libc::SIGSTOP);
+            let took = wait_code(aport, 503, Duration::from_secs(30))?;
+            kill(bpid, libc::SIGCONT);
+            stop.store(true, Ordering::Relaxed);
+            if let Some(l) = load {
+                let _ = l.join();
+            }
+            wait_code(aport, 200, Duration::from_secs(30))?;
+            out.push(took.as_secs_f64());
+        }
+        Ok(out)
+    };
+    let mut busy = measure(true)?;
+    let mut idle = measure(false)?;
+    drop(agent);
+    println!("bench: hang → 503 under 10 req/s: {busy:?} s; idle: {idle:?} s");
+
+    // Caddy's active health check (10 s interval, 5 s timeout), measured on the same backend.
+    let caddy_port = free_port()?;
+    let caddyfile = dir.join("Caddyfile");
+    fs::write(
+        &caddyfile,
+        format!(
+            "{{\n  admin off\n  auto_https off\n}}\nhttp://127.0.0.1:{caddy_port} {{\n  reverse_proxy 127.0.0.1:{bport} {{\n    health_uri /up\n    health_interval 10s\n    health_timeout 5s\n  }}\n}}\n"
+        ),
+    )?;
+    let caddy = Proc(
+        Command::new("caddy")
+            .args(["run", "--adapter", "caddyfile", "--config"])
+            .arg(&caddyfile)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting caddy (apt-get install caddy; cargo xtask setup does)")?,
+    );
+    let through_caddy = || -> Option<u16> {
+        crate::live::get_with_timeout(caddy_port, "/", Duration::from_millis(300))
+            .ok()
+            .map(|(c, _)| c)
+    };
+    let mut caddy_times = Vec::new();
+    for _ in 0..(if args.quick { 1 } else { 3 }) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while through_caddy() != Some(200) {
+            if Instant::now() > deadline {
+                bail!("Caddy never routed to the backend");
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+        thread::sleep(Duration::from_millis(fastrand_ms() * 3));
+        kill(bpid, libc::SIGSTOP);
+        let t0 = Instant::now();
+        while through_caddy() != Some(503) {
+            if t0.elapsed() > Duration::from_secs(40) {
+                bail!("Caddy did not mark the stopped backend down within 40 s");
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+        caddy_times.push(t0.elapsed().as_secs_f64());
+        kill(bpid, libc::SIGCONT);
+    }
+    drop(caddy);
+    drop(backend);
+    println!("bench: Caddy active check (10 s / 5 s) marked it down after {caddy_times:?} s");
+
+    let fmt = |v: &mut Vec<f64>| {
+        let med = median(v);
+        format!(
+            "{:.2} / {:.2} / {:.2}",
+            v.iter().cloned().fold(f64::MAX, f64::min),
+            med,
+            v.iter().cloned().fold(0.0, f64::max)
+        )
+    };
+    md.push_str("## 2. Time from hang onset to a failing health check\n\n");
+    md.push_str("The backend (the bundled fixture server) is stopped with `kill -STOP`: it keeps its listen port, the kernel keeps queueing handshakes, nobody accepts. Agent defaults: `checks.interval = 2s`, `web.hung_after = 2s`, `web.eval_interval = 250ms`, heal off (no restart target). `/health` polled every 25 ms.\n\n");
+    md.push_str("| who | trials | min / median / max seconds | target |\n|---|---|---|---|\n");
+    let _ = writeln!(
+        md,
+        "| health-agent, 10 req/s of traffic | {} | {} | ≤ 2 s |",
+        busy.len(),
+        fmt(&mut busy)
+    );
+    let _ = writeln!(md, "| health-agent, idle (only its own probe) | {} | {} | ≤ probe interval + hung_after = 4 s |", idle.len(), fmt(&mut idle));
+    let _ = writeln!(md, "| Caddy active check, `health_interval 10s`, `health_timeout 5s` (measured: first 503 through Caddy) | {} | {} | — |", caddy_times.len(), fmt(&mut caddy_times));
+    md.push_str("| AWS ALB defaults, 30 s interval × 2 failures, 6 s timeout (computed, not run here) | — | 36 / 51 / 66 | — |\n\n");
+
+    // ---- 3. backend throughput with the agent attached vs not --------------------------------
+    let nport = free_port()?;
+    let ndir = dir.join("backend3");
+    fs::create_dir_all(ndir.join("www"))?;
+    fs::write(ndir.join("www/index.html"), vec![b'x'; 1024])?;
+    let nginx = start_nginx(&ndir, nport, 1)?;
+    let aport3 = free_port()?;
+    let cfg3 = dir.join("agent3.toml");
+    fs::write(&cfg3, agent_config(aport3, nport, true))?;
+    let tsecs = if args.quick { 4 } else { 10 };
+    let mut table3 = String::new();
+    for (label, extra) in [
+        ("keep-alive", vec![]),
+        (
+            "new connection per request",
+            vec!["-H", "Connection: close"],
+        ),
+    ] {
+        let mut without = Vec::new();
+        let mut with = Vec::new();
+        for _ in 0..2 {
+            without.push(
+                wrk(
+                    &format!("http://127.0.0.1:{nport}/index.html"),
+                    50,
+                    tsecs,
+                    &extra,
+                    None,
+                )?
+                .rps,
+            );
+            let agent = start_agent(&agent_bin, &cfg3, &dir.join("agent3.log"), aport3)?;
+            thread::sleep(Duration::from_secs(1));
+            with.push(
+                wrk(
+                    &format!("http://127.0.0.1:{nport}/index.html"),
+                    50,
+                    tsecs,
+                    &extra,
+                    None,
+                )?
+                .rps,
+            );
+            let (_, b) = health(aport3)?;
+            if b["details"]["web"]["kernel"]["state"] != "active" {
+                bail!("the kernel view was not active during the 'with agent' run");
+            }
+            drop(agent);
+        }
+        let w0: f64 = without.iter().sum::<f64>() / without.len() as f64;
+        let w1: f64 = with.iter().sum::<f64>() / with.len() as f64;
+        println!(
+            "bench: nginx {label}: without agent {w0:.0} req/s, with {w1:.0} req/s, {:.3}x",
+            w1 / w0
+        );
+        let _ = writeln!(
+            table3,
+            "| {label} | {w0:.0} | {w1:.0} | **{:.3}×** | ≥ 0.97× |",
+            w1 / w0
+        );
+    }
+    md.push_str("## 3. Backend throughput with the agent's kernel programs attached\n\n");
+    let _ = writeln!(md, "nginx (1 worker, 1 KiB static file) under `wrk -t2 -c50 -d{tsecs}s`, alternating without / with the agent (two runs each, mean). With the agent, every socket send/receive on the box passes its tracepoints.\n");
+    md.push_str("| traffic | without agent req/s | with agent req/s | ratio | target |\n|---|---|---|---|---|\n");
+    md.push_str(&table3);
+
+    // ---- 4. saturation: no false hung/unresponsive -------------------------------------------
+    let agent = start_agent(&agent_bin, &cfg3, &dir.join("agent4.log"), aport3)?;
+    let sat_secs: u64 = if args.quick { 30 } else { 300 };
+    let wrk_url = format!("http://127.0.0.1:{nport}/index.html");
+    let wrk_thread = thread::spawn(move || wrk(&wrk_url, 512, sat_secs as u32, &[], None));
+    let t0 = Instant::now();
+    let (mut polls, mut bad, mut non200, mut max_queue, mut max_wait) =
+        (0u64, 0u64, 0u64, 0u64, 0u64);
+    let mut verdicts = std::collections::BTreeMap::<String, u64>::new();
+    while t0.elapsed() < Duration::from_secs(sat_secs) {
+        if let Ok((code, b)) = health(aport3) {
+            polls += 1;
+            let v = b["checks"]["webserver"].as_str().unwrap_or("?").to_string();
+            if v == "hung" || v == "unresponsive" {
+                bad += 1;
+            }
+            if code != 200 {
+                non200 += 1;
+            }
+            max_queue = max_queue.max(b["details"]["web"]["accept_queue"].as_u64().unwrap_or(0));
+            max_wait = max_wait.max(
+                b["details"]["web"]["counters"]["oldest_waiting_ms"]
+                    .as_u64()
+                    .unwrap_or(0),
+            );
+            *verdicts.entry(v).or_default() += 1;
+        }
+        thread::sleep(Duration::from_millis(250));
+    }
+    let sat = wrk_thread
+        .join()
+        .map_err(|_| anyhow::anyhow!("wrk thread panicked"))??;
+    drop(agent);
+    drop(nginx);
+    println!("bench: saturation {sat_secs} s at {:.0} req/s: {polls} polls, verdicts {verdicts:?}, false hung/unresponsive {bad}, non-200 {non200}", sat.rps);
+    md.push_str("\n## 4. Saturation run of a healthy backend\n\n");
+    let _ = writeln!(md, "nginx (1 worker) under `wrk -t2 -c512 -d{sat_secs}s` ({:.0} req/s, p99 {:.2} ms) while `/health` is polled every 250 ms.\n", sat.rps, sat.p99_ms);
+    md.push_str("| polls | verdicts seen | false hung / unresponsive | non-200 answers | deepest accept queue | oldest waiting connection |\n|---|---|---|---|---|---|\n");
+    let _ = writeln!(
+        md,
+        "| {polls} | {} | **{bad}** | {non200} | {max_queue} | {max_wait} ms |",
+        verdicts
+            .iter()
+            .map(|(k, v)| format!("{k}: {v}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+
+    // ---- write ---------------------------------------------------------------------------
+    let machine = format!(
+        "{} cores, {}, kernel {}",
+        thread::available_parallelism().map_or(0, |n| n.get()),
+        fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(
+                |c| c.lines().find(|l| l.starts_with("model name")).map(|l| l
+                    .split(':')
+                    .nth(1)
+                    .unwrap_or("")
+                    .trim()
+                    .to_string())
+            )
+            .unwrap_or_default(),
+        fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+    );
+    let header = format!(
+        "# Benchmarks\n\nProduced by `cargo xtask bench{}` (release build) on {} — {machine}. Total bench time {:.0} s. Everything runs on this one machine over loopback, so the load generator competes with what it measures; ratios are measured side by side in the same run.\n\n",
+        if args.quick { " --quick" } else { "" },
+        time_now(),
+        started.elapsed().as_secs_f64()
+    );
+    let out = cmd::root().join(&args.out);
+    if let Some(p) = out.parent() {
+        fs::create_dir_all(p)?;
+    }
+    fs::write(&out, header + &md)?;
+    let _ = fs::remove_dir_all(&dir);
+    println!("bench: wrote {}", out.display());
+    Ok(())
+}
+
+/// A pseudo-random 0..1000 ms, so trials do not line up with the agent's timers.
+fn fastrand_ms() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    u64::from(nanos % 1000)
+}
+
+fn time_now() -> String {
+    cmd::stdout(Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
