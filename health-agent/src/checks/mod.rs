@@ -1,6 +1,7 @@
 //! The checks. Each produces a serialisable report; `Report` is one round of all of them,
 //! the input of the policy and the body of `/health`.
 
+pub mod database;
 pub mod disk;
 pub mod probe;
 pub mod system;
@@ -35,12 +36,14 @@ impl ContainersReport {
     }
 }
 
-/// Database slot: filled by the database check when `database.url` is set.
+/// Database slot: filled by the database check when `database.url` or `database.urls` is set.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct DatabaseReport {
+    /// The worst of `databases` (unreachable > slow > unknown > connected).
     pub state: DbState,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    pub databases: Vec<database::DatabaseEntry>,
 }
 
 impl DatabaseReport {
@@ -48,6 +51,7 @@ impl DatabaseReport {
         Self {
             state: DbState::NotConfigured,
             reason: None,
+            databases: Vec::new(),
         }
     }
 
