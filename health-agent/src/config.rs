@@ -328,7 +328,8 @@ impl Config {
     pub fn parse(text: &str, path: &str) -> Result<Self, ConfigError> {
         let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: path.to_string(),
-            message: e.to_string().trim_end().to_string(),
+            // The message quotes the offending line, which may hold a database URL.
+            message: crate::checks::database::redact_urls_in(e.to_string().trim_end()),
         })?;
         cfg.validate(path)?;
         Ok(cfg)
@@ -636,6 +637,17 @@ mod tests {
             "x",
         )
         .unwrap();
+        let err = Config::parse(
+            "[database]\nurll = \"postgres://u:Sekr1t@h/db\"\n",
+            "x.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("urll") && err.contains("line 2"), "{err}");
+        assert!(
+            !err.contains("Sekr1t"),
+            "a parse error quoting the line: {err}"
+        );
         let keys: Vec<String> = cfg
             .database
             .all_urls()

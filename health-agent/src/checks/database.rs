@@ -131,6 +131,35 @@ pub fn redact_url(url: &str) -> String {
     out
 }
 
+/// `text` with every `scheme://…` token in it passed through `redact_url`: for messages that
+/// quote configuration lines, such as TOML parse errors.
+pub fn redact_urls_in(text: &str) -> String {
+    let in_scheme = |c: char| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.');
+    // Only whitespace and quotes end a URL here: a password may hold ',' or ']'.
+    let ends = |c: char| c.is_whitespace() || matches!(c, '"' | '\'' | '`');
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find("://") {
+        let start = rest[..i]
+            .char_indices()
+            .rev()
+            .take_while(|(_, c)| in_scheme(*c))
+            .last()
+            .map_or(i, |(j, _)| j);
+        let end = rest[i..].find(ends).map_or(rest.len(), |j| i + j);
+        out.push_str(&rest[..start]);
+        if start == i {
+            // No scheme before "://": not a URL, keep it.
+            out.push_str(&rest[start..end]);
+        } else {
+            out.push_str(&redact_url(&rest[start..end]));
+        }
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// Replaces every known secret in `text` with `***`: the last line of defence for error strings
 /// built from servers' and libraries' messages.
 fn sanitize(text: &str, secrets: &[String]) -> String {
@@ -869,13 +898,92 @@ fn parse_mysql_greeting(payload: &[u8]) -> Result<String, String> {
     }
 }
 
+/// In-test servers shared by this module's tests and the runner's.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::{
+        net::SocketAddr,
+        sync::{Arc, Mutex},
+        time::Duration,
+    };
+
+    use tokio::{
+        io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader},
+        net::{TcpListener, TcpStream},
+    };
+
+    pub(crate) type Commands = Arc<Mutex<Vec<Vec<String>>>>;
+
+    pub(crate) async fn read_command(r: &mut BufReader<TcpStream>) -> Option<Vec<String>> {
+        let mut line = String::new();
+        if r.read_line(&mut line).await.ok()? == 0 {
+            return None;
+        }
+        let n: usize = line.trim().strip_prefix('*')?.parse().ok()?;
+        let mut args = Vec::with_capacity(n);
+        for _ in 0..n {
+            line.clear();
+            r.read_line(&mut line).await.ok()?;
+            let len: usize = line.trim().strip_prefix('$')?.parse().ok()?;
+            let mut buf = vec![0; len + 2];
+            r.read_exact(&mut buf).await.ok()?;
+            buf.truncate(len);
+            args.push(String::from_utf8(buf).ok()?);
+        }
+        Some(args)
+    }
+
+    /// A RESP server on loopback: answers each command with `reply(args)` after `delay`, and
+    /// records what it was sent.
+    pub(crate) async fn fake_redis(
+        reply: impl Fn(&[String]) -> String + Send + Sync + 'static,
+        delay: Duration,
+    ) -> (SocketAddr, Commands) {
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = l.local_addr().expect("local addr");
+        let seen: Commands = Arc::default();
+        let (reply, log) = (Arc::new(reply), seen.clone());
+        tokio::spawn(async move {
+            while let Ok((s, _)) = l.accept().await {
+                let (reply, log) = (reply.clone(), log.clone());
+                tokio::spawn(async move {
+                    let mut r = BufReader::new(s);
+                    while let Some(cmd) = read_command(&mut r).await {
+                        let answer = reply(&cmd);
+                        log.lock().unwrap().push(cmd);
+                        tokio::time::sleep(delay).await;
+                        if r.get_mut().write_all(answer.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (addr, seen)
+    }
+
+    pub(crate) fn redis_ok(cmd: &[String]) -> String {
+        match cmd.first().map(String::as_str) {
+            Some("PING") => "+PONG\r\n".into(),
+            Some("AUTH" | "SELECT") => "+OK\r\n".into(),
+            _ => "-ERR unknown command\r\n".into(),
+        }
+    }
+
+    /// A port nothing listens on (bound, then released).
+    pub(crate) fn free_port() -> u16 {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("local addr").port()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::{net::SocketAddr, sync::OnceLock};
 
     use tokio::net::TcpListener;
 
-    use super::*;
+    use super::{test_support::*, *};
 
     fn cfg(urls: &[&str]) -> DatabaseConfig {
         DatabaseConfig {
@@ -934,6 +1042,17 @@ mod tests {
         for (url, want) in cases {
             assert_eq!(redact_url(url), want, "redact_url({url:?})");
         }
+    }
+
+    #[test]
+    fn redact_urls_in_text() {
+        assert_eq!(
+            redact_urls_in(
+                "3 | urll = \"postgres://u:p,w]@h/db\", 'redis://:x@c:1/2' (mysql://m:3306) :// end"
+            ),
+            "3 | urll = \"postgres://u@h/db\", 'redis://c:1/2' (mysql://m:3306) :// end"
+        );
+        assert_eq!(redact_urls_in("no urls"), "no urls");
     }
 
     #[test]
@@ -1302,12 +1421,6 @@ mod tests {
         assert!(err.contains("cannot read database.password_file"), "{err}");
     }
 
-    /// A port nothing listens on (bound, then released).
-    fn free_port() -> u16 {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        l.local_addr().expect("local addr").port()
-    }
-
     #[tokio::test]
     async fn nothing_listening_is_unreachable_after_fail_after_rounds_not_before() {
         let port = free_port();
@@ -1371,64 +1484,6 @@ mod tests {
     }
 
     // --- Redis, against an in-test RESP server -----------------------------------------------
-
-    type Commands = Arc<Mutex<Vec<Vec<String>>>>;
-
-    async fn read_command(r: &mut BufReader<TcpStream>) -> Option<Vec<String>> {
-        let mut line = String::new();
-        if r.read_line(&mut line).await.ok()? == 0 {
-            return None;
-        }
-        let n: usize = line.trim().strip_prefix('*')?.parse().ok()?;
-        let mut args = Vec::with_capacity(n);
-        for _ in 0..n {
-            line.clear();
-            r.read_line(&mut line).await.ok()?;
-            let len: usize = line.trim().strip_prefix('$')?.parse().ok()?;
-            let mut buf = vec![0; len + 2];
-            r.read_exact(&mut buf).await.ok()?;
-            buf.truncate(len);
-            args.push(String::from_utf8(buf).ok()?);
-        }
-        Some(args)
-    }
-
-    /// A RESP server on loopback: answers each command with `reply(args)` after `delay`, and
-    /// records what it was sent.
-    async fn fake_redis(
-        reply: impl Fn(&[String]) -> String + Send + Sync + 'static,
-        delay: Duration,
-    ) -> (SocketAddr, Commands) {
-        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = l.local_addr().expect("local addr");
-        let seen: Commands = Arc::default();
-        let (reply, log) = (Arc::new(reply), seen.clone());
-        tokio::spawn(async move {
-            while let Ok((s, _)) = l.accept().await {
-                let (reply, log) = (reply.clone(), log.clone());
-                tokio::spawn(async move {
-                    let mut r = BufReader::new(s);
-                    while let Some(cmd) = read_command(&mut r).await {
-                        let answer = reply(&cmd);
-                        log.lock().unwrap().push(cmd);
-                        tokio::time::sleep(delay).await;
-                        if r.get_mut().write_all(answer.as_bytes()).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-            }
-        });
-        (addr, seen)
-    }
-
-    fn redis_ok(cmd: &[String]) -> String {
-        match cmd.first().map(String::as_str) {
-            Some("PING") => "+PONG\r\n".into(),
-            Some("AUTH" | "SELECT") => "+OK\r\n".into(),
-            _ => "-ERR unknown command\r\n".into(),
-        }
-    }
 
     #[tokio::test]
     async fn redis_ping_gets_pong() {

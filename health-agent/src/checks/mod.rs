@@ -55,14 +55,20 @@ impl DatabaseReport {
         }
     }
 
+    /// The seed's `checks.database`.
     pub fn summary(&self) -> &'static str {
-        match self.state {
-            DbState::NotConfigured => "not_configured",
-            DbState::Connected => "connected",
-            DbState::Slow => "slow",
-            DbState::Unreachable => "unreachable",
-            DbState::Unknown => "unknown",
-        }
+        db_state_str(self.state)
+    }
+}
+
+/// A database state as the seed and the metrics spell it.
+pub fn db_state_str(s: DbState) -> &'static str {
+    match s {
+        DbState::NotConfigured => "not_configured",
+        DbState::Connected => "connected",
+        DbState::Slow => "slow",
+        DbState::Unreachable => "unreachable",
+        DbState::Unknown => "unknown",
     }
 }
 
