@@ -381,6 +381,7 @@ mod tests {
         cfg.database.urls = vec![format!("redis://127.0.0.1:{down}")];
         cfg.database.interval = Duration::from_millis(400);
         cfg.database.timeout = Duration::from_secs(1);
+        cfg.database.slow_after = Duration::from_secs(10);
         cfg.database.fail_after = 2;
         let shutdown = CancellationToken::new();
         let agent = start(Arc::new(cfg), shutdown.clone()).await;

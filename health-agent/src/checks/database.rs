@@ -8,9 +8,9 @@
 //!   database index is given, then `PING`, expecting `+PONG`.
 //! - `mysql://host[:port]`: reads the server's initial handshake packet (protocol v10) and
 //!   reports the server version. It does **not** log in, so it proves the server accepts
-//!   connections, not that credentials work. MySQL counts such aborted handshakes against
-//!   `max_connect_errors` for non-loopback clients; raise it (or `FLUSH HOSTS`) on a remote
-//!   server checked this way.
+//!   connections, not that credentials work. The server logs an "Aborted connection …
+//!   without authentication" warning per round, and MySQL may count such handshakes against
+//!   `max_connect_errors` for non-loopback clients: raise it on a remote server checked this way.
 //!
 //! A database's password comes from its URL, else (Postgres only, as libpq does) `PGPASSWORD`,
 //! else the first line of `database.password_file`. Passwords are kept out of everything this
@@ -306,6 +306,11 @@ impl Target {
                 })?;
                 if pg.get_hosts().is_empty() {
                     return Err(format!("{shown}: names no host"));
+                }
+                if pg.get_user().is_none_or(str::is_empty) {
+                    return Err(format!(
+                        "{shown}: names no user, e.g. postgres://user@host:5432/db"
+                    ));
                 }
             }
             DbKind::Redis | DbKind::Mysql => {
@@ -990,6 +995,8 @@ mod tests {
             urls: urls.iter().map(|u| u.to_string()).collect(),
             fail_after: 1,
             recover_after: 1,
+            // Only the slow test wants "slow"; a busy CI machine must not make the others so.
+            slow_after: Duration::from_secs(30),
             ..DatabaseConfig::default()
         }
     }
@@ -1115,6 +1122,7 @@ mod tests {
                 "not a valid Postgres URL",
             ),
             ("u:Sekr1t@host", "expected a URL"),
+            ("postgres://:Sekr1t@host/db", "names no user"),
         ];
         for (url, want) in cases {
             let err = validate_url(url).expect_err(url);
@@ -1197,10 +1205,10 @@ mod tests {
 
     #[test]
     fn worst_database_decides_and_reason_names_it() {
-        let m = monitor(&cfg(&[
-            "redis://:Sekr1t@127.0.0.1:1",
-            "mysql://127.0.0.1:2",
-        ]));
+        let m = monitor(&DatabaseConfig {
+            slow_after: Duration::from_secs(1),
+            ..cfg(&["redis://:Sekr1t@127.0.0.1:1", "mysql://127.0.0.1:2"])
+        });
         let good = |ms| Outcome {
             result: Ok(Good {
                 latency: Duration::from_millis(ms),
