@@ -181,23 +181,53 @@ impl Default for ContainersConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DatabaseConfig {
+    /// One database URL ("" = none); `urls` adds more. All of them are checked.
     pub url: String,
+    pub urls: Vec<String>,
     #[serde(with = "dur")]
     pub interval: Duration,
+    /// Bounds the connect and, separately, the query of each round trip.
     #[serde(with = "dur")]
     pub timeout: Duration,
     #[serde(with = "dur")]
     pub slow_after: Duration,
+    /// Consecutive failed round trips before a database is `unreachable`.
+    pub fail_after: u32,
+    /// Consecutive good round trips before an unreachable database is back.
+    pub recover_after: u32,
     pub password_file: String,
+}
+
+impl DatabaseConfig {
+    /// Every configured URL with the key it came from, `url` first, blanks and repeats dropped.
+    pub fn all_urls(&self) -> Vec<(String, &str)> {
+        let mut out: Vec<(String, &str)> = Vec::new();
+        let listed = std::iter::once(("database.url".to_string(), self.url.as_str())).chain(
+            self.urls
+                .iter()
+                .enumerate()
+                .map(|(i, u)| (format!("database.urls[{i}]"), u.as_str())),
+        );
+        for (key, url) in listed {
+            let url = url.trim();
+            if !url.is_empty() && !out.iter().any(|(_, seen)| *seen == url) {
+                out.push((key, url));
+            }
+        }
+        out
+    }
 }
 
 impl Default for DatabaseConfig {
     fn default() -> Self {
         Self {
             url: String::new(),
+            urls: Vec::new(),
             interval: Duration::from_secs(30),
             timeout: Duration::from_secs(5),
             slow_after: Duration::from_secs(1),
+            fail_after: 2,
+            recover_after: 1,
             password_file: String::new(),
         }
     }
@@ -298,7 +328,8 @@ impl Config {
     pub fn parse(text: &str, path: &str) -> Result<Self, ConfigError> {
         let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: path.to_string(),
-            message: e.to_string().trim_end().to_string(),
+            // The message quotes the offending line, which may hold a database URL.
+            message: crate::checks::database::redact_urls_in(e.to_string().trim_end()),
         })?;
         cfg.validate(path)?;
         Ok(cfg)
@@ -353,6 +384,26 @@ impl Config {
         positive("web.unanswered_after", self.web.unanswered_after)?;
         positive("web.eval_interval", self.web.eval_interval)?;
         positive("database.interval", self.database.interval)?;
+        positive("database.timeout", self.database.timeout)?;
+        if self.database.fail_after == 0 {
+            return Err(bad("database.fail_after", "must be at least 1".into()));
+        }
+        if self.database.recover_after == 0 {
+            return Err(bad("database.recover_after", "must be at least 1".into()));
+        }
+        if self.database.urls.iter().any(|u| u.trim().is_empty()) {
+            return Err(bad("database.urls", "entries must not be empty".into()));
+        }
+        for (key, url) in self.database.all_urls() {
+            if let Err(message) = crate::checks::database::validate_url(url) {
+                let key = if key == "database.url" {
+                    "database.url"
+                } else {
+                    "database.urls"
+                };
+                return Err(bad(key, message));
+            }
+        }
         positive("server.request_timeout", self.server.request_timeout)?;
         if self.checks.stale_after < self.checks.interval * 2 {
             return Err(bad(
@@ -443,11 +494,18 @@ labels = []                      # and/or by label, "key=value"
 docker_host = "unix:///var/run/docker.sock"
 
 [database]
-url = ""                         # e.g. postgres://user@127.0.0.1:5432/db (password from PGPASSWORD)
+# postgres:// (or postgresql://) gets a real SELECT 1, redis:// an AUTH (with a password) and
+# PING, mysql:// reads the server's handshake without logging in. Postgres runs without TLS:
+# sslmode may be "disable" or "prefer" only. Passwords never show in responses or logs.
+url = ""                         # e.g. postgres://user@127.0.0.1:5432/db
+urls = []                        # more databases, same forms; every one is checked, the worst wins
 interval = "30s"                 # its own cadence, cached: never once per /health request
-timeout = "5s"
-slow_after = "1s"
-password_file = ""
+timeout = "5s"                   # bounds the connect and, separately, the query
+slow_after = "1s"                # a round trip slower than this: slow (degraded, never 503)
+fail_after = 2                   # consecutive failed round trips before "unreachable"
+recover_after = 1                # consecutive good round trips before "connected" again
+password_file = ""               # used when the URL has no password (and, for Postgres, no
+                                 # PGPASSWORD in the environment): its first line
 
 [scaling]
 window = "60s"                   # CPU and memory are averaged over this window
@@ -541,6 +599,65 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("web.probe_path"), "{err}");
+    }
+
+    #[test]
+    fn database_urls_are_validated_without_echoing_passwords() {
+        let err = Config::parse("[database]\nurl = \"http://u:Sekr1t@db/x\"\n", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`database.url`"), "{err}");
+        assert!(
+            err.contains("http://u@db/x"),
+            "shows the URL redacted: {err}"
+        );
+        assert!(!err.contains("Sekr1t"), "{err}");
+        let err = Config::parse(
+            "[database]\nurls = [\"redis://h\", \"postgres://u:Sekr1t@h/db?sslmode=require\"]\n",
+            "x.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("`database.urls`") && err.contains("sslmode"),
+            "{err}"
+        );
+        assert!(!err.contains("Sekr1t"), "{err}");
+        for bad in [
+            "fail_after = 0",
+            "recover_after = 0",
+            "urls = [\"\"]",
+            "timeout = \"0s\"",
+        ] {
+            let err = Config::parse(&format!("[database]\n{bad}\n"), "x").unwrap_err();
+            assert!(err.to_string().contains("database."), "{bad}: {err}");
+        }
+        let cfg = Config::parse(
+            "[database]\nurl = \"postgres://u@127.0.0.1/db\"\nurls = [\"redis://127.0.0.1:6379/1\", \"mysql://127.0.0.1\", \"postgres://u@127.0.0.1/db\"]\n",
+            "x",
+        )
+        .unwrap();
+        let err = Config::parse(
+            "[database]\nurll = \"postgres://u:Sekr1t@h/db\"\n",
+            "x.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("urll") && err.contains("line 2"), "{err}");
+        assert!(
+            !err.contains("Sekr1t"),
+            "a parse error quoting the line: {err}"
+        );
+        let keys: Vec<String> = cfg
+            .database
+            .all_urls()
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(
+            keys,
+            ["database.url", "database.urls[0]", "database.urls[1]"]
+        );
     }
 
     #[test]

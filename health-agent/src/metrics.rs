@@ -268,6 +268,44 @@ pub fn render(s: &Snapshot) -> String {
         ],
         r.database.summary(),
     );
+    // Per database: the name label is the URL without its password.
+    let dbs = &r.database.databases;
+    let db_labels = |d: &crate::checks::database::DatabaseEntry| -> Labels {
+        vec![
+            ("database", d.name.clone()),
+            ("kind", d.kind.as_str().to_string()),
+        ]
+    };
+    o.labeled(
+        "database_state",
+        "State of each configured database, 1 for the current one (damped)",
+        dbs.iter()
+            .flat_map(|d| {
+                ["connected", "slow", "unreachable", "unknown"]
+                    .into_iter()
+                    .map(move |st| {
+                        let mut labels = db_labels(d);
+                        labels.push(("state", st.to_string()));
+                        let current = st == crate::checks::db_state_str(d.state);
+                        (labels, f64::from(u8::from(current)))
+                    })
+            })
+            .collect(),
+    );
+    o.labeled(
+        "database_latency_seconds",
+        "Duration of the last good round trip to each database, connect included",
+        dbs.iter()
+            .filter_map(|d| d.latency_ms.map(|ms| (db_labels(d), ms / 1000.0)))
+            .collect(),
+    );
+    o.labeled(
+        "database_consecutive_failures",
+        "Failed round trips in a row to each database",
+        dbs.iter()
+            .map(|d| (db_labels(d), f64::from(d.consecutive_failures)))
+            .collect(),
+    );
     let h = &s.heal;
     o.counter(
         "heal_attempts",
@@ -295,4 +333,71 @@ pub fn render(s: &Snapshot) -> String {
         text = "# metrics encoding failed\n# EOF\n".into();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        checks::{
+            database::{DatabaseEntry, DbKind},
+            ContainersReport, DatabaseReport, Report,
+        },
+        heal::HealLog,
+        policy::{evaluate, DbState},
+    };
+
+    #[test]
+    fn every_database_gets_latency_and_state_series() {
+        let entry = |name: &str, kind, state, latency_ms| DatabaseEntry {
+            name: name.into(),
+            kind,
+            state,
+            latency_ms,
+            error: None,
+            detail: None,
+            consecutive_failures: u32::from(state == DbState::Unreachable) * 2,
+            last_checked: None,
+        };
+        let report = Report {
+            web: crate::checks::web::WebReport::not_configured(),
+            disk: Report::disk_unknown(),
+            system: None,
+            containers: ContainersReport::not_configured(),
+            database: DatabaseReport {
+                state: DbState::Unreachable,
+                reason: None,
+                databases: vec![
+                    entry(
+                        "postgres://hc@127.0.0.1:5432/app",
+                        DbKind::Postgres,
+                        DbState::Connected,
+                        Some(12.5),
+                    ),
+                    entry(
+                        "redis://127.0.0.1:6379",
+                        DbKind::Redis,
+                        DbState::Unreachable,
+                        None,
+                    ),
+                ],
+            },
+        };
+        let decision = evaluate(&report.policy_input(false));
+        let text = render(&Snapshot::new(decision, report, HealLog::default(), 1, 1));
+        for line in [
+            r#"health_agent_database{state="unreachable"} 1.0"#,
+            r#"health_agent_database_state{database="postgres://hc@127.0.0.1:5432/app",kind="postgres",state="connected"} 1.0"#,
+            r#"health_agent_database_state{database="redis://127.0.0.1:6379",kind="redis",state="connected"} 0.0"#,
+            r#"health_agent_database_state{database="redis://127.0.0.1:6379",kind="redis",state="unreachable"} 1.0"#,
+            r#"health_agent_database_latency_seconds{database="postgres://hc@127.0.0.1:5432/app",kind="postgres"} 0.0125"#,
+            r#"health_agent_database_consecutive_failures{database="redis://127.0.0.1:6379",kind="redis"} 2.0"#,
+        ] {
+            assert!(text.contains(line), "missing {line} in:\n{text}");
+        }
+        assert!(
+            !text.contains(r#"health_agent_database_latency_seconds{database="redis"#),
+            "no latency series without a good round trip:\n{text}"
+        );
+    }
 }

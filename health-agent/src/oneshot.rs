@@ -5,10 +5,10 @@ use std::time::{Duration, Instant};
 
 use crate::{
     checks::{
-        disk, probe, system::SystemMonitor, web::WebMonitor, ContainersReport, DatabaseReport,
-        Report,
+        database::DatabaseMonitor, disk, probe, system::SystemMonitor, web::WebMonitor,
+        ContainersReport, DatabaseReport, Report,
     },
-    config::{Config, WebConfig},
+    config::{Config, DatabaseConfig, WebConfig},
     docker::Docker,
     policy::{evaluate, Decision},
 };
@@ -53,13 +53,28 @@ pub async fn run(cfg: &Config) -> (Decision, Report) {
             },
         }
     };
+    // One round trip per database decides: there is no history to damp here.
+    let one_round = DatabaseConfig {
+        fail_after: 1,
+        recover_after: 1,
+        ..cfg.database.clone()
+    };
+    let database = match DatabaseMonitor::new(&one_round) {
+        Ok(None) => DatabaseReport::not_configured(),
+        Ok(Some(mut m)) => m.check().await,
+        Err(e) => DatabaseReport {
+            state: crate::policy::DbState::Unknown,
+            reason: Some(e),
+            databases: Vec::new(),
+        },
+    };
     let now = Instant::now();
     let report = Report {
         web: web.evaluate(now),
         disk,
         system: system.sample(now),
         containers,
-        database: DatabaseReport::not_configured(),
+        database,
     };
     (evaluate(&report.policy_input(false)), report)
 }
@@ -100,7 +115,32 @@ pub fn table(d: &Decision, r: &Report) -> String {
                 .map_or(String::new(), |x| format!(" — {x}"))
         ),
     );
-    row("database", r.database.summary().to_string());
+    row(
+        "database",
+        format!(
+            "{}{}",
+            r.database.summary(),
+            r.database
+                .reason
+                .as_ref()
+                .filter(|_| r.database.databases.is_empty())
+                .map_or(String::new(), |x| format!(" — {x}"))
+        ),
+    );
+    for db in &r.database.databases {
+        let state = crate::checks::db_state_str(db.state);
+        let how = match (&db.error, db.latency_ms) {
+            (Some(e), _) => e.clone(),
+            (None, Some(ms)) => format!(
+                "{ms:.1} ms{}",
+                db.detail
+                    .as_ref()
+                    .map_or(String::new(), |d| format!(" ({d})"))
+            ),
+            (None, None) => "not checked".into(),
+        };
+        row(&format!("  {}", db.name), format!("{state} — {how}"));
+    }
     for reason in &d.reasons {
         row("reason", reason.clone());
     }

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     checks::{
+        database::DatabaseMonitor,
         disk::{self, DiskReport},
         probe::{self, ProbeResult},
         system::SystemMonitor,
@@ -174,6 +175,33 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
             )
         });
 
+    // The database has its own, slower cadence; each round trip bounds its connect and its
+    // query by `database.timeout`, so the slot's deadline is a backstop whose overrun still
+    // counts as a failed round trip in the monitor's damping.
+    let (database_slot, database_pending) = match DatabaseMonitor::new(&cfg.database) {
+        Ok(Some(monitor)) => {
+            let pending = monitor.report();
+            let on_timeout = monitor.on_timeout();
+            let slot = spawn_periodic(
+                cfg.database.interval,
+                cfg.database.timeout * 2 + Duration::from_secs(2),
+                shutdown.clone(),
+                move || {
+                    let mut m = monitor.clone();
+                    async move { m.check().await }
+                },
+                on_timeout,
+            );
+            (Some(slot), pending)
+        }
+        Ok(None) => (None, DatabaseReport::not_configured()),
+        Err(e) => {
+            // Config validation refuses such URLs; this only guards a hand-built Config.
+            tracing::error!("{e}; the database check is off");
+            (None, DatabaseReport::not_configured())
+        }
+    };
+
     let mut composer = Composer {
         web: WebMonitor::new(cfg.web.clone()),
         system: SystemMonitor::new(cfg.scaling.clone()),
@@ -184,6 +212,8 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
         disk: disk_slot,
         probe: probe_slot,
         containers: containers_slot,
+        database: database_slot,
+        database_pending,
         last_system: None,
     };
     let first = composer.compose(Instant::now());
@@ -219,6 +249,9 @@ struct Composer {
     disk: Slot<DiskReport>,
     probe: Option<Slot<ProbeResult>>,
     containers: Option<Slot<ContainersReport>>,
+    database: Option<Slot<DatabaseReport>>,
+    /// What the database slot shows before its first round trip: every database `unknown`.
+    database_pending: DatabaseReport,
     last_system: Option<(Instant, Option<crate::checks::system::SystemReport>)>,
 }
 
@@ -228,6 +261,27 @@ impl Composer {
         let t = v.as_ref()?;
         (now.saturating_duration_since(t.at) <= self.cfg.checks.stale_after)
             .then(|| t.value.clone())
+    }
+
+    /// The database slot's latest (cached) report. It is refreshed every `database.interval`,
+    /// far less often than `stale_after`, so it goes stale only when its task stops reporting.
+    fn database_report(&self, slot: &Slot<DatabaseReport>, now: Instant) -> DatabaseReport {
+        let db = &self.cfg.database;
+        let stale_after = db.interval + db.timeout * 2 + self.cfg.checks.stale_after;
+        let v = slot.borrow();
+        match v.as_ref() {
+            None => self.database_pending.clone(),
+            Some(t) if now.saturating_duration_since(t.at) <= stale_after => t.value.clone(),
+            Some(t) => {
+                let mut r = t.value.clone();
+                r.state = crate::policy::DbState::Unknown;
+                r.reason = Some(format!(
+                    "the database check has not reported for {}s",
+                    now.saturating_duration_since(t.at).as_secs()
+                ));
+                r
+            }
+        }
     }
 
     fn compose(&mut self, now: Instant) -> Snapshot {
@@ -276,12 +330,16 @@ impl Composer {
                 containers: Vec::new(),
             }),
         };
+        let database = match &self.database {
+            None => DatabaseReport::not_configured(),
+            Some(slot) => self.database_report(slot, now),
+        };
         let report = Report {
             web: self.web.evaluate(now),
             disk,
             system: self.last_system.as_ref().and_then(|(_, s)| s.clone()),
             containers,
-            database: DatabaseReport::not_configured(),
+            database,
         };
         let in_grace = now.saturating_duration_since(self.started) < self.cfg.checks.boot_grace;
         let mut input = report.policy_input(in_grace);
@@ -300,4 +358,87 @@ impl Composer {
 
 fn host_uptime() -> u64 {
     sysinfo::System::uptime().unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        checks::database::test_support::{fake_redis, free_port, redis_ok},
+        policy::{DbState, Recommendation, Status},
+    };
+
+    #[tokio::test]
+    async fn database_check_runs_on_its_own_cadence_and_feeds_the_policy() {
+        let (redis, seen) = fake_redis(redis_ok, Duration::ZERO).await;
+        let down = free_port();
+        let mut cfg = Config::default();
+        cfg.checks.boot_grace = Duration::ZERO;
+        cfg.web.eval_interval = Duration::from_millis(50);
+        cfg.disk.warn_percent = 100.0;
+        cfg.disk.fail_percent = 100.0;
+        cfg.database.url = format!("redis://:Sekr1t@{redis}");
+        cfg.database.urls = vec![format!("redis://127.0.0.1:{down}")];
+        cfg.database.interval = Duration::from_millis(400);
+        cfg.database.timeout = Duration::from_secs(1);
+        cfg.database.slow_after = Duration::from_secs(10);
+        cfg.database.fail_after = 2;
+        let shutdown = CancellationToken::new();
+        let agent = start(Arc::new(cfg), shutdown.clone()).await;
+
+        let first = agent.snapshot.load_full();
+        assert_eq!(
+            first.report.database.databases.len(),
+            2,
+            "listed before the first round"
+        );
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut seen_states = Vec::new();
+        let snap = loop {
+            let snap = agent.snapshot.load_full();
+            let state = snap.report.database.state;
+            if seen_states.last() != Some(&state) {
+                seen_states.push(state);
+            }
+            if state == DbState::Unreachable {
+                break snap;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "never unreachable: {seen_states:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(
+            seen_states,
+            [DbState::Unknown, DbState::Unreachable],
+            "one failed round trip is not enough with fail_after = 2"
+        );
+        // A shared dependency: 200 degraded, never 503.
+        assert_eq!(snap.decision.http, 200);
+        assert_eq!(snap.decision.status, Status::Degraded);
+        assert_eq!(
+            snap.decision.recommendation,
+            Recommendation::InfrastructureIssue
+        );
+        let dbs = &snap.report.database.databases;
+        assert_eq!(dbs[0].state, DbState::Connected, "{dbs:?}");
+        assert_eq!(dbs[1].name, format!("redis://127.0.0.1:{down}"));
+        let full = String::from_utf8_lossy(&snap.full).into_owned();
+        assert!(full.contains(&format!("redis://{redis}")), "{full}");
+        assert!(!full.contains("Sekr1t"), "{full}");
+
+        // Its own cadence: about one round every 400 ms while the composer runs every 50 ms.
+        let before = seen.lock().unwrap().len();
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        let pings = seen.lock().unwrap().len() - before;
+        // Each round is AUTH + PING on the good database.
+        assert!((2..=8).contains(&pings), "{pings} commands in 1s");
+
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(5), agent.composer)
+            .await
+            .expect("composer stops on shutdown")
+            .expect("composer task");
+    }
 }

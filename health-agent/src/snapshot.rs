@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use crate::{
     checks::Report,
     heal::HealLog,
-    policy::{Decision, DiskLevel, Status},
+    policy::{DbState, Decision, DiskLevel, Status},
 };
 
 pub type SharedSnapshot = Arc<ArcSwap<Snapshot>>;
@@ -222,17 +222,54 @@ fn ietf(decision: &Decision, report: &Report, time: &str, details: bool) -> Valu
         );
     }
     let db = &report.database;
-    if db.state != crate::policy::DbState::NotConfigured {
+    // A database is a shared dependency: at worst "warn", never "fail" (SPEC status table).
+    let db_warn = |s| matches!(s, DbState::Unreachable | DbState::Slow);
+    if db.state != DbState::NotConfigured && db.databases.is_empty() {
         checks.insert(
             "database:connection".into(),
             json!([{
                 "componentType": "datastore",
                 "observedValue": db.summary(),
-                "status": level(false, matches!(db.state, crate::policy::DbState::Unreachable | crate::policy::DbState::Slow)),
+                "status": level(false, db_warn(db.state)),
                 "time": time,
                 "output": db.reason.clone().unwrap_or_default(),
             }]),
         );
+    } else if !db.databases.is_empty() {
+        let connection: Vec<Value> = db
+            .databases
+            .iter()
+            .map(|d| {
+                json!({
+                    "componentId": d.name,
+                    "componentType": "datastore",
+                    "observedValue": crate::checks::db_state_str(d.state),
+                    "status": level(false, db_warn(d.state)),
+                    "time": d.last_checked.as_deref().unwrap_or(time),
+                    "output": d.error.clone().unwrap_or_default(),
+                })
+            })
+            .collect();
+        checks.insert("database:connection".into(), Value::Array(connection));
+        let response: Vec<Value> = db
+            .databases
+            .iter()
+            .filter_map(|d| {
+                d.latency_ms.map(|ms| {
+                    json!({
+                        "componentId": d.name,
+                        "componentType": "datastore",
+                        "observedValue": ms,
+                        "observedUnit": "ms",
+                        "status": level(false, d.state == DbState::Slow),
+                        "time": d.last_checked.as_deref().unwrap_or(time),
+                    })
+                })
+            })
+            .collect();
+        if !response.is_empty() {
+            checks.insert("database:responseTime".into(), Value::Array(response));
+        }
     }
     let c = &report.containers;
     if c.state != crate::policy::ContainersState::NotConfigured {

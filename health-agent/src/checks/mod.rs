@@ -1,6 +1,7 @@
 //! The checks. Each produces a serialisable report; `Report` is one round of all of them,
 //! the input of the policy and the body of `/health`.
 
+pub mod database;
 pub mod disk;
 pub mod probe;
 pub mod system;
@@ -35,12 +36,14 @@ impl ContainersReport {
     }
 }
 
-/// Database slot: filled by the database check when `database.url` is set.
+/// Database slot: filled by the database check when `database.url` or `database.urls` is set.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct DatabaseReport {
+    /// The worst of `databases` (unreachable > slow > unknown > connected).
     pub state: DbState,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    pub databases: Vec<database::DatabaseEntry>,
 }
 
 impl DatabaseReport {
@@ -48,17 +51,24 @@ impl DatabaseReport {
         Self {
             state: DbState::NotConfigured,
             reason: None,
+            databases: Vec::new(),
         }
     }
 
+    /// The seed's `checks.database`.
     pub fn summary(&self) -> &'static str {
-        match self.state {
-            DbState::NotConfigured => "not_configured",
-            DbState::Connected => "connected",
-            DbState::Slow => "slow",
-            DbState::Unreachable => "unreachable",
-            DbState::Unknown => "unknown",
-        }
+        db_state_str(self.state)
+    }
+}
+
+/// A database state as the seed and the metrics spell it.
+pub fn db_state_str(s: DbState) -> &'static str {
+    match s {
+        DbState::NotConfigured => "not_configured",
+        DbState::Connected => "connected",
+        DbState::Slow => "slow",
+        DbState::Unreachable => "unreachable",
+        DbState::Unknown => "unknown",
     }
 }
 
