@@ -81,6 +81,10 @@ impl Queue {
         self.lock().len()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+
     fn pop(&self) -> Option<Arc<Event>> {
         self.lock().pop_front()
     }

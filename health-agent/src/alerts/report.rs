@@ -125,7 +125,7 @@ pub fn collect(interval: Duration) -> Evidence {
     };
     rows.sort_by(|a, b| b.cpu_percent.total_cmp(&a.cpu_percent));
     let top_cpu = rows.iter().take(TOP).cloned().map(with_exe).collect();
-    rows.sort_by(|a, b| b.rss_bytes.cmp(&a.rss_bytes));
+    rows.sort_by_key(|r| std::cmp::Reverse(r.rss_bytes));
     let top_memory = rows.iter().take(TOP).cloned().map(with_exe).collect();
     Evidence {
         top_cpu,
@@ -186,11 +186,7 @@ pub fn carries_fingerprint(body: &str, fingerprint: &str) -> bool {
 }
 
 pub fn title(ev: &Event) -> String {
-    let mut t = format!(
-        "[health-agent] {}: {}",
-        ev.host,
-        ev.condition.title().to_string()
-    );
+    let mut t = format!("[health-agent] {}: {}", ev.host, ev.condition.title());
     if let Some(r) = ev.reasons.first() {
         let _ = write!(t, " — {r}");
     }

@@ -273,14 +273,16 @@ async fn handle(
             (StatusCode::CREATED, axum::Json(issue)).into_response()
         }
         (Method::POST, ["repos", _, _, "issues", n, "comments"]) => {
-            if s.issues.iter().any(|i| i["number"].to_string() == *n) {
+            let n: u64 = n.parse().unwrap_or(0);
+            if s.issues.iter().any(|i| i["number"] == n) {
                 (StatusCode::CREATED, axum::Json(json!({"id": 1}))).into_response()
             } else {
                 StatusCode::NOT_FOUND.into_response()
             }
         }
         (Method::PATCH, ["repos", _, _, "issues", n]) => {
-            match s.issues.iter_mut().find(|i| i["number"].to_string() == *n) {
+            let n: u64 = n.parse().unwrap_or(0);
+            match s.issues.iter_mut().find(|i| i["number"] == n) {
                 Some(i) => {
                     if let Some(state) = body.get("state") {
                         i["state"] = state.clone();
