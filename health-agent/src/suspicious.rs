@@ -1,10 +1,13 @@
 //! Suspicious processes for the incident report (never a 503: a miner does not make the web
 //! backend fail, and a false positive must not take an instance out). The prior art's signals:
 //! known crypto-miner names, and executables running from world-writable scratch space
-//! (`/tmp`, `/var/tmp`, `/dev/shm`) — plus two that catch the same malware when renamed: a
-//! mining-pool URL (`stratum+tcp://`) in the command line, and an executable that exists only
-//! in memory (`memfd:`). Reads `/proc`; other users' `exe` links need root (the agent's normal
-//! privilege), without it those processes are judged by name and command line only.
+//! (`/tmp`, `/var/tmp`, `/dev/shm`) — plus one that catches a renamed miner: a mining-pool URL
+//! (`stratum+tcp://`) in the command line. Not flagged, on purpose: executables that exist
+//! only in memory (`/memfd:…`) — runc and sandboxing tools run sealed memfd binaries, and a
+//! false positive here turns every incident into a P1 — and executables deleted from disk
+//! (every service after a package upgrade). Reads `/proc`; other users' `exe` links need root
+//! (the agent's normal privilege), without it those processes are judged by name and command
+//! line only.
 
 use std::path::Path;
 
@@ -80,8 +83,6 @@ pub fn classify(name: &str, exe: Option<&str>, args: &[String]) -> Vec<String> {
                     ""
                 }
             ));
-        } else if path.starts_with("/memfd:") {
-            reasons.push("executable exists only in memory (memfd)".into());
         }
     }
     if args.iter().any(|a| {
@@ -248,8 +249,6 @@ mod tests {
             r,
             vec!["executable runs from /dev/shm and was deleted from disk"]
         );
-        let r = classify("x", Some("/memfd:x (deleted)"), &[]);
-        assert!(r[0].contains("memfd"), "{r:?}");
         let r = classify(
             "systemd-helper",
             Some("/usr/local/bin/systemd-helper"),
@@ -258,8 +257,15 @@ mod tests {
         assert!(r[0].contains("stratum"), "{r:?}");
         let r = classify("sh", Some("/var/tmp/xmrig"), &args(&["/var/tmp/xmrig"]));
         assert_eq!(r.len(), 2, "{r:?}");
-        // An upgraded package leaves services on a deleted binary: not suspicious by itself.
+        // An upgraded package leaves services on a deleted binary, runc runs a sealed memfd
+        // copy of itself: neither is suspicious by itself.
         assert!(classify("nginx", Some("/usr/sbin/nginx (deleted)"), &[]).is_empty());
+        assert!(classify(
+            "runc",
+            Some("/memfd:runc_cloned:/proc/self/exe (deleted)"),
+            &[]
+        )
+        .is_empty());
     }
 
     #[test]

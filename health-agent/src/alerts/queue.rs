@@ -148,6 +148,31 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn messages_leave_in_the_order_they_came() {
+        let q = Queue::new(8);
+        let stop = CancellationToken::new();
+        for (k, i) in [(Kind::Trigger, 1), (Kind::Trigger, 2), (Kind::Resolve, 1)] {
+            q.push(event(k, i));
+        }
+        let mut out = Vec::new();
+        while let Some(e) = q.pop() {
+            out.push((e.kind, e.incident));
+        }
+        assert_eq!(
+            out,
+            vec![(Kind::Trigger, 1), (Kind::Trigger, 2), (Kind::Resolve, 1)]
+        );
+        assert!(q.is_empty());
+        q.push(event(Kind::Trigger, 3));
+        q.push(event(Kind::Resolve, 3));
+        stop.cancel();
+        // After shutdown what is queued still comes out, in order, then None.
+        assert_eq!(q.next(&stop).await.map(|e| e.kind), Some(Kind::Trigger));
+        assert_eq!(q.next(&stop).await.map(|e| e.kind), Some(Kind::Resolve));
+        assert!(q.next(&stop).await.is_none());
+    }
+
+    #[tokio::test]
     async fn next_waits_for_a_push_and_ends_on_shutdown() {
         let q = Arc::new(Queue::new(4));
         let stop = CancellationToken::new();
