@@ -120,7 +120,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .context("starting the async runtime")?;
             let results = rt.block_on(alerts::send_test(&cfg.alerts, &alerts::hostname()));
             if results.is_empty() {
-                eprintln!("no alert destination configured: set slack_webhook_url, pagerduty_routing_key, webhook_url or github_repo in [alerts]");
+                eprintln!(
+                    "no alert destination configured: set slack_webhook_url, \
+                     pagerduty_routing_key, webhook_url or github_repo in [alerts]"
+                );
                 return Ok(ExitCode::from(2));
             }
             for (destination, result) in &results {
@@ -129,9 +132,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     Err(e) => println!("{destination}: failed: {e}"),
                 }
             }
-            Ok(ExitCode::from(u8::from(
-                results.iter().any(|(_, r)| r.is_err()),
-            )))
+            let all_ok = results.iter().all(|(_, r)| r.is_ok());
+            Ok(ExitCode::from(if all_ok { 0 } else { 1 }))
         }
         Command::Serve => {
             let cfg = Arc::new(Config::load(&cli.config)?);
