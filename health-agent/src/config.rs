@@ -288,6 +288,16 @@ pub struct AlertsConfig {
     pub github_token_env: String,
     pub github_api_url: String,
     pub webhook_url: String,
+    /// An incident resolves once its condition has been absent this long without a break.
+    #[serde(with = "dur")]
+    pub resolve_after: Duration,
+    /// Retries per message on connect errors, timeouts, 429 and 5xx (backoff 1 s, 2 s, 4 s…).
+    pub max_retries: u32,
+    /// Per HTTP request.
+    #[serde(with = "dur")]
+    pub timeout: Duration,
+    /// Messages waiting per destination; when full the oldest unsent trigger goes first.
+    pub queue_size: usize,
 }
 
 impl Default for AlertsConfig {
@@ -300,6 +310,10 @@ impl Default for AlertsConfig {
             github_token_env: "GITHUB_TOKEN".into(),
             github_api_url: "https://api.github.com".into(),
             webhook_url: String::new(),
+            resolve_after: Duration::from_secs(60),
+            max_retries: 5,
+            timeout: Duration::from_secs(10),
+            queue_size: 256,
         }
     }
 }
@@ -440,10 +454,49 @@ impl Config {
                 ));
             }
         }
-        if !self.alerts.github_repo.is_empty() && self.alerts.github_repo.split('/').count() != 2 {
+        let repo = &self.alerts.github_repo;
+        let valid_repo = repo.split_once('/').is_some_and(|(o, n)| {
+            let ok = |p: &str| {
+                !p.is_empty()
+                    && p.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            };
+            ok(o) && ok(n)
+        });
+        if !repo.is_empty() && !valid_repo {
             return Err(bad(
                 "alerts.github_repo",
-                format!("must be owner/name, got {:?}", self.alerts.github_repo),
+                format!("must be owner/name, got {repo:?}"),
+            ));
+        }
+        // Webhook URLs and keys are secrets: errors name the key, never echo the value.
+        let url = |key, v: &str, optional: bool| {
+            if (optional && v.is_empty()) || v.starts_with("https://") || v.starts_with("http://") {
+                Ok(())
+            } else {
+                Err(bad(
+                    key,
+                    "must be an http:// or https:// URL (value not shown: it may be a secret)"
+                        .into(),
+                ))
+            }
+        };
+        url(
+            "alerts.slack_webhook_url",
+            &self.alerts.slack_webhook_url,
+            true,
+        )?;
+        url("alerts.webhook_url", &self.alerts.webhook_url, true)?;
+        url("alerts.pagerduty_url", &self.alerts.pagerduty_url, false)?;
+        url("alerts.github_api_url", &self.alerts.github_api_url, false)?;
+        positive("alerts.timeout", self.alerts.timeout)?;
+        if self.alerts.max_retries > 20 {
+            return Err(bad("alerts.max_retries", "must be at most 20".into()));
+        }
+        if !(1..=65536).contains(&self.alerts.queue_size) {
+            return Err(bad(
+                "alerts.queue_size",
+                "must be between 1 and 65536".into(),
             ));
         }
         Ok(())
@@ -521,13 +574,19 @@ window = "10m"
 timeout = "30s"                  # how long a restart may take to bring the backend back
 
 [alerts]
-slack_webhook_url = ""
-pagerduty_routing_key = ""
+# Incidents: infrastructure_issue (recommendation), unhealthy (503), heal_failed. Each sends a
+# trigger when it opens and a resolve when it ends; `health-agent alert test` tries them all.
+slack_webhook_url = ""           # Slack incoming webhook (a secret)
+pagerduty_routing_key = ""       # PagerDuty Events v2 integration key (a secret)
 pagerduty_url = "https://events.pagerduty.com/v2/enqueue"
-github_repo = ""                 # owner/name
-github_token_env = "GITHUB_TOKEN"
+github_repo = ""                 # owner/name: incident issues, deduplicated by fingerprint
+github_token_env = "GITHUB_TOKEN" # env var holding the GitHub token (issues: write)
 github_api_url = "https://api.github.com"
-webhook_url = ""                 # generic JSON webhook
+webhook_url = ""                 # generic JSON webhook: {event, timestamp, hostname, payload}
+resolve_after = "60s"            # an incident resolves once its condition has been gone this long
+max_retries = 5                  # per message, on connect errors, timeouts, 429 and 5xx
+timeout = "10s"                  # per HTTP request
+queue_size = 256                 # messages waiting per destination (oldest unsent trigger dropped first)
 "#;
 
 /// serde for `Duration` as a human string ("250ms", "2s", "10m").
@@ -658,6 +717,32 @@ mod tests {
             keys,
             ["database.url", "database.urls[0]", "database.urls[1]"]
         );
+    }
+
+    #[test]
+    fn alert_urls_are_checked_without_echoing_them() {
+        let err = Config::parse(
+            "[alerts]\nslack_webhook_url = \"hooks.slack.com/services/T1/B1/sekrit\"\n",
+            "x",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("alerts.slack_webhook_url"), "{err}");
+        assert!(!err.contains("sekrit"), "{err}");
+        let err = Config::parse("[alerts]\npagerduty_url = \"\"\n", "x")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("alerts.pagerduty_url"), "{err}");
+        let err = Config::parse("[alerts]\ngithub_repo = \"owner/\"\n", "x")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("alerts.github_repo"), "{err}");
+        let cfg = Config::parse(
+            "[alerts]\nwebhook_url = \"http://127.0.0.1:9/x\"\nresolve_after = \"200ms\"\n",
+            "x",
+        )
+        .unwrap();
+        assert_eq!(cfg.alerts.resolve_after, Duration::from_millis(200));
     }
 
     #[test]

@@ -7,8 +7,10 @@
 //! eBPF), `checks` (one module per check), `policy` (the status table, pure), `heal`
 //! (self-healing), `docker` (Engine API), `runner` (background checks and the composer),
 //! `snapshot` (what /health serves), `server` (HTTP), `metrics` (OpenMetrics), `oneshot`
-//! (`health-agent check`).
+//! (`health-agent check`), `alerts` (incidents to Slack, PagerDuty, a webhook and GitHub),
+//! `suspicious` (miner and /tmp-executable detection for incident reports).
 
+pub mod alerts;
 pub mod checks;
 pub mod config;
 pub mod docker;
@@ -21,3 +23,4 @@ pub mod policy;
 pub mod runner;
 pub mod server;
 pub mod snapshot;
+pub mod suspicious;

@@ -5,6 +5,7 @@ use std::{path::PathBuf, process::ExitCode, sync::Arc};
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use health_agent::{
+    alerts,
     config::{self, Config},
     oneshot, runner, server,
 };
@@ -42,6 +43,18 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         validate: Option<PathBuf>,
     },
+    /// Alert destinations ([alerts] in the config).
+    Alert {
+        #[command(subcommand)]
+        command: AlertCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum AlertCommand {
+    /// Send one test message to every configured destination. Exit code 0 all ok, 1 any
+    /// failed, 2 none configured.
+    Test,
 }
 
 fn main() -> ExitCode {
@@ -96,6 +109,31 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 print!("{}", oneshot::table(&decision, &report));
             }
             Ok(ExitCode::from(if decision.http >= 500 { 1 } else { 0 }))
+        }
+        Command::Alert {
+            command: AlertCommand::Test,
+        } => {
+            let cfg = Config::load(&cli.config)?;
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            let results = rt.block_on(alerts::send_test(&cfg.alerts, &alerts::hostname()));
+            if results.is_empty() {
+                eprintln!(
+                    "no alert destination configured: set slack_webhook_url, \
+                     pagerduty_routing_key, webhook_url or github_repo in [alerts]"
+                );
+                return Ok(ExitCode::from(2));
+            }
+            for (destination, result) in &results {
+                match result {
+                    Ok(()) => println!("{destination}: ok"),
+                    Err(e) => println!("{destination}: failed: {e}"),
+                }
+            }
+            let all_ok = results.iter().all(|(_, r)| r.is_ok());
+            Ok(ExitCode::from(if all_ok { 0 } else { 1 }))
         }
         Command::Serve => {
             let cfg = Arc::new(Config::load(&cli.config)?);

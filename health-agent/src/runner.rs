@@ -14,6 +14,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
+    alerts::{self, Alerts},
     checks::{
         database::DatabaseMonitor,
         disk::{self, DiskReport},
@@ -215,8 +216,13 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
         database: database_slot,
         database_pending,
         last_system: None,
+        alerts: Alerts::start(&cfg.alerts, alerts::hostname(), shutdown.clone()),
     };
-    let first = composer.compose(Instant::now());
+    let now = Instant::now();
+    let first = composer.compose(now);
+    if let Some(a) = composer.alerts.as_mut() {
+        a.observe(&first, now);
+    }
     let shared: SharedSnapshot = Arc::new(ArcSwap::from_pointee(first));
     let out = shared.clone();
     let composer = tokio::spawn(async move {
@@ -227,11 +233,20 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
                 _ = shutdown.cancelled() => break,
                 _ = tick.tick() => {}
             }
-            let snap = composer.compose(Instant::now());
+            let now = Instant::now();
+            let snap = composer.compose(now);
+            if let Some(a) = composer.alerts.as_mut() {
+                a.observe(&snap, now);
+            }
             shared.store(Arc::new(snap));
         }
+        let alerts = composer.alerts.take();
         // Dropping the composer detaches the kernel programs.
         drop(composer);
+        // Then give queued alerts their few seconds to go out.
+        if let Some(a) = alerts {
+            a.closed().await;
+        }
     });
     Agent {
         snapshot: out,
@@ -253,6 +268,7 @@ struct Composer {
     /// What the database slot shows before its first round trip: every database `unknown`.
     database_pending: DatabaseReport,
     last_system: Option<(Instant, Option<crate::checks::system::SystemReport>)>,
+    alerts: Option<Alerts>,
 }
 
 impl Composer {

@@ -1,0 +1,399 @@
+//! Incidents: which snapshot conditions alert, and the per-condition state machine that turns a
+//! stream of snapshots into one trigger and one resolve per incident. An incident opens on the
+//! first snapshot with its condition and resolves only once the condition has been absent
+//! continuously for `alerts.resolve_after`, so a flapping condition is one incident, not many.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant, SystemTime},
+};
+
+use bytes::Bytes;
+use serde_json::Value;
+
+use super::report::Pending;
+use crate::{
+    policy::{Fault, HealPhase, Recommendation, Status},
+    snapshot::Snapshot,
+};
+
+/// `dedup_key` (PagerDuty) and fingerprint (GitHub) length limit.
+const KEY_LIMIT: usize = 255;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Condition {
+    /// The policy blames a shared dependency (database unreachable/slow, or a web fault while
+    /// it is): every instance sees it, nobody should replace this one.
+    InfrastructureIssue,
+    /// `/health` answers 503: the scaling group is about to replace the instance, so the
+    /// evidence has to leave the box now.
+    Unhealthy,
+    /// Self-healing tried and failed, or its budget is spent.
+    HealFailed,
+}
+
+impl Condition {
+    pub const ALL: [Condition; 3] = [Self::InfrastructureIssue, Self::Unhealthy, Self::HealFailed];
+
+    /// The machine name, used in keys, labels and payloads.
+    pub fn key(self) -> &'static str {
+        match self {
+            Self::InfrastructureIssue => "infrastructure_issue",
+            Self::Unhealthy => "unhealthy",
+            Self::HealFailed => "heal_failed",
+        }
+    }
+
+    pub fn title(self) -> &'static str {
+        match self {
+            Self::InfrastructureIssue => "infrastructure issue",
+            Self::Unhealthy => "unhealthy (503)",
+            Self::HealFailed => "self-heal failed",
+        }
+    }
+
+    pub fn holds(self, snap: &Snapshot) -> bool {
+        match self {
+            Self::InfrastructureIssue => {
+                snap.decision.recommendation == Recommendation::InfrastructureIssue
+            }
+            Self::Unhealthy => snap.decision.http == 503,
+            Self::HealFailed => snap.heal.phase == Some(HealPhase::Exhausted),
+        }
+    }
+
+    /// PagerDuty `payload.severity`: the instance itself is broken → critical; a shared
+    /// dependency (handled elsewhere, fleet-wide) → warning.
+    pub fn pd_severity(self) -> &'static str {
+        match self {
+            Self::Unhealthy | Self::HealFailed => "critical",
+            Self::InfrastructureIssue => "warning",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Stable per host and condition: PagerDuty's `dedup_key`, GitHub's issue fingerprint.
+pub fn fingerprint(host: &str, condition: Condition) -> String {
+    let mut k = format!("health-agent/{host}/{}", condition.key());
+    if k.len() > KEY_LIMIT {
+        let mut cut = KEY_LIMIT;
+        while !k.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        k.truncate(cut);
+    }
+    k
+}
+
+/// GitHub priority label. P1: the instance is unhealthy and a suspicious process (a miner, an
+/// executable in /tmp) runs on it, or self-healing failed; P2: unhealthy; P3: infrastructure
+/// issue (a shared dependency: real, but not this box's fault). P4 is for anything else — no
+/// condition maps there today.
+pub fn priority(condition: Condition, suspicious: bool) -> &'static str {
+    match condition {
+        Condition::HealFailed => "p1",
+        Condition::Unhealthy if suspicious => "p1",
+        Condition::Unhealthy => "p2",
+        Condition::InfrastructureIssue => "p3",
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Trigger,
+    Resolve,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Transition {
+    pub kind: Kind,
+    pub condition: Condition,
+    /// Unique per incident (per `Alerts`), pairs a resolve with its trigger.
+    pub incident: u64,
+    pub opened_at: SystemTime,
+}
+
+#[derive(Debug)]
+struct Open {
+    incident: u64,
+    opened_at: SystemTime,
+    /// The first snapshot without the condition since it was last seen.
+    absent_since: Option<Instant>,
+}
+
+/// One state machine per condition. Pure apart from reading the wall clock for `opened_at`.
+#[derive(Debug)]
+pub struct Tracker {
+    resolve_after: Duration,
+    open: [Option<Open>; 3],
+    next_incident: u64,
+}
+
+impl Tracker {
+    pub fn new(resolve_after: Duration) -> Self {
+        Self {
+            resolve_after,
+            open: [None, None, None],
+            next_incident: 1,
+        }
+    }
+
+    /// Advances every condition with one snapshot's facts.
+    pub fn step(&mut self, holds: impl Fn(Condition) -> bool, now: Instant) -> Vec<Transition> {
+        let mut out = Vec::new();
+        for condition in Condition::ALL {
+            let slot = &mut self.open[condition.index()];
+            match (slot.as_mut(), holds(condition)) {
+                (None, true) => {
+                    let open = Open {
+                        incident: self.next_incident,
+                        opened_at: SystemTime::now(),
+                        absent_since: None,
+                    };
+                    self.next_incident += 1;
+                    out.push(Transition {
+                        kind: Kind::Trigger,
+                        condition,
+                        incident: open.incident,
+                        opened_at: open.opened_at,
+                    });
+                    *slot = Some(open);
+                }
+                (Some(open), true) => open.absent_since = None,
+                (Some(open), false) => {
+                    let since = *open.absent_since.get_or_insert(now);
+                    if now.saturating_duration_since(since) >= self.resolve_after {
+                        out.push(Transition {
+                            kind: Kind::Resolve,
+                            condition,
+                            incident: open.incident,
+                            opened_at: open.opened_at,
+                        });
+                        *slot = None;
+                    }
+                }
+                (None, false) => {}
+            }
+        }
+        out
+    }
+
+    pub fn is_open(&self, condition: Condition) -> bool {
+        self.open[condition.index()].is_some()
+    }
+}
+
+/// One message for every destination: a transition plus the snapshot it happened in. Built
+/// on the composer's thread, so it only copies cheap things (the rendered bodies are `Bytes`).
+pub struct Event {
+    pub kind: Kind,
+    pub condition: Condition,
+    pub incident: u64,
+    pub host: Arc<str>,
+    /// When it happened (the trigger: when the incident opened).
+    pub at: SystemTime,
+    pub opened_at: SystemTime,
+    pub status: Status,
+    pub http: u16,
+    pub recommendation: Recommendation,
+    pub reasons: Vec<String>,
+    pub faults: Vec<Fault>,
+    /// The snapshot's seed body and full diagnostics (the `/health` renderings).
+    pub brief: Bytes,
+    pub full: Bytes,
+    /// Process evidence, collected in the background at trigger time (GitHub only).
+    pub evidence: Option<Pending>,
+}
+
+impl Event {
+    pub fn new(t: &Transition, snap: &Snapshot, host: Arc<str>, evidence: Option<Pending>) -> Self {
+        Self {
+            kind: t.kind,
+            condition: t.condition,
+            incident: t.incident,
+            host,
+            at: match t.kind {
+                Kind::Trigger => t.opened_at,
+                Kind::Resolve => SystemTime::now(),
+            },
+            opened_at: t.opened_at,
+            status: snap.decision.status,
+            http: snap.decision.http,
+            recommendation: snap.decision.recommendation,
+            reasons: snap.decision.reasons.clone(),
+            faults: snap.decision.faults.clone(),
+            brief: snap.brief.clone(),
+            full: snap.full.clone(),
+            evidence,
+        }
+    }
+
+    pub fn fingerprint(&self) -> String {
+        fingerprint(&self.host, self.condition)
+    }
+
+    /// For log lines: `trigger unhealthy #3`.
+    pub fn describe(&self) -> String {
+        let verb = match self.kind {
+            Kind::Trigger => "trigger",
+            Kind::Resolve => "resolve",
+        };
+        format!("{verb} {} #{}", self.condition.key(), self.incident)
+    }
+
+    /// The seed's `checks` object (webserver, database, disk, containers, cpu, memory).
+    pub fn checks(&self) -> Value {
+        serde_json::from_slice::<Value>(&self.brief)
+            .ok()
+            .and_then(|mut v| v.get_mut("checks").map(Value::take))
+            .unwrap_or(Value::Null)
+    }
+
+    /// The full `/health` diagnostics body.
+    pub fn snapshot(&self) -> Value {
+        serde_json::from_slice(&self.full).unwrap_or(Value::Null)
+    }
+
+    /// How long the incident lasted (resolve) or has lasted so far.
+    pub fn duration(&self) -> Duration {
+        self.at.duration_since(self.opened_at).unwrap_or_default()
+    }
+
+    /// What is broken, for PagerDuty's `component`: the faults, or the condition's area.
+    pub fn component(&self) -> String {
+        if self.condition == Condition::InfrastructureIssue {
+            return "database".into();
+        }
+        let mut parts: Vec<&str> = self
+            .faults
+            .iter()
+            .map(|f| match f {
+                Fault::Web(_) => "web",
+                Fault::DiskFull => "disk",
+                Fault::Containers => "containers",
+            })
+            .collect();
+        parts.dedup();
+        if parts.is_empty() {
+            "instance".into()
+        } else {
+            parts.join(",")
+        }
+    }
+
+    /// One line: `web-1: unhealthy (503) — disk usage at or above the fail threshold`.
+    pub fn summary(&self) -> String {
+        let mut s = format!("{}: {}", self.host, self.condition.title());
+        if !self.reasons.is_empty() {
+            s.push_str(" — ");
+            s.push_str(&self.reasons.join("; "));
+        }
+        s
+    }
+}
+
+/// Truncates to at most `limit` bytes on a character boundary, marking the cut with `…`.
+pub fn truncate(s: &str, limit: usize) -> String {
+    if s.len() <= limit {
+        return s.to_string();
+    }
+    let mut cut = limit.saturating_sub('…'.len_utf8());
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}…", &s[..cut])
+}
+
+/// `5m 3s` style, whole seconds.
+pub fn human(d: Duration) -> String {
+    humantime::format_duration(Duration::from_secs(d.as_secs())).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn only(c: Condition) -> impl Fn(Condition) -> bool {
+        move |x| x == c
+    }
+
+    fn none(_: Condition) -> bool {
+        false
+    }
+
+    #[test]
+    fn opens_once_and_resolves_after_continuous_absence() {
+        let t0 = Instant::now();
+        let mut t = Tracker::new(200 * MS);
+        let open = t.step(only(Condition::Unhealthy), t0);
+        assert_eq!(open.len(), 1);
+        assert_eq!(
+            (open[0].kind, open[0].condition),
+            (Kind::Trigger, Condition::Unhealthy)
+        );
+        assert!(t.step(only(Condition::Unhealthy), t0 + 50 * MS).is_empty());
+        assert!(t.step(none, t0 + 100 * MS).is_empty());
+        assert!(t.step(none, t0 + 250 * MS).is_empty(), "absent 150 ms only");
+        let done = t.step(none, t0 + 300 * MS);
+        assert_eq!(done.len(), 1);
+        assert_eq!(done[0].kind, Kind::Resolve);
+        assert_eq!(done[0].incident, open[0].incident);
+        assert!(!t.is_open(Condition::Unhealthy));
+        // The next occurrence is a new incident.
+        let again = t.step(only(Condition::Unhealthy), t0 + 400 * MS);
+        assert_eq!(again[0].kind, Kind::Trigger);
+        assert_ne!(again[0].incident, open[0].incident);
+    }
+
+    #[test]
+    fn flaps_within_resolve_after_are_one_incident() {
+        let t0 = Instant::now();
+        let mut t = Tracker::new(200 * MS);
+        let mut all = Vec::new();
+        for i in 0..10 {
+            all.extend(t.step(only(Condition::InfrastructureIssue), t0 + i * 100 * MS));
+            all.extend(t.step(none, t0 + (i * 100 + 50) * MS));
+        }
+        assert_eq!(all.len(), 1, "{all:?}");
+        all.extend(t.step(none, t0 + 1200 * MS));
+        assert_eq!(all.len(), 2);
+        assert_eq!(all[1].kind, Kind::Resolve);
+    }
+
+    #[test]
+    fn conditions_are_independent() {
+        let t0 = Instant::now();
+        let mut t = Tracker::new(100 * MS);
+        let both = |c| c != Condition::InfrastructureIssue;
+        assert_eq!(t.step(both, t0).len(), 2);
+        assert!(t.step(only(Condition::Unhealthy), t0 + 50 * MS).is_empty());
+        let r = t.step(only(Condition::Unhealthy), t0 + 200 * MS);
+        assert_eq!(r.len(), 1);
+        assert_eq!(
+            (r[0].kind, r[0].condition),
+            (Kind::Resolve, Condition::HealFailed)
+        );
+    }
+
+    #[test]
+    fn keys_and_priorities() {
+        assert_eq!(
+            fingerprint("web-1", Condition::Unhealthy),
+            "health-agent/web-1/unhealthy"
+        );
+        assert!(fingerprint(&"h".repeat(400), Condition::HealFailed).len() <= 255);
+        assert_eq!(priority(Condition::Unhealthy, true), "p1");
+        assert_eq!(priority(Condition::HealFailed, false), "p1");
+        assert_eq!(priority(Condition::Unhealthy, false), "p2");
+        assert_eq!(priority(Condition::InfrastructureIssue, true), "p3");
+        assert_eq!(truncate("ééé", 4), "…");
+        assert_eq!(truncate("abcdef", 5), "ab…");
+        assert_eq!(truncate("abc", 5), "abc");
+    }
+}

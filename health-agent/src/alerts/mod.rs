@@ -1,0 +1,354 @@
+//! Alerting: incidents out of snapshots, to Slack, PagerDuty (Events v2), a generic JSON webhook
+//! and GitHub issues. `Alerts::observe` runs on the composer after every snapshot and only
+//! tracks incidents and queues messages; one sender task per destination drains its own
+//! bounded queue, paced, with retries — so a dead or slow receiver delays neither `/health`
+//! nor the other destinations, and one destination's messages stay in order.
+//!
+//! Files: `incident` (conditions, the per-condition state machine, the event), `queue` (the
+//! bounded queue and its drop rule), `http` (pacing, timeout, retry/backoff), `redact`
+//! (secrets out of logs), `slack`, `pagerduty`, `webhook`, `github` (one destination each),
+//! `report` (the incident report and its process evidence).
+
+pub mod github;
+pub mod http;
+pub mod incident;
+pub mod pagerduty;
+pub mod queue;
+pub mod redact;
+pub mod report;
+pub mod slack;
+pub mod webhook;
+
+#[cfg(test)]
+pub(crate) mod tests;
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use self::{
+    github::GitHub,
+    http::{Http, Pacer, Tuning},
+    incident::{Condition, Event, Kind, Tracker},
+    pagerduty::PagerDuty,
+    queue::{Pushed, Queue},
+    redact::{host_of, Secrets},
+    report::Pending,
+    slack::Slack,
+    webhook::Webhook,
+};
+use crate::{config::AlertsConfig, snapshot::Snapshot};
+
+/// `alert test` answers promptly: at most this many retries whatever `alerts.max_retries` says.
+const TEST_MAX_RETRIES: u32 = 1;
+
+enum Sink {
+    Slack(Slack),
+    PagerDuty(PagerDuty),
+    Webhook(Webhook),
+    GitHub(Box<GitHub>),
+}
+
+/// One configured receiver. `name` is what logs and `alert test` show: never a URL or key.
+struct Destination {
+    name: String,
+    sink: Sink,
+}
+
+impl Destination {
+    async fn deliver(&mut self, http: &Http, ev: &Event) -> Result<(), String> {
+        match &mut self.sink {
+            Sink::Slack(s) => s.deliver(http, ev).await,
+            Sink::PagerDuty(s) => s.deliver(http, ev).await,
+            Sink::Webhook(s) => s.deliver(http, ev).await,
+            Sink::GitHub(s) => s.deliver(http, ev).await,
+        }
+    }
+
+    async fn send_test(&mut self, http: &Http, host: &str) -> Result<(), String> {
+        match &mut self.sink {
+            Sink::Slack(s) => s.send_test(http, host).await,
+            Sink::PagerDuty(s) => s.send_test(http, host).await,
+            Sink::Webhook(s) => s.send_test(http, host).await,
+            Sink::GitHub(s) => s.send_test(http, host).await,
+        }
+    }
+
+    fn secrets(&self) -> &Secrets {
+        match &self.sink {
+            Sink::Slack(s) => s.secrets(),
+            Sink::PagerDuty(s) => s.secrets(),
+            Sink::Webhook(s) => s.secrets(),
+            Sink::GitHub(s) => s.secrets(),
+        }
+    }
+}
+
+/// The configured destinations, plus the name and reason of each configured one that cannot
+/// work (a GitHub repo without a token).
+fn destinations(cfg: &AlertsConfig, tuning: &Tuning) -> (Vec<Destination>, Vec<(String, String)>) {
+    let mut out = Vec::new();
+    let mut unusable = Vec::new();
+    if !cfg.slack_webhook_url.is_empty() {
+        out.push(Destination {
+            name: "slack".into(),
+            sink: Sink::Slack(Slack::new(
+                &cfg.slack_webhook_url,
+                Pacer::new(tuning.pace_slack),
+            )),
+        });
+    }
+    if !cfg.pagerduty_routing_key.is_empty() {
+        out.push(Destination {
+            name: "pagerduty".into(),
+            sink: Sink::PagerDuty(PagerDuty::new(
+                &cfg.pagerduty_url,
+                &cfg.pagerduty_routing_key,
+                Pacer::new(tuning.pace_pagerduty),
+            )),
+        });
+    }
+    if !cfg.webhook_url.is_empty() {
+        out.push(Destination {
+            name: format!("webhook {}", host_of(&cfg.webhook_url)),
+            sink: Sink::Webhook(Webhook::new(
+                &cfg.webhook_url,
+                Pacer::new(tuning.pace_webhook),
+            )),
+        });
+    }
+    if !cfg.github_repo.is_empty() {
+        let name = format!("github {}", cfg.github_repo);
+        match (tuning.token)(&cfg.github_token_env).filter(|t| !t.trim().is_empty()) {
+            Some(token) => out.push(Destination {
+                name,
+                sink: Sink::GitHub(Box::new(GitHub::new(
+                    &cfg.github_api_url,
+                    &cfg.github_repo,
+                    token.trim(),
+                    Pacer::new(tuning.pace_github),
+                    tuning.evidence_interval,
+                ))),
+            }),
+            None => unusable.push((
+                name,
+                format!(
+                    "the token variable {} is empty or unset (alerts.github_token_env)",
+                    cfg.github_token_env
+                ),
+            )),
+        }
+    }
+    (out, unusable)
+}
+
+/// The running alerting: incident tracking here, one sender task per destination.
+pub struct Alerts {
+    host: Arc<str>,
+    tracker: Tracker,
+    queues: Vec<(String, Arc<Queue>)>,
+    /// GitHub is configured: collect process evidence when an incident opens.
+    evidence: Option<Duration>,
+    senders: Vec<JoinHandle<()>>,
+}
+
+impl Alerts {
+    /// None when no destination is configured. Spawns the sender task (needs a tokio runtime).
+    pub fn start(
+        cfg: &AlertsConfig,
+        hostname: String,
+        shutdown: CancellationToken,
+    ) -> Option<Self> {
+        Self::start_tuned(cfg, hostname, shutdown, Tuning::default())
+    }
+
+    pub(crate) fn start_tuned(
+        cfg: &AlertsConfig,
+        hostname: String,
+        shutdown: CancellationToken,
+        tuning: Tuning,
+    ) -> Option<Self> {
+        let (dests, unusable) = destinations(cfg, &tuning);
+        for (name, why) in &unusable {
+            tracing::error!(destination = %name, "alerts to {name} are off: {why}");
+        }
+        if dests.is_empty() {
+            return None;
+        }
+        let http = match Http::new(cfg, &tuning) {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::error!("alerts are off: {e}");
+                return None;
+            }
+        };
+        let evidence = dests
+            .iter()
+            .any(|d| matches!(d.sink, Sink::GitHub(_)))
+            .then_some(tuning.evidence_interval);
+        let names: Vec<&str> = dests.iter().map(|d| d.name.as_str()).collect();
+        tracing::info!(
+            "alerts to {} (resolve after {}s)",
+            names.join(", "),
+            cfg.resolve_after.as_secs_f64()
+        );
+        let mut queues = Vec::new();
+        let mut senders = Vec::new();
+        for dest in dests {
+            let queue = Arc::new(Queue::new(cfg.queue_size));
+            queues.push((dest.name.clone(), queue.clone()));
+            senders.push(tokio::spawn(run_sender(
+                dest,
+                queue,
+                http.clone(),
+                shutdown.clone(),
+                tuning.flush,
+            )));
+        }
+        Some(Self {
+            host: hostname.into(),
+            tracker: Tracker::new(cfg.resolve_after),
+            queues,
+            evidence,
+            senders,
+        })
+    }
+
+    /// Called after every snapshot (every ~250 ms). Must be cheap and NEVER block or await:
+    /// it tracks incidents and enqueues messages into a bounded queue (drop-oldest-trigger,
+    /// but never drop a resolve that follows a sent trigger — the rule is in `queue`).
+    pub fn observe(&mut self, snap: &Snapshot, now: Instant) {
+        let transitions = self.tracker.step(|c: Condition| c.holds(snap), now);
+        for t in transitions {
+            let evidence = match (t.kind, self.evidence) {
+                (Kind::Trigger, Some(interval)) => Pending::start(interval),
+                _ => None,
+            };
+            let ev = Arc::new(Event::new(&t, snap, self.host.clone(), evidence));
+            tracing::info!(incident = %ev.describe(), "{}", ev.summary());
+            for (name, queue) in &self.queues {
+                match queue.push(ev.clone()) {
+                    Pushed::Queued => {}
+                    Pushed::Evicted { incident } => tracing::warn!(
+                        destination = %name,
+                        "alert queue full: dropped the unsent incident #{incident}"
+                    ),
+                    Pushed::Dropped => tracing::warn!(
+                        destination = %name,
+                        "alert queue full: dropped {}",
+                        ev.describe()
+                    ),
+                }
+            }
+        }
+    }
+
+    /// Waits for the sender tasks: after shutdown they deliver what is queued for at most a
+    /// few seconds (`flush`), then stop. Call once the composer has stopped observing.
+    pub async fn closed(self) {
+        for s in self.senders {
+            let _ = s.await;
+        }
+    }
+}
+
+async fn run_sender(
+    mut dest: Destination,
+    queue: Arc<Queue>,
+    http: Http,
+    shutdown: CancellationToken,
+    flush: Duration,
+) {
+    let name = dest.name.clone();
+    let work = async {
+        while let Some(ev) = queue.next(&shutdown).await {
+            match dest.deliver(&http, &ev).await {
+                Ok(()) => {
+                    tracing::info!(destination = %name, incident = %ev.describe(), "alert sent")
+                }
+                Err(e) => tracing::error!(
+                    destination = %name,
+                    incident = %ev.describe(),
+                    "alert not delivered: {}",
+                    dest.secrets().redact(&e)
+                ),
+            }
+        }
+    };
+    let deadline = async {
+        shutdown.cancelled().await;
+        tokio::time::sleep(flush).await;
+    };
+    tokio::select! {
+        _ = work => {}
+        _ = deadline => {
+            tracing::warn!(
+                destination = %name,
+                "shutdown: gave up flushing, {} alert(s) not delivered",
+                queue.len()
+            );
+        }
+    }
+}
+
+/// `health-agent alert test`: sends one test message to every configured destination.
+pub async fn send_test(
+    cfg: &AlertsConfig,
+    hostname: &str,
+) -> Vec<(String /*destination*/, Result<(), String>)> {
+    send_test_tuned(cfg, hostname, &Tuning::default()).await
+}
+
+pub(crate) async fn send_test_tuned(
+    cfg: &AlertsConfig,
+    hostname: &str,
+    tuning: &Tuning,
+) -> Vec<(String, Result<(), String>)> {
+    let (dests, unusable) = destinations(cfg, tuning);
+    let mut results: Vec<(String, Result<(), String>)> = Vec::new();
+    if !dests.is_empty() {
+        match Http::new(cfg, tuning) {
+            Ok(http) => {
+                let http = http.with_max_retries(TEST_MAX_RETRIES);
+                let sends = dests.into_iter().map(|mut d| {
+                    let http = http.clone();
+                    async move {
+                        let r = d.send_test(&http, hostname).await;
+                        let r = r.map_err(|e| d.secrets().redact(&e));
+                        (d.name, r)
+                    }
+                });
+                results.extend(futures_util::future::join_all(sends).await);
+            }
+            Err(e) => results.extend(dests.into_iter().map(|d| (d.name, Err(e.clone())))),
+        }
+    }
+    results.extend(unusable.into_iter().map(|(n, why)| (n, Err(why))));
+    results
+}
+
+/// This machine's name for alerts: `/proc/sys/kernel/hostname`, else gethostname(2).
+pub fn hostname() -> String {
+    if let Ok(h) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
+        let h = h.trim();
+        if !h.is_empty() {
+            return h.to_string();
+        }
+    }
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates on success
+    // (and we stop at the buffer's end if it does not).
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc == 0 {
+        let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+        let h = String::from_utf8_lossy(&buf[..end]).trim().to_string();
+        if !h.is_empty() {
+            return h;
+        }
+    }
+    "unknown-host".into()
+}

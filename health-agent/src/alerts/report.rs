@@ -1,0 +1,521 @@
+//! The incident report (a GitHub issue body): everything an engineer needs after the scaling
+//! group has already destroyed the instance — every check from the snapshot, disks, system,
+//! containers, database, the self-heal log, the top processes by CPU and memory, suspicious
+//! processes, and the fingerprint that deduplicates issues.
+//!
+//! The process evidence is collected on a blocking task started at trigger time (two `/proc`
+//! samples `evidence_interval` apart for CPU), so it shows the box as it was when the incident
+//! opened even if GitHub is slow or rate-limited.
+
+use std::{collections::HashMap, fmt::Write as _, sync::Arc, time::Duration};
+
+use serde::Serialize;
+use serde_json::Value;
+use tokio::sync::watch;
+
+use super::incident::{human, priority, truncate, Event, Kind};
+use crate::{
+    snapshot::rfc3339,
+    suspicious::{self, SuspiciousProcess},
+};
+
+const TOP: usize = 10;
+/// GitHub rejects bodies above 65536 characters.
+const BODY_LIMIT: usize = 60_000;
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ProcRow {
+    pub pid: u32,
+    pub name: String,
+    pub cpu_percent: f64,
+    pub rss_bytes: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exe: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct Evidence {
+    pub top_cpu: Vec<ProcRow>,
+    pub top_memory: Vec<ProcRow>,
+    pub suspicious: Vec<SuspiciousProcess>,
+    pub sample_ms: u64,
+}
+
+/// Evidence being collected in the background.
+#[derive(Clone)]
+pub struct Pending(watch::Receiver<Option<Arc<Evidence>>>);
+
+impl Pending {
+    /// Starts collecting on the blocking pool; `None` outside a tokio runtime.
+    pub fn start(interval: Duration) -> Option<Self> {
+        let rt = tokio::runtime::Handle::try_current().ok()?;
+        let (tx, rx) = watch::channel(None);
+        rt.spawn_blocking(move || {
+            let _ = tx.send(Some(Arc::new(collect(interval))));
+        });
+        Some(Self(rx))
+    }
+
+    pub async fn get(&self, wait: Duration) -> Option<Arc<Evidence>> {
+        let mut rx = self.0.clone();
+        let got = tokio::time::timeout(wait, rx.wait_for(|v| v.is_some()))
+            .await
+            .ok()?
+            .ok()?;
+        got.clone()
+    }
+}
+
+struct Stat {
+    name: String,
+    ticks: u64,
+    rss_pages: u64,
+}
+
+fn read_stat(pid: u32) -> Option<Stat> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let open = s.find('(')?;
+    let close = s.rfind(')')?;
+    let name = s.get(open + 1..close)?.to_string();
+    // Fields after the name, from field 3 (state): utime is 14, stime 15, rss 24.
+    let f: Vec<&str> = s.get(close + 1..)?.split_whitespace().collect();
+    let num = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok());
+    Some(Stat {
+        name,
+        ticks: num(11)? + num(12)?,
+        rss_pages: num(21)?,
+    })
+}
+
+/// Blocking: samples `/proc` twice, `interval` apart, and scans for suspicious processes.
+pub fn collect(interval: Duration) -> Evidence {
+    // SAFETY: sysconf only reads a constant.
+    let (clk, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_CLK_TCK).max(1) as f64,
+            libc::sysconf(libc::_SC_PAGESIZE).max(1) as u64,
+        )
+    };
+    let t0 = std::time::Instant::now();
+    let first: HashMap<u32, u64> = suspicious::pids()
+        .into_iter()
+        .filter_map(|p| Some((p, read_stat(p)?.ticks)))
+        .collect();
+    std::thread::sleep(interval);
+    let elapsed = t0.elapsed().as_secs_f64().max(0.001);
+    let mut rows: Vec<ProcRow> = suspicious::pids()
+        .into_iter()
+        .filter_map(|pid| {
+            let s = read_stat(pid)?;
+            let before = first.get(&pid).copied().unwrap_or(0);
+            Some(ProcRow {
+                pid,
+                name: s.name,
+                cpu_percent: s.ticks.saturating_sub(before) as f64 / clk / elapsed * 100.0,
+                rss_bytes: s.rss_pages * page,
+                exe: None,
+            })
+        })
+        .collect();
+    let with_exe = |mut r: ProcRow| {
+        r.exe = std::fs::read_link(format!("/proc/{}/exe", r.pid))
+            .ok()
+            .map(|p| p.to_string_lossy().into_owned());
+        r
+    };
+    rows.sort_by(|a, b| b.cpu_percent.total_cmp(&a.cpu_percent));
+    let top_cpu = rows.iter().take(TOP).cloned().map(with_exe).collect();
+    rows.sort_by_key(|r| std::cmp::Reverse(r.rss_bytes));
+    let top_memory = rows.iter().take(TOP).cloned().map(with_exe).collect();
+    Evidence {
+        top_cpu,
+        top_memory,
+        suspicious: suspicious::scan(),
+        sample_ms: interval.as_millis() as u64,
+    }
+}
+
+/// Text inside a table cell: no column breaks, no line breaks.
+fn cell(s: &str) -> String {
+    s.replace('|', "\\|").replace(['\n', '\r'], " ")
+}
+
+/// Untrusted text (process names, command lines) as inline code, so it cannot @-mention,
+/// link or format anything.
+fn code(s: &str) -> String {
+    format!("`{}`", cell(&s.replace('`', "'")))
+}
+
+fn bytes(b: u64) -> String {
+    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < U.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    format!("{v:.1} {}", U[i])
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::Null => "–".into(),
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n
+            .as_f64()
+            .filter(|f| f.fract() != 0.0)
+            .map_or_else(|| n.to_string(), |f| format!("{f:.1}")),
+        other => other.to_string(),
+    }
+}
+
+fn json_block(out: &mut String, v: &Value) {
+    let pretty = serde_json::to_string_pretty(v).unwrap_or_default();
+    let _ = writeln!(out, "```json\n{pretty}\n```\n");
+}
+
+/// The hidden marker a later trigger looks for.
+pub fn marker(fingerprint: &str) -> String {
+    format!("<!-- fingerprint: {fingerprint} -->")
+}
+
+/// Whether an issue body belongs to this fingerprint (the hidden marker, or the visible line
+/// should someone have edited the marker away).
+pub fn carries_fingerprint(body: &str, fingerprint: &str) -> bool {
+    body.contains(&marker(fingerprint)) || body.contains(&format!("fingerprint: `{fingerprint}`"))
+}
+
+pub fn title(ev: &Event) -> String {
+    let mut t = format!("[health-agent] {}: {}", ev.host, ev.condition.title());
+    if let Some(r) = ev.reasons.first() {
+        let _ = write!(t, " — {r}");
+    }
+    truncate(&t, 250)
+}
+
+pub fn labels(ev: &Event, evidence: Option<&Evidence>) -> Vec<&'static str> {
+    let suspicious = evidence.is_some_and(|e| !e.suspicious.is_empty());
+    vec![
+        "incident",
+        priority(ev.condition, suspicious),
+        "health-agent",
+    ]
+}
+
+/// The full incident report in Markdown.
+pub fn body(ev: &Event, evidence: Option<&Evidence>) -> String {
+    let fp = ev.fingerprint();
+    let snap = ev.snapshot();
+    let details = &snap["details"];
+    let mut o = String::new();
+    let heading = match ev.kind {
+        Kind::Trigger => "Incident",
+        Kind::Resolve => "Resolved",
+    };
+    let _ = writeln!(
+        o,
+        "## {heading}: {} on `{}`\n",
+        ev.condition.title(),
+        cell(&ev.host)
+    );
+    let prio = labels(ev, evidence)[1].to_uppercase();
+    let _ = writeln!(o, "| | |\n|---|---|");
+    let _ = writeln!(o, "| host | {} |", code(&ev.host));
+    let _ = writeln!(o, "| condition | `{}` |", ev.condition.key());
+    let _ = writeln!(o, "| priority | {prio} |");
+    let _ = writeln!(o, "| status | {} (HTTP {}) |", ev.status.as_str(), ev.http);
+    let _ = writeln!(o, "| recommendation | `{}` |", ev.recommendation.as_str());
+    let _ = writeln!(o, "| opened | {} |", rfc3339(ev.opened_at));
+    if ev.kind == Kind::Resolve {
+        let _ = writeln!(
+            o,
+            "| resolved | {} (after {}) |",
+            rfc3339(ev.at),
+            human(ev.duration())
+        );
+    }
+    let _ = writeln!(o, "| snapshot | {} |\n", text(&snap["generated_at"]));
+
+    let _ = writeln!(o, "### Reasons\n");
+    if ev.reasons.is_empty() {
+        let _ = writeln!(o, "none\n");
+    }
+    for r in &ev.reasons {
+        let _ = writeln!(o, "- {}", cell(r));
+    }
+    o.push('\n');
+
+    let _ = writeln!(o, "### Checks\n\n| check | value |\n|---|---|");
+    if let Value::Object(m) = ev.checks() {
+        for (k, v) in m {
+            let _ = writeln!(o, "| {k} | {} |", cell(&text(&v)));
+        }
+    }
+    o.push('\n');
+
+    let web = &details["web"];
+    let _ = writeln!(
+        o,
+        "### Web backend\n\nverdict **{}** — {}\n",
+        text(&web["verdict"]),
+        cell(&text(&web["detail"]))
+    );
+    json_block(&mut o, web);
+
+    let _ = writeln!(
+        o,
+        "### Disks\n\n| mount | used | total | available | level | error |\n|---|---|---|---|---|---|"
+    );
+    for m in details["disk"]["mounts"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            o,
+            "| {} | {}% | {} | {} | {} | {} |",
+            code(&text(&m["path"])),
+            text(&m["used_percent"]),
+            bytes(m["total_bytes"].as_u64().unwrap_or(0)),
+            bytes(m["available_bytes"].as_u64().unwrap_or(0)),
+            text(&m["level"]),
+            cell(m["error"].as_str().unwrap_or(""))
+        );
+    }
+    o.push('\n');
+
+    let _ = writeln!(o, "### System\n");
+    let sys = &details["system"];
+    if sys.is_null() {
+        let _ = writeln!(o, "not sampled yet\n");
+    } else {
+        let _ = writeln!(
+            o,
+            "cpu {}% (avg {}%), memory {}% (avg {}%), load {} / {} on {} cpus, pressure `{}`\n",
+            text(&sys["cpu_percent"]),
+            text(&sys["cpu_avg_percent"]),
+            text(&sys["memory_percent"]),
+            text(&sys["memory_avg_percent"]),
+            text(&sys["load1"]),
+            text(&sys["load5"]),
+            text(&sys["cpus"]),
+            text(&sys["pressure"]),
+        );
+    }
+
+    let c = &details["containers"];
+    let _ = writeln!(o, "### Containers\n\n{}\n", cell(&text(&c["summary"])));
+    if let Some(list) = c["containers"].as_array().filter(|l| !l.is_empty()) {
+        let _ = writeln!(
+            o,
+            "| name | state | health | restarts | cpu | memory |\n|---|---|---|---|---|---|"
+        );
+        for x in list {
+            let _ = writeln!(
+                o,
+                "| {} | {} | {} | {} | {} | {} |",
+                code(&text(&x["name"])),
+                text(&x["state"]),
+                text(&x["health"]),
+                text(&x["restart_count"]),
+                text(&x["cpu_percent"]),
+                x["memory_bytes"].as_u64().map_or("–".into(), bytes),
+            );
+        }
+        o.push('\n');
+    }
+
+    let db = &details["database"];
+    let _ = writeln!(
+        o,
+        "### Database\n\n{}{}\n",
+        text(&db["state"]),
+        db["reason"]
+            .as_str()
+            .map(|r| format!(" — {}", cell(r)))
+            .unwrap_or_default()
+    );
+
+    let _ = writeln!(o, "### Suspicious processes\n");
+    match evidence {
+        None => {
+            let _ = writeln!(o, "not collected\n");
+        }
+        Some(e) if e.suspicious.is_empty() => {
+            let _ = writeln!(o, "none found\n");
+        }
+        Some(e) => {
+            let _ = writeln!(
+                o,
+                "| pid | name | executable | why | command line |\n|---|---|---|---|---|"
+            );
+            for p in &e.suspicious {
+                let _ = writeln!(
+                    o,
+                    "| {} | {} | {} | {} | {} |",
+                    p.pid,
+                    code(&p.name),
+                    code(p.exe.as_deref().unwrap_or("?")),
+                    cell(&p.reasons.join("; ")),
+                    code(&p.cmdline)
+                );
+            }
+            o.push('\n');
+        }
+    }
+
+    for (what, rows) in [
+        ("CPU", evidence.map(|e| &e.top_cpu)),
+        ("memory", evidence.map(|e| &e.top_memory)),
+    ] {
+        let _ = writeln!(o, "### Top {TOP} processes by {what}\n");
+        let Some(rows) = rows else {
+            let _ = writeln!(o, "not collected\n");
+            continue;
+        };
+        let _ = writeln!(
+            o,
+            "| pid | name | cpu % | rss | executable |\n|---|---|---|---|---|"
+        );
+        for r in rows {
+            let _ = writeln!(
+                o,
+                "| {} | {} | {:.1} | {} | {} |",
+                r.pid,
+                code(&r.name),
+                r.cpu_percent,
+                bytes(r.rss_bytes),
+                r.exe.as_deref().map_or("–".into(), code)
+            );
+        }
+        o.push('\n');
+    }
+    if let Some(e) = evidence {
+        let _ = writeln!(o, "CPU sampled over {} ms.\n", e.sample_ms);
+    }
+
+    let heal = &details["heal"];
+    let _ = writeln!(
+        o,
+        "### Self-heal log\n\nphase `{}`, {} restart(s) in window of {} allowed, budget spent: {}\n",
+        text(&heal["phase"]),
+        text(&heal["restarts_in_window"]),
+        text(&heal["max_restarts"]),
+        text(&heal["budget_spent"]),
+    );
+    if let Some(list) = heal["attempts"].as_array().filter(|l| !l.is_empty()) {
+        let _ = writeln!(
+            o,
+            "| started | action | outcome | error | reason |\n|---|---|---|---|---|"
+        );
+        for a in list {
+            let _ = writeln!(
+                o,
+                "| {} | {} | {} | {} | {} |",
+                text(&a["started_at"]),
+                code(&text(&a["action"])),
+                text(&a["outcome"]),
+                cell(a["error"].as_str().unwrap_or("")),
+                cell(&text(&a["reason"])),
+            );
+        }
+        o.push('\n');
+    }
+
+    let footer = format!("fingerprint: `{fp}`\n{}\n", marker(&fp));
+    let full = serde_json::to_string_pretty(&snap).unwrap_or_default();
+    let room = BODY_LIMIT.saturating_sub(o.len() + footer.len() + 200);
+    if room > 1000 {
+        let (full, note) = if full.len() > room {
+            (truncate(&full, room), " (truncated)")
+        } else {
+            (full, "")
+        };
+        let _ = writeln!(
+            o,
+            "<details><summary>Full snapshot{note}</summary>\n\n```json\n{full}\n```\n</details>\n"
+        );
+    }
+    if o.len() + footer.len() > BODY_LIMIT {
+        o = truncate(&o, BODY_LIMIT - footer.len() - 2);
+        o.push('\n');
+    }
+    o.push_str(&footer);
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alerts::{incident::Condition, tests::unhealthy_snapshot};
+
+    fn event() -> Event {
+        let snap = unhealthy_snapshot();
+        let t = super::super::incident::Transition {
+            kind: Kind::Trigger,
+            condition: Condition::Unhealthy,
+            incident: 1,
+            opened_at: std::time::SystemTime::now(),
+        };
+        Event::new(&t, &snap, "web-1".into(), None)
+    }
+
+    #[test]
+    fn report_has_every_section_and_the_fingerprint() {
+        let evidence = Evidence {
+            top_cpu: vec![ProcRow {
+                pid: 42,
+                name: "ruby | `@team`".into(),
+                cpu_percent: 99.5,
+                rss_bytes: 3 << 20,
+                exe: Some("/usr/bin/ruby".into()),
+            }],
+            top_memory: Vec::new(),
+            suspicious: vec![SuspiciousProcess {
+                pid: 7,
+                name: "xmrig".into(),
+                exe: Some("/tmp/xmrig".into()),
+                cmdline: "/tmp/xmrig -o stratum+tcp://pool".into(),
+                reasons: vec!["known crypto-miner name `xmrig`".into()],
+            }],
+            sample_ms: 500,
+        };
+        let ev = event();
+        let b = body(&ev, Some(&evidence));
+        for s in [
+            "### Reasons",
+            "### Checks",
+            "### Web backend",
+            "### Disks",
+            "### System",
+            "### Containers",
+            "### Database",
+            "### Suspicious processes",
+            "### Top 10 processes by CPU",
+            "### Top 10 processes by memory",
+            "### Self-heal log",
+            "Full snapshot",
+            "| `/tmp/xmrig` |",
+            "fingerprint: `health-agent/web-1/unhealthy`",
+            "<!-- fingerprint: health-agent/web-1/unhealthy -->",
+            "| priority | P1 |",
+            "disk usage",
+        ] {
+            assert!(b.contains(s), "missing {s:?} in\n{b}");
+        }
+        // A hostile process name neither breaks the table nor pings anyone.
+        assert!(b.contains("`ruby \\| '@team'`"), "{b}");
+        assert!(carries_fingerprint(&b, &ev.fingerprint()));
+        assert!(!carries_fingerprint(&b, "health-agent/web-1/heal_failed"));
+        assert_eq!(
+            labels(&ev, Some(&evidence)),
+            vec!["incident", "p1", "health-agent"]
+        );
+        assert_eq!(labels(&ev, None), vec!["incident", "p2", "health-agent"]);
+        assert!(title(&ev).starts_with("[health-agent] web-1: unhealthy (503) — "));
+    }
+
+    #[test]
+    fn collect_sees_this_process() {
+        let e = collect(Duration::from_millis(20));
+        assert_eq!(e.top_cpu.len().min(TOP), e.top_cpu.len());
+        assert!(!e.top_memory.is_empty());
+        assert!(e.top_memory[0].rss_bytes > 0);
+    }
+}

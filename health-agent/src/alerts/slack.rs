@@ -1,0 +1,91 @@
+//! Slack incoming webhook: `POST {"text": …}` as `application/json`. The URL is the credential.
+//! One message per trigger and per resolve; `text` carries everything (host, condition,
+//! status, reasons, recommendation), so it reads the same in a notification as in the channel.
+
+use serde_json::{json, Value};
+
+use super::{
+    http::{Http, Pacer},
+    incident::{human, Event, Kind},
+    redact::Secrets,
+};
+
+pub struct Slack {
+    url: String,
+    pacer: Pacer,
+    secrets: Secrets,
+}
+
+/// Slack's mrkdwn control characters.
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+pub fn payload(ev: &Event) -> Value {
+    let host = esc(&ev.host);
+    let state = format!(
+        "status {} (HTTP {}), recommendation `{}`",
+        ev.status.as_str(),
+        ev.http,
+        ev.recommendation.as_str()
+    );
+    let reasons = if ev.reasons.is_empty() {
+        "none".to_string()
+    } else {
+        esc(&ev.reasons.join("; "))
+    };
+    let text = match ev.kind {
+        Kind::Trigger => format!(
+            ":rotating_light: *{}* on `{host}` — triggered\n• condition: `{}`\n• {state}\n• reasons: {reasons}",
+            ev.condition.title(),
+            ev.condition.key(),
+        ),
+        Kind::Resolve => format!(
+            ":white_check_mark: *{}* on `{host}` — resolved after {}\n• condition: `{}`\n• now: {state}\n• reasons: {reasons}",
+            ev.condition.title(),
+            human(ev.duration()),
+            ev.condition.key(),
+        ),
+    };
+    json!({ "text": text })
+}
+
+pub fn test_payload(host: &str) -> Value {
+    json!({
+        "text": format!(
+            ":wave: health-agent test message from `{}`: alerts reach this channel.",
+            esc(host)
+        )
+    })
+}
+
+impl Slack {
+    pub fn new(url: &str, pacer: Pacer) -> Self {
+        Self {
+            url: url.to_string(),
+            pacer,
+            secrets: Secrets::new().with_url(url),
+        }
+    }
+
+    pub fn secrets(&self) -> &Secrets {
+        &self.secrets
+    }
+
+    async fn post(&mut self, http: &Http, body: &Value) -> Result<(), String> {
+        let url = &self.url;
+        http.send(&mut self.pacer, &self.secrets, |c| c.post(url).json(body))
+            .await
+            .map(drop)
+    }
+
+    pub async fn deliver(&mut self, http: &Http, ev: &Event) -> Result<(), String> {
+        self.post(http, &payload(ev)).await
+    }
+
+    pub async fn send_test(&mut self, http: &Http, host: &str) -> Result<(), String> {
+        self.post(http, &test_payload(host)).await
+    }
+}

@@ -1,0 +1,88 @@
+//! Generic JSON webhook, the prior art's shape: `{event, timestamp, hostname, payload}` with
+//! `event` = `incident.triggered` | `incident.resolved` (and `test` from `alert test`).
+//! `payload` carries the incident and the state of the instance at that moment, including the
+//! full `/health` diagnostics.
+
+use std::time::SystemTime;
+
+use serde_json::{json, Value};
+
+use super::{
+    http::{Http, Pacer},
+    incident::{Event, Kind},
+    redact::Secrets,
+};
+use crate::snapshot::rfc3339;
+
+pub struct Webhook {
+    url: String,
+    pacer: Pacer,
+    secrets: Secrets,
+}
+
+pub fn payload(ev: &Event) -> Value {
+    let (event, resolved_at) = match ev.kind {
+        Kind::Trigger => ("incident.triggered", Value::Null),
+        Kind::Resolve => ("incident.resolved", json!(rfc3339(ev.at))),
+    };
+    json!({
+        "event": event,
+        "timestamp": rfc3339(ev.at),
+        "hostname": &*ev.host,
+        "payload": {
+            "incident": {
+                "condition": ev.condition.key(),
+                "title": ev.condition.title(),
+                "severity": ev.condition.pd_severity(),
+                "fingerprint": ev.fingerprint(),
+                "opened_at": rfc3339(ev.opened_at),
+                "resolved_at": resolved_at,
+                "duration_seconds": ev.duration().as_secs(),
+            },
+            "status": ev.status.as_str(),
+            "http": ev.http,
+            "recommendation": ev.recommendation.as_str(),
+            "reasons": ev.reasons,
+            "checks": ev.checks(),
+            "snapshot": ev.snapshot(),
+        },
+    })
+}
+
+pub fn test_payload(host: &str) -> Value {
+    json!({
+        "event": "test",
+        "timestamp": rfc3339(SystemTime::now()),
+        "hostname": host,
+        "payload": { "message": format!("health-agent test message from {host}") },
+    })
+}
+
+impl Webhook {
+    pub fn new(url: &str, pacer: Pacer) -> Self {
+        Self {
+            url: url.to_string(),
+            pacer,
+            secrets: Secrets::new().with_url(url),
+        }
+    }
+
+    pub fn secrets(&self) -> &Secrets {
+        &self.secrets
+    }
+
+    async fn post(&mut self, http: &Http, body: &Value) -> Result<(), String> {
+        let url = &self.url;
+        http.send(&mut self.pacer, &self.secrets, |c| c.post(url).json(body))
+            .await
+            .map(drop)
+    }
+
+    pub async fn deliver(&mut self, http: &Http, ev: &Event) -> Result<(), String> {
+        self.post(http, &payload(ev)).await
+    }
+
+    pub async fn send_test(&mut self, http: &Http, host: &str) -> Result<(), String> {
+        self.post(http, &test_payload(host)).await
+    }
+}
