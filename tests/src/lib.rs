@@ -314,33 +314,44 @@ impl Fixture {
         Self::start_with(mode, &[])
     }
 
-    /// With extra arguments, e.g. `["--workers", "1"]`.
+    /// With extra arguments, e.g. `["--workers", "1"]`. A port taken between `free_port` and
+    /// the bind (tests run in parallel) makes the fixture exit: then it retries on new ports.
     pub fn start_with(mode: &str, extra: &[&str]) -> Self {
-        let port = free_port();
-        let control = free_port();
-        let child = Command::new(binary("fixture-backend", "health-agent-tests"))
-            .args([
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--control",
-                &format!("127.0.0.1:{control}"),
-                "--mode",
-                mode,
-            ])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("starting fixture-backend");
-        let f = Self {
-            child,
-            port,
-            control,
-        };
-        wait_until(Duration::from_secs(5), "fixture control port", || {
-            get(control, "/mode").ok()
-        });
-        f
+        for _ in 0..5 {
+            let port = free_port();
+            let control = free_port();
+            let mut child = Command::new(binary("fixture-backend", "health-agent-tests"))
+                .args([
+                    "--listen",
+                    &format!("127.0.0.1:{port}"),
+                    "--control",
+                    &format!("127.0.0.1:{control}"),
+                    "--mode",
+                    mode,
+                ])
+                .args(extra)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("starting fixture-backend");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break;
+                }
+                if get(control, "/mode").is_ok() {
+                    return Self {
+                        child,
+                        port,
+                        control,
+                    };
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!("fixture-backend did not start on 5 tries");
     }
 
     pub fn pid(&self) -> u32 {
@@ -613,5 +624,257 @@ impl Drop for Container {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status();
+    }
+}
+
+/// One request a [`Receiver`] got.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub method: String,
+    pub path: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Value,
+}
+
+impl Recorded {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+type Responder = dyn Fn(&Recorded, &[Recorded]) -> (u16, String) + Send + Sync;
+
+/// A local HTTP server standing in for Slack, PagerDuty, GitHub or a webhook (this network
+/// reaches none of them): records every request and answers through `respond`, which also
+/// sees everything recorded before (so it can keep state, like GitHub's issue list).
+pub struct Receiver {
+    pub port: u16,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<Recorded>>>,
+}
+
+impl Receiver {
+    pub fn start(
+        respond: impl Fn(&Recorded, &[Recorded]) -> (u16, String) + Send + Sync + 'static,
+    ) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("binding a receiver");
+        let port = listener.local_addr().expect("addr").port();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let respond: std::sync::Arc<Responder> = std::sync::Arc::new(respond);
+        let s = seen.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let (s, respond) = (s.clone(), respond.clone());
+                std::thread::spawn(move || serve_receiver(stream, &s, &*respond));
+            }
+        });
+        Self { port, seen }
+    }
+
+    /// Answers 200 `{}` to everything.
+    pub fn ok() -> Self {
+        Self::start(|_, _| (200, "{}".into()))
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.seen.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+
+    /// Requests other than GETs (what was delivered).
+    pub fn posts(&self) -> Vec<Recorded> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.method != "GET")
+            .collect()
+    }
+}
+
+fn serve_receiver(
+    mut stream: TcpStream,
+    seen: &std::sync::Mutex<Vec<Recorded>>,
+    respond: &Responder,
+) {
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    loop {
+        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+            match stream.read(&mut chunk) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+            continue;
+        };
+        let head = String::from_utf8_lossy(&buf[..end]).to_string();
+        let mut lines = head.lines();
+        let mut first = lines.next().unwrap_or("").split_whitespace();
+        let method = first.next().unwrap_or("").to_string();
+        let path = first.next().unwrap_or("").to_string();
+        let headers: Vec<(String, String)> = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+            .collect();
+        let len: usize = headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or(0);
+        while buf.len() < end + 4 + len {
+            match stream.read(&mut chunk) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        let body = serde_json::from_slice(&buf[end + 4..end + 4 + len]).unwrap_or(Value::Null);
+        buf.drain(..end + 4 + len);
+        let rec = Recorded {
+            method,
+            path,
+            headers,
+            body,
+        };
+        let (code, reply) = {
+            let mut all = match seen.lock() {
+                Ok(g) => g,
+                Err(_) => return,
+            };
+            let answer = respond(&rec, &all);
+            all.push(rec);
+            answer
+        };
+        let resp = format!(
+            "HTTP/1.1 {code} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{reply}",
+            reply.len()
+        );
+        if stream.write_all(resp.as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+/// A private PostgreSQL 15 server (Debian's binaries) on its own port and data directory, with
+/// password authentication, so a test may stop and start it without touching anyone else's.
+pub struct Postgres {
+    pub port: u16,
+    pub password: String,
+    dir: tempfile::TempDir,
+}
+
+const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
+
+fn as_postgres(args: &[&str]) -> std::process::Output {
+    Command::new("runuser")
+        .args(["-u", "postgres", "--"])
+        .args(args)
+        .output()
+        .expect("running runuser (PostgreSQL is installed by cargo xtask setup)")
+}
+
+impl Postgres {
+    pub fn start() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let data = dir.path().join("data");
+        let pwfile = dir.path().join("pw");
+        let password = format!("pw-{}", std::process::id());
+        std::fs::write(&pwfile, &password).expect("pwfile");
+        let chown = Command::new("chown")
+            .args(["-R", "postgres:postgres"])
+            .arg(dir.path())
+            .status()
+            .expect("chown");
+        assert!(chown.success());
+        let out = as_postgres(&[
+            &format!("{PG_BIN}/initdb"),
+            "-D",
+            data.to_str().expect("utf-8 path"),
+            "-U",
+            "postgres",
+            "--auth=scram-sha-256",
+            "--pwfile",
+            pwfile.to_str().expect("utf-8 path"),
+        ]);
+        assert!(
+            out.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let pg = Self {
+            port: free_port(),
+            password,
+            dir,
+        };
+        pg.resume();
+        pg
+    }
+
+    fn data(&self) -> String {
+        self.dir.path().join("data").display().to_string()
+    }
+
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// Starts (again) on the same port and waits until it accepts connections.
+    pub fn resume(&self) {
+        let opts = format!(
+            "-p {} -c listen_addresses=127.0.0.1 -k {}",
+            self.port,
+            self.dir.path().display()
+        );
+        let log = self.dir.path().join("pg.log");
+        let out = as_postgres(&[
+            &format!("{PG_BIN}/pg_ctl"),
+            "-D",
+            &self.data(),
+            "-o",
+            &opts,
+            "-l",
+            log.to_str().expect("utf-8 path"),
+            "-w",
+            "start",
+        ]);
+        assert!(
+            out.status.success(),
+            "pg_ctl start failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+    }
+
+    pub fn stop(&self) {
+        let out = as_postgres(&[
+            &format!("{PG_BIN}/pg_ctl"),
+            "-D",
+            &self.data(),
+            "-m",
+            "fast",
+            "-w",
+            "stop",
+        ]);
+        assert!(
+            out.status.success(),
+            "pg_ctl stop failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        let _ = as_postgres(&[
+            &format!("{PG_BIN}/pg_ctl"),
+            "-D",
+            &self.data(),
+            "-m",
+            "immediate",
+            "stop",
+        ]);
     }
 }
