@@ -56,6 +56,7 @@ pub struct ServerConfig {
     #[serde(with = "dur")]
     pub request_timeout: Duration,
     pub max_connections: usize,
+    pub threads: usize,
 }
 
 impl Default for ServerConfig {
@@ -66,6 +67,7 @@ impl Default for ServerConfig {
             token_env: "HEALTH_AGENT_TOKEN".into(),
             request_timeout: Duration::from_secs(5),
             max_connections: 1024,
+            threads: 0,
         }
     }
 }
@@ -512,6 +514,7 @@ details = "loopback"             # who sees full diagnostics: "always" | "loopba
 token_env = "HEALTH_AGENT_TOKEN" # with details = "token": env var holding the bearer token
 request_timeout = "5s"           # a client slower than this is cut off
 max_connections = 1024           # concurrent HTTP connections; beyond it new ones wait
+threads = 0                      # HTTP threads, each with its own listener; 0 = one per core
 
 [checks]
 interval = "2s"                  # snapshot refresh cadence (disk, cpu, memory, probe)

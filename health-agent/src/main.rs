@@ -150,14 +150,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 async fn serve(cfg: Arc<Config>) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     spawn_signal_handler(shutdown.clone())?;
-    let listener = tokio::net::TcpListener::bind(cfg.server.listen)
-        .await
-        .with_context(|| {
-            format!(
-                "binding {} failed — is another process using the port? Change server.listen",
-                cfg.server.listen
-            )
-        })?;
+    let threads = match cfg.server.threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    let listeners = server::bind(cfg.server.listen, threads).with_context(|| {
+        format!(
+            "binding {} failed — is another process using the port? Change server.listen",
+            cfg.server.listen
+        )
+    })?;
     let token = match cfg.server.details {
         config::Details::Token => {
             let t = std::env::var(&cfg.server.token_env)
@@ -181,14 +183,20 @@ async fn serve(cfg: Arc<Config>) -> anyhow::Result<()> {
         stale_after: cfg.checks.stale_after,
     });
     tracing::info!(listen = %cfg.server.listen, web_port = cfg.web.port, "serving /health");
-    server::serve(
-        listener,
-        server::router(app),
-        cfg.server.max_connections,
-        cfg.server.request_timeout,
-        shutdown.clone(),
-    )
-    .await;
+    let limits = server::Limits {
+        slots: Arc::new(tokio::sync::Semaphore::new(cfg.server.max_connections)),
+        header_timeout: cfg.server.request_timeout,
+    };
+    let http = server::run_threads(listeners, server::router(app), limits, shutdown.clone())
+        .context("starting the HTTP threads")?;
+    shutdown.cancelled().await;
+    tokio::task::spawn_blocking(move || {
+        for t in http {
+            let _ = t.join();
+        }
+    })
+    .await
+    .context("joining the HTTP threads")?;
     // Wait for the composer so the kernel programs are detached before exit.
     let _ = agent.composer.await;
     tracing::info!("stopped");

@@ -1,7 +1,9 @@
 //! The HTTP side: `GET|HEAD /health` from the cached snapshot (nothing is computed per
 //! request), `/metrics`, `/livez`. A hand-rolled hyper accept loop gives what the load
 //! balancer's probes need from a shared port: a connection cap, a header-read deadline, a small
-//! header buffer, and graceful shutdown.
+//! header buffer, and graceful shutdown. Like nginx's workers, each HTTP thread runs its own
+//! single-threaded runtime on its own SO_REUSEPORT listener: no cross-thread wakeups per request,
+//! and the background checks (on the main runtime) never share a queue with the probes.
 
 use std::{
     net::{IpAddr, SocketAddr},
@@ -144,16 +146,78 @@ async fn metrics_handler(State(app): State<Arc<App>>) -> Response {
     r
 }
 
+/// Binds `addr` `n` times with SO_REUSEPORT, so the kernel spreads connections over the
+/// HTTP threads. Binding happens before anything starts, so a taken port fails early.
+pub fn bind(addr: SocketAddr, n: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
+    use socket2::{Domain, Socket, Type};
+    // SO_REUSEPORT would let a second agent share the port without an error and quietly take
+    // half the probes: a plain bind first fails if anything holds it.
+    drop(std::net::TcpListener::bind(addr)?);
+    (0..n.max(1))
+        .map(|_| {
+            let s = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+            s.set_reuse_address(true)?;
+            s.set_reuse_port(true)?;
+            s.set_nonblocking(true)?;
+            s.bind(&addr.into())?;
+            s.listen(1024)?;
+            Ok(s.into())
+        })
+        .collect()
+}
+
+/// Settings every HTTP thread shares.
+#[derive(Clone)]
+pub struct Limits {
+    /// Connection cap across all threads.
+    pub slots: Arc<Semaphore>,
+    pub header_timeout: Duration,
+}
+
+/// Runs one HTTP thread per listener, each with its own single-threaded runtime, until
+/// `shutdown`. Returns when every thread has finished.
+pub fn run_threads(
+    listeners: Vec<std::net::TcpListener>,
+    router: Router,
+    limits: Limits,
+    shutdown: CancellationToken,
+) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
+    listeners
+        .into_iter()
+        .enumerate()
+        .map(|(i, listener)| {
+            let (router, limits, shutdown) = (router.clone(), limits.clone(), shutdown.clone());
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            std::thread::Builder::new()
+                .name(format!("http-{i}"))
+                .spawn(move || {
+                    rt.block_on(async move {
+                        match TcpListener::from_std(listener) {
+                            Ok(l) => serve(l, router, limits, shutdown).await,
+                            Err(e) => {
+                                tracing::error!("HTTP thread {i} cannot use its listener: {e}")
+                            }
+                        }
+                    })
+                })
+        })
+        .collect()
+}
+
 /// Serves `router` on `listener` until `shutdown`, then lets in-flight requests finish
 /// (at most 5 s).
 pub async fn serve(
     listener: TcpListener,
     router: Router,
-    max_connections: usize,
-    header_timeout: Duration,
+    limits: Limits,
     shutdown: CancellationToken,
 ) {
-    let slots = Arc::new(Semaphore::new(max_connections));
+    let Limits {
+        slots,
+        header_timeout,
+    } = limits;
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
