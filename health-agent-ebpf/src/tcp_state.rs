@@ -81,6 +81,9 @@ fn on_close(sk: u64) -> Option<()> {
     }
     if conn.first_response_ns == 0 {
         c.closed_unanswered += 1;
+        if conn.first_request_ns != 0 {
+            c.closed_pending += 1;
+        }
     }
     Some(())
 }

@@ -622,6 +622,15 @@ mod tests {
     }
 
     #[test]
+    fn readme_shows_the_default_config() {
+        let readme = include_str!("../../README.md");
+        assert!(
+            readme.contains(DEFAULT_TOML.trim_end()),
+            "README.md's configuration section differs from DEFAULT_TOML: paste `health-agent config --dump` there"
+        );
+    }
+
+    #[test]
     fn documented_default_matches_code() {
         assert_eq!(
             Config::parse(DEFAULT_TOML, "dump").unwrap(),

@@ -112,6 +112,11 @@ impl Healer {
         }
     }
 
+    /// A restart is running or being waited on, or the current incident already failed.
+    pub fn busy(&self) -> bool {
+        !matches!(self.state, State::Idle) || self.incident_failed
+    }
+
     pub fn log(&self) -> HealLog {
         self.log.clone()
     }

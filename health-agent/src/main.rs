@@ -137,7 +137,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Serve => {
             let cfg = Arc::new(Config::load(&cli.config)?);
-            let rt = tokio::runtime::Builder::new_multi_thread()
+            // The background checks are light and mostly waiting: one thread is plenty, and it
+            // wakes fewer threads per tick than a work-stealing pool. HTTP has its own threads.
+            let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .context("starting the async runtime")?;

@@ -345,6 +345,11 @@ impl FlapGuard {
         }
     }
 
+    /// A change of code is waiting out its time.
+    pub fn pending(&self) -> bool {
+        self.pending.is_some()
+    }
+
     pub fn apply(&mut self, raw: Decision, now: Instant) -> Decision {
         let Some(published) = &self.published else {
             self.published = Some(raw.clone());

@@ -216,6 +216,7 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
         database: database_slot,
         database_pending,
         last_system: None,
+        last_full: started,
         alerts: Alerts::start(&cfg.alerts, alerts::hostname(), shutdown.clone()),
     };
     let now = Instant::now();
@@ -234,6 +235,9 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
                 _ = tick.tick() => {}
             }
             let now = Instant::now();
+            if !composer.due(now) {
+                continue;
+            }
             let snap = composer.compose(now);
             if let Some(a) = composer.alerts.as_mut() {
                 a.observe(&snap, now);
@@ -268,6 +272,8 @@ struct Composer {
     /// What the database slot shows before its first round trip: every database `unknown`.
     database_pending: DatabaseReport,
     last_system: Option<(Instant, Option<crate::checks::system::SystemReport>)>,
+    /// When the last full round ran.
+    last_full: Instant,
     alerts: Option<Alerts>,
 }
 
@@ -300,7 +306,32 @@ impl Composer {
         }
     }
 
+    /// Whether this tick needs a full round. The kernel view is read every tick (one map read);
+    /// the full round — listeners, report, policy, snapshot — runs every tick only while
+    /// something is in flight or wrong, else on `checks.interval` or when a check reports.
+    fn due(&self, now: Instant) -> bool {
+        fn changed<T>(slot: Option<&Slot<T>>) -> bool {
+            slot.is_some_and(|s| s.has_changed().unwrap_or(false))
+        }
+        now.saturating_duration_since(self.last_full) >= self.cfg.checks.interval
+            || self.web.hot()
+            || self.healer.busy()
+            || self.guard.pending()
+            || changed(Some(&self.disk))
+            || changed(self.probe.as_ref())
+            || changed(self.containers.as_ref())
+            || changed(self.database.as_ref())
+    }
+
     fn compose(&mut self, now: Instant) -> Snapshot {
+        self.last_full = now;
+        self.disk.mark_unchanged();
+        if let Some(s) = &mut self.containers {
+            s.mark_unchanged();
+        }
+        if let Some(s) = &mut self.database {
+            s.mark_unchanged();
+        }
         if let Some(p) = &mut self.probe {
             if p.has_changed().unwrap_or(false) {
                 if let Some(t) = p.borrow_and_update().clone() {
@@ -372,8 +403,15 @@ impl Composer {
     }
 }
 
+/// Seconds since the host booted (CLOCK_BOOTTIME: no file read on every tick).
 fn host_uptime() -> u64 {
-    sysinfo::System::uptime().unwrap_or(0)
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the struct we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    ts.tv_sec.max(0) as u64
 }
 
 #[cfg(test)]
@@ -440,7 +478,8 @@ mod tests {
         let dbs = &snap.report.database.databases;
         assert_eq!(dbs[0].state, DbState::Connected, "{dbs:?}");
         assert_eq!(dbs[1].name, format!("redis://127.0.0.1:{down}"));
-        let full = String::from_utf8_lossy(&snap.full).into_owned();
+        let full =
+            String::from_utf8_lossy(snap.body(crate::snapshot::Rendering::Full)).into_owned();
         assert!(full.contains(&format!("redis://{redis}")), "{full}");
         assert!(!full.contains("Sekr1t"), "{full}");
 

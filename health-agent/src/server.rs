@@ -25,7 +25,11 @@ use tokio::{net::TcpListener, sync::Semaphore};
 use tokio_util::sync::CancellationToken;
 use tower::Service as _;
 
-use crate::{config::Details, metrics, snapshot::SharedSnapshot};
+use crate::{
+    config::Details,
+    metrics,
+    snapshot::{Rendering, SharedSnapshot},
+};
 
 pub const HEALTH_JSON: &str = "application/health+json";
 
@@ -88,12 +92,14 @@ async fn health(State(app): State<Arc<App>>, req: Request) -> Response {
         return stale(age, ietf);
     }
     let details = wants_details(&app, peer, headers);
-    let body = match (ietf, details) {
-        (false, true) => snap.full.clone(),
-        (false, false) => snap.brief.clone(),
-        (true, true) => snap.ietf_full.clone(),
-        (true, false) => snap.ietf_brief.clone(),
-    };
+    let body = snap
+        .body(match (ietf, details) {
+            (false, true) => Rendering::Full,
+            (false, false) => Rendering::Brief,
+            (true, true) => Rendering::IetfFull,
+            (true, false) => Rendering::IetfBrief,
+        })
+        .clone();
     let code = StatusCode::from_u16(snap.decision.http).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
     respond(code, body, ietf, age)
 }

@@ -1,8 +1,10 @@
 //! The immutable snapshot `/health` answers from: one round of checks, the policy's decision,
-//! and the response bodies rendered once per round so a request only picks one and sends it.
+//! and its response bodies. A body is rendered at most once per snapshot, by the first request
+//! that wants it (snapshots are replaced every 250 ms; most are never asked for), so every other
+//! request only picks the rendered bytes and sends them.
 
 use std::{
-    sync::Arc,
+    sync::{Arc, OnceLock},
     time::{Instant, SystemTime},
 };
 
@@ -29,13 +31,21 @@ pub struct Snapshot {
     pub uptime: u64,
     pub agent_uptime: u64,
     pub generated_at: String,
+    /// Rendered bodies, indexed by [`Rendering`].
+    bodies: [OnceLock<Bytes>; 4],
+}
+
+/// The four renderings of a snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rendering {
     /// The seed body plus full diagnostics.
-    pub full: Bytes,
+    Full = 0,
     /// The seed body only (status, uptime, checks, recommendation, reasons).
-    pub brief: Bytes,
-    /// `application/health+json` renderings.
-    pub ietf_full: Bytes,
-    pub ietf_brief: Bytes,
+    Brief = 1,
+    /// `application/health+json` with every check.
+    IetfFull = 2,
+    /// `application/health+json`, status and notes only.
+    IetfBrief = 3,
 }
 
 #[derive(Serialize)]
@@ -83,44 +93,55 @@ impl Snapshot {
         uptime: u64,
         agent_uptime: u64,
     ) -> Self {
-        let generated_at = rfc3339(SystemTime::now());
-        let seed = seed(&decision, &report, uptime);
-        let brief = serde_json::to_vec(&seed).unwrap_or_default();
-        let mut full = serde_json::to_value(&seed).unwrap_or(Value::Null);
-        if let Value::Object(m) = &mut full {
-            m.insert("generated_at".into(), json!(generated_at));
-            m.insert(
-                "details".into(),
-                json!({
-                    "web": report.web,
-                    "disk": report.disk,
-                    "system": report.system,
-                    "containers": report.containers,
-                    "database": report.database,
-                    "heal": heal,
-                    "agent": {
-                        "version": env!("CARGO_PKG_VERSION"),
-                        "uptime": agent_uptime,
-                        "kernel_view": report.web.kernel.state,
-                    },
-                }),
-            );
-        }
-        let ietf_full = ietf(&decision, &report, &generated_at, true);
-        let ietf_brief = ietf(&decision, &report, &generated_at, false);
         Self {
             created: Instant::now(),
-            full: Bytes::from(serde_json::to_vec(&full).unwrap_or_default()),
-            brief: Bytes::from(brief),
-            ietf_full: Bytes::from(serde_json::to_vec(&ietf_full).unwrap_or_default()),
-            ietf_brief: Bytes::from(serde_json::to_vec(&ietf_brief).unwrap_or_default()),
+            generated_at: rfc3339(SystemTime::now()),
             decision,
             report,
             heal,
             uptime,
             agent_uptime,
-            generated_at,
+            bodies: Default::default(),
         }
+    }
+
+    /// The rendered body, rendering it on first use.
+    pub fn body(&self, which: Rendering) -> &Bytes {
+        self.bodies[which as usize].get_or_init(|| Bytes::from(self.render(which)))
+    }
+
+    fn render(&self, which: Rendering) -> Vec<u8> {
+        let (decision, report) = (&self.decision, &self.report);
+        let seed = seed(decision, report, self.uptime);
+        let value = match which {
+            Rendering::Brief => return serde_json::to_vec(&seed).unwrap_or_default(),
+            Rendering::IetfFull => ietf(decision, report, &self.generated_at, true),
+            Rendering::IetfBrief => ietf(decision, report, &self.generated_at, false),
+            Rendering::Full => {
+                let mut full = serde_json::to_value(&seed).unwrap_or(Value::Null);
+                if let Value::Object(m) = &mut full {
+                    m.insert("generated_at".into(), json!(self.generated_at));
+                    m.insert(
+                        "details".into(),
+                        json!({
+                            "web": report.web,
+                            "disk": report.disk,
+                            "system": report.system,
+                            "containers": report.containers,
+                            "database": report.database,
+                            "heal": self.heal,
+                            "agent": {
+                                "version": env!("CARGO_PKG_VERSION"),
+                                "uptime": self.agent_uptime,
+                                "kernel_view": report.web.kernel.state,
+                            },
+                        }),
+                    );
+                }
+                full
+            }
+        };
+        serde_json::to_vec(&value).unwrap_or_default()
     }
 }
 

@@ -53,6 +53,8 @@ pub struct PortCounters {
     pub closed_unanswered: u64,
     /// Connections that reached CLOSE without any process touching them (died in the queue).
     pub closed_unclaimed: u64,
+    /// Connections that reached CLOSE with a request read and no response byte sent.
+    pub closed_pending: u64,
 }
 
 impl PortCounters {
@@ -63,6 +65,19 @@ impl PortCounters {
         self.answered += o.answered;
         self.closed_unanswered += o.closed_unanswered;
         self.closed_unclaimed += o.closed_unclaimed;
+        self.closed_pending += o.closed_pending;
+    }
+
+    /// Connections waiting in the accept queue now (exact unless the LRU table evicted some).
+    pub fn waiting(&self) -> u64 {
+        self.established
+            .saturating_sub(self.claimed + self.closed_unclaimed)
+    }
+
+    /// Requests read and not answered now (same caveat).
+    pub fn pending(&self) -> u64 {
+        self.requests
+            .saturating_sub(self.answered.min(self.requests) + self.closed_pending)
     }
 }
 

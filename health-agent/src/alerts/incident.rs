@@ -226,8 +226,8 @@ impl Event {
             recommendation: snap.decision.recommendation,
             reasons: snap.decision.reasons.clone(),
             faults: snap.decision.faults.clone(),
-            brief: snap.brief.clone(),
-            full: snap.full.clone(),
+            brief: snap.body(crate::snapshot::Rendering::Brief).clone(),
+            full: snap.body(crate::snapshot::Rendering::Full).clone(),
             evidence,
         }
     }

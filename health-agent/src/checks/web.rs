@@ -338,7 +338,13 @@ pub struct WebMonitor {
     probe_failing_since: Option<Instant>,
     last_probe: Option<ProbeResult>,
     drops_baseline: Option<net::ListenDrops>,
+    /// Host-wide counters change slowly and only inform: read every DROPS_EVERY, not per tick.
+    drops_seen: Option<(Instant, net::ListenDrops)>,
+    owner_name: Option<String>,
+    last_verdict: WebVerdict,
 }
+
+const DROPS_EVERY: Duration = Duration::from_secs(2);
 
 impl WebMonitor {
     /// Loads the kernel programs when configured; a failure leaves the monitor running on
@@ -394,11 +400,24 @@ impl WebMonitor {
             probe_failing_since: None,
             last_probe: None,
             drops_baseline: net::listen_drops().ok(),
+            drops_seen: None,
+            owner_name: None,
+            last_verdict: WebVerdict::Unknown,
         }
     }
 
     pub fn kernel_active(&self) -> bool {
         self.kernel.is_some()
+    }
+
+    /// Whether the backend needs watching every tick: connections wait or requests are
+    /// pending (one map read), the accept queue was non-empty, or the last verdict was bad.
+    pub fn hot(&self) -> bool {
+        matches!(
+            self.last_verdict,
+            WebVerdict::Slow | WebVerdict::Hung | WebVerdict::Unresponsive | WebVerdict::Down
+        ) || self.queue_busy_since.is_some()
+            || self.kernel.as_ref().is_some_and(KernelView::in_flight)
     }
 
     /// Takes in a new probe result (the probe runs on its own cadence).
@@ -434,10 +453,12 @@ impl WebMonitor {
             if first.inode != self.owners_inode || self.owners.is_empty() {
                 self.owners = net::socket_owners(first.inode, &[]);
                 self.owners_inode = first.inode;
+                self.owner_name = self.owners.first().and_then(|&p| net::process_name(p));
             }
         } else {
             self.owners.clear();
             self.owners_inode = 0;
+            self.owner_name = None;
         }
 
         let sample = self.kernel.as_ref().map(KernelView::sample);
@@ -467,8 +488,16 @@ impl WebMonitor {
                 .map(|s| now.saturating_duration_since(s)),
         };
         let (verdict, detail) = decide(&evidence, &self.cfg);
-        let drops = net::listen_drops().ok();
-        let (overflows, dropped) = match (drops, self.drops_baseline) {
+        self.last_verdict = verdict;
+        let stale = self
+            .drops_seen
+            .is_none_or(|(t, _)| now.saturating_duration_since(t) >= DROPS_EVERY);
+        if stale {
+            if let Ok(d) = net::listen_drops() {
+                self.drops_seen = Some((now, d));
+            }
+        }
+        let (overflows, dropped) = match (self.drops_seen.map(|(_, d)| d), self.drops_baseline) {
             (Some(d), Some(b)) => (
                 d.overflows.saturating_sub(b.overflows),
                 d.drops.saturating_sub(b.drops),
@@ -481,7 +510,7 @@ impl WebMonitor {
             detail,
             listening,
             pids: self.owners.clone(),
-            process: self.owners.first().and_then(|&p| net::process_name(p)),
+            process: self.owner_name.clone(),
             accept_queue: queue,
             accept_queue_max: queue_max,
             listen_overflows: overflows,

@@ -228,8 +228,18 @@ impl KernelView {
         })
     }
 
-    pub fn programs(&self) -> usize {
-        PROGRAMS.len()
+    /// Whether any watched port has connections waiting or requests pending: one map read,
+    /// cheap enough for every tick.
+    pub fn in_flight(&self) -> bool {
+        self.ports.iter().any(|&(_, slot)| {
+            self.counters.get(&slot, 0).is_ok_and(|per_cpu| {
+                let mut c = PortCounters::default();
+                for v in per_cpu.iter() {
+                    c.add(v);
+                }
+                c.waiting() > 0 || c.pending() > 0
+            })
+        })
     }
 
     /// Reads every map once. Cost grows with the connection table only while connections wait
@@ -263,10 +273,9 @@ impl KernelView {
             })
             .collect();
 
-        let maybe_busy = ports.iter().any(|p| {
-            let c = &p.counters;
-            c.established > c.claimed + c.closed_unclaimed || c.requests > c.answered
-        });
+        let maybe_busy = ports
+            .iter()
+            .any(|p| p.counters.waiting() > 0 || p.counters.pending() > 0);
         if maybe_busy {
             for entry in self.conns.iter() {
                 let Ok((_, conn)) = entry else { continue };
