@@ -219,6 +219,10 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
         last_full: started,
         alerts: Alerts::start(&cfg.alerts, alerts::hostname(), shutdown.clone()),
     };
+    // The first snapshot should not say "disk unknown" only because the disk check has not
+    // had its first turn yet: give it up to its timeout.
+    let mut first_disk = composer.disk.clone();
+    let _ = tokio::time::timeout(timeout, first_disk.wait_for(Option::is_some)).await;
     let now = Instant::now();
     let first = composer.compose(now);
     if let Some(a) = composer.alerts.as_mut() {

@@ -17,7 +17,9 @@ fn full_disk_turns_503_with_reason_then_200_after_cleanup() {
         "[checks]\ninterval = \"200ms\"\nrecover_after = \"1s\"\n[disk]\npaths = [{:?}]\n",
         fs.path.display().to_string()
     ));
-    let (code, body) = agent.wait_health(WAIT, "200 on an empty tmpfs", |c, _| c == 200);
+    let (code, body) = agent.wait_health(WAIT, "200 on an empty tmpfs", |c, b| {
+        c == 200 && b["checks"]["disk"] != "unknown"
+    });
     assert_eq!(body["checks"]["disk"], "ok", "{body}");
 
     // 3.7 MiB of 4 MiB: past the 90 % fail threshold.
@@ -49,7 +51,8 @@ fn disk_between_warn_and_fail_is_200_degraded() {
         "[checks]\ninterval = \"200ms\"\n[disk]\npaths = [{:?}]\n",
         fs.path.display().to_string()
     ));
-    let (code, body) = agent.wait_health(WAIT, "degraded", |_, b| b["status"] == "degraded");
+    let (code, body) = agent.wait_health(WAIT, "degraded", |_, b| b["checks"]["disk"] == "warning");
+    assert_eq!(body["status"], "degraded");
     assert_eq!(code, 200);
     assert_eq!(body["checks"]["disk"], "warning");
     assert_eq!(body["recommendation"], "stable");
