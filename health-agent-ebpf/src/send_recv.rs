@@ -1,49 +1,46 @@
-//! `sock:sock_recv_length` / `sock:sock_send_length` (6.3+, layout read from tracefs; written
-//! against 6.18). They run in the calling process's context, so they say who claimed a
-//! connection, when its first request byte was read and when its first response byte left.
-//! This area owns the server-latency histogram.
+//! `sock_recv_length` / `sock_send_length` as raw tracepoints (6.3+; `TP_PROTO(struct sock *sk,
+//! int ret, int flags)`, read against 6.18). They fire for every socket read and write on the
+//! box, so they take the raw form: the kernel hands over the prototype's arguments without
+//! building a trace record, and no field offsets are needed. They run in the calling process's
+//! context, so they say who claimed a connection, when its first request byte was read and when
+//! its first response byte left. This area owns the server-latency histogram.
 
 use aya_ebpf::{
     helpers::bpf_get_current_pid_tgid,
-    macros::{map, tracepoint},
+    macros::{map, raw_tracepoint},
     maps::PerCpuArray,
-    programs::TracePointContext,
+    programs::RawTracePointContext,
 };
 use health_common::{latency_bucket, LatencyHist, LATENCY_BUCKETS, MAX_PORTS};
 
 use crate::{
-    field, now_ns, offsets,
+    now_ns,
     tcp_state::{counters, CONNS},
 };
 
 #[map]
 static LATENCY: PerCpuArray<LatencyHist> = PerCpuArray::with_max_entries(MAX_PORTS, 0);
 
-#[tracepoint]
-pub fn sock_recv_length(ctx: TracePointContext) -> u32 {
+#[raw_tracepoint(tracepoint = "sock_recv_length")]
+pub fn sock_recv_length(ctx: RawTracePointContext) -> i32 {
     let _ = try_io(&ctx, false);
     0
 }
 
-#[tracepoint]
-pub fn sock_send_length(ctx: TracePointContext) -> u32 {
+#[raw_tracepoint(tracepoint = "sock_send_length")]
+pub fn sock_send_length(ctx: RawTracePointContext) -> i32 {
     let _ = try_io(&ctx, true);
     0
 }
 
-fn try_io(ctx: &TracePointContext, send: bool) -> Option<()> {
-    let off = offsets()?;
-    let (sk_off, ret_off) = if send {
-        (off.send_sk, off.send_ret)
-    } else {
-        (off.recv_sk, off.recv_ret)
-    };
+fn try_io(ctx: &RawTracePointContext, send: bool) -> Option<()> {
+    // Arguments arrive as u64 slots; `int ret` sits zero-extended in the low half.
+    let ret = ctx.arg::<u64>(1) as u32 as i32;
     // EAGAIN, errors and EOF move nothing.
-    let ret: i32 = field(ctx, ret_off)?;
     if ret <= 0 {
         return None;
     }
-    let sk: u64 = field(ctx, sk_off)?;
+    let sk: u64 = ctx.arg(0);
     // Every socket read/write on the box passes here: one hash lookup decides.
     let conn = unsafe { &mut *CONNS.get_ptr_mut(sk)? };
     let now = now_ns();

@@ -40,18 +40,22 @@ pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
 
 fn try_inet_sock_set_state(ctx: &TracePointContext) -> Option<()> {
     let off = offsets()?;
+    // Most transitions (SYN_SENT, FIN_WAIT*, TIME_WAIT, ...) concern nobody here: one read and
+    // out, before anything else is looked at.
+    let newstate: i32 = field(ctx, off.state_newstate)?;
+    if newstate != TCP_CLOSE && newstate != TCP_ESTABLISHED {
+        return None;
+    }
     let protocol: u16 = field(ctx, off.state_protocol)?;
     if protocol != IPPROTO_TCP {
         return None;
     }
-    let newstate: i32 = field(ctx, off.state_newstate)?;
     let sk: u64 = field(ctx, off.state_skaddr)?;
-
     if newstate == TCP_CLOSE {
         return on_close(sk);
     }
     let oldstate: i32 = field(ctx, off.state_oldstate)?;
-    if oldstate != TCP_SYN_RECV || newstate != TCP_ESTABLISHED {
+    if oldstate != TCP_SYN_RECV {
         return None;
     }
     // Child sockets carry the listener's port as their local port (host byte order here).

@@ -193,6 +193,7 @@ pub struct AcceptStat {
 
 /// Byte offsets of the tracepoint record fields the programs read. Record layouts change
 /// between kernel versions, so user space reads them from tracefs `format` files at start-up.
+/// (The send/receive hooks are raw tracepoints: they get the prototype's arguments instead.)
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TracepointOffsets {
@@ -201,18 +202,7 @@ pub struct TracepointOffsets {
     pub state_oldstate: u32,
     pub state_newstate: u32,
     pub state_sport: u32,
-    pub state_family: u32,
     pub state_protocol: u32,
-    /// sock:sock_send_length
-    pub send_sk: u32,
-    pub send_family: u32,
-    pub send_protocol: u32,
-    pub send_ret: u32,
-    /// sock:sock_recv_length
-    pub recv_sk: u32,
-    pub recv_family: u32,
-    pub recv_protocol: u32,
-    pub recv_ret: u32,
     /// syscalls:sys_enter_accept4 / sys_enter_accept (`fd`)
     pub accept_enter_fd: u32,
     /// syscalls:sys_exit_accept4 / sys_exit_accept (`ret`)

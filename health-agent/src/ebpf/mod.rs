@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray},
-    programs::TracePoint,
+    programs::{RawTracePoint, TracePoint},
     Ebpf, EbpfLoader,
 };
 use health_common::{
@@ -34,16 +34,18 @@ pub enum KernelError {
     TooManyPorts,
 }
 
-/// (program, tracepoint category, tracepoint name)
-const PROGRAMS: [(&str, &str, &str); 7] = [
+/// Classic tracepoints: (program, category, tracepoint).
+const PROGRAMS: [(&str, &str, &str); 5] = [
     ("inet_sock_set_state", "sock", "inet_sock_set_state"),
-    ("sock_recv_length", "sock", "sock_recv_length"),
-    ("sock_send_length", "sock", "sock_send_length"),
     ("sys_enter_accept4", "syscalls", "sys_enter_accept4"),
     ("sys_exit_accept4", "syscalls", "sys_exit_accept4"),
     ("sys_enter_accept", "syscalls", "sys_enter_accept"),
     ("sys_exit_accept", "syscalls", "sys_exit_accept"),
 ];
+
+/// Raw tracepoints (program = tracepoint): every socket read and write passes them, and the raw
+/// form skips building a trace record.
+const RAW_PROGRAMS: [&str; 2] = ["sock_recv_length", "sock_send_length"];
 
 /// What the kernel saw for one watched port, at one instant.
 #[derive(Debug, Clone, Default)]
@@ -110,8 +112,11 @@ where
 fn read_offsets(root: &std::path::Path) -> Result<TracepointOffsets, KernelError> {
     use tracefs::Format;
     let state = Format::read(root, "sock", "inet_sock_set_state")?;
-    let send = Format::read(root, "sock", "sock_send_length")?;
-    let recv = Format::read(root, "sock", "sock_recv_length")?;
+    // Raw tracepoints need no offsets, but their absence should read as clearly as a missing
+    // record field: sock_{send,recv}_length arrived in Linux 6.3.
+    for name in RAW_PROGRAMS {
+        Format::read(root, "sock", name)?;
+    }
     let enter = Format::read(root, "syscalls", "sys_enter_accept4")?;
     let exit = Format::read(root, "syscalls", "sys_exit_accept4")?;
     // The plain accept pair must share the accept4 layout: one offset serves both.
@@ -131,16 +136,7 @@ fn read_offsets(root: &std::path::Path) -> Result<TracepointOffsets, KernelError
         state_oldstate: state.offset("oldstate", 4)?,
         state_newstate: state.offset("newstate", 4)?,
         state_sport: state.offset("sport", 2)?,
-        state_family: state.offset("family", 2)?,
         state_protocol: state.offset("protocol", 2)?,
-        send_sk: send.offset("sk", 8)?,
-        send_family: send.offset("family", 2)?,
-        send_protocol: send.offset("protocol", 2)?,
-        send_ret: send.offset("ret", 4)?,
-        recv_sk: recv.offset("sk", 8)?,
-        recv_family: recv.offset("family", 2)?,
-        recv_protocol: recv.offset("protocol", 2)?,
-        recv_ret: recv.offset("ret", 4)?,
         accept_enter_fd,
         accept_exit_ret,
         ready: 1,
@@ -209,11 +205,28 @@ impl KernelView {
                 .attach(category, tracepoint)
                 .map_err(|source| KernelError::Program { name, source })?;
         }
+        for name in RAW_PROGRAMS {
+            let program: &mut RawTracePoint = ebpf
+                .program_mut(name)
+                .ok_or(KernelError::Program {
+                    name,
+                    source: aya::programs::ProgramError::UnexpectedProgramType,
+                })?
+                .try_into()
+                .map_err(|source| KernelError::Program { name, source })?;
+            program
+                .load()
+                .map_err(|source| KernelError::Program { name, source })?;
+            program
+                .attach(name)
+                .map_err(|source| KernelError::Program { name, source })?;
+        }
         tracing::info!(
             ?ports,
             max_conns,
-            "kernel programs attached ({} tracepoints)",
-            PROGRAMS.len()
+            "kernel programs attached ({} tracepoints, {} raw tracepoints)",
+            PROGRAMS.len(),
+            RAW_PROGRAMS.len()
         );
         // The offsets/watched maps stay referenced by the loaded programs; our handles can go.
         drop((offsets_map, watched));
