@@ -205,3 +205,32 @@ fn saturated_but_working_server_is_never_hung() {
     let (_, body) = agent.wait_health(WAIT, "all served", |_, b| counters(b)["answered"] == 60);
     assert_eq!(counters(&body)["accepted"], 60);
 }
+
+#[test]
+fn connection_flood_evicts_instead_of_failing() {
+    require_root();
+    // A table of 64 connections and 300 held open at once: the LRU table must evict, the
+    // agent keep answering, and nothing fail or grow.
+    let backend = Fixture::start("normal");
+    let agent = Agent::start(&format!(
+        "[web]\nport = {}\nmax_connections_tracked = 64\n",
+        backend.port
+    ));
+    let held: Vec<std::net::TcpStream> = (0..300)
+        .filter_map(|_| std::net::TcpStream::connect(("127.0.0.1", backend.port)).ok())
+        .collect();
+    assert_eq!(held.len(), 300);
+    assert_eq!(requests(backend.port, 20, "/"), 20);
+    let (code, body) = agent.wait_health(WAIT, "the flood counted", |_, b| {
+        counters(b)["established"].as_u64().unwrap_or(0) >= 320
+    });
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["checks"]["webserver"], "up");
+    assert_eq!(body["details"]["web"]["kernel"]["state"], "active");
+    drop(held);
+    assert!(
+        !agent.logs().contains("insert failed"),
+        "an LRU table never refuses an insert: {}",
+        agent.logs()
+    );
+}
