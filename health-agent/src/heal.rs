@@ -182,28 +182,16 @@ impl Healer {
                         });
                         self.state = State::Waiting { started };
                     }
-                    Err(e) => {
-                        self.finish_last("failed", Some(e), started, now);
-                        self.log.total_failed += 1;
-                        self.incident_failed = true;
-                        self.state = State::Failed;
-                    }
+                    Err(e) => self.fail(e, started, now),
                 }
             } else if now.saturating_duration_since(*started) > self.cfg.timeout {
                 task.abort();
                 let started = *started;
-                self.finish_last(
-                    "failed",
-                    Some(format!(
-                        "restart did not finish within {}s",
-                        self.cfg.timeout.as_secs()
-                    )),
-                    started,
-                    now,
+                let e = format!(
+                    "restart did not finish within {}s",
+                    self.cfg.timeout.as_secs()
                 );
-                self.log.total_failed += 1;
-                self.incident_failed = true;
-                self.state = State::Failed;
+                self.fail(e, started, now);
             } else {
                 return self.phase();
             }
@@ -225,19 +213,12 @@ impl Healer {
                 if now.saturating_duration_since(started) <= self.cfg.timeout {
                     return self.phase();
                 }
-                self.finish_last(
-                    "failed",
-                    Some(format!(
-                        "still faulty ({}) {}s after the restart",
-                        decision.reasons.join("; "),
-                        self.cfg.timeout.as_secs()
-                    )),
-                    started,
-                    now,
+                let e = format!(
+                    "still faulty ({}) {}s after the restart",
+                    decision.reasons.join("; "),
+                    self.cfg.timeout.as_secs()
                 );
-                self.log.total_failed += 1;
-                self.incident_failed = true;
-                self.state = State::Failed;
+                self.fail(e, started, now);
                 self.try_start(fault, decision, faulty_containers, now)
             }
             State::Idle | State::Failed => self.try_start(fault, decision, faulty_containers, now),
@@ -305,6 +286,14 @@ impl Healer {
         let task = tokio::spawn(async move { run(action, docker, timeout).await });
         self.state = State::Running { started: now, task };
         self.phase()
+    }
+
+    /// The current attempt failed: log it, and answer 503 for the rest of this incident.
+    fn fail(&mut self, error: String, started: Instant, now: Instant) {
+        self.finish_last("failed", Some(error), started, now);
+        self.log.total_failed += 1;
+        self.incident_failed = true;
+        self.state = State::Failed;
     }
 
     fn update_last(&mut self, f: impl FnOnce(&mut HealAttempt)) {

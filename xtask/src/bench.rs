@@ -274,20 +274,20 @@ pub fn run(args: &Args) -> Result<()> {
     let mut peak = 0.0f64;
     let mut worst_ratio = f64::MAX;
     for conns in [1u32, 10, 50, 200] {
-        let a = wrk(
-            &format!("http://127.0.0.1:{agent_port}/health"),
-            conns,
-            secs,
-            &[],
-            None,
-        )?;
-        let n = wrk(
-            &format!("http://127.0.0.1:{ceiling_port}/health"),
-            conns,
-            secs,
-            &[],
-            None,
-        )?;
+        // Alternate agent and nginx twice and keep each one's better run: on a shared 2-core VM
+        // a single run can lose 15 % to a neighbour.
+        let health_url = format!("http://127.0.0.1:{agent_port}/health");
+        let ceiling_url = format!("http://127.0.0.1:{ceiling_port}/health");
+        let mut a = wrk(&health_url, conns, secs, &[], None)?;
+        let mut n = wrk(&ceiling_url, conns, secs, &[], None)?;
+        let a2 = wrk(&health_url, conns, secs, &[], None)?;
+        let n2 = wrk(&ceiling_url, conns, secs, &[], None)?;
+        if a2.rps > a.rps {
+            a = a2;
+        }
+        if n2.rps > n.rps {
+            n = n2;
+        }
         if a.non_2xx + a.errors > 0 {
             bail!(
                 "/health answered {} non-2xx and {} socket errors under load",
@@ -345,7 +345,7 @@ pub fn run(args: &Args) -> Result<()> {
         "## 1. `/health` against nginx serving the same {}-byte body\n",
         body.len()
     );
-    md.push_str("Both on loopback, measured back to back with the same wrk settings (`wrk -t2 -cC -d5s --latency`; wrk shares the 2 cores). nginx: 2 workers, static file.\n\n");
+    md.push_str("Both on loopback, with the same wrk settings (`wrk -t2 -cC -d5s --latency`; wrk shares the 2 cores), alternating agent, nginx, agent, nginx and keeping each one's better run. nginx: 2 workers, static file.\n\n");
     md.push_str("| connections | agent req/s | agent p50 ms | agent p99 ms | nginx req/s | nginx p50 ms | nginx p99 ms | agent/nginx |\n|---|---|---|---|---|---|---|---|\n");
     md.push_str(&rows);
     let _ = writeln!(
@@ -486,7 +486,7 @@ pub fn run(args: &Args) -> Result<()> {
     ] {
         let mut without = Vec::new();
         let mut with = Vec::new();
-        for _ in 0..2 {
+        for _ in 0..3 {
             without.push(
                 wrk(
                     &format!("http://127.0.0.1:{nport}/index.html"),
@@ -528,7 +528,7 @@ pub fn run(args: &Args) -> Result<()> {
         );
     }
     md.push_str("## 3. Backend throughput with the agent's kernel programs attached\n\n");
-    let _ = writeln!(md, "nginx (1 worker, 1 KiB static file) under `wrk -t2 -c50 -d{tsecs}s`, alternating without / with the agent (two runs each, mean). With the agent, every socket send/receive on the box passes its raw tracepoints, and every TCP state change and accept its tracepoints. The box is saturated (wrk and nginx share the 2 cores), so every nanosecond the hooks take shows up as lost requests.\n");
+    let _ = writeln!(md, "nginx (1 worker, 1 KiB static file) under `wrk -t2 -c50 -d{tsecs}s`, alternating without / with the agent (three runs each, mean). With the agent, every socket send/receive on the box passes its raw tracepoints, and every TCP state change and accept its tracepoints. The box is saturated (wrk and nginx share the 2 cores), so every nanosecond the hooks take shows up as lost requests.\n");
     md.push_str("| traffic | without agent req/s | with agent req/s | ratio | target |\n|---|---|---|---|---|\n");
     md.push_str(&table3);
 
@@ -658,6 +658,17 @@ fn stubborn_receiver() -> Result<(u16, Arc<std::sync::Mutex<Vec<u16>>>)> {
     Ok((port, log))
 }
 
+fn wait_infrastructure_issue(port: u16) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while health(port)?.1["recommendation"] != "infrastructure_issue" {
+        if Instant::now() > deadline {
+            bail!("the database outage was not seen");
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
+}
+
 /// /health p99 with a database outage (200 degraded, an incident) and no alert destination,
 /// then the same with a webhook that answers 429 → 500 → 200, stalling 1 s each time.
 fn alerts_under_stall(agent_bin: &Path, dir: &Path, secs: u32) -> Result<(String, bool)> {
@@ -675,13 +686,7 @@ fn alerts_under_stall(agent_bin: &Path, dir: &Path, secs: u32) -> Result<(String
         &dir.join("alerts-off.log"),
         p1,
     )?;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while health(p1)?.1["recommendation"] != "infrastructure_issue" {
-        if Instant::now() > deadline {
-            bail!("the database outage was not seen");
-        }
-        thread::sleep(Duration::from_millis(100));
-    }
+    wait_infrastructure_issue(p1)?;
     let quiet = wrk(
         &format!("http://127.0.0.1:{p1}/health"),
         10,
@@ -703,13 +708,7 @@ fn alerts_under_stall(agent_bin: &Path, dir: &Path, secs: u32) -> Result<(String
         &dir.join("alerts-on.log"),
         p2,
     )?;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while health(p2)?.1["recommendation"] != "infrastructure_issue" {
-        if Instant::now() > deadline {
-            bail!("the database outage was not seen");
-        }
-        thread::sleep(Duration::from_millis(100));
-    }
+    wait_infrastructure_issue(p2)?;
     // The delivery (1 s stall, 429, Retry-After 1 s, 1 s stall, 500, backoff, 1 s stall, 200)
     // runs during this measurement.
     let busy = wrk(

@@ -248,6 +248,35 @@ fn snippet(body: &[u8]) -> String {
     }
 }
 
+/// A destination that takes each message as one JSON POST to a fixed URL (Slack, PagerDuty,
+/// the generic webhook), paced and with its secrets kept out of errors.
+pub struct JsonPost {
+    url: String,
+    pacer: Pacer,
+    secrets: super::redact::Secrets,
+}
+
+impl JsonPost {
+    pub fn new(url: &str, pacer: Pacer, secrets: super::redact::Secrets) -> Self {
+        Self {
+            url: url.to_string(),
+            pacer,
+            secrets,
+        }
+    }
+
+    pub fn secrets(&self) -> &super::redact::Secrets {
+        &self.secrets
+    }
+
+    pub async fn post(&mut self, http: &Http, body: &serde_json::Value) -> Result<(), String> {
+        let url = &self.url;
+        http.send(&mut self.pacer, &self.secrets, |c| c.post(url).json(body))
+            .await
+            .map(drop)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

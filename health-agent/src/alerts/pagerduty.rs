@@ -8,7 +8,7 @@ use std::time::SystemTime;
 use serde_json::{json, Value};
 
 use super::{
-    http::{Http, Pacer},
+    http::{Http, JsonPost, Pacer},
     incident::{truncate, Event, Kind},
     redact::Secrets,
 };
@@ -17,10 +17,8 @@ use crate::snapshot::rfc3339;
 const SUMMARY_LIMIT: usize = 1024;
 
 pub struct PagerDuty {
-    url: String,
     routing_key: String,
-    pacer: Pacer,
-    secrets: Secrets,
+    endpoint: JsonPost,
 }
 
 pub fn payload(ev: &Event, routing_key: &str) -> Value {
@@ -62,27 +60,18 @@ fn test_key(host: &str) -> String {
 impl PagerDuty {
     pub fn new(url: &str, routing_key: &str, pacer: Pacer) -> Self {
         Self {
-            url: url.to_string(),
             routing_key: routing_key.to_string(),
-            pacer,
-            secrets: Secrets::new().with(routing_key).with_url(url),
+            endpoint: JsonPost::new(url, pacer, Secrets::new().with(routing_key).with_url(url)),
         }
     }
 
     pub fn secrets(&self) -> &Secrets {
-        &self.secrets
-    }
-
-    async fn post(&mut self, http: &Http, body: &Value) -> Result<(), String> {
-        let url = &self.url;
-        http.send(&mut self.pacer, &self.secrets, |c| c.post(url).json(body))
-            .await
-            .map(drop)
+        self.endpoint.secrets()
     }
 
     pub async fn deliver(&mut self, http: &Http, ev: &Event) -> Result<(), String> {
         let body = payload(ev, &self.routing_key);
-        self.post(http, &body).await
+        self.endpoint.post(http, &body).await
     }
 
     /// An `info` trigger and, at once, its resolve: proves the key works and leaves nothing
@@ -103,12 +92,12 @@ impl PagerDuty {
                 "class": "test",
             },
         });
-        self.post(http, &trigger).await?;
+        self.endpoint.post(http, &trigger).await?;
         let resolve = json!({
             "routing_key": self.routing_key,
             "event_action": "resolve",
             "dedup_key": test_key(host),
         });
-        self.post(http, &resolve).await
+        self.endpoint.post(http, &resolve).await
     }
 }

@@ -5,15 +5,13 @@
 use serde_json::{json, Value};
 
 use super::{
-    http::{Http, Pacer},
+    http::{Http, JsonPost, Pacer},
     incident::{human, Event, Kind},
     redact::Secrets,
 };
 
 pub struct Slack {
-    url: String,
-    pacer: Pacer,
-    secrets: Secrets,
+    endpoint: JsonPost,
 }
 
 /// Slack's mrkdwn control characters.
@@ -64,28 +62,19 @@ pub fn test_payload(host: &str) -> Value {
 impl Slack {
     pub fn new(url: &str, pacer: Pacer) -> Self {
         Self {
-            url: url.to_string(),
-            pacer,
-            secrets: Secrets::new().with_url(url),
+            endpoint: JsonPost::new(url, pacer, Secrets::new().with_url(url)),
         }
     }
 
     pub fn secrets(&self) -> &Secrets {
-        &self.secrets
-    }
-
-    async fn post(&mut self, http: &Http, body: &Value) -> Result<(), String> {
-        let url = &self.url;
-        http.send(&mut self.pacer, &self.secrets, |c| c.post(url).json(body))
-            .await
-            .map(drop)
+        self.endpoint.secrets()
     }
 
     pub async fn deliver(&mut self, http: &Http, ev: &Event) -> Result<(), String> {
-        self.post(http, &payload(ev)).await
+        self.endpoint.post(http, &payload(ev)).await
     }
 
     pub async fn send_test(&mut self, http: &Http, host: &str) -> Result<(), String> {
-        self.post(http, &test_payload(host)).await
+        self.endpoint.post(http, &test_payload(host)).await
     }
 }

@@ -8,16 +8,14 @@ use std::time::SystemTime;
 use serde_json::{json, Value};
 
 use super::{
-    http::{Http, Pacer},
+    http::{Http, JsonPost, Pacer},
     incident::{Event, Kind},
     redact::Secrets,
 };
 use crate::snapshot::rfc3339;
 
 pub struct Webhook {
-    url: String,
-    pacer: Pacer,
-    secrets: Secrets,
+    endpoint: JsonPost,
 }
 
 pub fn payload(ev: &Event) -> Value {
@@ -61,28 +59,19 @@ pub fn test_payload(host: &str) -> Value {
 impl Webhook {
     pub fn new(url: &str, pacer: Pacer) -> Self {
         Self {
-            url: url.to_string(),
-            pacer,
-            secrets: Secrets::new().with_url(url),
+            endpoint: JsonPost::new(url, pacer, Secrets::new().with_url(url)),
         }
     }
 
     pub fn secrets(&self) -> &Secrets {
-        &self.secrets
-    }
-
-    async fn post(&mut self, http: &Http, body: &Value) -> Result<(), String> {
-        let url = &self.url;
-        http.send(&mut self.pacer, &self.secrets, |c| c.post(url).json(body))
-            .await
-            .map(drop)
+        self.endpoint.secrets()
     }
 
     pub async fn deliver(&mut self, http: &Http, ev: &Event) -> Result<(), String> {
-        self.post(http, &payload(ev)).await
+        self.endpoint.post(http, &payload(ev)).await
     }
 
     pub async fn send_test(&mut self, http: &Http, host: &str) -> Result<(), String> {
-        self.post(http, &test_payload(host)).await
+        self.endpoint.post(http, &test_payload(host)).await
     }
 }

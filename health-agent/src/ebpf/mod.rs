@@ -108,6 +108,43 @@ where
     T::try_from(map).map_err(map_err(name))
 }
 
+/// The program `name` of the object, loaded into the kernel and ready to attach.
+fn program<'a, P>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut P, KernelError>
+where
+    &'a mut P: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+    P: LoadProgram + 'a,
+{
+    let program: &mut P = ebpf
+        .program_mut(name)
+        .ok_or(KernelError::Program {
+            name,
+            source: aya::programs::ProgramError::UnexpectedProgramType,
+        })?
+        .try_into()
+        .map_err(|source| KernelError::Program { name, source })?;
+    program
+        .load_program()
+        .map_err(|source| KernelError::Program { name, source })?;
+    Ok(program)
+}
+
+/// aya's program types each have their own `load`; this names the one both hook kinds share.
+trait LoadProgram {
+    fn load_program(&mut self) -> Result<(), aya::programs::ProgramError>;
+}
+
+impl LoadProgram for TracePoint {
+    fn load_program(&mut self) -> Result<(), aya::programs::ProgramError> {
+        self.load()
+    }
+}
+
+impl LoadProgram for RawTracePoint {
+    fn load_program(&mut self) -> Result<(), aya::programs::ProgramError> {
+        self.load()
+    }
+}
+
 /// Reads the record offsets of every tracepoint the programs use.
 fn read_offsets(root: &std::path::Path) -> Result<TracepointOffsets, KernelError> {
     use tracefs::Format;
@@ -190,34 +227,12 @@ impl KernelView {
         let accepts = take(&mut ebpf, maps::ACCEPTS)?;
 
         for (name, category, tracepoint) in PROGRAMS {
-            let program: &mut TracePoint = ebpf
-                .program_mut(name)
-                .ok_or(KernelError::Program {
-                    name,
-                    source: aya::programs::ProgramError::UnexpectedProgramType,
-                })?
-                .try_into()
-                .map_err(|source| KernelError::Program { name, source })?;
-            program
-                .load()
-                .map_err(|source| KernelError::Program { name, source })?;
-            program
+            program::<TracePoint>(&mut ebpf, name)?
                 .attach(category, tracepoint)
                 .map_err(|source| KernelError::Program { name, source })?;
         }
         for name in RAW_PROGRAMS {
-            let program: &mut RawTracePoint = ebpf
-                .program_mut(name)
-                .ok_or(KernelError::Program {
-                    name,
-                    source: aya::programs::ProgramError::UnexpectedProgramType,
-                })?
-                .try_into()
-                .map_err(|source| KernelError::Program { name, source })?;
-            program
-                .load()
-                .map_err(|source| KernelError::Program { name, source })?;
-            program
+            program::<RawTracePoint>(&mut ebpf, name)?
                 .attach(name)
                 .map_err(|source| KernelError::Program { name, source })?;
         }
