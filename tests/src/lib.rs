@@ -769,7 +769,12 @@ pub struct Postgres {
 const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
 
 fn as_postgres(args: &[&str]) -> std::process::Output {
-    Command::new("runuser")
+    // By path: /usr/sbin is not on every PATH.
+    let runuser = ["/usr/sbin/runuser", "/sbin/runuser"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .unwrap_or("runuser");
+    Command::new(runuser)
         .args(["-u", "postgres", "--"])
         .args(args)
         .output()
