@@ -678,45 +678,31 @@ fn alerts_under_stall(agent_bin: &Path, dir: &Path, secs: u32) -> Result<(String
             "[server]\nlisten = \"127.0.0.1:{port}\"\n\n[checks]\nboot_grace = \"0s\"\n\n[database]\nurl = \"postgres://app@127.0.0.1:{dead_db}/app\"\ninterval = \"1s\"\ntimeout = \"500ms\"\nfail_after = 1\n"
         )
     };
-    let p1 = free_port()?;
-    fs::write(dir.join("alerts-off.toml"), base(p1))?;
-    let agent = start_agent(
-        agent_bin,
-        &dir.join("alerts-off.toml"),
-        &dir.join("alerts-off.log"),
-        p1,
-    )?;
-    wait_infrastructure_issue(p1)?;
-    let quiet = wrk(
-        &format!("http://127.0.0.1:{p1}/health"),
-        10,
-        secs,
-        &[],
-        None,
-    )?;
+    // One agent per configuration, measured once its incident is open; the agent stays up
+    // (returned) so a delivery still in flight can finish.
+    let measure = |name: &str, extra: &str| -> Result<(Proc, Wrk)> {
+        let port = free_port()?;
+        let cfg = dir.join(format!("{name}.toml"));
+        fs::write(&cfg, base(port) + extra)?;
+        let agent = start_agent(agent_bin, &cfg, &dir.join(format!("{name}.log")), port)?;
+        wait_infrastructure_issue(port)?;
+        let w = wrk(
+            &format!("http://127.0.0.1:{port}/health"),
+            10,
+            secs,
+            &[],
+            None,
+        )?;
+        Ok((agent, w))
+    };
+    let (agent, quiet) = measure("alerts-off", "")?;
     drop(agent);
-
     let (rport, statuses) = stubborn_receiver()?;
-    let p2 = free_port()?;
-    fs::write(
-        dir.join("alerts-on.toml"),
-        base(p2) + &format!("\n[alerts]\nwebhook_url = \"http://127.0.0.1:{rport}/hook\"\n"),
-    )?;
-    let agent = start_agent(
-        agent_bin,
-        &dir.join("alerts-on.toml"),
-        &dir.join("alerts-on.log"),
-        p2,
-    )?;
-    wait_infrastructure_issue(p2)?;
     // The delivery (1 s stall, 429, Retry-After 1 s, 1 s stall, 500, backoff, 1 s stall, 200)
     // runs during this measurement.
-    let busy = wrk(
-        &format!("http://127.0.0.1:{p2}/health"),
-        10,
-        secs,
-        &[],
-        None,
+    let (agent, busy) = measure(
+        "alerts-on",
+        &format!("\n[alerts]\nwebhook_url = \"http://127.0.0.1:{rport}/hook\"\n"),
     )?;
     let deadline = Instant::now() + Duration::from_secs(30);
     let answered = loop {
