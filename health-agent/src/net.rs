@@ -134,9 +134,9 @@ pub fn listeners_on(port: u16) -> io::Result<Vec<Listener>> {
         .collect())
 }
 
-/// Finds the processes holding socket `inode` open. `hint` (a previous answer) is checked
-/// first so the full /proc scan only runs when ownership changed.
-pub fn socket_owners(inode: u64, hint: &[u32]) -> Vec<u32> {
+/// Finds the processes holding socket `inode` open (a scan of /proc/*/fd; the caller caches
+/// the answer per listener inode).
+pub fn socket_owners(inode: u64) -> Vec<u32> {
     let needle = format!("socket:[{inode}]");
     let owned_by = |pid: u32| -> bool {
         let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
@@ -145,9 +145,6 @@ pub fn socket_owners(inode: u64, hint: &[u32]) -> Vec<u32> {
         dir.filter_map(Result::ok)
             .any(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == needle.as_str()))
     };
-    if !hint.is_empty() && hint.iter().all(|&p| owned_by(p)) {
-        return hint.to_vec();
-    }
     let Ok(proc_dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -233,7 +230,7 @@ mod tests {
         assert_eq!(found.len(), 1, "{found:?}");
         assert_eq!(found[0].queue, 2, "two handshakes wait for accept()");
         assert_eq!(found[0].max_queue, 128.min(found[0].max_queue.max(1)));
-        let owners = socket_owners(found[0].inode, &[]);
+        let owners = socket_owners(found[0].inode);
         assert_eq!(owners, vec![std::process::id()]);
         let (_s, _) = l.accept().unwrap();
         assert_eq!(listeners_on(port).unwrap()[0].queue, 1);

@@ -486,29 +486,13 @@ pub fn run(args: &Args) -> Result<()> {
     ] {
         let mut without = Vec::new();
         let mut with = Vec::new();
+        let backend_url = format!("http://127.0.0.1:{nport}/index.html");
+        let load = || wrk(&backend_url, 50, tsecs, &extra, None).map(|w| w.rps);
         for _ in 0..3 {
-            without.push(
-                wrk(
-                    &format!("http://127.0.0.1:{nport}/index.html"),
-                    50,
-                    tsecs,
-                    &extra,
-                    None,
-                )?
-                .rps,
-            );
+            without.push(load()?);
             let agent = start_agent(&agent_bin, &cfg3, &dir.join("agent3.log"), aport3)?;
             thread::sleep(Duration::from_secs(1));
-            with.push(
-                wrk(
-                    &format!("http://127.0.0.1:{nport}/index.html"),
-                    50,
-                    tsecs,
-                    &extra,
-                    None,
-                )?
-                .rps,
-            );
+            with.push(load()?);
             let (_, b) = health(aport3)?;
             if b["details"]["web"]["kernel"]["state"] != "active" {
                 bail!("the kernel view was not active during the 'with agent' run");

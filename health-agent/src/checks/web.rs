@@ -406,10 +406,6 @@ impl WebMonitor {
         }
     }
 
-    pub fn kernel_active(&self) -> bool {
-        self.kernel.is_some()
-    }
-
     /// Whether the backend needs watching every tick: connections wait or requests are
     /// pending (one map read), the accept queue was non-empty, or the last verdict was bad.
     pub fn hot(&self) -> bool {
@@ -451,7 +447,7 @@ impl WebMonitor {
         }
         if let Some(first) = listeners.first() {
             if first.inode != self.owners_inode || self.owners.is_empty() {
-                self.owners = net::socket_owners(first.inode, &[]);
+                self.owners = net::socket_owners(first.inode);
                 self.owners_inode = first.inode;
                 self.owner_name = self.owners.first().and_then(|&p| net::process_name(p));
             }
