@@ -14,7 +14,7 @@ use aya_ebpf::{
 use health_common::{latency_bucket, LatencyHist, LATENCY_BUCKETS, MAX_PORTS};
 
 use crate::{
-    now_ns,
+    now_ns, offsets, port_watched, sock_port,
     tcp_state::{counters, CONNS},
 };
 
@@ -36,28 +36,44 @@ pub fn sock_send_length(ctx: RawTracePointContext) -> i32 {
 fn try_io(ctx: &RawTracePointContext, send: bool) -> Option<()> {
     // Arguments arrive as u64 slots; `int ret` sits zero-extended in the low half.
     let ret = ctx.arg::<u64>(1) as u32 as i32;
-    // EAGAIN, errors and EOF move nothing.
-    if ret <= 0 {
+    // Errors (EAGAIN included) move nothing. A read of 0 is end-of-file: the server took the
+    // connection and found no request in it.
+    if ret < 0 || (send && ret == 0) {
         return None;
     }
     let sk: u64 = ctx.arg(0);
-    // Every socket read/write on the box passes here: one hash lookup decides.
+    // Every socket read/write on the box passes here. The local port (one read, one bit)
+    // turns away the client side of every connection and every other server; without BTF
+    // offsets the hash lookup alone decides.
+    let off = offsets()?;
+    if off.sock_known == 1 && !port_watched(sock_port(off, sk)?) {
+        return None;
+    }
     let conn = unsafe { &mut *CONNS.get_ptr_mut(sk)? };
+    let first = if send {
+        conn.first_response_ns == 0
+    } else {
+        ret > 0 && conn.first_request_ns == 0
+    };
+    // Keep-alive traffic after its first exchange needs nothing more: no clock read, no
+    // counter.
+    if conn.claimed_ns != 0 && !first {
+        return None;
+    }
     let now = now_ns();
     let c = counters(conn.slot)?;
     if conn.claimed_ns == 0 {
         conn.claimed_ns = now;
         conn.pid = (bpf_get_current_pid_tgid() >> 32) as u32;
         c.claimed += 1;
+        c.last_claim_ns = now;
     }
-    if !send {
-        if conn.first_request_ns == 0 {
-            conn.first_request_ns = now;
-            c.requests += 1;
-        }
+    if !first {
         return Some(());
     }
-    if conn.first_response_ns != 0 {
+    if !send {
+        conn.first_request_ns = now;
+        c.requests += 1;
         return Some(());
     }
     conn.first_response_ns = now;

@@ -1,11 +1,16 @@
-//! `sock:inet_sock_set_state` (layout read from tracefs; written against 6.18): a passive
-//! handshake that completes puts a connection into the listener's accept queue; CLOSE ends it.
+//! `sock:inet_sock_set_state`: a passive handshake that completes puts a connection into the
+//! listener's accept queue; CLOSE ends it. Two forms of the same hook, one attached: the raw
+//! tracepoint (`TP_PROTO(const struct sock *sk, const int oldstate, const int newstate)`, read
+//! against 6.18) when user space found the `struct sock` offsets in BTF, else the classic one
+//! (record layout read from tracefs). The raw form skips building a record for the ten or so
+//! state changes every connection on the box goes through, nine of which concern nobody here.
 //! This area owns the watched-port table, the per-port counters and the connection table.
 
 use aya_ebpf::{
-    macros::{map, tracepoint},
+    macros::{map, raw_tracepoint, tracepoint},
     maps::{HashMap, LruHashMap, PerCpuArray},
-    programs::TracePointContext,
+    programs::{RawTracePointContext, TracePointContext},
+    EbpfContext,
 };
 use aya_log_ebpf::warn;
 use health_common::{
@@ -13,7 +18,7 @@ use health_common::{
     ConnState, PortCounters, DEFAULT_MAX_CONNS, MAX_PORTS,
 };
 
-use crate::{field, now_ns, offsets};
+use crate::{field, now_ns, offsets, port_watched, sock_port, sock_u16};
 
 #[map]
 pub static WATCHED_PORTS: HashMap<u16, u32> = HashMap::with_max_entries(MAX_PORTS, 0);
@@ -32,13 +37,40 @@ pub fn counters(slot: u32) -> Option<&'static mut PortCounters> {
     PORT_COUNTERS.get_ptr_mut(slot).map(|p| unsafe { &mut *p })
 }
 
-#[tracepoint]
-pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
-    let _ = try_inet_sock_set_state(&ctx);
+#[raw_tracepoint(tracepoint = "inet_sock_set_state")]
+pub fn inet_sock_set_state_raw(ctx: RawTracePointContext) -> i32 {
+    let _ = try_raw(&ctx);
     0
 }
 
-fn try_inet_sock_set_state(ctx: &TracePointContext) -> Option<()> {
+fn try_raw(ctx: &RawTracePointContext) -> Option<()> {
+    // Arguments arrive as u64 slots; the `int`s sit in the low halves.
+    let newstate = ctx.arg::<u64>(2) as u32 as i32;
+    if newstate == TCP_CLOSE {
+        // Not filtered by port: by now tcp_set_state has released the port (`skc_num` reads
+        // 0). The lookup finds only connections this program inserted.
+        return on_close(ctx.arg(0));
+    }
+    if newstate != TCP_ESTABLISHED || ctx.arg::<u64>(1) as u32 as i32 != TCP_SYN_RECV {
+        return None;
+    }
+    let off = offsets()?;
+    let sk: u64 = ctx.arg(0);
+    // Child sockets carry the listener's port as their local port.
+    let sport = sock_port(off, sk)?;
+    if !port_watched(sport) || sock_u16(off, sk, off.sock_protocol)? != IPPROTO_TCP {
+        return None;
+    }
+    on_established(ctx, sk, sport)
+}
+
+#[tracepoint]
+pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
+    let _ = try_classic(&ctx);
+    0
+}
+
+fn try_classic(ctx: &TracePointContext) -> Option<()> {
     let off = offsets()?;
     // Most transitions (SYN_SENT, FIN_WAIT*, TIME_WAIT, ...) concern nobody here: one read and
     // out, before anything else is looked at.
@@ -60,7 +92,12 @@ fn try_inet_sock_set_state(ctx: &TracePointContext) -> Option<()> {
     }
     // Child sockets carry the listener's port as their local port (host byte order here).
     let sport: u16 = field(ctx, off.state_sport)?;
-    // The cheap exit for every other port on the box.
+    on_established(ctx, sk, sport)
+}
+
+/// A passive handshake on `sport` completed: the connection waits in the accept queue.
+fn on_established<C: EbpfContext>(ctx: &C, sk: u64, sport: u16) -> Option<()> {
+    // The exit for every other port on the box.
     let slot = *unsafe { WATCHED_PORTS.get(sport) }?;
 
     let conn = ConnState {

@@ -47,6 +47,18 @@ pub enum Details {
     Token,
 }
 
+/// When the accept()/accept4() syscall tracepoints are attached. Any syscall tracepoint sends
+/// every syscall of every process on the host through the kernel's tracing slow path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AcceptTracing {
+    /// Only while a connection has waited unclaimed in the accept queue (a suspected hang)
+    /// and for a while after; otherwise claims seen by the send/receive hooks show progress.
+    OnStall,
+    /// All the time: exact accept counts, at a cost to every syscall on the host.
+    Always,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServerConfig {
@@ -120,6 +132,7 @@ pub struct WebConfig {
     #[serde(with = "dur")]
     pub eval_interval: Duration,
     pub kernel: bool,
+    pub accept_tracing: AcceptTracing,
     pub max_connections_tracked: u32,
     pub container: String,
     pub restart_command: String,
@@ -137,6 +150,7 @@ impl Default for WebConfig {
             latency_window: Duration::from_secs(60),
             eval_interval: Duration::from_millis(250),
             kernel: true,
+            accept_tracing: AcceptTracing::OnStall,
             max_connections_tracked: health_common::DEFAULT_MAX_CONNS,
             container: String::new(),
             restart_command: String::new(),
@@ -535,6 +549,9 @@ slow_after = "1s"                # p99 request → first response byte above thi
 latency_window = "60s"           # sliding window of the latency percentiles
 eval_interval = "250ms"          # how often the kernel view is evaluated
 kernel = true                    # load the eBPF programs (false: probe + accept queue only)
+accept_tracing = "on_stall"      # accept() syscall tracepoints: "on_stall" attaches them only while
+                                 # a connection waits unclaimed (they slow every syscall on the
+                                 # host); "always" keeps them on for exact accept counts
 max_connections_tracked = 16384  # size of the kernel's per-connection LRU table
 container = ""                   # optional: heal by restarting this container
 restart_command = ""             # optional: heal by running this (non-container backends)

@@ -234,9 +234,11 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
         let mut tick = tokio::time::interval(composer.cfg.web.eval_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            let look = composer.web.next_look();
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 _ = tick.tick() => {}
+                _ = sleep_until(look) => {}
             }
             let now = Instant::now();
             if !composer.due(now) {
@@ -404,6 +406,14 @@ impl Composer {
             host_uptime(),
             now.saturating_duration_since(self.started).as_secs(),
         )
+    }
+}
+
+/// Sleeps until `at`, or forever without one.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -19,6 +19,18 @@ pub mod maps {
     pub const ACCEPT_ARGS: &str = "ACCEPT_ARGS";
     /// `Array<TracepointOffsets>` with one entry, written by user space before attaching.
     pub const OFFSETS: &str = "OFFSETS";
+    /// `Array<u64>` of `PORT_BITMAP_WORDS` words: bit `port` set for every watched port. The
+    /// send/receive hooks test it before any hash lookup.
+    pub const PORT_BITMAP: &str = "PORT_BITMAP";
+}
+
+/// 65,536 ports, one bit each.
+pub const PORT_BITMAP_WORDS: u32 = 1024;
+
+/// Word index and bit mask of `port` in the watched-port bitmap.
+#[inline(always)]
+pub const fn port_bit(port: u16) -> (u32, u64) {
+    ((port >> 6) as u32, 1u64 << (port & 63))
 }
 
 /// Upper bound on watched listen ports (size of the slot-indexed arrays).
@@ -55,6 +67,9 @@ pub struct PortCounters {
     pub closed_unclaimed: u64,
     /// Connections that reached CLOSE with a request read and no response byte sent.
     pub closed_pending: u64,
+    /// `bpf_ktime_get_ns` of the latest claim: the server's progress through its accept
+    /// queue, seen without any syscall hook. Not a count: summed per CPU as a maximum.
+    pub last_claim_ns: u64,
 }
 
 impl PortCounters {
@@ -66,6 +81,7 @@ impl PortCounters {
         self.closed_unanswered += o.closed_unanswered;
         self.closed_unclaimed += o.closed_unclaimed;
         self.closed_pending += o.closed_pending;
+        self.last_claim_ns = self.last_claim_ns.max(o.last_claim_ns);
     }
 
     /// Connections waiting in the accept queue now (exact unless the LRU table evicted some).
@@ -193,7 +209,9 @@ pub struct AcceptStat {
 
 /// Byte offsets of the tracepoint record fields the programs read. Record layouts change
 /// between kernel versions, so user space reads them from tracefs `format` files at start-up.
-/// (The send/receive hooks are raw tracepoints: they get the prototype's arguments instead.)
+/// The raw tracepoints get the prototype's arguments instead, and read the two `struct sock`
+/// fields they need at offsets user space resolves from the kernel's BTF (no CO-RE in Rust
+/// eBPF).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TracepointOffsets {
@@ -209,7 +227,13 @@ pub struct TracepointOffsets {
     pub accept_exit_ret: u32,
     /// Set to 1 by user space once the offsets are valid; the programs do nothing until then.
     pub ready: u32,
-    pub _pad: u32,
+    /// `struct sock`: `__sk_common.skc_num` (local port, host order, u16) and `sk_protocol`
+    /// (u16), valid when `sock_known` is 1. Without them (no BTF) the classic
+    /// `inet_sock_set_state` tracepoint runs instead of the raw one, and the send/receive
+    /// hooks skip their port pre-filter.
+    pub sock_num: u32,
+    pub sock_protocol: u32,
+    pub sock_known: u32,
 }
 
 #[cfg(feature = "user")]

@@ -14,8 +14,9 @@ const WAIT: Duration = Duration::from_secs(20);
 fn nginx_requests_are_counted_exactly() {
     require_root();
     let nginx = Nginx::start(&[b'x'; 512]);
+    // accept() traced all the time, so `accepted` is exact too.
     let agent = Agent::start(&format!(
-        "[web]\nport = {}\nprobe_path = \"\"\n",
+        "[web]\nport = {}\nprobe_path = \"\"\naccept_tracing = \"always\"\n",
         nginx.port
     ));
     const N: usize = 100;
@@ -60,10 +61,13 @@ fn stopped_server_is_hung_503_then_200_after_cont() {
     assert_eq!(body["checks"]["webserver"], "hung", "{body}");
     let web = &body["details"]["web"];
     assert!(web["accept_queue"].as_u64().unwrap() >= 5, "{web}");
-    assert!(
-        counters(&body)["oldest_waiting_ms"].as_u64().unwrap() >= 2000,
-        "{web}"
-    );
+    // hung_after runs from the server's last progress; the oldest connection has waited at
+    // least half of it. accept() tracing came on once connections waited, and saw nothing.
+    let c = counters(&body);
+    assert!(c["ms_since_last_claim"].as_u64().unwrap() >= 2000, "{web}");
+    assert!(c["oldest_waiting_ms"].as_u64().unwrap() >= 1000, "{web}");
+    assert_eq!(c["accepts_traced"], true, "{web}");
+    assert_eq!(c["accepted"], 0, "{web}");
     assert!(
         web["detail"].as_str().unwrap().contains("accept queue"),
         "{web}"
@@ -203,7 +207,11 @@ fn saturated_but_working_server_is_never_hung() {
         let _ = c.join();
     }
     let (_, body) = agent.wait_health(WAIT, "all served", |_, b| counters(b)["answered"] == 60);
-    assert_eq!(counters(&body)["accepted"], 60);
+    let c = counters(&body);
+    assert_eq!(c["claimed"], 60, "{c}");
+    // Connections waited past 200 ms: accept() tracing came on and saw the server accept.
+    assert_eq!(c["accepts_traced"], true, "{c}");
+    assert!(c["accepted"].as_u64().unwrap() > 0, "{c}");
 }
 
 #[test]

@@ -41,13 +41,13 @@ fn line(t0: Instant, code: u16, b: &Value) -> String {
     let c = &w["counters"];
     let n = |v: &Value| v.as_u64().map_or("-".into(), |n| n.to_string());
     format!(
-        "  t={:5.1}s  /health {code} {:<10} webserver={:<12} queue={:<3} established={:<4} accepted={:<4} answered={:<4} waiting={:<3} oldest_waiting_ms={}",
+        "  t={:5.1}s  /health {code} {:<10} webserver={:<12} queue={:<3} established={:<4} claimed={:<4} answered={:<4} waiting={:<3} oldest_waiting_ms={}",
         t0.elapsed().as_secs_f64(),
         b["status"].as_str().unwrap_or("?"),
         b["checks"]["webserver"].as_str().unwrap_or("?"),
         n(&w["accept_queue"]),
         n(&c["established"]),
-        n(&c["accepted"]),
+        n(&c["claimed"]),
         n(&c["answered"]),
         n(&c["waiting"]),
         n(&c["oldest_waiting_ms"]),

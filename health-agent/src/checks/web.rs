@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use super::probe::ProbeResult;
 use crate::{
-    config::WebConfig,
+    config::{AcceptTracing, WebConfig},
     ebpf::{KernelSample, KernelView, PortSample},
     net,
     policy::WebVerdict,
@@ -41,7 +41,7 @@ pub struct LatencySummary {
 pub struct KernelCounters {
     /// Handshakes completed into the accept queue.
     pub established: u64,
-    /// accept() calls that returned a connection from this listener.
+    /// accept() calls that returned a connection from this listener, while traced.
     pub accepted: u64,
     /// Connections first read or written by a process.
     pub claimed: u64,
@@ -55,7 +55,12 @@ pub struct KernelCounters {
     /// Requests read and not yet answered now.
     pub pending: u32,
     pub oldest_pending_ms: Option<u64>,
+    /// Since the latest accept() on this listener, while the accept tracepoints are attached.
     pub ms_since_last_accept: Option<u64>,
+    /// Since the server last claimed a connection (first read or write on it).
+    pub ms_since_last_claim: Option<u64>,
+    /// Whether accept() is traced now (`web.accept_tracing`); `accepted` counts only then.
+    pub accepts_traced: bool,
     /// Server-side latency (request read → first response byte) over `web.latency_window`.
     pub latency: LatencySummary,
 }
@@ -125,8 +130,10 @@ pub struct Evidence {
 pub struct KernelEvidence {
     pub waiting: u32,
     pub oldest_waiting: Option<Duration>,
-    /// None: no accept on this listener seen since the agent started.
-    pub since_accept: Option<Duration>,
+    /// Since the server last made progress through its accept queue: its latest claim of a
+    /// connection (first read or write) or accept() (while those are traced). None: no
+    /// progress seen since the agent started.
+    pub since_progress: Option<Duration>,
     pub pending: u32,
     pub oldest_pending: Option<Duration>,
     pub latency: LatencySummary,
@@ -142,12 +149,17 @@ pub fn decide(e: &Evidence, cfg: &WebConfig) -> (WebVerdict, String) {
         );
     }
     if let Some(k) = &e.kernel {
-        let accept_stalled = k.since_accept.is_none_or(|d| d >= cfg.hung_after);
-        if let Some(oldest) = k.oldest_waiting {
-            if e.queue > 0 && oldest >= cfg.hung_after && accept_stalled {
-                let last = k.since_accept.map_or("no accept seen".to_string(), |d| {
-                    format!("last accept {} ago", secs(d))
-                });
+        if let Some(oldest) = k.oldest_waiting.filter(|_| e.queue > 0) {
+            // Hung: connections queue and the server has taken none of them for hung_after.
+            // The clock runs from its last progress, not from the first queued arrival; the
+            // oldest connection must still have waited half as long, so an idle server's
+            // first new connection is not "hung" merely because the previous one was long ago.
+            let stalled_for = k.since_progress.unwrap_or(oldest);
+            if oldest >= cfg.hung_after / 2 && stalled_for >= cfg.hung_after {
+                let last = k.since_progress.map_or(
+                    "no connection taken since the agent started".to_string(),
+                    |d| format!("the server last took one {} ago", secs(d)),
+                );
                 return (
                     WebVerdict::Hung,
                     format!(
@@ -271,6 +283,29 @@ pub fn decide(e: &Evidence, cfg: &WebConfig) -> (WebVerdict, String) {
     )
 }
 
+/// The earliest instant at which `decide` could turn hung or unresponsive on this evidence:
+/// the composer looks again right then rather than at its next tick, so a hang is reported
+/// when it crosses its threshold, not up to an `eval_interval` later.
+fn next_look(e: &Evidence, cfg: &WebConfig, now: Instant) -> Option<Instant> {
+    let k = e.kernel.as_ref()?;
+    let hung = k.oldest_waiting.filter(|_| e.queue > 0).map(|oldest| {
+        let stalled_for = k.since_progress.unwrap_or(oldest);
+        (cfg.hung_after / 2)
+            .saturating_sub(oldest)
+            .max(cfg.hung_after.saturating_sub(stalled_for))
+    });
+    let unanswered = k
+        .oldest_pending
+        .map(|p| cfg.unanswered_after.saturating_sub(p));
+    // Ages are whole milliseconds, read a moment after `now`: aim a little past the edge.
+    [hung, unanswered]
+        .into_iter()
+        .flatten()
+        .filter(|w| !w.is_zero())
+        .min()
+        .map(|w| now + w + Duration::from_millis(2))
+}
+
 /// How the probe and the kernel view differ, if they do.
 fn disagreement(verdict: WebVerdict, e: &Evidence) -> Option<String> {
     let (k, p) = (e.kernel.as_ref()?, e.probe.as_ref()?);
@@ -342,9 +377,21 @@ pub struct WebMonitor {
     drops_seen: Option<(Instant, net::ListenDrops)>,
     owner_name: Option<String>,
     last_verdict: WebVerdict,
+    /// When `decide` could next change its mind on the evidence seen (see `next_look`).
+    next_look: Option<Instant>,
+    /// The latest evaluation that saw a connection wait unclaimed past WATCH_ACCEPTS_AFTER.
+    last_stall: Option<Instant>,
+    /// Attaching the accept tracepoints failed once: do not retry (and warn) every tick.
+    accept_tracing_failed: bool,
 }
 
 const DROPS_EVERY: Duration = Duration::from_secs(2);
+/// `accept_tracing = "on_stall"`: a connection unclaimed this long attaches the accept
+/// tracepoints. A healthy server, even saturated, claims within milliseconds (the 5-minute
+/// saturation run in docs/BENCHMARKS.md saw at most 13 ms).
+const WATCH_ACCEPTS_AFTER: Duration = Duration::from_millis(200);
+/// … and this long without such a connection detaches them again.
+const UNWATCH_ACCEPTS_AFTER: Duration = Duration::from_secs(30);
 
 impl WebMonitor {
     /// Loads the kernel programs when configured; a failure leaves the monitor running on
@@ -367,11 +414,12 @@ impl WebMonitor {
                 },
             )
         } else {
-            match KernelView::load(&[cfg.port], cfg.max_connections_tracked) {
+            let always = cfg.accept_tracing == AcceptTracing::Always;
+            match KernelView::load(&[cfg.port], cfg.max_connections_tracked, always) {
                 Ok(k) => {
                     let status = KernelStatus {
                         state: "active",
-                        reason: None,
+                        reason: k.note.clone(),
                     };
                     (Some(k), status)
                 }
@@ -403,6 +451,48 @@ impl WebMonitor {
             drops_seen: None,
             owner_name: None,
             last_verdict: WebVerdict::Unknown,
+            next_look: None,
+            last_stall: None,
+            accept_tracing_failed: false,
+        }
+    }
+
+    /// When the composer should evaluate again, ahead of its next tick: the instant a
+    /// waiting or pending connection could cross its threshold.
+    pub fn next_look(&self) -> Option<Instant> {
+        self.next_look
+    }
+
+    /// With `accept_tracing = "on_stall"`, attaches the accept tracepoints once a connection
+    /// has waited unclaimed for WATCH_ACCEPTS_AFTER and detaches them after
+    /// UNWATCH_ACCEPTS_AFTER without one.
+    fn steer_accept_tracing(&mut self, oldest_waiting: Option<Duration>, now: Instant) {
+        if self.cfg.accept_tracing != AcceptTracing::OnStall || self.accept_tracing_failed {
+            return;
+        }
+        let Some(k) = self.kernel.as_mut() else {
+            return;
+        };
+        if oldest_waiting.is_some_and(|d| d >= WATCH_ACCEPTS_AFTER) {
+            self.last_stall = Some(now);
+        }
+        let want = self
+            .last_stall
+            .is_some_and(|t| now.saturating_duration_since(t) < UNWATCH_ACCEPTS_AFTER);
+        if want == k.accepts_watched() {
+            return;
+        }
+        match k.watch_accepts(want) {
+            Ok(()) if want => tracing::info!(
+                "a connection waits unclaimed on port {}: tracing accept() until none has for {}s",
+                self.cfg.port,
+                UNWATCH_ACCEPTS_AFTER.as_secs()
+            ),
+            Ok(()) => tracing::info!("accept() tracing detached: connections are claimed promptly"),
+            Err(e) => {
+                self.accept_tracing_failed = true;
+                tracing::warn!("accept() tracing unavailable, claims alone show progress: {e}");
+            }
         }
     }
 
@@ -472,7 +562,11 @@ impl WebMonitor {
             kernel: counters.as_ref().map(|c| KernelEvidence {
                 waiting: c.waiting,
                 oldest_waiting: c.oldest_waiting_ms.map(Duration::from_millis),
-                since_accept: c.ms_since_last_accept.map(Duration::from_millis),
+                since_progress: [c.ms_since_last_accept, c.ms_since_last_claim]
+                    .into_iter()
+                    .flatten()
+                    .min()
+                    .map(Duration::from_millis),
                 pending: c.pending,
                 oldest_pending: c.oldest_pending_ms.map(Duration::from_millis),
                 latency: c.latency.clone(),
@@ -485,6 +579,8 @@ impl WebMonitor {
         };
         let (verdict, detail) = decide(&evidence, &self.cfg);
         self.last_verdict = verdict;
+        self.next_look = next_look(&evidence, &self.cfg, now);
+        self.steer_accept_tracing(evidence.kernel.as_ref().and_then(|k| k.oldest_waiting), now);
         let stale = self
             .drops_seen
             .is_none_or(|(t, _)| now.saturating_duration_since(t) >= DROPS_EVERY);
@@ -578,6 +674,12 @@ impl WebMonitor {
             pending: p.pending,
             oldest_pending_ms: p.oldest_pending.map(ms),
             ms_since_last_accept: last_ns.map(|l| now_ns.saturating_sub(l) / 1_000_000),
+            ms_since_last_claim: (c.last_claim_ns != 0)
+                .then(|| now_ns.saturating_sub(c.last_claim_ns) / 1_000_000),
+            accepts_traced: self
+                .kernel
+                .as_ref()
+                .is_some_and(KernelView::accepts_watched),
             latency: percentiles(&window),
         }
     }
@@ -636,7 +738,7 @@ mod tests {
             kernel: Some(KernelEvidence {
                 waiting: 3,
                 oldest_waiting: Some(3 * S),
-                since_accept: Some(10 * S),
+                since_progress: Some(10 * S),
                 ..Default::default()
             }),
             ..listening()
@@ -653,7 +755,7 @@ mod tests {
             kernel: Some(KernelEvidence {
                 waiting: 100,
                 oldest_waiting: Some(5 * S),
-                since_accept: Some(Duration::from_millis(20)),
+                since_progress: Some(Duration::from_millis(20)),
                 answered: 1000,
                 latency: LatencySummary {
                     samples: 1000,
@@ -668,19 +770,81 @@ mod tests {
         assert_eq!(decide(&e, &cfg()).0, WebVerdict::Slow);
     }
 
-    #[test]
-    fn queue_younger_than_hung_after_is_not_hung() {
-        let e = Evidence {
+    fn waiting(oldest: Duration, since_progress: Option<Duration>) -> Evidence {
+        Evidence {
             queue: 1,
             kernel: Some(KernelEvidence {
                 waiting: 1,
-                oldest_waiting: Some(S),
-                since_accept: None,
+                oldest_waiting: Some(oldest),
+                since_progress,
+                ..Default::default()
+            }),
+            ..listening()
+        }
+    }
+
+    #[test]
+    fn without_any_progress_seen_the_queue_must_wait_hung_after() {
+        let young = waiting(Duration::from_millis(1999), None);
+        assert_eq!(decide(&young, &cfg()).0, WebVerdict::Unknown);
+        assert_eq!(decide(&waiting(2 * S, None), &cfg()).0, WebVerdict::Hung);
+    }
+
+    #[test]
+    fn the_stall_clock_runs_from_the_last_progress() {
+        // Stopped 2.05 s after its last accept; the first connection after that arrived
+        // 0.1 s later and has waited 1.95 s: hung now, not 0.1 s from now.
+        let ms = Duration::from_millis;
+        let e = waiting(ms(1950), Some(ms(2050)));
+        let (v, detail) = decide(&e, &cfg());
+        assert_eq!(v, WebVerdict::Hung, "{detail}");
+        assert!(detail.contains("last took one 2.0s ago"), "{detail}");
+        // Progress within hung_after: still fine.
+        assert_eq!(
+            decide(&waiting(ms(1950), Some(ms(1900))), &cfg()).0,
+            WebVerdict::Unknown
+        );
+    }
+
+    #[test]
+    fn an_idle_servers_next_connection_is_not_hung_at_once() {
+        // The previous connection was taken ten minutes ago; this one arrived 0.9 s ago.
+        let e = waiting(Duration::from_millis(900), Some(600 * S));
+        assert_eq!(decide(&e, &cfg()).0, WebVerdict::Unknown);
+        let e = waiting(S, Some(600 * S));
+        assert_eq!(decide(&e, &cfg()).0, WebVerdict::Hung);
+    }
+
+    #[test]
+    fn a_waiting_connection_without_a_queue_is_not_hung() {
+        // Taken by accept() but never read: the kernel's accept queue is empty.
+        let mut e = waiting(10 * S, Some(10 * S));
+        e.queue = 0;
+        assert_ne!(decide(&e, &cfg()).0, WebVerdict::Hung);
+    }
+
+    #[test]
+    fn the_next_look_lands_where_the_verdict_can_change() {
+        let now = Instant::now();
+        let ms = Duration::from_millis;
+        // Stall clock at 1.5 s, oldest 0.7 s: hung_after is reached in 0.5 s (and by then the
+        // oldest has waited 1.2 s, past hung_after / 2).
+        let at = next_look(&waiting(ms(700), Some(ms(1500))), &cfg(), now).unwrap();
+        assert_eq!(at - now, ms(502));
+        // Oldest 0.2 s, stall clock far past: half of hung_after is reached in 0.8 s.
+        let at = next_look(&waiting(ms(200), Some(60 * S)), &cfg(), now).unwrap();
+        assert_eq!(at - now, ms(802));
+        // A pending request: unanswered_after (10 s) minus its age.
+        let e = Evidence {
+            kernel: Some(KernelEvidence {
+                oldest_pending: Some(4 * S),
                 ..Default::default()
             }),
             ..listening()
         };
-        assert_eq!(decide(&e, &cfg()).0, WebVerdict::Unknown);
+        assert_eq!(next_look(&e, &cfg(), now).unwrap() - now, ms(6002));
+        // Nothing waits: the regular tick will do.
+        assert_eq!(next_look(&listening(), &cfg(), now), None);
     }
 
     #[test]

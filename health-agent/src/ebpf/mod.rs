@@ -2,17 +2,19 @@
 //! record offsets and watched ports, attach the tracepoints, drain aya-log into `tracing`, and
 //! read the maps into plain samples. Dropping `KernelView` detaches everything.
 
+pub mod btf;
 pub mod tracefs;
 
 use std::time::Duration;
 
 use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray},
-    programs::{RawTracePoint, TracePoint},
+    programs::{trace_point::TracePointLinkId, RawTracePoint, TracePoint},
     Ebpf, EbpfLoader,
 };
 use health_common::{
-    maps, AcceptKey, AcceptStat, ConnState, LatencyHist, PortCounters, TracepointOffsets, MAX_PORTS,
+    maps, port_bit, AcceptKey, AcceptStat, ConnState, LatencyHist, PortCounters, TracepointOffsets,
+    MAX_PORTS,
 };
 use tokio::io::unix::AsyncFd;
 
@@ -34,9 +36,10 @@ pub enum KernelError {
     TooManyPorts,
 }
 
-/// Classic tracepoints: (program, category, tracepoint).
-const PROGRAMS: [(&str, &str, &str); 5] = [
-    ("inet_sock_set_state", "sock", "inet_sock_set_state"),
+/// The accept syscall tracepoints: (program, category, tracepoint). Loaded at start-up, attached
+/// on demand (`web.accept_tracing`): while any syscall tracepoint is attached, every syscall of
+/// every process on the host takes the kernel's tracing slow path.
+const ACCEPT_PROGRAMS: [(&str, &str, &str); 4] = [
     ("sys_enter_accept4", "syscalls", "sys_enter_accept4"),
     ("sys_exit_accept4", "syscalls", "sys_exit_accept4"),
     ("sys_enter_accept", "syscalls", "sys_enter_accept"),
@@ -46,6 +49,14 @@ const PROGRAMS: [(&str, &str, &str); 5] = [
 /// Raw tracepoints (program = tracepoint): every socket read and write passes them, and the raw
 /// form skips building a trace record.
 const RAW_PROGRAMS: [&str; 2] = ["sock_recv_length", "sock_send_length"];
+
+/// The TCP state hook, in one of two forms: raw when the kernel's BTF gives the `struct sock`
+/// offsets it needs, classic (record offsets from tracefs) otherwise.
+const STATE_RAW: &str = "inet_sock_set_state_raw";
+const STATE_CLASSIC: &str = "inet_sock_set_state";
+
+/// Where the running kernel describes its own types.
+const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 
 /// What the kernel saw for one watched port, at one instant.
 #[derive(Debug, Clone, Default)]
@@ -77,8 +88,12 @@ pub struct KernelView {
     conns: HashMap<MapData, u64, ConnState>,
     accepts: HashMap<MapData, AcceptKey, AcceptStat>,
     log_task: Option<tokio::task::JoinHandle<()>>,
+    /// The accept tracepoints' links while they are attached.
+    accept_links: Vec<(&'static str, TracePointLinkId)>,
+    /// Set when the programs run in a slower form than they could, and why.
+    pub note: Option<String>,
     // Owns the programs and their links: dropping it detaches every tracepoint.
-    _ebpf: Ebpf,
+    ebpf: Ebpf,
 }
 
 impl Drop for KernelView {
@@ -177,7 +192,7 @@ fn read_offsets(root: &std::path::Path) -> Result<TracepointOffsets, KernelError
         accept_enter_fd,
         accept_exit_ret,
         ready: 1,
-        _pad: 0,
+        ..TracepointOffsets::default()
     })
 }
 
@@ -187,12 +202,29 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/he
 impl KernelView {
     /// Loads and attaches the programs for `ports`. Must run inside a tokio runtime (the
     /// aya-log drain is a task).
-    pub fn load(ports: &[u16], max_conns: u32) -> Result<Self, KernelError> {
+    pub fn load(ports: &[u16], max_conns: u32, watch_accepts: bool) -> Result<Self, KernelError> {
         if ports.len() > MAX_PORTS as usize {
             return Err(KernelError::TooManyPorts);
         }
         let root = tracefs::ensure_mounted()?;
-        let offsets = read_offsets(&root)?;
+        let mut offsets = read_offsets(&root)?;
+        let note = match btf::sock_offsets(std::path::Path::new(VMLINUX_BTF)) {
+            Ok(sock) => {
+                offsets.sock_num = sock.num;
+                offsets.sock_protocol = sock.protocol;
+                offsets.sock_known = 1;
+                None
+            }
+            Err(e) => {
+                let note = format!(
+                    "struct sock offsets unavailable ({e}): TCP state changes use the classic \
+                     tracepoint and socket reads/writes skip the port pre-filter, which costs \
+                     the backend more"
+                );
+                tracing::warn!("{note}");
+                Some(note)
+            }
+        };
         raise_memlock_limit();
 
         let mut ebpf = EbpfLoader::new()
@@ -215,45 +247,127 @@ impl KernelView {
             .set(0, offsets, 0)
             .map_err(map_err(maps::OFFSETS))?;
         let mut watched: HashMap<MapData, u16, u32> = take(&mut ebpf, maps::WATCHED_PORTS)?;
+        let mut bitmap: Array<MapData, u64> = take(&mut ebpf, maps::PORT_BITMAP)?;
         let ports: Vec<(u16, u32)> = ports.iter().copied().zip(0u32..).collect();
         for (port, slot) in &ports {
             watched
                 .insert(port, slot, 0)
                 .map_err(map_err(maps::WATCHED_PORTS))?;
+            let (word, mask) = port_bit(*port);
+            let bits = bitmap.get(&word, 0).map_err(map_err(maps::PORT_BITMAP))?;
+            bitmap
+                .set(word, bits | mask, 0)
+                .map_err(map_err(maps::PORT_BITMAP))?;
         }
         let counters = take(&mut ebpf, maps::PORT_COUNTERS)?;
         let latency = take(&mut ebpf, maps::LATENCY)?;
         let conns = take(&mut ebpf, maps::CONNS)?;
         let accepts = take(&mut ebpf, maps::ACCEPTS)?;
 
-        for (name, category, tracepoint) in PROGRAMS {
-            program::<TracePoint>(&mut ebpf, name)?
-                .attach(category, tracepoint)
-                .map_err(|source| KernelError::Program { name, source })?;
+        for (name, _, _) in ACCEPT_PROGRAMS {
+            program::<TracePoint>(&mut ebpf, name)?;
         }
         for name in RAW_PROGRAMS {
             program::<RawTracePoint>(&mut ebpf, name)?
                 .attach(name)
                 .map_err(|source| KernelError::Program { name, source })?;
         }
+        let state_hook = if offsets.sock_known == 1 {
+            program::<RawTracePoint>(&mut ebpf, STATE_RAW)?
+                .attach(STATE_CLASSIC)
+                .map_err(|source| KernelError::Program {
+                    name: STATE_RAW,
+                    source,
+                })?;
+            "raw"
+        } else {
+            program::<TracePoint>(&mut ebpf, STATE_CLASSIC)?
+                .attach("sock", STATE_CLASSIC)
+                .map_err(|source| KernelError::Program {
+                    name: STATE_CLASSIC,
+                    source,
+                })?;
+            "classic"
+        };
         tracing::info!(
             ?ports,
             max_conns,
-            "kernel programs attached ({} tracepoints, {} raw tracepoints)",
-            PROGRAMS.len(),
-            RAW_PROGRAMS.len()
+            "kernel programs attached (inet_sock_set_state {state_hook}, {} raw tracepoints for \
+             send/recv; accept tracepoints {})",
+            RAW_PROGRAMS.len(),
+            if watch_accepts {
+                "attached"
+            } else {
+                "on demand"
+            }
         );
         // The offsets/watched maps stay referenced by the loaded programs; our handles can go.
-        drop((offsets_map, watched));
-        Ok(Self {
+        drop((offsets_map, watched, bitmap));
+        let mut view = Self {
             ports,
             counters,
             latency,
             conns,
             accepts,
             log_task,
-            _ebpf: ebpf,
-        })
+            accept_links: Vec::new(),
+            note,
+            ebpf,
+        };
+        if watch_accepts {
+            view.watch_accepts(true)?;
+        }
+        Ok(view)
+    }
+
+    /// Whether the accept tracepoints are attached.
+    pub fn accepts_watched(&self) -> bool {
+        !self.accept_links.is_empty()
+    }
+
+    /// Attaches or detaches the accept tracepoints. Attaching starts the accept statistics
+    /// afresh: accepts made while detached were not seen, so older figures would mislead.
+    pub fn watch_accepts(&mut self, on: bool) -> Result<(), KernelError> {
+        if on == self.accepts_watched() {
+            return Ok(());
+        }
+        if on {
+            let stale: Vec<AcceptKey> = self.accepts.keys().filter_map(Result::ok).collect();
+            for key in stale {
+                let _ = self.accepts.remove(&key);
+            }
+            for (name, category, tracepoint) in ACCEPT_PROGRAMS {
+                let link = self
+                    .tracepoint(name)?
+                    .attach(category, tracepoint)
+                    .map_err(|source| KernelError::Program { name, source });
+                match link {
+                    Ok(link) => self.accept_links.push((name, link)),
+                    Err(e) => {
+                        let _ = self.watch_accepts(false);
+                        return Err(e);
+                    }
+                }
+            }
+        } else {
+            for (name, link) in std::mem::take(&mut self.accept_links) {
+                self.tracepoint(name)?
+                    .detach(link)
+                    .map_err(|source| KernelError::Program { name, source })?;
+            }
+        }
+        Ok(())
+    }
+
+    fn tracepoint(&mut self, name: &'static str) -> Result<&mut TracePoint, KernelError> {
+        self.ebpf
+            .program_mut(name)
+            .ok_or(KernelError::Program {
+                name,
+                source: aya::programs::ProgramError::UnexpectedProgramType,
+            })?
+            .try_into()
+            .map_err(|source| KernelError::Program { name, source })
     }
 
     /// Whether any watched port has connections waiting or requests pending: one map read,

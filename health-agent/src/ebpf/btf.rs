@@ -1,0 +1,300 @@
+//! Just enough of a BTF reader to find where two fields of `struct sock` sit in the running
+//! kernel (`/sys/kernel/btf/vmlinux`). Rust eBPF has no CO-RE relocations, so the raw
+//! tracepoints get these offsets from user space at start-up instead of compiling them in.
+//!
+//! Format: include/uapi/linux/btf.h and Documentation/bpf/btf.rst. A header, then a type
+//! section of variable-length records (type ids count from 1), then a string section.
+
+use std::path::Path;
+
+/// The offsets the raw tracepoints read, in bytes from the start of `struct sock`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SockOffsets {
+    /// `__sk_common.skc_num`: the local port, host byte order.
+    pub num: u32,
+    /// `sk_protocol`.
+    pub protocol: u32,
+}
+
+const MAGIC: u16 = 0xeb9f;
+
+const KIND_INT: u32 = 1;
+const KIND_PTR: u32 = 2;
+const KIND_ARRAY: u32 = 3;
+const KIND_STRUCT: u32 = 4;
+const KIND_UNION: u32 = 5;
+const KIND_ENUM: u32 = 6;
+const KIND_TYPEDEF: u32 = 8;
+const KIND_VOLATILE: u32 = 9;
+const KIND_CONST: u32 = 10;
+const KIND_RESTRICT: u32 = 11;
+const KIND_FUNC_PROTO: u32 = 13;
+const KIND_VAR: u32 = 14;
+const KIND_DATASEC: u32 = 15;
+const KIND_DECL_TAG: u32 = 17;
+const KIND_TYPE_TAG: u32 = 18;
+const KIND_ENUM64: u32 = 19;
+
+#[derive(Debug, Clone, Copy)]
+struct Member {
+    name_off: u32,
+    type_id: u32,
+    /// In bits from the start of the enclosing struct or union.
+    bit_offset: u32,
+    /// Non-zero for a bitfield.
+    bitfield_size: u32,
+}
+
+#[derive(Debug, Clone)]
+struct Type {
+    name_off: u32,
+    kind: u32,
+    /// For STRUCT/UNION: member offsets carry a bitfield size in their top byte.
+    kind_flag: bool,
+    /// Size for INT/STRUCT/UNION/ENUM, the referenced type for modifiers.
+    size_or_type: u32,
+    /// Byte range of the member records for STRUCT/UNION.
+    members: std::ops::Range<usize>,
+}
+
+/// A parsed BTF blob: its type records and its string section.
+pub struct Btf<'a> {
+    types: Vec<Type>,
+    type_data: &'a [u8],
+    strings: &'a [u8],
+}
+
+fn u32_at(b: &[u8], at: usize) -> Result<u32, String> {
+    b.get(at..at + 4)
+        .map(|s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
+        .ok_or_else(|| format!("BTF truncated at byte {at}"))
+}
+
+impl<'a> Btf<'a> {
+    pub fn parse(data: &'a [u8]) -> Result<Self, String> {
+        let magic = data
+            .get(0..2)
+            .map(|s| u16::from_le_bytes([s[0], s[1]]))
+            .ok_or("BTF too short")?;
+        if magic != MAGIC {
+            return Err(format!(
+                "not little-endian BTF (magic {magic:#06x}, expected {MAGIC:#06x})"
+            ));
+        }
+        let hdr_len = u32_at(data, 4)? as usize;
+        let (type_off, type_len) = (u32_at(data, 8)? as usize, u32_at(data, 12)? as usize);
+        let (str_off, str_len) = (u32_at(data, 16)? as usize, u32_at(data, 20)? as usize);
+        let section = |off: usize, len: usize| {
+            data.get(hdr_len + off..hdr_len + off + len)
+                .ok_or_else(|| "BTF section runs past the end of the data".to_string())
+        };
+        let type_data = section(type_off, type_len)?;
+        let strings = section(str_off, str_len)?;
+
+        let mut types = Vec::new();
+        let mut at = 0;
+        while at < type_data.len() {
+            let name_off = u32_at(type_data, at)?;
+            let info = u32_at(type_data, at + 4)?;
+            let size_or_type = u32_at(type_data, at + 8)?;
+            let vlen = (info & 0xffff) as usize;
+            let kind = (info >> 24) & 0x1f;
+            at += 12;
+            let extra = match kind {
+                KIND_INT | KIND_VAR | KIND_DECL_TAG => 4,
+                KIND_ARRAY => 12,
+                KIND_STRUCT | KIND_UNION | KIND_DATASEC | KIND_ENUM64 => 12 * vlen,
+                KIND_ENUM | KIND_FUNC_PROTO => 8 * vlen,
+                KIND_PTR | KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT
+                | KIND_TYPE_TAG => 0,
+                // FWD, FUNC, FLOAT carry nothing more; anything newer is unknown.
+                7 | 12 | 16 => 0,
+                other => {
+                    return Err(format!(
+                        "unknown BTF kind {other} at type {}",
+                        types.len() + 1
+                    ))
+                }
+            };
+            let members = at..at + extra;
+            if members.end > type_data.len() {
+                return Err("BTF type section truncated".into());
+            }
+            types.push(Type {
+                name_off,
+                kind,
+                kind_flag: info >> 31 == 1,
+                size_or_type,
+                members: if matches!(kind, KIND_STRUCT | KIND_UNION) {
+                    members
+                } else {
+                    0..0
+                },
+            });
+            at += extra;
+        }
+        Ok(Self {
+            types,
+            type_data,
+            strings,
+        })
+    }
+
+    fn name(&self, off: u32) -> &str {
+        let rest = self.strings.get(off as usize..).unwrap_or_default();
+        let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
+        std::str::from_utf8(&rest[..end]).unwrap_or_default()
+    }
+
+    fn get(&self, id: u32) -> Option<&Type> {
+        self.types.get((id as usize).checked_sub(1)?)
+    }
+
+    /// Follows typedefs and qualifiers to the type they name.
+    fn resolve(&self, mut id: u32) -> Option<&Type> {
+        for _ in 0..32 {
+            let t = self.get(id)?;
+            match t.kind {
+                KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG => {
+                    id = t.size_or_type
+                }
+                _ => return Some(t),
+            }
+        }
+        None
+    }
+
+    fn members<'t>(&'t self, t: &'t Type) -> impl Iterator<Item = Member> + 't {
+        self.type_data[t.members.clone()]
+            .chunks_exact(12)
+            .map(move |m| {
+                let word = |i: usize| u32::from_le_bytes([m[i], m[i + 1], m[i + 2], m[i + 3]]);
+                let offset = word(8);
+                let (bit_offset, bitfield_size) = if t.kind_flag {
+                    (offset & 0x00ff_ffff, offset >> 24)
+                } else {
+                    // Without kind_flag a bitfield's size lives in its INT type; the fields read
+                    // here are plain u16s, which `field_offset` checks by size.
+                    (offset, 0)
+                };
+                Member {
+                    name_off: word(0),
+                    type_id: word(4),
+                    bit_offset,
+                    bitfield_size,
+                }
+            })
+    }
+
+    /// The struct (not a forward declaration) called `name`.
+    fn find_struct(&self, name: &str) -> Option<&Type> {
+        self.types.iter().find(|t| {
+            t.kind == KIND_STRUCT && !t.members.is_empty() && self.name(t.name_off) == name
+        })
+    }
+
+    /// `field` of `t` (bit offset, bitfield size, type), looking through anonymous structs
+    /// and unions.
+    fn field_in(&self, t: &Type, field: &str, depth: u32) -> Option<Member> {
+        if depth > 8 {
+            return None;
+        }
+        for m in self.members(t) {
+            if self.name(m.name_off) == field {
+                return Some(m);
+            }
+            if m.name_off != 0 {
+                continue;
+            }
+            let Some(inner) = self
+                .resolve(m.type_id)
+                .filter(|i| matches!(i.kind, KIND_STRUCT | KIND_UNION))
+            else {
+                continue;
+            };
+            if let Some(found) = self.field_in(inner, field, depth + 1) {
+                return Some(Member {
+                    bit_offset: m.bit_offset + found.bit_offset,
+                    ..found
+                });
+            }
+        }
+        None
+    }
+
+    /// Byte offset of `field` in `struct strukt`, and the byte size of its (integer) type.
+    pub fn field_offset(&self, strukt: &str, field: &str) -> Result<(u32, u32), String> {
+        let t = self
+            .find_struct(strukt)
+            .ok_or_else(|| format!("struct {strukt} is not in the kernel's BTF"))?;
+        let m = self
+            .field_in(t, field, 0)
+            .ok_or_else(|| format!("struct {strukt} has no field {field}"))?;
+        if m.bitfield_size != 0 || m.bit_offset % 8 != 0 {
+            return Err(format!("{strukt}.{field} is a bitfield on this kernel"));
+        }
+        let size = self
+            .resolve(m.type_id)
+            .filter(|t| matches!(t.kind, KIND_INT | KIND_ENUM | KIND_STRUCT | KIND_UNION))
+            .map_or(0, |t| t.size_or_type);
+        Ok((m.bit_offset / 8, size))
+    }
+}
+
+/// Where `skc_num` and `sk_protocol` sit in this kernel's `struct sock`.
+pub fn sock_offsets(path: &Path) -> Result<SockOffsets, String> {
+    let data = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let btf = Btf::parse(&data)?;
+    let u16_field = |strukt: &str, field: &str| -> Result<u32, String> {
+        match btf.field_offset(strukt, field)? {
+            (off, 2) => Ok(off),
+            (_, size) => Err(format!("{strukt}.{field} is {size} bytes, expected 2")),
+        }
+    };
+    let (common, _) = btf.field_offset("sock", "__sk_common")?;
+    Ok(SockOffsets {
+        num: common + u16_field("sock_common", "skc_num")?,
+        protocol: u16_field("sock", "sk_protocol")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
+
+    #[test]
+    fn finds_the_sock_fields_in_the_running_kernel() {
+        if !Path::new(VMLINUX).exists() {
+            eprintln!("skipped: this kernel has no BTF");
+            return;
+        }
+        let off = sock_offsets(Path::new(VMLINUX)).unwrap();
+        let data = std::fs::read(VMLINUX).unwrap();
+        let btf = Btf::parse(&data).unwrap();
+        // skc_num follows skc_dport in the same anonymous struct (the port pair).
+        let (dport, size) = btf.field_offset("sock_common", "skc_dport").unwrap();
+        assert_eq!((size, off.num), (2, dport + 2), "{off:?}");
+        // sk_protocol lies past sock_common, inside struct sock.
+        let (_, sock_common_size) = btf.field_offset("sock", "__sk_common").unwrap();
+        assert!(off.protocol >= sock_common_size, "{off:?}");
+    }
+
+    #[test]
+    fn bad_input_is_an_error_not_a_panic() {
+        assert!(Btf::parse(b"").is_err());
+        assert!(Btf::parse(b"\x9f\xeb\x01\x00\x18\x00\x00\x00").is_err());
+        let mut header = vec![0x9f, 0xeb, 1, 0];
+        for v in [24u32, 0, 1000, 0, 0] {
+            header.extend_from_slice(&v.to_le_bytes());
+        }
+        let err = Btf::parse(&header)
+            .err()
+            .expect("a section past the end is refused");
+        assert!(err.contains("past the end"), "{err}");
+        assert!(sock_offsets(Path::new("/nonexistent/vmlinux"))
+            .unwrap_err()
+            .contains("/nonexistent/vmlinux"));
+    }
+}
