@@ -234,7 +234,7 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
         let mut tick = tokio::time::interval(composer.cfg.web.eval_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let look = composer.web.next_look();
+            let look = composer.web.next_look(Instant::now());
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 _ = tick.tick() => {}

@@ -25,6 +25,7 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 const PACKAGES: &[&str] = &[
     "docker.io",
     "nginx-light",
+    "puma",
     "postgresql",
     "wrk",
     "caddy",

@@ -458,9 +458,9 @@ impl WebMonitor {
     }
 
     /// When the composer should evaluate again, ahead of its next tick: the instant a
-    /// waiting or pending connection could cross its threshold.
-    pub fn next_look(&self) -> Option<Instant> {
-        self.next_look
+    /// waiting or pending connection could cross its threshold (None once it has passed).
+    pub fn next_look(&self, now: Instant) -> Option<Instant> {
+        self.next_look.filter(|&t| t > now)
     }
 
     /// With `accept_tracing = "on_stall"`, attaches the accept tracepoints once a connection
@@ -496,14 +496,20 @@ impl WebMonitor {
         }
     }
 
-    /// Whether the backend needs watching every tick: connections wait or requests are
-    /// pending (one map read), the accept queue was non-empty, or the last verdict was bad.
+    /// Whether the backend needs watching every tick: the last verdict was bad, or work is in
+    /// flight without progress since the previous tick (one map read; without the kernel
+    /// view, an accept queue that was non-empty). A busy server that keeps taking and
+    /// answering connections is watched on `checks.interval`, and `next_look` still wakes the
+    /// composer when a connection seen then can cross a threshold.
     pub fn hot(&self) -> bool {
-        matches!(
+        let bad = matches!(
             self.last_verdict,
             WebVerdict::Slow | WebVerdict::Hung | WebVerdict::Unresponsive | WebVerdict::Down
-        ) || self.queue_busy_since.is_some()
-            || self.kernel.as_ref().is_some_and(KernelView::in_flight)
+        );
+        bad || match &self.kernel {
+            Some(k) => k.stalled_in_flight(),
+            None => self.queue_busy_since.is_some(),
+        }
     }
 
     /// Takes in a new probe result (the probe runs on its own cadence).
