@@ -57,11 +57,49 @@ struct Type {
     members: std::ops::Range<usize>,
 }
 
-/// A parsed BTF blob: its type records and its string section.
+/// A parsed BTF blob: where each type record starts, its type section and its string section.
+/// Records are decoded when looked at: the kernel has well over 100,000 types and only a
+/// handful are wanted, so the index is all that is kept.
 pub struct Btf<'a> {
-    types: Vec<Type>,
+    starts: Vec<u32>,
     type_data: &'a [u8],
     strings: &'a [u8],
+}
+
+/// The type record at `at` (type `id`, for messages) and where the next one starts.
+fn decode(type_data: &[u8], at: usize, id: usize) -> Result<(Type, usize), String> {
+    let name_off = u32_at(type_data, at)?;
+    let info = u32_at(type_data, at + 4)?;
+    let size_or_type = u32_at(type_data, at + 8)?;
+    let vlen = (info & 0xffff) as usize;
+    let kind = (info >> 24) & 0x1f;
+    let body = at + 12;
+    let extra = match kind {
+        KIND_INT | KIND_VAR | KIND_DECL_TAG => 4,
+        KIND_ARRAY => 12,
+        KIND_STRUCT | KIND_UNION | KIND_DATASEC | KIND_ENUM64 => 12 * vlen,
+        KIND_ENUM | KIND_FUNC_PROTO => 8 * vlen,
+        KIND_PTR | KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG => 0,
+        // FWD, FUNC, FLOAT carry nothing more; anything newer is unknown.
+        7 | 12 | 16 => 0,
+        other => return Err(format!("unknown BTF kind {other} at type {id}")),
+    };
+    let next = body + extra;
+    if next > type_data.len() {
+        return Err("BTF type section truncated".into());
+    }
+    let t = Type {
+        name_off,
+        kind,
+        kind_flag: info >> 31 == 1,
+        size_or_type,
+        members: if matches!(kind, KIND_STRUCT | KIND_UNION) {
+            body..next
+        } else {
+            0..0
+        },
+    };
+    Ok((t, next))
 }
 
 fn u32_at(b: &[u8], at: usize) -> Result<u32, String> {
@@ -91,50 +129,15 @@ impl<'a> Btf<'a> {
         let type_data = section(type_off, type_len)?;
         let strings = section(str_off, str_len)?;
 
-        let mut types = Vec::new();
+        let mut starts = Vec::new();
         let mut at = 0;
         while at < type_data.len() {
-            let name_off = u32_at(type_data, at)?;
-            let info = u32_at(type_data, at + 4)?;
-            let size_or_type = u32_at(type_data, at + 8)?;
-            let vlen = (info & 0xffff) as usize;
-            let kind = (info >> 24) & 0x1f;
-            at += 12;
-            let extra = match kind {
-                KIND_INT | KIND_VAR | KIND_DECL_TAG => 4,
-                KIND_ARRAY => 12,
-                KIND_STRUCT | KIND_UNION | KIND_DATASEC | KIND_ENUM64 => 12 * vlen,
-                KIND_ENUM | KIND_FUNC_PROTO => 8 * vlen,
-                KIND_PTR | KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT
-                | KIND_TYPE_TAG => 0,
-                // FWD, FUNC, FLOAT carry nothing more; anything newer is unknown.
-                7 | 12 | 16 => 0,
-                other => {
-                    return Err(format!(
-                        "unknown BTF kind {other} at type {}",
-                        types.len() + 1
-                    ))
-                }
-            };
-            let members = at..at + extra;
-            if members.end > type_data.len() {
-                return Err("BTF type section truncated".into());
-            }
-            types.push(Type {
-                name_off,
-                kind,
-                kind_flag: info >> 31 == 1,
-                size_or_type,
-                members: if matches!(kind, KIND_STRUCT | KIND_UNION) {
-                    members
-                } else {
-                    0..0
-                },
-            });
-            at += extra;
+            let (_, next) = decode(type_data, at, starts.len() + 1)?;
+            starts.push(at as u32);
+            at = next;
         }
         Ok(Self {
-            types,
+            starts,
             type_data,
             strings,
         })
@@ -146,12 +149,15 @@ impl<'a> Btf<'a> {
         std::str::from_utf8(&rest[..end]).unwrap_or_default()
     }
 
-    fn get(&self, id: u32) -> Option<&Type> {
-        self.types.get((id as usize).checked_sub(1)?)
+    fn get(&self, id: u32) -> Option<Type> {
+        let at = *self.starts.get((id as usize).checked_sub(1)?)?;
+        decode(self.type_data, at as usize, id as usize)
+            .ok()
+            .map(|(t, _)| t)
     }
 
     /// Follows typedefs and qualifiers to the type they name.
-    fn resolve(&self, mut id: u32) -> Option<&Type> {
+    fn resolve(&self, mut id: u32) -> Option<Type> {
         for _ in 0..32 {
             let t = self.get(id)?;
             match t.kind {
@@ -164,13 +170,14 @@ impl<'a> Btf<'a> {
         None
     }
 
-    fn members<'t>(&'t self, t: &'t Type) -> impl Iterator<Item = Member> + 't {
+    fn members(&self, t: &Type) -> impl Iterator<Item = Member> + '_ {
+        let kind_flag = t.kind_flag;
         self.type_data[t.members.clone()]
             .chunks_exact(12)
             .map(move |m| {
                 let word = |i: usize| u32::from_le_bytes([m[i], m[i + 1], m[i + 2], m[i + 3]]);
                 let offset = word(8);
-                let (bit_offset, bitfield_size) = if t.kind_flag {
+                let (bit_offset, bitfield_size) = if kind_flag {
                     (offset & 0x00ff_ffff, offset >> 24)
                 } else {
                     // Without kind_flag a bitfield's size lives in its INT type; the fields read
@@ -187,10 +194,12 @@ impl<'a> Btf<'a> {
     }
 
     /// The struct (not a forward declaration) called `name`.
-    fn find_struct(&self, name: &str) -> Option<&Type> {
-        self.types.iter().find(|t| {
-            t.kind == KIND_STRUCT && !t.members.is_empty() && self.name(t.name_off) == name
-        })
+    fn find_struct(&self, name: &str) -> Option<Type> {
+        (1..=self.starts.len() as u32)
+            .filter_map(|id| self.get(id))
+            .find(|t| {
+                t.kind == KIND_STRUCT && !t.members.is_empty() && self.name(t.name_off) == name
+            })
     }
 
     /// `field` of `t` (bit offset, bitfield size, type), looking through anonymous structs
@@ -212,7 +221,7 @@ impl<'a> Btf<'a> {
             else {
                 continue;
             };
-            if let Some(found) = self.field_in(inner, field, depth + 1) {
+            if let Some(found) = self.field_in(&inner, field, depth + 1) {
                 return Some(Member {
                     bit_offset: m.bit_offset + found.bit_offset,
                     ..found
@@ -228,7 +237,7 @@ impl<'a> Btf<'a> {
             .find_struct(strukt)
             .ok_or_else(|| format!("struct {strukt} is not in the kernel's BTF"))?;
         let m = self
-            .field_in(t, field, 0)
+            .field_in(&t, field, 0)
             .ok_or_else(|| format!("struct {strukt} has no field {field}"))?;
         if m.bitfield_size != 0 || m.bit_offset % 8 != 0 {
             return Err(format!("{strukt}.{field} is a bitfield on this kernel"));

@@ -211,6 +211,27 @@ impl KernelView {
         }
         let root = tracefs::ensure_mounted()?;
         let mut offsets = read_offsets(&root)?;
+        raise_memlock_limit();
+
+        let mut ebpf = EbpfLoader::new()
+            // The object has no CO-RE relocations (Rust eBPF emits none): aya's copy of the
+            // kernel's BTF can go now rather than after loading, which lowers the start-up peak.
+            .btf(None)
+            .map_max_entries(maps::CONNS, max_conns)
+            .load(OBJECT)
+            .map_err(KernelError::Load)?;
+
+        let log_task = match aya_log::EbpfLogger::init(&mut ebpf) {
+            Ok(logger) => drain_logs(logger),
+            Err(e) => {
+                tracing::warn!(
+                    "eBPF log channel unavailable, kernel-side warnings will not show: {e}"
+                );
+                None
+            }
+        };
+
+        // Read after aya is done with its own BTF parsing, so the two never share the heap.
         let note = match btf::sock_offsets(std::path::Path::new(VMLINUX_BTF)) {
             Ok(sock) => {
                 offsets.sock_num = sock.num;
@@ -228,23 +249,6 @@ impl KernelView {
                 Some(note)
             }
         };
-        raise_memlock_limit();
-
-        let mut ebpf = EbpfLoader::new()
-            .map_max_entries(maps::CONNS, max_conns)
-            .load(OBJECT)
-            .map_err(KernelError::Load)?;
-
-        let log_task = match aya_log::EbpfLogger::init(&mut ebpf) {
-            Ok(logger) => drain_logs(logger),
-            Err(e) => {
-                tracing::warn!(
-                    "eBPF log channel unavailable, kernel-side warnings will not show: {e}"
-                );
-                None
-            }
-        };
-
         let mut offsets_map: Array<MapData, TracepointOffsets> = take(&mut ebpf, maps::OFFSETS)?;
         offsets_map
             .set(0, offsets, 0)
