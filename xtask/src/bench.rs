@@ -698,9 +698,9 @@ fn start_puma(dir: &Path, port: u16) -> Result<Proc> {
             "-b",
             &format!("tcp://127.0.0.1:{port}"),
             "-t",
-            "4:4",
+            "8:8",
             "-w",
-            "2",
+            "0",
             "--quiet",
         ])
         .arg(&app)
