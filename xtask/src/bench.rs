@@ -559,11 +559,11 @@ pub fn run(args: &Args) -> Result<()> {
             with.push(w1);
             ratios.push(w1 / w0);
         }
-        if traced != always {
-            bail!(
-                "accept() tracing was {} during the {backend} '{label}' runs",
-                if traced { "on" } else { "off" }
-            );
+        // "always" must have been attached. With "on_stall" it may come on: a server that leaves
+        // connections in its accept queue for 200 ms (Puma takes one only when a thread is
+        // free) gets accept() traced, and pays for it; the table says so.
+        if always && !traced {
+            bail!("accept() tracing was off during the {backend} '{label}' runs");
         }
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
         let (w0, w1) = (mean(&without), mean(&with));
@@ -580,7 +580,11 @@ pub fn run(args: &Args) -> Result<()> {
             table3,
             "| {backend} | {label} | {w0:.0} | {w1:.0} | **{:.3}×** | {spread} | {} |",
             w1 / w0,
-            if traced { "attached" } else { "not attached" }
+            match (traced, always) {
+                (false, _) => "not attached",
+                (true, true) => "attached",
+                (true, false) => "came on: connections waited > 200 ms",
+            }
         );
     }
     drop(puma);
