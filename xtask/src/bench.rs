@@ -141,15 +141,20 @@ fn start_nginx(dir: &Path, port: u16, workers: u32) -> Result<Proc> {
         .stderr(Stdio::null())
         .spawn()
         .context("starting nginx (apt-get install nginx-light; cargo xtask setup does)")?;
-    let p = Proc(child);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while get(port, "/up").ok().map(|(c, _)| c) != Some(200) {
+    answering(Proc(child), "nginx", port, "/up", Duration::from_secs(10))
+}
+
+/// `server` once `path` on 127.0.0.1:`port` answers 200, or an error naming `what` after
+/// `within`.
+fn answering(server: Proc, what: &str, port: u16, path: &str, within: Duration) -> Result<Proc> {
+    let deadline = Instant::now() + within;
+    while get(port, path).ok().map(|(c, _)| c) != Some(200) {
         if Instant::now() > deadline {
-            bail!("nginx did not answer on 127.0.0.1:{port}");
+            bail!("{what} did not answer on 127.0.0.1:{port}");
         }
         thread::sleep(Duration::from_millis(50));
     }
-    Ok(p)
+    Ok(server)
 }
 
 fn free_port() -> Result<u16> {
@@ -712,15 +717,7 @@ fn start_puma(dir: &Path, port: u16) -> Result<Proc> {
         .stderr(Stdio::null())
         .spawn()
         .context("starting puma (apt-get install puma; cargo xtask setup does)")?;
-    let p = Proc(child);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while get(port, "/").ok().map(|(c, _)| c) != Some(200) {
-        if Instant::now() > deadline {
-            bail!("puma did not answer on 127.0.0.1:{port}");
-        }
-        thread::sleep(Duration::from_millis(100));
-    }
-    Ok(p)
+    answering(Proc(child), "puma", port, "/", Duration::from_secs(20))
 }
 
 /// Nanoseconds per ping-pong round (four socket calls: send, recv, send, recv of 64 bytes) and

@@ -154,8 +154,7 @@ pub fn decide(e: &Evidence, cfg: &WebConfig) -> (WebVerdict, String) {
             // The clock runs from its last progress, not from the first queued arrival; the
             // oldest connection must still have waited half as long, so an idle server's
             // first new connection is not "hung" merely because the previous one was long ago.
-            let stalled_for = k.since_progress.unwrap_or(oldest);
-            if oldest >= cfg.hung_after / 2 && stalled_for >= cfg.hung_after {
+            if until_hung(oldest, k.since_progress, cfg).is_zero() {
                 let last = k.since_progress.map_or(
                     "no connection taken since the agent started".to_string(),
                     |d| format!("the server last took one {} ago", secs(d)),
@@ -283,17 +282,25 @@ pub fn decide(e: &Evidence, cfg: &WebConfig) -> (WebVerdict, String) {
     )
 }
 
+/// How long until queued connections count as hung; zero: they do now. Nothing taken for
+/// `hung_after` (from the last progress, or the oldest arrival when none was seen), and the
+/// oldest connection waiting at least half of that.
+fn until_hung(oldest: Duration, since_progress: Option<Duration>, cfg: &WebConfig) -> Duration {
+    let stalled_for = since_progress.unwrap_or(oldest);
+    (cfg.hung_after / 2)
+        .saturating_sub(oldest)
+        .max(cfg.hung_after.saturating_sub(stalled_for))
+}
+
 /// The earliest instant at which `decide` could turn hung or unresponsive on this evidence:
 /// the composer looks again right then rather than at its next tick, so a hang is reported
 /// when it crosses its threshold, not up to an `eval_interval` later.
 fn next_look(e: &Evidence, cfg: &WebConfig, now: Instant) -> Option<Instant> {
     let k = e.kernel.as_ref()?;
-    let hung = k.oldest_waiting.filter(|_| e.queue > 0).map(|oldest| {
-        let stalled_for = k.since_progress.unwrap_or(oldest);
-        (cfg.hung_after / 2)
-            .saturating_sub(oldest)
-            .max(cfg.hung_after.saturating_sub(stalled_for))
-    });
+    let hung = k
+        .oldest_waiting
+        .filter(|_| e.queue > 0)
+        .map(|oldest| until_hung(oldest, k.since_progress, cfg));
     let unanswered = k
         .oldest_pending
         .map(|p| cfg.unanswered_after.saturating_sub(p));

@@ -126,20 +126,27 @@ where
     T::try_from(map).map_err(map_err(name))
 }
 
+/// The program `name` of the object, as its hook type.
+fn typed<'a, P>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut P, KernelError>
+where
+    &'a mut P: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    ebpf.program_mut(name)
+        .ok_or(KernelError::Program {
+            name,
+            source: aya::programs::ProgramError::UnexpectedProgramType,
+        })?
+        .try_into()
+        .map_err(|source| KernelError::Program { name, source })
+}
+
 /// The program `name` of the object, loaded into the kernel and ready to attach.
 fn program<'a, P>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut P, KernelError>
 where
     &'a mut P: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
     P: LoadProgram + 'a,
 {
-    let program: &mut P = ebpf
-        .program_mut(name)
-        .ok_or(KernelError::Program {
-            name,
-            source: aya::programs::ProgramError::UnexpectedProgramType,
-        })?
-        .try_into()
-        .map_err(|source| KernelError::Program { name, source })?;
+    let program: &mut P = typed(ebpf, name)?;
     program
         .load_program()
         .map_err(|source| KernelError::Program { name, source })?;
@@ -368,14 +375,7 @@ impl KernelView {
     }
 
     fn tracepoint(&mut self, name: &'static str) -> Result<&mut TracePoint, KernelError> {
-        self.ebpf
-            .program_mut(name)
-            .ok_or(KernelError::Program {
-                name,
-                source: aya::programs::ProgramError::UnexpectedProgramType,
-            })?
-            .try_into()
-            .map_err(|source| KernelError::Program { name, source })
+        typed(&mut self.ebpf, name)
     }
 
     /// Whether any watched port has work in flight that made no progress since the previous
