@@ -49,19 +49,27 @@ fn try_io(ctx: &RawTracePointContext, send: bool) -> Option<()> {
     if off.sock_known == 1 && !port_watched(sock_port(off, sk)?) {
         return None;
     }
+    // SAFETY: the entry belongs to this socket; a racing update of the same connection on
+    // another CPU can only lose a timestamp, never corrupt memory.
     let conn = unsafe { &mut *CONNS.get_ptr_mut(sk)? };
+    // Every byte in or out is movement, keep-alive exchanges included: one per-CPU add (the
+    // array lookup is inlined by the verifier), no clock read.
+    let c = counters(conn.slot)?;
+    if send {
+        c.sent += 1;
+    } else if ret > 0 {
+        c.received += 1;
+    }
     let first = if send {
         conn.first_response_ns == 0
     } else {
         ret > 0 && conn.first_request_ns == 0
     };
-    // Keep-alive traffic after its first exchange needs nothing more: no clock read, no
-    // counter.
+    // Keep-alive traffic after its first exchange needs nothing more: no clock read.
     if conn.claimed_ns != 0 && !first {
         return None;
     }
     let now = now_ns();
-    let c = counters(conn.slot)?;
     if conn.claimed_ns == 0 {
         conn.claimed_ns = now;
         conn.pid = (bpf_get_current_pid_tgid() >> 32) as u32;

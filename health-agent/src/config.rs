@@ -93,6 +93,9 @@ pub struct ChecksConfig {
     pub timeout: Duration,
     #[serde(with = "dur")]
     pub boot_grace: Duration,
+    /// The HTTP code while booting and the web backend has not served yet: 503 (not ready;
+    /// the scaling group's grace period keeps the instance) or 200 (groups without one).
+    pub boot_status: u16,
     #[serde(with = "dur")]
     pub stale_after: Duration,
     #[serde(with = "dur")]
@@ -107,6 +110,7 @@ impl Default for ChecksConfig {
             interval: Duration::from_secs(2),
             timeout: Duration::from_secs(5),
             boot_grace: Duration::from_secs(120),
+            boot_status: 503,
             stale_after: Duration::from_secs(10),
             fail_after: Duration::ZERO,
             recover_after: Duration::from_secs(4),
@@ -406,6 +410,12 @@ impl Config {
                 Ok(())
             }
         };
+        if !matches!(self.checks.boot_status, 200 | 503) {
+            return Err(bad(
+                "checks.boot_status",
+                format!("must be 503 or 200, got {}", self.checks.boot_status),
+            ));
+        }
         positive("checks.interval", self.checks.interval)?;
         positive("checks.timeout", self.checks.timeout)?;
         positive("checks.stale_after", self.checks.stale_after)?;
@@ -533,7 +543,11 @@ threads = 0                      # HTTP threads, each with its own listener; 0 =
 [checks]
 interval = "2s"                  # snapshot refresh cadence (disk, cpu, memory, probe)
 timeout = "5s"                   # each check's own deadline; a hung check is reported, not waited for
-boot_grace = "120s"              # after the agent starts: answer 200 "booting"
+boot_grace = "120s"              # after the agent starts: "booting", no restarts; keep the ASG's
+                                 # HealthCheckGracePeriod at least this long
+boot_status = 503                # while booting and the web backend has not served yet: 503 (not
+                                 # ready, the balancer sends nothing); 200 for groups without a
+                                 # grace period. Never served once boot_grace is over: 503
 stale_after = "10s"              # snapshot older than this: 503, the agent can no longer vouch
 fail_after = "0s"                # a 503 condition must hold this long before 503 (web verdicts
                                  # already wait hung_after / unanswered_after)
@@ -543,8 +557,10 @@ recover_after = "4s"             # a 503 must be gone this long before 200 again
 port = 0                         # the backend's listen port; 0 = no web check
 probe_path = "/up"               # active probe on 127.0.0.1:<port>; "" disables it
 probe_timeout = "2s"
-hung_after = "2s"                # queued connections with no accept progress for this long
-unanswered_after = "10s"         # a read request with no response byte for this long
+hung_after = "2s"                # weak evidence of a hang: connections queue and nothing is taken
+                                 # or answered for this long (stretched to twice the server's own
+                                 # quiet spells); a stopped or frozen server is hung after 0.5 s
+unanswered_after = "10s"         # a read request with no response byte anywhere for this long
 slow_after = "1s"                # p99 request → first response byte above this: slow
 latency_window = "60s"           # sliding window of the latency percentiles
 eval_interval = "250ms"          # how often the kernel view is evaluated

@@ -10,7 +10,11 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::snapshot::Snapshot;
+use crate::{
+    checks::db_state_str,
+    policy::{DbState, WebVerdict},
+    snapshot::Snapshot,
+};
 
 type Labels = Vec<(&'static str, String)>;
 type FGauge = Gauge<f64, AtomicU64>;
@@ -97,15 +101,7 @@ pub fn render(s: &Snapshot) -> String {
         "web_verdict",
         "Web backend verdict",
         "verdict",
-        &[
-            "not_configured",
-            "unknown",
-            "up",
-            "slow",
-            "hung",
-            "unresponsive",
-            "down",
-        ],
+        &WebVerdict::ALL.map(WebVerdict::as_str),
         w.verdict.as_str(),
     );
     o.gauge(
@@ -259,13 +255,7 @@ pub fn render(s: &Snapshot) -> String {
         "database",
         "Database state",
         "state",
-        &[
-            "not_configured",
-            "connected",
-            "slow",
-            "unreachable",
-            "unknown",
-        ],
+        &DbState::ALL.map(db_state_str),
         r.database.summary(),
     );
     // Per database: the name label is the URL without its password.
@@ -281,12 +271,13 @@ pub fn render(s: &Snapshot) -> String {
         "State of each configured database, 1 for the current one (damped)",
         dbs.iter()
             .flat_map(|d| {
-                ["connected", "slow", "unreachable", "unknown"]
-                    .into_iter()
+                DbState::ALL[1..]
+                    .iter()
+                    .map(|&st| db_state_str(st))
                     .map(move |st| {
                         let mut labels = db_labels(d);
                         labels.push(("state", st.to_string()));
-                        let current = st == crate::checks::db_state_str(d.state);
+                        let current = st == db_state_str(d.state);
                         (labels, f64::from(u8::from(current)))
                     })
             })

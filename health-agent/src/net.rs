@@ -1,8 +1,14 @@
-//! What the kernel says about listen sockets without eBPF: accept-queue depth and maximum for
-//! each listener (sock_diag netlink, which walks only listening sockets), the process owning
-//! a socket (/proc/<pid>/fd), and the TcpExt ListenOverflows/ListenDrops counters.
+//! What the kernel says about sockets without eBPF: accept-queue depth and maximum for each
+//! listener, and connections with their `tcp_info` timers (sock_diag netlink, asking only for
+//! the states wanted), the processes holding a socket (/proc/<pid>/fd), and the TcpExt
+//! ListenOverflows/ListenDrops counters.
 
-use std::{collections::HashMap, io, mem, os::fd::AsRawFd, os::fd::FromRawFd, os::fd::OwnedFd};
+use std::{
+    collections::HashMap,
+    io, mem,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Listener {
@@ -21,9 +27,58 @@ const TCP_LISTEN: u32 = 10;
 const NLMSG_HDR: usize = 16;
 const REQ_LEN: usize = 56; // struct inet_diag_req_v2
 const MSG_LEN: usize = 72; // struct inet_diag_msg
+const INET_DIAG_INFO: u16 = 2;
 
 /// Every TCP listen socket on the host (both families).
 pub fn listeners() -> io::Result<Vec<Listener>> {
+    let mut out = Vec::new();
+    dump_tcp(1 << TCP_LISTEN, 0, |m, _| out.push(parse_msg(m)))?;
+    Ok(out)
+}
+
+/// One TCP connection as sock_diag reports it, with the `tcp_info` timers that tell whether
+/// it waits for an answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TcpConn {
+    pub state: u8,
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+    pub inode: u64,
+    /// ms since data was last sent / received (`tcpi_last_data_sent`/`_recv`; jiffies, so a
+    /// few ms coarse).
+    pub last_data_sent_ms: u32,
+    pub last_data_recv_ms: u32,
+    /// Segments sent and not yet acknowledged.
+    pub unacked: u32,
+}
+
+pub const TCP_ESTABLISHED: u8 = 1;
+pub const TCP_SYN_SENT: u8 = 2;
+
+impl TcpConn {
+    /// A request went out after the last answer came in (or the handshake is still under
+    /// way): the owner waits on the peer. The peer's kernel acknowledging the bytes does not
+    /// count as an answer; its application sending some does.
+    pub fn awaits_answer(&self) -> bool {
+        self.state == TCP_SYN_SENT
+            || self.last_data_sent_ms < self.last_data_recv_ms
+            || self.unacked > 0
+    }
+}
+
+/// Established and connecting TCP sockets on the host (both families), with `tcp_info`.
+pub fn connections() -> io::Result<Vec<TcpConn>> {
+    let mut out = Vec::new();
+    let states = (1u32 << TCP_ESTABLISHED) | (1u32 << TCP_SYN_SENT);
+    dump_tcp(states, 1 << (INET_DIAG_INFO - 1), |m, attrs| {
+        out.push(parse_conn(m, attrs))
+    })?;
+    Ok(out)
+}
+
+/// Dumps the TCP sockets in `states` (a bit mask of TCP states) of both families, handing
+/// each `inet_diag_msg` and its attributes to `each`.
+fn dump_tcp(states: u32, ext: u8, mut each: impl FnMut(&[u8], &[u8])) -> io::Result<()> {
     // SAFETY: socket(2); the fd is owned right away.
     let fd = unsafe {
         libc::socket(
@@ -37,14 +92,19 @@ pub fn listeners() -> io::Result<Vec<Listener>> {
     }
     // SAFETY: fd is a fresh descriptor we own.
     let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-    let mut out = Vec::new();
     for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
-        dump(&sock, family, &mut out)?;
+        dump(&sock, family, states, ext, &mut each)?;
     }
-    Ok(out)
+    Ok(())
 }
 
-fn dump(sock: &OwnedFd, family: u8, out: &mut Vec<Listener>) -> io::Result<()> {
+fn dump(
+    sock: &OwnedFd,
+    family: u8,
+    states: u32,
+    ext: u8,
+    each: &mut impl FnMut(&[u8], &[u8]),
+) -> io::Result<()> {
     let mut req = [0u8; NLMSG_HDR + REQ_LEN];
     req[0..4].copy_from_slice(&((NLMSG_HDR + REQ_LEN) as u32).to_ne_bytes());
     req[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
@@ -52,8 +112,8 @@ fn dump(sock: &OwnedFd, family: u8, out: &mut Vec<Listener>) -> io::Result<()> {
     req[6..8].copy_from_slice(&flags.to_ne_bytes());
     req[NLMSG_HDR] = family;
     req[NLMSG_HDR + 1] = libc::IPPROTO_TCP as u8;
-    req[NLMSG_HDR + 4..NLMSG_HDR + 8].copy_from_slice(&(1u32 << TCP_LISTEN).to_ne_bytes());
-
+    req[NLMSG_HDR + 2] = ext;
+    req[NLMSG_HDR + 4..NLMSG_HDR + 8].copy_from_slice(&states.to_ne_bytes());
     // SAFETY: zeroed sockaddr_nl is valid (pid 0 = the kernel).
     let mut addr: libc::sockaddr_nl = unsafe { mem::zeroed() };
     addr.nl_family = libc::AF_NETLINK as u16;
@@ -103,7 +163,10 @@ fn dump(sock: &OwnedFd, family: u8, out: &mut Vec<Listener>) -> io::Result<()> {
                     return Err(io::Error::from_raw_os_error(-errno));
                 }
                 _ if ty == SOCK_DIAG_BY_FAMILY && len >= NLMSG_HDR + MSG_LEN => {
-                    out.push(parse_msg(&msgs[NLMSG_HDR..NLMSG_HDR + MSG_LEN]));
+                    each(
+                        &msgs[NLMSG_HDR..NLMSG_HDR + MSG_LEN],
+                        &msgs[NLMSG_HDR + MSG_LEN..len],
+                    );
                 }
                 _ => {}
             }
@@ -124,6 +187,74 @@ fn parse_msg(m: &[u8]) -> Listener {
         max_queue: u32_at(60),
         inode: u32_at(68) as u64,
     }
+}
+
+/// The local and remote address of an `inet_diag_msg`.
+fn addresses(m: &[u8]) -> (SocketAddr, SocketAddr) {
+    let ip = |o: usize| -> IpAddr {
+        if m[0] == libc::AF_INET6 as u8 {
+            let mut b = [0u8; 16];
+            b.copy_from_slice(&m[o..o + 16]);
+            let v6 = Ipv6Addr::from(b);
+            // Dual-stack sockets report IPv4 peers as ::ffff:a.b.c.d.
+            v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
+        } else {
+            IpAddr::V4(Ipv4Addr::new(m[o], m[o + 1], m[o + 2], m[o + 3]))
+        }
+    };
+    (
+        SocketAddr::new(ip(8), u16::from_be_bytes([m[4], m[5]])),
+        SocketAddr::new(ip(24), u16::from_be_bytes([m[6], m[7]])),
+    )
+}
+
+fn parse_conn(m: &[u8], mut attrs: &[u8]) -> TcpConn {
+    let (local, remote) = addresses(m);
+    let mut conn = TcpConn {
+        state: m[1],
+        local,
+        remote,
+        inode: u32::from_ne_bytes([m[68], m[69], m[70], m[71]]) as u64,
+        last_data_sent_ms: 0,
+        last_data_recv_ms: 0,
+        unacked: 0,
+    };
+    // struct rtattr { u16 len; u16 type; } + payload, each aligned to 4 bytes.
+    while attrs.len() >= 4 {
+        let len = u16::from_ne_bytes([attrs[0], attrs[1]]) as usize;
+        let ty = u16::from_ne_bytes([attrs[2], attrs[3]]);
+        if len < 4 || len > attrs.len() {
+            break;
+        }
+        let info = &attrs[4..len];
+        // struct tcp_info: tcpi_unacked at 24, tcpi_last_data_sent at 44, _recv at 52.
+        if ty == INET_DIAG_INFO && info.len() >= 56 {
+            let u32_at =
+                |o: usize| u32::from_ne_bytes([info[o], info[o + 1], info[o + 2], info[o + 3]]);
+            conn.unacked = u32_at(24);
+            conn.last_data_sent_ms = u32_at(44);
+            conn.last_data_recv_ms = u32_at(52);
+        }
+        attrs = &attrs[((len + 3) & !3).min(attrs.len())..];
+    }
+    conn
+}
+
+/// The socket inodes process `pid` holds open.
+pub fn socket_inodes(pid: u32) -> Vec<u64> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    dir.filter_map(Result::ok)
+        .filter_map(|e| {
+            let link = std::fs::read_link(e.path()).ok()?;
+            link.to_str()?
+                .strip_prefix("socket:[")?
+                .strip_suffix(']')?
+                .parse()
+                .ok()
+        })
+        .collect()
 }
 
 /// The listen sockets bound to `port`.
@@ -236,5 +367,38 @@ mod tests {
         assert_eq!(listeners_on(port).unwrap()[0].queue, 1);
         drop(l);
         assert!(listeners_on(port).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_request_without_an_answer_awaits_one() {
+        use std::io::{Read, Write};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let mut client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let (mut server, _) = l.accept().unwrap();
+        let mine = socket_inodes(std::process::id());
+        let find = || {
+            connections()
+                .unwrap()
+                .into_iter()
+                .find(|c| c.remote.port() == port && mine.contains(&c.inode))
+                .expect("the client side of the connection")
+        };
+        // Jiffies are coarse: let the clock move between each step.
+        let tick = || std::thread::sleep(std::time::Duration::from_millis(30));
+        tick();
+        client.write_all(b"ping").unwrap();
+        tick();
+        let c = find();
+        assert_eq!(c.state, TCP_ESTABLISHED);
+        assert_eq!(c.local.ip(), IpAddr::V4(Ipv4Addr::LOCALHOST));
+        assert!(c.awaits_answer(), "request sent, nothing back: {c:?}");
+        let mut b = [0u8; 4];
+        server.read_exact(&mut b).unwrap();
+        tick();
+        server.write_all(b"pong").unwrap();
+        client.read_exact(&mut b).unwrap();
+        tick();
+        assert!(!find().awaits_answer(), "answered: {:?}", find());
     }
 }

@@ -16,18 +16,32 @@ pub enum WebVerdict {
     Unknown,
     Up,
     Slow,
+    /// Its own outbound requests (database, cache, API) go unanswered: a dependency's fault.
+    Waiting,
     Hung,
     Unresponsive,
     Down,
 }
 
 impl WebVerdict {
+    pub const ALL: [WebVerdict; 8] = [
+        Self::NotConfigured,
+        Self::Unknown,
+        Self::Up,
+        Self::Slow,
+        Self::Waiting,
+        Self::Hung,
+        Self::Unresponsive,
+        Self::Down,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::NotConfigured => "not_configured",
             Self::Unknown => "unknown",
             Self::Up => "up",
             Self::Slow => "slow",
+            Self::Waiting => "waiting",
             Self::Hung => "hung",
             Self::Unresponsive => "unresponsive",
             Self::Down => "down",
@@ -55,8 +69,23 @@ pub enum DbState {
     Connected,
     Slow,
     Unreachable,
+    /// The database answered and refused us (authentication failed, unknown database, TLS
+    /// refused): a configuration error to fix, not an outage. Alerted, never a 503, and it
+    /// never hides a web fault.
+    Misconfigured,
     /// Not checked yet.
     Unknown,
+}
+
+impl DbState {
+    pub const ALL: [DbState; 6] = [
+        Self::NotConfigured,
+        Self::Connected,
+        Self::Slow,
+        Self::Unreachable,
+        Self::Misconfigured,
+        Self::Unknown,
+    ];
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -139,10 +168,14 @@ pub enum Fault {
     Web(WebVerdict),
     DiskFull,
     Containers,
+    /// Boot grace is over and the web backend was never seen serving.
+    NeverServed,
 }
 
 impl Fault {
-    /// Whether self-healing (a restart) can address it.
+    /// Whether self-healing (a restart) can address it. A backend that never served is not
+    /// restarted into `recovering` (a 200 would put an instance that never worked into
+    /// rotation).
     pub fn healable(self) -> bool {
         matches!(self, Self::Web(_) | Self::Containers)
     }
@@ -151,11 +184,25 @@ impl Fault {
 #[derive(Debug, Clone, PartialEq)]
 pub struct PolicyInput {
     pub web: WebVerdict,
+    /// The web verdict's evidence, carried into the reasons.
+    pub web_detail: String,
+    /// Every process holding the web listener is stopped or frozen: nothing shared explains
+    /// that, so the shared-dependency guard does not cover it.
+    pub web_stopped: bool,
+    /// The web backend has been seen serving since the agent started (true when there is no
+    /// web check).
+    pub web_served: bool,
     pub disk: DiskLevel,
     pub database: DbState,
     pub containers: ContainersState,
     pub pressure: Pressure,
     pub in_boot_grace: bool,
+    /// Some check has not reported its first result yet.
+    pub warming_up: bool,
+    /// The code while booting and the backend has not served yet: 503 (not ready: the
+    /// balancer sends nothing, the scaling group's grace period keeps the instance) or 200
+    /// for scaling groups without a grace period (`checks.boot_status`).
+    pub boot_status: u16,
     pub heal: HealPhase,
 }
 
@@ -163,11 +210,16 @@ impl Default for PolicyInput {
     fn default() -> Self {
         Self {
             web: WebVerdict::NotConfigured,
+            web_detail: String::new(),
+            web_stopped: false,
+            web_served: true,
             disk: DiskLevel::Ok,
             database: DbState::NotConfigured,
             containers: ContainersState::NotConfigured,
             pressure: Pressure::Normal,
             in_boot_grace: false,
+            warming_up: false,
+            boot_status: 503,
             heal: HealPhase::Idle,
         }
     }
@@ -197,20 +249,71 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
     let mut faults = Vec::new();
     let dependency_down = matches!(i.database, DbState::Unreachable | DbState::Slow);
     let mut shared_dependency = false;
+    let web = |what: &str| {
+        if i.web_detail.is_empty() {
+            format!("web backend {what}")
+        } else {
+            format!("web backend {what}: {}", i.web_detail)
+        }
+    };
 
-    if i.web.is_fault() {
-        if dependency_down {
+    let decided = |status, http, recommendation, reasons, faults, shared_dependency| Decision {
+        status,
+        http,
+        recommendation,
+        reasons,
+        faults,
+        shared_dependency,
+    };
+
+    // Not ready until the backend has served once: a 200 would put it into rotation.
+    let configured = i.web != WebVerdict::NotConfigured;
+    if configured && !i.web_served {
+        if i.in_boot_grace {
+            return decided(
+                Status::Booting,
+                i.boot_status,
+                Recommendation::Stable,
+                vec![format!(
+                    "booting: the web backend has not been seen serving yet ({})",
+                    web(i.web.as_str())
+                )],
+                Vec::new(),
+                false,
+            );
+        }
+        // It never was in rotation, so taking it out cannot take the fleet out, whatever the
+        // database says.
+        return decided(
+            Status::Unhealthy,
+            503,
+            Recommendation::Stable,
+            vec![format!(
+                "boot grace is over and the web backend was never seen serving ({})",
+                web(i.web.as_str())
+            )],
+            vec![Fault::NeverServed],
+            false,
+        );
+    }
+
+    if i.web == WebVerdict::Waiting {
+        shared_dependency = true;
+        reasons.push(web("waiting on a dependency, not replacing the instance"));
+    } else if i.web.is_fault() {
+        if dependency_down && !i.web_stopped {
             // Fleet-safety guard: every instance shares this database, so every instance
-            // would look the same and replacing them fixes nothing.
+            // would look the same and replacing them fixes nothing. A stopped or frozen
+            // server is not explained by any database: that stays a local fault.
             shared_dependency = true;
             reasons.push(format!(
-                "web backend {} while the database is {}: shared dependency, not replacing the instance",
-                i.web.as_str(),
+                "{} while the database is {}: shared dependency, not replacing the instance",
+                web(i.web.as_str()),
                 db_word(i.database)
             ));
         } else {
             faults.push(Fault::Web(i.web));
-            reasons.push(format!("web backend {}", i.web.as_str()));
+            reasons.push(web(i.web.as_str()));
         }
     }
     if i.containers == ContainersState::Faulty {
@@ -222,25 +325,6 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
         reasons.push("disk usage at or above the fail threshold".into());
     }
 
-    let decided = |status, http, recommendation, reasons, faults| Decision {
-        status,
-        http,
-        recommendation,
-        reasons,
-        faults,
-        shared_dependency,
-    };
-
-    if i.in_boot_grace {
-        reasons.insert(0, "within the boot grace period".into());
-        return decided(
-            Status::Booting,
-            200,
-            Recommendation::Stable,
-            reasons,
-            Vec::new(),
-        );
-    }
     if !faults.is_empty() {
         let only_healable = faults.iter().all(|f| f.healable());
         if i.heal == HealPhase::Recovering && only_healable {
@@ -251,10 +335,14 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
                 Recommendation::Stable,
                 reasons,
                 faults,
+                shared_dependency,
             );
         }
         if i.heal == HealPhase::Exhausted {
             reasons.push("self-heal failed or its budget is spent".into());
+        }
+        if i.in_boot_grace {
+            reasons.push("within the boot grace period: no restart".into());
         }
         return decided(
             Status::Unhealthy,
@@ -262,6 +350,7 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
             Recommendation::Stable,
             reasons,
             faults,
+            shared_dependency,
         );
     }
 
@@ -272,6 +361,10 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
         degraded = true;
         infrastructure = true;
         reasons.push(format!("database {}", db_word(i.database)));
+    }
+    if i.database == DbState::Misconfigured {
+        degraded = true;
+        reasons.push("database check misconfigured (credentials, database name or TLS)".into());
     }
     match i.disk {
         DiskLevel::Warn => {
@@ -291,7 +384,7 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
     if i.web == WebVerdict::Slow {
         degraded = true;
         scale_up = true;
-        reasons.push("web backend slow".into());
+        reasons.push(web("slow"));
     }
     if i.pressure == Pressure::High {
         degraded = true;
@@ -308,12 +401,33 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
     } else {
         Recommendation::Stable
     };
+    if i.in_boot_grace && i.warming_up {
+        reasons.insert(
+            0,
+            "booting: the web backend serves, other checks are warming up".into(),
+        );
+        return decided(
+            Status::Booting,
+            200,
+            Recommendation::Stable,
+            reasons,
+            Vec::new(),
+            shared_dependency,
+        );
+    }
     let status = if degraded {
         Status::Degraded
     } else {
         Status::Healthy
     };
-    decided(status, 200, recommendation, reasons, Vec::new())
+    decided(
+        status,
+        200,
+        recommendation,
+        reasons,
+        Vec::new(),
+        shared_dependency,
+    )
 }
 
 fn db_word(d: DbState) -> &'static str {
@@ -397,12 +511,9 @@ mod tests {
     fn input() -> PolicyInput {
         PolicyInput {
             web: WebVerdict::Up,
-            disk: DiskLevel::Ok,
             database: DbState::Connected,
             containers: ContainersState::AllRunning,
-            pressure: Pressure::Normal,
-            in_boot_grace: false,
-            heal: HealPhase::Idle,
+            ..PolicyInput::default()
         }
     }
 
@@ -582,23 +693,102 @@ mod tests {
                 Stable,
             ),
             (
-                "boot grace hides a dead backend",
+                "booting, the backend not yet seen serving: not ready",
                 |i| {
                     i.in_boot_grace = true;
+                    i.web_served = false;
                     i.web = WebVerdict::Down;
+                },
+                Booting,
+                503,
+                Stable,
+            ),
+            (
+                "booting, not yet serving, boot_status = 200 (no ASG grace period)",
+                |i| {
+                    i.in_boot_grace = true;
+                    i.web_served = false;
+                    i.web = WebVerdict::Unknown;
+                    i.boot_status = 200;
                 },
                 Booting,
                 200,
                 Stable,
             ),
             (
-                "boot grace hides a full disk",
+                "booting, serving, other checks warming up",
+                |i| {
+                    i.in_boot_grace = true;
+                    i.warming_up = true;
+                    i.database = DbState::Unknown;
+                },
+                Booting,
+                200,
+                Stable,
+            ),
+            (
+                "booting, serving, every check in: the normal answer",
+                |i| i.in_boot_grace = true,
+                Healthy,
+                200,
+                Stable,
+            ),
+            (
+                "booting, serving, disk full: a fault is a fault",
                 |i| {
                     i.in_boot_grace = true;
                     i.disk = DiskLevel::Fail;
                 },
-                Booting,
+                Unhealthy,
+                503,
+                Stable,
+            ),
+            (
+                "boot grace over, never served, database unreachable: still 503",
+                |i| {
+                    i.web_served = false;
+                    i.web = WebVerdict::Waiting;
+                    i.database = DbState::Unreachable;
+                },
+                Unhealthy,
+                503,
+                Stable,
+            ),
+            (
+                "waiting on a dependency",
+                |i| i.web = WebVerdict::Waiting,
+                Degraded,
                 200,
+                InfrastructureIssue,
+            ),
+            (
+                "stopped server while the database is unreachable: local, 503",
+                |i| {
+                    i.web = WebVerdict::Hung;
+                    i.web_stopped = true;
+                    i.database = DbState::Unreachable;
+                    i.heal = HealPhase::Exhausted;
+                },
+                Unhealthy,
+                503,
+                Stable,
+            ),
+            (
+                "database misconfigured",
+                |i| i.database = DbState::Misconfigured,
+                Degraded,
+                200,
+                Stable,
+            ),
+            (
+                "database misconfigured never hides a web fault",
+                |i| {
+                    i.database = DbState::Misconfigured;
+                    i.web = WebVerdict::Hung;
+                    i.heal = HealPhase::Exhausted;
+                },
+                Unhealthy,
+                503,
                 Stable,
             ),
             (
@@ -660,6 +850,29 @@ mod tests {
                 assert!(!d.reasons.is_empty(), "{name}: a 503 must say why");
             }
         }
+    }
+
+    #[test]
+    fn reasons_carry_the_web_evidence() {
+        let d = evaluate(&PolicyInput {
+            web: WebVerdict::Waiting,
+            web_detail: "waiting on 10.0.3.7:5432 for 4.2s (12 connections)".into(),
+            ..input()
+        });
+        assert!(d.shared_dependency);
+        assert_eq!(d.healable_fault(), None, "no restart for a dependency");
+        assert!(
+            d.reasons.iter().any(|r| r.contains("10.0.3.7:5432")),
+            "{:?}",
+            d.reasons
+        );
+        let d = evaluate(&PolicyInput {
+            web_served: false,
+            web: WebVerdict::Hung,
+            ..input()
+        });
+        assert_eq!(d.faults, [Fault::NeverServed]);
+        assert_eq!(d.healable_fault(), None, "never restarted into a 200");
     }
 
     #[test]

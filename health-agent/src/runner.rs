@@ -10,7 +10,7 @@ use std::{
 };
 
 use arc_swap::ArcSwap;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
@@ -45,8 +45,26 @@ fn spawn_periodic<T, F, Fut>(
     every: Duration,
     timeout: Duration,
     shutdown: CancellationToken,
+    check: F,
+    on_timeout: impl Fn() -> T + Send + 'static,
+) -> Slot<T>
+where
+    T: Send + Sync + 'static,
+    F: FnMut() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = T> + Send,
+{
+    spawn_periodic_or_woken(every, timeout, shutdown, check, on_timeout, None)
+}
+
+/// `spawn_periodic`, plus a round right away whenever `wake` is notified (a notification
+/// during a round starts the next one as soon as it ends).
+fn spawn_periodic_or_woken<T, F, Fut>(
+    every: Duration,
+    timeout: Duration,
+    shutdown: CancellationToken,
     mut check: F,
     on_timeout: impl Fn() -> T + Send + 'static,
+    wake: Option<Arc<Notify>>,
 ) -> Slot<T>
 where
     T: Send + Sync + 'static,
@@ -61,6 +79,7 @@ where
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tick.tick() => {}
+                _ = woken(wake.as_deref()) => tick.reset(),
             }
             let value = match tokio::time::timeout(timeout, check()).await {
                 Ok(v) => v,
@@ -78,6 +97,13 @@ where
         }
     });
     rx
+}
+
+async fn woken(wake: Option<&Notify>) {
+    match wake {
+        Some(n) => n.notified().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// The running background half.
@@ -179,11 +205,12 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
     // The database has its own, slower cadence; each round trip bounds its connect and its
     // query by `database.timeout`, so the slot's deadline is a backstop whose overrun still
     // counts as a failed round trip in the monitor's damping.
+    let recheck_database = Arc::new(Notify::new());
     let (database_slot, database_pending) = match DatabaseMonitor::new(&cfg.database) {
         Ok(Some(monitor)) => {
             let pending = monitor.report();
             let on_timeout = monitor.on_timeout();
-            let slot = spawn_periodic(
+            let slot = spawn_periodic_or_woken(
                 cfg.database.interval,
                 cfg.database.timeout * 2 + Duration::from_secs(2),
                 shutdown.clone(),
@@ -192,6 +219,7 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
                     async move { m.check().await }
                 },
                 on_timeout,
+                Some(recheck_database.clone()),
             );
             (Some(slot), pending)
         }
@@ -217,6 +245,8 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
         database_pending,
         last_system: None,
         last_full: started,
+        recheck_database,
+        last_recheck: None,
         alerts: Alerts::start(&cfg.alerts, alerts::hostname(), shutdown.clone()),
     };
     // The first snapshot should not say "disk unknown" only because the disk check has not
@@ -242,6 +272,7 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
                 _ = sleep_until(look) => {}
             }
             let now = Instant::now();
+            composer.web.observe(now);
             if !composer.due(now) {
                 continue;
             }
@@ -281,6 +312,9 @@ struct Composer {
     last_system: Option<(Instant, Option<crate::checks::system::SystemReport>)>,
     /// When the last full round ran.
     last_full: Instant,
+    /// Wakes the database check for a round now, off its own cadence.
+    recheck_database: Arc<Notify>,
+    last_recheck: Option<Instant>,
     alerts: Option<Alerts>,
 }
 
@@ -395,10 +429,17 @@ impl Composer {
             containers,
             database,
         };
+        self.recheck_database_when_stuck(&report, now);
         let in_grace = now.saturating_duration_since(self.started) < self.cfg.checks.boot_grace;
         let mut input = report.policy_input(in_grace);
+        input.web_served = report.web.served || self.cfg.web.port == 0;
+        input.warming_up = self.warming_up(&report);
+        input.boot_status = self.cfg.checks.boot_status;
         let raw = evaluate(&input);
-        input.heal = self.healer.step(&raw, &report.containers.faulty, now);
+        // No restarts within boot grace: an app may take its time to come up.
+        if !in_grace {
+            input.heal = self.healer.step(&raw, &report.containers.faulty, now);
+        }
         let decision = self.guard.apply(evaluate(&input), now);
         Snapshot::new(
             decision,
@@ -409,6 +450,46 @@ impl Composer {
         )
     }
 }
+
+impl Composer {
+    /// When the web backend looks stuck, the database check runs now rather than on its
+    /// slower cadence, so a database outage is named within seconds, not after
+    /// `database.interval × fail_after`. At most one wake-up per RECHECK_EVERY; a round still
+    /// running takes the wake-up as soon as it ends.
+    fn recheck_database_when_stuck(&mut self, report: &Report, now: Instant) {
+        let stuck = matches!(
+            report.web.verdict,
+            crate::policy::WebVerdict::Waiting
+                | crate::policy::WebVerdict::Hung
+                | crate::policy::WebVerdict::Unresponsive
+        );
+        let due = self
+            .last_recheck
+            .is_none_or(|t| now.saturating_duration_since(t) >= RECHECK_EVERY);
+        if stuck && due && self.database.is_some() {
+            self.last_recheck = Some(now);
+            self.recheck_database.notify_one();
+        }
+    }
+
+    /// Whether a configured check has not reported its first result yet.
+    fn warming_up(&self, report: &Report) -> bool {
+        let probe = self.probe.as_ref().is_some_and(|p| p.borrow().is_none());
+        let containers = self
+            .containers
+            .as_ref()
+            .is_some_and(|c| c.borrow().is_none());
+        let database = self.database.as_ref().is_some_and(|d| d.borrow().is_none())
+            || report
+                .database
+                .databases
+                .iter()
+                .any(|d| d.last_checked.is_none());
+        probe || containers || database
+    }
+}
+
+const RECHECK_EVERY: Duration = Duration::from_secs(1);
 
 /// Loading the kernel programs parsed the running kernel's BTF twice (aya's loader and
 /// `ebpf::btf`), several megabytes each, all freed since. glibc keeps freed heap pages mapped;

@@ -70,6 +70,14 @@ pub struct PortCounters {
     /// `bpf_ktime_get_ns` of the latest claim: the server's progress through its accept
     /// queue, seen without any syscall hook. Not a count: summed per CPU as a maximum.
     pub last_claim_ns: u64,
+    /// Successful send calls on any server-side connection, keep-alive exchanges after the
+    /// first included: answers still going out. No clock is read for it; user space notes
+    /// when the count moves.
+    pub sent: u64,
+    /// Successful reads (of at least one byte) on server-side connections, keep-alive
+    /// requests included: with `sent`, tells a server working through requests from an idle
+    /// one.
+    pub received: u64,
 }
 
 impl PortCounters {
@@ -82,6 +90,8 @@ impl PortCounters {
         self.closed_unclaimed += o.closed_unclaimed;
         self.closed_pending += o.closed_pending;
         self.last_claim_ns = self.last_claim_ns.max(o.last_claim_ns);
+        self.sent += o.sent;
+        self.received += o.received;
     }
 
     /// Connections waiting in the accept queue now (exact unless the LRU table evicted some).

@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use super::report::Pending;
 use crate::{
-    policy::{Fault, HealPhase, Recommendation, Status},
+    policy::{DbState, Fault, HealPhase, Recommendation, Status},
     snapshot::Snapshot,
 };
 
@@ -30,10 +30,18 @@ pub enum Condition {
     Unhealthy,
     /// Self-healing tried and failed, or its budget is spent.
     HealFailed,
+    /// A check is misconfigured: the database refused the agent's credentials or database
+    /// name. Nothing is replaced for it, but a person has to fix it.
+    ConfigError,
 }
 
 impl Condition {
-    pub const ALL: [Condition; 3] = [Self::InfrastructureIssue, Self::Unhealthy, Self::HealFailed];
+    pub const ALL: [Condition; 4] = [
+        Self::InfrastructureIssue,
+        Self::Unhealthy,
+        Self::HealFailed,
+        Self::ConfigError,
+    ];
 
     /// The machine name, used in keys, labels and payloads.
     pub fn key(self) -> &'static str {
@@ -41,6 +49,7 @@ impl Condition {
             Self::InfrastructureIssue => "infrastructure_issue",
             Self::Unhealthy => "unhealthy",
             Self::HealFailed => "heal_failed",
+            Self::ConfigError => "config_error",
         }
     }
 
@@ -49,6 +58,7 @@ impl Condition {
             Self::InfrastructureIssue => "infrastructure issue",
             Self::Unhealthy => "unhealthy (503)",
             Self::HealFailed => "self-heal failed",
+            Self::ConfigError => "check misconfigured",
         }
     }
 
@@ -59,6 +69,7 @@ impl Condition {
             }
             Self::Unhealthy => snap.decision.http == 503,
             Self::HealFailed => snap.heal.phase == Some(HealPhase::Exhausted),
+            Self::ConfigError => snap.report.database.state == DbState::Misconfigured,
         }
     }
 
@@ -67,7 +78,7 @@ impl Condition {
     pub fn pd_severity(self) -> &'static str {
         match self {
             Self::Unhealthy | Self::HealFailed => "critical",
-            Self::InfrastructureIssue => "warning",
+            Self::InfrastructureIssue | Self::ConfigError => "warning",
         }
     }
 
@@ -98,7 +109,7 @@ pub fn priority(condition: Condition, suspicious: bool) -> &'static str {
         Condition::HealFailed => "p1",
         Condition::Unhealthy if suspicious => "p1",
         Condition::Unhealthy => "p2",
-        Condition::InfrastructureIssue => "p3",
+        Condition::InfrastructureIssue | Condition::ConfigError => "p3",
     }
 }
 
@@ -129,7 +140,7 @@ struct Open {
 #[derive(Debug)]
 pub struct Tracker {
     resolve_after: Duration,
-    open: [Option<Open>; 3],
+    open: [Option<Open>; Condition::ALL.len()],
     next_incident: u64,
 }
 
@@ -137,7 +148,7 @@ impl Tracker {
     pub fn new(resolve_after: Duration) -> Self {
         Self {
             resolve_after,
-            open: [None, None, None],
+            open: [const { None }; Condition::ALL.len()],
             next_incident: 1,
         }
     }
@@ -272,7 +283,7 @@ impl Event {
             .faults
             .iter()
             .map(|f| match f {
-                Fault::Web(_) => "web",
+                Fault::Web(_) | Fault::NeverServed => "web",
                 Fault::DiskFull => "disk",
                 Fault::Containers => "containers",
             })
@@ -370,7 +381,7 @@ mod tests {
     fn conditions_are_independent() {
         let t0 = Instant::now();
         let mut t = Tracker::new(100 * MS);
-        let both = |c| c != Condition::InfrastructureIssue;
+        let both = |c| matches!(c, Condition::Unhealthy | Condition::HealFailed);
         assert_eq!(t.step(both, t0).len(), 2);
         assert!(t.step(only(Condition::Unhealthy), t0 + 50 * MS).is_empty());
         let r = t.step(only(Condition::Unhealthy), t0 + 200 * MS);

@@ -395,6 +395,8 @@ pub enum RoundTrip {
     Fast,
     Slow,
     Failed,
+    /// The database answered and refused us (see `Failure::Refused`).
+    Refused,
 }
 
 /// The damped state of one database: `Unknown` until the first decisive evidence, `unreachable`
@@ -430,6 +432,12 @@ impl Damper {
 
     pub fn observe(&mut self, r: RoundTrip) -> DbState {
         match r {
+            // An answer, not an outage: nothing to damp.
+            RoundTrip::Refused => {
+                self.consecutive_failures = 0;
+                self.consecutive_successes = 0;
+                self.state = DbState::Misconfigured;
+            }
             RoundTrip::Failed => {
                 self.consecutive_successes = 0;
                 self.consecutive_failures = self.consecutive_failures.saturating_add(1);
@@ -461,8 +469,37 @@ impl Damper {
 /// What one round trip produced, before damping.
 #[derive(Debug, Clone)]
 struct Outcome {
-    result: Result<Good, String>,
+    result: Result<Good, Failure>,
     at: SystemTime,
+}
+
+/// Why a round trip failed: the database did not answer (an outage, damped), or it answered
+/// and refused us (a configuration error: credentials, database name — reported at once).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Failure {
+    Outage(String),
+    Refused(String),
+}
+
+impl Failure {
+    fn message(&self) -> &str {
+        match self {
+            Self::Outage(m) | Self::Refused(m) => m,
+        }
+    }
+
+    fn map(self, f: impl FnOnce(&str) -> String) -> Self {
+        match self {
+            Self::Outage(m) => Self::Outage(f(&m)),
+            Self::Refused(m) => Self::Refused(f(&m)),
+        }
+    }
+}
+
+impl From<String> for Failure {
+    fn from(m: String) -> Self {
+        Self::Outage(m)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -553,10 +590,11 @@ impl DatabaseMonitor {
             async move {
                 let result = match password {
                     Ok(p) => round_trip(t, p.as_deref(), timeout).await,
-                    Err(e) => Err(e),
+                    // An unreadable password file is ours to fix, not the database's outage.
+                    Err(e) => Err(Failure::Refused(e)),
                 };
                 Outcome {
-                    result: result.map_err(|e| sanitize(&e, secrets)),
+                    result: result.map_err(|e| e.map(|m| sanitize(m, secrets))),
                     at: SystemTime::now(),
                 }
             }
@@ -585,7 +623,7 @@ impl DatabaseMonitor {
                 me.targets
                     .iter()
                     .map(|_| Outcome {
-                        result: Err(error.clone()),
+                        result: Err(Failure::Outage(error.clone())),
                         at: now,
                     })
                     .collect(),
@@ -597,7 +635,8 @@ impl DatabaseMonitor {
         let mut tracks = self.tracks.lock().unwrap_or_else(|e| e.into_inner());
         for (track, outcome) in tracks.iter_mut().zip(outcomes) {
             let r = match &outcome.result {
-                Err(_) => RoundTrip::Failed,
+                Err(Failure::Outage(_)) => RoundTrip::Failed,
+                Err(Failure::Refused(_)) => RoundTrip::Refused,
                 Ok(g) if g.latency > self.slow_after => RoundTrip::Slow,
                 Ok(_) => RoundTrip::Fast,
             };
@@ -620,7 +659,9 @@ impl DatabaseMonitor {
                     kind: t.kind,
                     state: tr.damper.state(),
                     latency_ms: good.map(|g| round1(g.latency.as_secs_f64() * 1000.0)),
-                    error: last.and_then(|o| o.result.as_ref().err().cloned()),
+                    error: last
+                        .and_then(|o| o.result.as_ref().err())
+                        .map(|f| f.message().to_string()),
                     detail: good.and_then(|g| g.detail.clone()),
                     consecutive_failures: tr.damper.consecutive_failures(),
                     last_checked: last.map(|o| crate::snapshot::rfc3339(o.at)),
@@ -644,6 +685,10 @@ impl DatabaseMonitor {
         let error = d.error.as_deref().unwrap_or("no answer");
         match d.state {
             DbState::Unreachable => Some(format!("{} unreachable: {error}", d.name)),
+            DbState::Misconfigured => Some(format!(
+                "{} refused the check (fix the configuration): {error}",
+                d.name
+            )),
             DbState::Slow => Some(format!(
                 "{} slow: round trip {:.0} ms (slow_after {})",
                 d.name,
@@ -675,14 +720,15 @@ impl DatabaseMonitor {
     }
 }
 
-/// Worst first: unreachable > slow > unknown > connected.
+/// Worst first: unreachable > slow > misconfigured > unknown > connected.
 fn severity(s: DbState) -> u8 {
     match s {
         DbState::NotConfigured => 0,
         DbState::Connected => 1,
         DbState::Unknown => 2,
-        DbState::Slow => 3,
-        DbState::Unreachable => 4,
+        DbState::Misconfigured => 3,
+        DbState::Slow => 4,
+        DbState::Unreachable => 5,
     }
 }
 
@@ -698,11 +744,15 @@ fn ms(d: Duration) -> String {
 // The round trips. Each bounds its connect and its exchange by `timeout`; errors may carry
 // secrets echoed by a server or library and are sanitised by the caller.
 
-async fn round_trip(t: &Target, password: Option<&str>, timeout: Duration) -> Result<Good, String> {
+async fn round_trip(
+    t: &Target,
+    password: Option<&str>,
+    timeout: Duration,
+) -> Result<Good, Failure> {
     match t.kind {
         DbKind::Postgres => postgres(t, password, timeout).await,
         DbKind::Redis => redis(t, password, timeout).await,
-        DbKind::Mysql => mysql(t, timeout).await,
+        DbKind::Mysql => Ok(mysql(t, timeout).await?),
     }
 }
 
@@ -713,7 +763,7 @@ fn no_answer(what: &str, timeout: Duration) -> String {
     )
 }
 
-async fn postgres(t: &Target, password: Option<&str>, timeout: Duration) -> Result<Good, String> {
+async fn postgres(t: &Target, password: Option<&str>, timeout: Duration) -> Result<Good, Failure> {
     let mut cfg = tokio_postgres::Config::from_str(&t.url)
         .map_err(|e| format!("invalid URL: {}", error_chain(&e)))?;
     if cfg.get_password().is_none() {
@@ -729,7 +779,14 @@ async fn postgres(t: &Target, password: Option<&str>, timeout: Duration) -> Resu
     let (client, connection) = tokio::time::timeout(timeout, cfg.connect(tokio_postgres::NoTls))
         .await
         .map_err(|_| no_answer("connect", timeout))?
-        .map_err(|e| format!("connect: {}", error_chain(&e)))?;
+        .map_err(|e| {
+            let message = format!("connect: {}", error_chain(&e));
+            if refused_by_postgres(&e) {
+                Failure::Refused(message)
+            } else {
+                Failure::Outage(message)
+            }
+        })?;
     let connected = start.elapsed();
     let mut driver = tokio::spawn(async move {
         let _ = connection.await;
@@ -752,7 +809,7 @@ async fn postgres(t: &Target, password: Option<&str>, timeout: Duration) -> Resu
         _ => false,
     });
     if !one {
-        return Err("SELECT 1 did not return 1".into());
+        return Err(Failure::Outage("SELECT 1 did not return 1".into()));
     }
     Ok(Good {
         latency,
@@ -761,6 +818,19 @@ async fn postgres(t: &Target, password: Option<&str>, timeout: Duration) -> Resu
             ms(connected),
             ms(latency.saturating_sub(connected))
         )),
+    })
+}
+
+/// The server answered and refused us: wrong credentials, unknown role or database.
+fn refused_by_postgres(e: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    e.code().is_some_and(|c| {
+        [
+            SqlState::INVALID_PASSWORD,
+            SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
+            SqlState::INVALID_CATALOG_NAME,
+        ]
+        .contains(c)
     })
 }
 
@@ -804,7 +874,7 @@ async fn resp_call(
     Ok(String::from_utf8_lossy(&line).trim_end().to_string())
 }
 
-async fn redis(t: &Target, password: Option<&str>, timeout: Duration) -> Result<Good, String> {
+async fn redis(t: &Target, password: Option<&str>, timeout: Duration) -> Result<Good, Failure> {
     let start = Instant::now();
     let stream = connect_tcp(t, timeout).await?;
     let mut conn = BufReader::new(stream);
@@ -815,20 +885,25 @@ async fn redis(t: &Target, password: Option<&str>, timeout: Duration) -> Result<
                 None => resp_call(&mut conn, &["AUTH", p], "AUTH").await?,
             };
             if reply != "+OK" {
-                return Err(format!("AUTH refused: {reply}"));
+                return Err(Failure::Refused(format!("AUTH refused: {reply}")));
             }
         }
         if let Some(db) = t.redis_db {
             let reply = resp_call(&mut conn, &["SELECT", &db.to_string()], "SELECT").await?;
             if reply != "+OK" {
-                return Err(format!("SELECT {db} refused: {reply}"));
+                return Err(Failure::Refused(format!("SELECT {db} refused: {reply}")));
             }
         }
         let reply = resp_call(&mut conn, &["PING"], "PING").await?;
         if reply == "+PONG" {
             Ok(())
+        } else if reply.starts_with("-NOAUTH") {
+            // It wants a password we were not given.
+            Err(Failure::Refused(format!("PING refused: {reply}")))
         } else {
-            Err(format!("PING answered {reply:?}, expected +PONG"))
+            Err(Failure::Outage(format!(
+                "PING answered {reply:?}, expected +PONG"
+            )))
         }
     };
     tokio::time::timeout(timeout, exchange)
@@ -989,6 +1064,17 @@ mod tests {
     use tokio::net::TcpListener;
 
     use super::{test_support::*, *};
+
+    #[test]
+    fn a_refusal_is_reported_at_once_and_an_outage_is_damped() {
+        let mut d = Damper::new(3, 1);
+        assert_eq!(d.observe(RoundTrip::Fast), DbState::Connected);
+        assert_eq!(d.observe(RoundTrip::Refused), DbState::Misconfigured);
+        assert_eq!(d.observe(RoundTrip::Fast), DbState::Connected);
+        assert_eq!(d.observe(RoundTrip::Failed), DbState::Connected);
+        assert_eq!(d.observe(RoundTrip::Failed), DbState::Connected);
+        assert_eq!(d.observe(RoundTrip::Failed), DbState::Unreachable);
+    }
 
     fn cfg(urls: &[&str]) -> DatabaseConfig {
         DatabaseConfig {
@@ -1227,7 +1313,7 @@ mod tests {
             .unwrap()
             .starts_with("mysql://127.0.0.1:2 slow"));
         let failed = Outcome {
-            result: Err("connect: refused".into()),
+            result: Err(Failure::Outage("connect: refused".into())),
             at: SystemTime::now(),
         };
         let r = m.record(vec![failed, good(1500)]);
@@ -1364,12 +1450,13 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn postgres_wrong_password_is_unreachable_with_a_sanitized_error() {
+    async fn postgres_wrong_password_is_a_configuration_error_with_a_sanitized_error() {
         let note = postgres_ready();
         let wrong = "wrong-Secret-42";
         let mut m = monitor(&cfg(&[&pg_url(Some(wrong))]));
+        // The server answered and refused: a configuration error, not an outage.
         let r = m.check().await;
-        assert_eq!(r.state, DbState::Unreachable, "{r:?} {note}");
+        assert_eq!(r.state, DbState::Misconfigured, "{r:?} {note}");
         let err = r.databases[0].error.clone().unwrap();
         assert!(err.contains("password authentication failed"), "{err}");
         assert_no_secret(&r, &[wrong, PG_PASSWORD]);
@@ -1389,7 +1476,7 @@ mod tests {
         let wrong = "wrong-env-Secret";
         let _pw = EnvVar::set("PGPASSWORD", Some(wrong));
         let r = m.check().await;
-        assert_eq!(r.state, DbState::Unreachable, "{r:?}");
+        assert_eq!(r.state, DbState::Misconfigured, "{r:?}");
         assert!(r
             .reason
             .as_deref()
@@ -1421,7 +1508,7 @@ mod tests {
         let wrong = "wrong-file-Secret";
         std::fs::write(&file, format!("{wrong}\n")).unwrap();
         let r = m.check().await;
-        assert_eq!(r.state, DbState::Unreachable, "{r:?}");
+        assert_eq!(r.state, DbState::Misconfigured, "{r:?}");
         assert_no_secret(&r, &[wrong]);
         std::fs::remove_file(&file).unwrap();
         let r = m.check().await;
@@ -1535,14 +1622,14 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn redis_noauth_is_a_failure() {
+    async fn redis_noauth_is_a_configuration_error() {
         let (addr, _) = fake_redis(
             |_| "-NOAUTH Authentication required.\r\n".into(),
             Duration::ZERO,
         )
         .await;
         let r = monitor(&cfg(&[&format!("redis://{addr}")])).check().await;
-        assert_eq!(r.state, DbState::Unreachable, "{r:?}");
+        assert_eq!(r.state, DbState::Misconfigured, "{r:?}");
         let err = r.databases[0].error.clone().unwrap();
         assert!(err.contains("-NOAUTH Authentication required."), "{err}");
     }
@@ -1557,7 +1644,7 @@ mod tests {
         let r = monitor(&cfg(&[&format!("redis://:Echo%2FMe@{addr}")]))
             .check()
             .await;
-        assert_eq!(r.state, DbState::Unreachable, "{r:?}");
+        assert_eq!(r.state, DbState::Misconfigured, "{r:?}");
         let err = r.databases[0].error.clone().unwrap();
         assert!(err.starts_with("AUTH refused: -WRONGPASS"), "{err}");
         assert!(err.contains("***"), "{err}");

@@ -68,6 +68,7 @@ pub fn db_state_str(s: DbState) -> &'static str {
         DbState::Connected => "connected",
         DbState::Slow => "slow",
         DbState::Unreachable => "unreachable",
+        DbState::Misconfigured => "misconfigured",
         DbState::Unknown => "unknown",
     }
 }
@@ -83,9 +84,17 @@ pub struct Report {
 }
 
 impl Report {
+    /// The policy's input from this round. Boot tracking (`web_served`, `warming_up`) is the
+    /// runner's to fill in: a one-shot check has no boot.
     pub fn policy_input(&self, in_boot_grace: bool) -> PolicyInput {
         PolicyInput {
             web: self.web.verdict,
+            web_detail: self.web.detail.clone(),
+            web_stopped: self
+                .web
+                .processes
+                .as_ref()
+                .is_some_and(|p| p.frozen.is_some()),
             disk: self.disk.level,
             database: self.database.state,
             containers: self.containers.state,
@@ -94,7 +103,7 @@ impl Report {
                 .as_ref()
                 .map_or(crate::policy::Pressure::Normal, |s| s.pressure),
             in_boot_grace,
-            heal: crate::policy::HealPhase::Idle,
+            ..PolicyInput::default()
         }
     }
 

@@ -83,9 +83,6 @@ pub struct KernelSample {
 
 pub struct KernelView {
     ports: Vec<(u16, u32)>,
-    /// Per port: connections taken and requests answered (or closed) at the previous
-    /// `stalled_in_flight` call.
-    progress: Vec<std::cell::Cell<(u64, u64)>>,
     counters: PerCpuArray<MapData, PortCounters>,
     latency: PerCpuArray<MapData, LatencyHist>,
     conns: HashMap<MapData, u64, ConnState>,
@@ -318,7 +315,6 @@ impl KernelView {
         // The offsets/watched maps stay referenced by the loaded programs; our handles can go.
         drop((offsets_map, watched, bitmap));
         let mut view = Self {
-            progress: vec![Default::default(); ports.len()],
             ports,
             counters,
             latency,
@@ -378,29 +374,23 @@ impl KernelView {
         typed(&mut self.ebpf, name)
     }
 
-    /// Whether any watched port has work in flight that made no progress since the previous
-    /// call: connections waiting and none claimed meanwhile, or requests pending and none
-    /// answered. One map read, cheap enough for every tick. A busy, healthy server moves on
-    /// between two ticks and needs no full round for it.
-    pub fn stalled_in_flight(&self) -> bool {
-        let mut stalled = false;
-        for (&(_, slot), seen) in self.ports.iter().zip(&self.progress) {
-            let Ok(per_cpu) = self.counters.get(&slot, 0) else {
-                continue;
-            };
-            let mut c = PortCounters::default();
-            for v in per_cpu.iter() {
-                c.add(v);
+    /// The counters of every watched port, in the order given to `load`: one map read, cheap
+    /// enough for every tick.
+    pub fn counters(&self) -> Vec<PortCounters> {
+        self.ports
+            .iter()
+            .map(|&(_, slot)| self.port_counters(slot))
+            .collect()
+    }
+
+    fn port_counters(&self, slot: u32) -> PortCounters {
+        let mut counters = PortCounters::default();
+        if let Ok(per_cpu) = self.counters.get(&slot, 0) {
+            for c in per_cpu.iter() {
+                counters.add(c);
             }
-            let now = (
-                c.claimed + c.closed_unclaimed,
-                c.answered + c.closed_pending,
-            );
-            let before = seen.replace(now);
-            stalled |= c.waiting() > 0 && now.0 == before.0;
-            stalled |= c.pending() > 0 && now.1 == before.1;
         }
-        stalled
+        counters
     }
 
     /// Reads every map once. Cost grows with the connection table only while connections wait
@@ -411,12 +401,7 @@ impl KernelView {
             .ports
             .iter()
             .map(|&(port, slot)| {
-                let mut counters = PortCounters::default();
-                if let Ok(per_cpu) = self.counters.get(&slot, 0) {
-                    for c in per_cpu.iter() {
-                        counters.add(c);
-                    }
-                }
+                let counters = self.port_counters(slot);
                 let mut latency = LatencyHist::default();
                 if let Ok(per_cpu) = self.latency.get(&slot, 0) {
                     for h in per_cpu.iter() {

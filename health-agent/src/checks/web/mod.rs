@@ -1,0 +1,148 @@
+//! The web backend check: who listens on `web.port`, how full its accept queue is, what the
+//! kernel programs saw of its connections, what its processes are doing (stopped, burning
+//! CPU, waiting on their own outbound requests), and what the active probe got — merged into
+//! one verdict (`up`, `slow`, `waiting`, `hung`, `unresponsive`, `down`) that names its
+//! evidence. Without eBPF the probe, the accept queue and /proc still decide, and the report
+//! says the kernel view is unavailable.
+//!
+//! - `verdict`: the rules, a pure function of the evidence;
+//! - `progress`: when the server last moved, from the kernel counters read every tick;
+//! - `process`: the server's processes — stopped or frozen, CPU, outbound waits;
+//! - `latency`: server-side latency over a sliding window;
+//! - `monitor`: gathers the evidence each round and builds the report.
+
+mod latency;
+mod monitor;
+mod process;
+mod progress;
+mod verdict;
+
+use serde::Serialize;
+
+pub use latency::LatencySummary;
+pub use monitor::WebMonitor;
+pub use process::DependencyWait;
+
+use super::probe::ProbeResult;
+use crate::policy::WebVerdict;
+
+/// Whether the kernel view is running, and why not.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct KernelStatus {
+    /// `active`, `unavailable` or `disabled`.
+    pub state: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// What the kernel programs counted for the port (since the agent started).
+#[derive(Debug, Clone, Serialize, PartialEq, Default)]
+pub struct KernelCounters {
+    /// Handshakes completed into the accept queue.
+    pub established: u64,
+    /// accept() calls that returned a connection from this listener, while traced.
+    pub accepted: u64,
+    /// Connections first read or written by a process.
+    pub claimed: u64,
+    pub requests: u64,
+    pub answered: u64,
+    pub closed_unanswered: u64,
+    pub closed_unaccepted: u64,
+    /// Send calls on any of the port's connections (keep-alive exchanges included).
+    pub sent: u64,
+    /// Reads of at least one byte on any of the port's connections.
+    pub received: u64,
+    /// Waiting in the accept queue now, untouched by any process.
+    pub waiting: u32,
+    pub oldest_waiting_ms: Option<u64>,
+    /// Requests read and not yet answered now.
+    pub pending: u32,
+    pub oldest_pending_ms: Option<u64>,
+    /// Since the latest accept() on this listener, while the accept tracepoints are attached.
+    pub ms_since_last_accept: Option<u64>,
+    /// Since the server last claimed a connection (first read or write on it).
+    pub ms_since_last_claim: Option<u64>,
+    /// Since a response byte last went out on any connection (to within one tick).
+    pub ms_since_last_answer: Option<u64>,
+    /// The longest this server went without answering while it had work, over the latency
+    /// window: it stretches the weak-evidence hung limit.
+    pub longest_quiet_ms: u64,
+    /// Whether accept() is traced now (`web.accept_tracing`); `accepted` counts only then.
+    pub accepts_traced: bool,
+    /// Server-side latency (request read → first response byte) over `web.latency_window`.
+    pub latency: LatencySummary,
+}
+
+/// What the server's processes were seen doing while its work was stuck (read only then).
+#[derive(Debug, Clone, Serialize, PartialEq, Default)]
+pub struct ProcessView {
+    /// Set when every process holding the listener is stopped or in a frozen cgroup.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub frozen: Option<String>,
+    /// Percent of one core over the last second.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_percent: Option<f64>,
+    /// Set when the outbound connections could not be read (the verdict then has no
+    /// dependency evidence, and says nothing either way).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct WebReport {
+    pub port: u16,
+    pub verdict: WebVerdict,
+    /// The verdict's evidence, in a sentence.
+    pub detail: String,
+    /// Whether the backend has been seen serving (the probe answered, or the kernel saw an
+    /// answer) since the agent started: until then the instance is not ready.
+    pub served: bool,
+    pub listening: bool,
+    pub pids: Vec<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub process: Option<String>,
+    pub accept_queue: u32,
+    pub accept_queue_max: u32,
+    /// TcpExt ListenOverflows / ListenDrops since the agent started (host-wide counters).
+    pub listen_overflows: u64,
+    pub listen_drops: u64,
+    pub kernel: KernelStatus,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub counters: Option<KernelCounters>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub probe: Option<ProbeResult>,
+    /// The server's outbound requests waiting for an answer (read while its work is stuck).
+    pub dependencies: Vec<DependencyWait>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub processes: Option<ProcessView>,
+    /// Set when the probe and the kernel view tell different stories.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disagreement: Option<String>,
+}
+
+impl WebReport {
+    pub fn not_configured() -> Self {
+        Self {
+            port: 0,
+            verdict: WebVerdict::NotConfigured,
+            detail: "web.port is 0: no web backend to watch".into(),
+            served: false,
+            listening: false,
+            pids: Vec::new(),
+            process: None,
+            accept_queue: 0,
+            accept_queue_max: 0,
+            listen_overflows: 0,
+            listen_drops: 0,
+            kernel: KernelStatus {
+                state: "disabled",
+                reason: Some("no web port configured".into()),
+            },
+            counters: None,
+            probe: None,
+            dependencies: Vec::new(),
+            processes: None,
+            disagreement: None,
+        }
+    }
+}

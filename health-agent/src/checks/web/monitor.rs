@@ -1,0 +1,429 @@
+//! Gathers the web backend's evidence each round — listeners and their queue (sock_diag),
+//! the kernel programs' counters, the probe, and, while work is stuck, the server processes'
+//! state, CPU and outbound waits — and turns it into a `WebReport` through `verdict::decide`.
+
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
+
+use health_common::{AcceptKey, PortCounters};
+
+use super::{
+    latency::LatencyWindow,
+    process::{self, CpuMeter, DependencyWait},
+    progress::Progress,
+    verdict::{self, Evidence, KernelEvidence},
+    KernelCounters, KernelStatus, ProcessView, WebReport,
+};
+use crate::{
+    checks::probe::ProbeResult,
+    config::{AcceptTracing, WebConfig},
+    ebpf::{KernelSample, KernelView, PortSample},
+    net,
+    policy::WebVerdict,
+};
+
+pub struct WebMonitor {
+    cfg: WebConfig,
+    kernel: Option<KernelView>,
+    kernel_status: KernelStatus,
+    owners: Vec<u32>,
+    owners_inode: u64,
+    /// (process, listen fd) → socket inode, resolved once through /proc.
+    accept_fds: HashMap<AcceptKey, Option<u64>>,
+    latency: LatencyWindow,
+    progress: Progress,
+    cpu: CpuMeter,
+    /// The backend has been seen serving since the agent started.
+    served: bool,
+    queue_busy_since: Option<Instant>,
+    probe_failing_since: Option<Instant>,
+    last_probe: Option<ProbeResult>,
+    drops_baseline: Option<net::ListenDrops>,
+    /// Host-wide counters change slowly and only inform: read every DROPS_EVERY, not per tick.
+    drops_seen: Option<(Instant, net::ListenDrops)>,
+    owner_name: Option<String>,
+    last_verdict: WebVerdict,
+    /// When `decide` could next change its mind on the evidence seen (see `next_look`).
+    next_look: Option<Instant>,
+    /// The latest evaluation that saw a connection wait unclaimed past WATCH_ACCEPTS_AFTER.
+    last_stall: Option<Instant>,
+    /// Attaching the accept tracepoints failed once: do not retry (and warn) every tick.
+    accept_tracing_failed: bool,
+}
+
+const DROPS_EVERY: Duration = Duration::from_secs(2);
+/// Work stuck this long makes the monitor look at the server's processes.
+const LOOK_AFTER: Duration = Duration::from_millis(200);
+/// An outbound request counts as what the server waits on if it went out no earlier than
+/// this before the server last moved.
+const SENT_BEFORE_STALL: Duration = Duration::from_secs(1);
+/// `accept_tracing = "on_stall"`: a connection unclaimed this long attaches the accept
+/// tracepoints. A healthy server, even saturated, claims within milliseconds (the 5-minute
+/// saturation run in docs/BENCHMARKS.md saw at most 13 ms).
+const WATCH_ACCEPTS_AFTER: Duration = Duration::from_millis(200);
+/// … and this long without such a connection detaches them again.
+const UNWATCH_ACCEPTS_AFTER: Duration = Duration::from_secs(30);
+
+impl WebMonitor {
+    /// Loads the kernel programs when configured; a failure leaves the monitor running on
+    /// the probe and the accept queue, and says why.
+    pub fn new(cfg: WebConfig) -> Self {
+        let (kernel, kernel_status) = if cfg.port == 0 {
+            (
+                None,
+                KernelStatus {
+                    state: "disabled",
+                    reason: Some("no web port configured".into()),
+                },
+            )
+        } else if !cfg.kernel {
+            (
+                None,
+                KernelStatus {
+                    state: "disabled",
+                    reason: Some("web.kernel = false: probe and accept queue only".into()),
+                },
+            )
+        } else {
+            let always = cfg.accept_tracing == AcceptTracing::Always;
+            match KernelView::load(&[cfg.port], cfg.max_connections_tracked, always) {
+                Ok(k) => {
+                    let status = KernelStatus {
+                        state: "active",
+                        reason: k.note.clone(),
+                    };
+                    (Some(k), status)
+                }
+                Err(e) => {
+                    let reason = format!("{e}; deciding from the probe and the accept queue");
+                    tracing::warn!("kernel view unavailable: {reason}");
+                    (
+                        None,
+                        KernelStatus {
+                            state: "unavailable",
+                            reason: Some(reason),
+                        },
+                    )
+                }
+            }
+        };
+        Self {
+            cfg,
+            kernel,
+            kernel_status,
+            owners: Vec::new(),
+            owners_inode: 0,
+            accept_fds: HashMap::new(),
+            latency: LatencyWindow::default(),
+            progress: Progress::default(),
+            cpu: CpuMeter::default(),
+            served: false,
+            queue_busy_since: None,
+            probe_failing_since: None,
+            last_probe: None,
+            drops_baseline: net::listen_drops().ok(),
+            drops_seen: None,
+            owner_name: None,
+            last_verdict: WebVerdict::Unknown,
+            next_look: None,
+            last_stall: None,
+            accept_tracing_failed: false,
+        }
+    }
+
+    /// When the composer should evaluate again, ahead of its next tick: the instant a
+    /// waiting or pending connection could cross its threshold (None once it has passed).
+    pub fn next_look(&self, now: Instant) -> Option<Instant> {
+        self.next_look.filter(|&t| t > now)
+    }
+
+    /// With `accept_tracing = "on_stall"`, attaches the accept tracepoints once a connection
+    /// has waited unclaimed for WATCH_ACCEPTS_AFTER and detaches them after
+    /// UNWATCH_ACCEPTS_AFTER without one.
+    fn steer_accept_tracing(&mut self, oldest_waiting: Option<Duration>, now: Instant) {
+        if self.cfg.accept_tracing != AcceptTracing::OnStall || self.accept_tracing_failed {
+            return;
+        }
+        let Some(k) = self.kernel.as_mut() else {
+            return;
+        };
+        if oldest_waiting.is_some_and(|d| d >= WATCH_ACCEPTS_AFTER) {
+            self.last_stall = Some(now);
+        }
+        let want = self
+            .last_stall
+            .is_some_and(|t| now.saturating_duration_since(t) < UNWATCH_ACCEPTS_AFTER);
+        if want == k.accepts_watched() {
+            return;
+        }
+        match k.watch_accepts(want) {
+            Ok(()) if want => tracing::info!(
+                "a connection waits unclaimed on port {}: tracing accept() until none has for {}s",
+                self.cfg.port,
+                UNWATCH_ACCEPTS_AFTER.as_secs()
+            ),
+            Ok(()) => tracing::info!("accept() tracing detached: connections are claimed promptly"),
+            Err(e) => {
+                self.accept_tracing_failed = true;
+                tracing::warn!("accept() tracing unavailable, claims alone show progress: {e}");
+            }
+        }
+    }
+
+    /// Reads the kernel counters (one map read) and notes what moved since the previous tick.
+    /// Runs on every tick, so the time of the last answer is known to within one tick.
+    pub fn observe(&mut self, now: Instant) {
+        let Some(k) = &self.kernel else { return };
+        if let Some(c) = k.counters().first() {
+            self.progress.observe(c, now, self.cfg.latency_window);
+        }
+    }
+
+    /// Whether the backend needs a full round every tick: the last verdict was not fine, or
+    /// work is in flight without progress since the previous tick (without the kernel view,
+    /// an accept queue that was non-empty). A busy server that keeps taking and answering is
+    /// watched on `checks.interval`, and `next_look` still wakes the composer when a
+    /// connection seen then can cross a threshold.
+    pub fn hot(&self) -> bool {
+        let bad = matches!(
+            self.last_verdict,
+            WebVerdict::Slow
+                | WebVerdict::Waiting
+                | WebVerdict::Hung
+                | WebVerdict::Unresponsive
+                | WebVerdict::Down
+        );
+        bad || match &self.kernel {
+            Some(_) => self.progress.stalled(),
+            None => self.queue_busy_since.is_some(),
+        }
+    }
+
+    /// Takes in a new probe result (the probe runs on its own cadence).
+    pub fn record_probe(&mut self, p: ProbeResult, now: Instant) {
+        if p.ok {
+            self.probe_failing_since = None;
+        } else if self.probe_failing_since.is_none() {
+            self.probe_failing_since = Some(now);
+        }
+        self.last_probe = Some(p);
+    }
+
+    pub fn evaluate(&mut self, now: Instant) -> WebReport {
+        if self.cfg.port == 0 {
+            return WebReport::not_configured();
+        }
+        let listeners = match net::listeners_on(self.cfg.port) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!("sock_diag failed: {e}");
+                Vec::new()
+            }
+        };
+        let listening = !listeners.is_empty();
+        let queue: u32 = listeners.iter().map(|l| l.queue).sum();
+        let queue_max: u32 = listeners.iter().map(|l| l.max_queue).sum();
+        if queue > 0 {
+            self.queue_busy_since.get_or_insert(now);
+        } else {
+            self.queue_busy_since = None;
+        }
+        if let Some(first) = listeners.first() {
+            if first.inode != self.owners_inode || self.owners.is_empty() {
+                self.owners = net::socket_owners(first.inode);
+                self.owners_inode = first.inode;
+                self.owner_name = self.owners.first().and_then(|&p| net::process_name(p));
+            }
+        } else {
+            self.owners.clear();
+            self.owners_inode = 0;
+            self.owner_name = None;
+        }
+
+        let sample = self.kernel.as_ref().map(KernelView::sample);
+        let counters = sample
+            .as_ref()
+            .and_then(|s| s.ports.iter().find(|p| p.port == self.cfg.port).cloned())
+            .map(|p| self.kernel_counters(&p, sample.as_ref(), &listeners, now));
+        let kernel = counters.as_ref().map(|c| KernelEvidence {
+            oldest_waiting: c.oldest_waiting_ms.map(Duration::from_millis),
+            since_claim: [c.ms_since_last_accept, c.ms_since_last_claim]
+                .into_iter()
+                .flatten()
+                .min()
+                .map(Duration::from_millis),
+            since_answer: c.ms_since_last_answer.map(Duration::from_millis),
+            longest_quiet: Duration::from_millis(c.longest_quiet_ms),
+            pending: c.pending,
+            oldest_pending: c.oldest_pending_ms.map(Duration::from_millis),
+            latency: c.latency.clone(),
+            answered: c.answered,
+        });
+        let mut evidence = Evidence {
+            listening,
+            queue,
+            queue_busy_for: self
+                .queue_busy_since
+                .map(|s| now.saturating_duration_since(s)),
+            kernel,
+            probe: self.last_probe.clone(),
+            probe_failing_for: self
+                .probe_failing_since
+                .map(|s| now.saturating_duration_since(s)),
+            ..Evidence::default()
+        };
+        let processes = self.look_at_processes(&mut evidence, now);
+        let (verdict, detail) = verdict::decide(&evidence, &self.cfg);
+        self.last_verdict = verdict;
+        self.next_look = verdict::next_look(&evidence, &self.cfg, now);
+        self.steer_accept_tracing(evidence.kernel.as_ref().and_then(|k| k.oldest_waiting), now);
+        self.served |= match &self.last_probe {
+            Some(p) if !self.cfg.probe_path.is_empty() => p.status.is_some_and(|s| s < 500),
+            _ => counters.as_ref().is_some_and(|c| c.answered > 0),
+        };
+        let stale = self
+            .drops_seen
+            .is_none_or(|(t, _)| now.saturating_duration_since(t) >= DROPS_EVERY);
+        if stale {
+            if let Ok(d) = net::listen_drops() {
+                self.drops_seen = Some((now, d));
+            }
+        }
+        let (overflows, dropped) = match (self.drops_seen.map(|(_, d)| d), self.drops_baseline) {
+            (Some(d), Some(b)) => (
+                d.overflows.saturating_sub(b.overflows),
+                d.drops.saturating_sub(b.drops),
+            ),
+            _ => (0, 0),
+        };
+        WebReport {
+            port: self.cfg.port,
+            verdict,
+            detail,
+            served: self.served,
+            listening,
+            pids: self.owners.clone(),
+            process: self.owner_name.clone(),
+            accept_queue: queue,
+            accept_queue_max: queue_max,
+            listen_overflows: overflows,
+            listen_drops: dropped,
+            kernel: self.kernel_status.clone(),
+            disagreement: verdict::disagreement(verdict, &evidence),
+            counters,
+            probe: self.last_probe.clone(),
+            dependencies: std::mem::take(&mut evidence.dependencies),
+            processes,
+        }
+    }
+
+    /// While the backend's work is stuck, looks at its processes: stopped or frozen, CPU,
+    /// outbound requests waiting for an answer. A healthy server costs none of these reads.
+    fn look_at_processes(&mut self, e: &mut Evidence, now: Instant) -> Option<ProcessView> {
+        let stuck = e
+            .kernel
+            .as_ref()
+            .and_then(|k| {
+                let queued = k.oldest_waiting.filter(|_| e.queue > 0);
+                [queued, k.oldest_pending].into_iter().flatten().max()
+            })
+            .or(e.queue_busy_for.filter(|_| e.queue > 0))
+            .is_some_and(|d| d >= LOOK_AFTER)
+            || e.probe.as_ref().is_some_and(|p| p.timed_out);
+        if !stuck || self.owners.is_empty() {
+            self.cpu.clear();
+            return None;
+        }
+        e.frozen = process::frozen(&self.owners);
+        if let Some(ticks) = process::cpu_ticks(&self.owners) {
+            self.cpu.observe(now, ticks);
+        }
+        e.cpu_percent = self.cpu.percent();
+        // Requests sent long before the server last moved (an idle LISTEN, a long poll) are
+        // not what it waits on now.
+        let since_progress = e
+            .kernel
+            .as_ref()
+            .and_then(|k| [k.since_claim, k.since_answer].into_iter().flatten().min());
+        let mut error = None;
+        e.dependencies = match process::dependency_waits(
+            &self.owners,
+            self.cfg.port,
+            since_progress.map(|d| d + SENT_BEFORE_STALL),
+        ) {
+            Ok(d) => d,
+            Err(err) => {
+                error = Some(format!("reading the server's connections failed: {err}"));
+                Vec::<DependencyWait>::new()
+            }
+        };
+        Some(ProcessView {
+            frozen: e.frozen.clone(),
+            cpu_percent: e.cpu_percent,
+            error,
+        })
+    }
+
+    fn kernel_counters(
+        &mut self,
+        p: &PortSample,
+        sample: Option<&KernelSample>,
+        listeners: &[net::Listener],
+        now: Instant,
+    ) -> KernelCounters {
+        let c: &PortCounters = &p.counters;
+        // accept() progress on this port's listen sockets.
+        let inodes: Vec<u64> = listeners.iter().map(|l| l.inode).collect();
+        let mut accepted = 0;
+        let mut last_ns = None::<u64>;
+        let now_ns = sample.map_or(0, |s| s.now_ns);
+        if let Some(s) = sample {
+            self.accept_fds
+                .retain(|k, _| s.accepts.iter().any(|(a, _)| a == k));
+            for (key, stat) in &s.accepts {
+                let inode = *self
+                    .accept_fds
+                    .entry(*key)
+                    .or_insert_with(|| net::fd_socket_inode(key.tgid, key.fd));
+                if inode.is_some_and(|i| inodes.contains(&i)) {
+                    accepted += stat.count;
+                    last_ns = Some(last_ns.map_or(stat.last_ns, |l: u64| l.max(stat.last_ns)));
+                }
+            }
+        }
+        let latency = self.latency.push(
+            now,
+            p.latency,
+            self.cfg.latency_window,
+            self.cfg.eval_interval,
+        );
+        let ms = |d: Duration| d.as_millis() as u64;
+        KernelCounters {
+            established: c.established,
+            accepted,
+            claimed: c.claimed,
+            requests: c.requests,
+            answered: c.answered,
+            closed_unanswered: c.closed_unanswered,
+            closed_unaccepted: c.closed_unclaimed,
+            sent: c.sent,
+            received: c.received,
+            waiting: p.waiting,
+            oldest_waiting_ms: p.oldest_waiting.map(ms),
+            pending: p.pending,
+            oldest_pending_ms: p.oldest_pending.map(ms),
+            ms_since_last_accept: last_ns.map(|l| now_ns.saturating_sub(l) / 1_000_000),
+            ms_since_last_claim: (c.last_claim_ns != 0)
+                .then(|| now_ns.saturating_sub(c.last_claim_ns) / 1_000_000),
+            ms_since_last_answer: self.progress.since_answer(now).map(ms),
+            longest_quiet_ms: ms(self.progress.longest_quiet()),
+            accepts_traced: self
+                .kernel
+                .as_ref()
+                .is_some_and(KernelView::accepts_watched),
+            latency,
+        }
+    }
+}

@@ -1,0 +1,290 @@
+//! The web server's own processes as /proc shows them: whether they are stopped or frozen (then
+//! nothing of theirs can move, whatever else is true), how much CPU they burn, and which of
+//! their outbound connections wait for an answer (a database, a cache, an API). Read only while
+//! the backend's work is stuck, so a healthy server costs nothing here.
+
+use std::{
+    collections::{BTreeMap, HashSet, VecDeque},
+    time::{Duration, Instant},
+};
+
+use serde::Serialize;
+
+use crate::net;
+
+/// Why every process holding the listener is unable to run, if it is: stopped by a signal
+/// (`kill -STOP`, a debugger) or in a frozen cgroup (`docker pause`, the cgroup v2 freezer).
+pub fn frozen(pids: &[u32]) -> Option<String> {
+    if pids.is_empty() {
+        return None;
+    }
+    let mut why = Vec::new();
+    for &pid in pids {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let (state, _) = parse_stat(&stat)?;
+        if matches!(state, 'T' | 't') {
+            why.push(format!("{pid} stopped"));
+        } else if cgroup_frozen(pid) {
+            why.push(format!("{pid} in a frozen cgroup"));
+        } else {
+            return None;
+        }
+    }
+    Some(format!("server processes {}", why.join(", ")))
+}
+
+/// Whether `pid`'s cgroup (v2) is frozen: `frozen 1` in its `cgroup.events`.
+fn cgroup_frozen(pid: u32) -> bool {
+    let Ok(cgroups) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
+        return false;
+    };
+    let Some(path) = cgroups.lines().find_map(|l| l.strip_prefix("0::")) else {
+        return false;
+    };
+    std::fs::read_to_string(format!("/sys/fs/cgroup{path}/cgroup.events"))
+        .is_ok_and(|e| e.lines().any(|l| l.trim() == "frozen 1"))
+}
+
+/// CPU time (user + system, all threads) of `pids` together, in clock ticks.
+pub fn cpu_ticks(pids: &[u32]) -> Option<u64> {
+    let mut total = 0;
+    for &pid in pids {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        total += parse_stat(&stat)?.1;
+    }
+    Some(total)
+}
+
+/// (state, utime + stime) from `/proc/<pid>/stat`. The command name may hold spaces and
+/// parentheses, so fields are counted from the last `)`.
+fn parse_stat(text: &str) -> Option<(char, u64)> {
+    let rest = &text[text.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After the name: state is field 3 of the file, utime 14 and stime 15.
+    let state = fields.first()?.chars().next()?;
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some((state, utime + stime))
+}
+
+fn ticks_per_second() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if hz > 0 {
+        hz as f64
+    } else {
+        100.0
+    }
+}
+
+/// How much CPU the server burns, from samples taken while its work is stuck.
+#[derive(Debug, Default)]
+pub struct CpuMeter {
+    samples: VecDeque<(Instant, u64)>,
+}
+
+/// The span a CPU figure is taken over: long enough for 10 ms clock ticks to mean something.
+const CPU_SPAN: Duration = Duration::from_millis(1000);
+/// Below this share of one core the server is not working on anything: a frozen or
+/// deadlocked server uses none; Ruby or Java idling in timers use a tick now and then.
+pub const BUSY_PERCENT: f64 = 10.0;
+
+impl CpuMeter {
+    pub fn observe(&mut self, now: Instant, ticks: u64) {
+        if self.samples.back().is_some_and(|&(_, t)| ticks < t) {
+            // The process set changed (a restart): start over.
+            self.samples.clear();
+        }
+        self.samples.push_back((now, ticks));
+        while self.samples.len() > 2
+            && self
+                .samples
+                .get(1)
+                .is_some_and(|&(t, _)| now.saturating_duration_since(t) >= CPU_SPAN)
+        {
+            self.samples.pop_front();
+        }
+    }
+
+    pub fn clear(&mut self) {
+        self.samples.clear();
+    }
+
+    /// Percent of one core over the last second or so; None until samples span half of that.
+    pub fn percent(&self) -> Option<f64> {
+        let (&(t0, c0), &(t1, c1)) = (self.samples.front()?, self.samples.back()?);
+        let span = t1.saturating_duration_since(t0);
+        if span < CPU_SPAN / 2 {
+            return None;
+        }
+        let used = (c1 - c0) as f64 / ticks_per_second();
+        Some((used / span.as_secs_f64() * 1000.0).round() / 10.0)
+    }
+}
+
+/// Outbound requests of the server to one endpoint that wait for an answer.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct DependencyWait {
+    /// `host:port` of the peer.
+    pub endpoint: String,
+    /// The longest any of them has waited since its request went out.
+    pub waiting_ms: u64,
+    /// How many connections wait on it (connecting ones included).
+    pub connections: u32,
+    /// Connections still in their handshake (SYN sent, nothing back: a firewall or a dead host).
+    pub connecting: u32,
+}
+
+/// The outbound connections of `pids` that wait for an answer, by endpoint, longest wait first.
+/// Connections on the web port are the server's own clients and do not count; neither does a
+/// request sent more than `sent_within` ago (an idle `LISTEN` or long poll opened long before
+/// the server got stuck).
+pub fn dependency_waits(
+    pids: &[u32],
+    web_port: u16,
+    sent_within: Option<Duration>,
+) -> std::io::Result<Vec<DependencyWait>> {
+    let inodes: HashSet<u64> = pids.iter().flat_map(|&p| net::socket_inodes(p)).collect();
+    if inodes.is_empty() {
+        return Ok(Vec::new());
+    }
+    let conns = net::connections()?;
+    Ok(group_waits(
+        conns
+            .iter()
+            .filter(|c| inodes.contains(&c.inode) && c.local.port() != web_port),
+        sent_within,
+    ))
+}
+
+fn group_waits<'a>(
+    conns: impl Iterator<Item = &'a net::TcpConn>,
+    sent_within: Option<Duration>,
+) -> Vec<DependencyWait> {
+    let mut by_peer: BTreeMap<String, DependencyWait> = BTreeMap::new();
+    for c in conns.filter(|c| c.awaits_answer()) {
+        let connecting = c.state == net::TCP_SYN_SENT;
+        let waited = Duration::from_millis(c.last_data_sent_ms.into());
+        if !connecting && sent_within.is_some_and(|w| waited > w) {
+            continue;
+        }
+        let endpoint = c.remote.to_string();
+        let w = by_peer
+            .entry(endpoint.clone())
+            .or_insert_with(|| DependencyWait {
+                endpoint,
+                waiting_ms: 0,
+                connections: 0,
+                connecting: 0,
+            });
+        w.connections += 1;
+        w.connecting += u32::from(connecting);
+        if !connecting {
+            w.waiting_ms = w.waiting_ms.max(waited.as_millis() as u64);
+        }
+    }
+    let mut out: Vec<DependencyWait> = by_peer.into_values().collect();
+    out.sort_by(|a, b| b.waiting_ms.cmp(&a.waiting_ms));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_fields_after_an_awkward_name() {
+        let line = "4242 (web (worker) 1) T 1 4242 4242 0 -1 4194560 100 0 0 0 250 37 0 0 20 0 9 0";
+        assert_eq!(parse_stat(line), Some(('T', 287)));
+        assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn this_process_is_neither_stopped_nor_frozen_and_uses_cpu() {
+        let me = [std::process::id()];
+        assert_eq!(frozen(&me), None);
+        let start = cpu_ticks(&me).expect("own /proc/self/stat");
+        let until = Instant::now() + Duration::from_millis(300);
+        let mut x = 0u64;
+        while Instant::now() < until {
+            x = x.wrapping_add(1);
+        }
+        assert!(x > 0);
+        assert!(cpu_ticks(&me).unwrap() > start, "300 ms of spinning shows");
+        assert_eq!(frozen(&[]), None, "no process: no evidence");
+    }
+
+    #[test]
+    fn stopped_child_is_frozen_evidence() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut seen = None;
+        while Instant::now() < deadline && seen.is_none() {
+            seen = frozen(&[pid]);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        let why = seen.expect("a stopped process is reported");
+        assert!(why.contains(&format!("{pid} stopped")), "{why}");
+    }
+
+    #[test]
+    fn cpu_meter_needs_a_span_and_measures_a_rate() {
+        let t0 = Instant::now();
+        let hz = ticks_per_second() as u64;
+        let mut m = CpuMeter::default();
+        m.observe(t0, 1000);
+        assert_eq!(m.percent(), None);
+        m.observe(t0 + Duration::from_millis(250), 1000);
+        assert_eq!(m.percent(), None, "too short a span");
+        m.observe(t0 + Duration::from_millis(1000), 1000 + hz / 2);
+        assert_eq!(m.percent(), Some(50.0));
+        m.observe(t0 + Duration::from_millis(3000), 1000 + hz / 2);
+        assert_eq!(m.percent(), Some(0.0), "old samples age out");
+        m.observe(t0 + Duration::from_millis(3500), 5);
+        assert_eq!(m.percent(), None, "a smaller count starts over");
+    }
+
+    fn conn(state: u8, remote: &str, sent: u32, recv: u32) -> net::TcpConn {
+        net::TcpConn {
+            state,
+            local: "127.0.0.1:40000".parse().unwrap(),
+            remote: remote.parse().unwrap(),
+            inode: 1,
+            last_data_sent_ms: sent,
+            last_data_recv_ms: recv,
+            unacked: 0,
+        }
+    }
+
+    #[test]
+    fn waits_are_grouped_by_endpoint_and_old_requests_ignored() {
+        let conns = [
+            conn(net::TCP_ESTABLISHED, "10.0.3.7:5432", 4200, 9000),
+            conn(net::TCP_ESTABLISHED, "10.0.3.7:5432", 1200, 9000),
+            conn(net::TCP_SYN_SENT, "10.0.3.7:5432", 0, 0),
+            // Answered: the last data came in after the request went out.
+            conn(net::TCP_ESTABLISHED, "10.0.3.8:6379", 5000, 10),
+            // A LISTEN sent an hour ago.
+            conn(net::TCP_ESTABLISHED, "10.0.3.9:5432", 3_600_000, 3_700_000),
+        ];
+        let waits = group_waits(conns.iter(), Some(Duration::from_secs(60)));
+        assert_eq!(
+            waits,
+            [DependencyWait {
+                endpoint: "10.0.3.7:5432".into(),
+                waiting_ms: 4200,
+                connections: 3,
+                connecting: 1,
+            }]
+        );
+        assert_eq!(group_waits(conns.iter(), None).len(), 2);
+    }
+}

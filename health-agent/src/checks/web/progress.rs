@@ -1,0 +1,171 @@
+//! When the server last moved, from the kernel's per-port counters read on every tick: the
+//! last answer byte on any connection (keep-alive ones included), whether work is in flight
+//! without progress, and how long this server goes quiet while it has work — a pool of
+//! threads that each sleep 3 s per request answers every 3 s, and that is its normal.
+
+use std::{
+    collections::VecDeque,
+    time::{Duration, Instant},
+};
+
+use health_common::PortCounters;
+
+#[derive(Debug, Default)]
+pub struct Progress {
+    last: Option<PortCounters>,
+    /// The tick that first saw the send count move past its previous reading.
+    answer_at: Option<Instant>,
+    /// A quiet spell under way: since when, and whether work was seen during it (a spell
+    /// that ends with no work seen in it was idleness, not quiet).
+    quiet: Option<(Instant, bool)>,
+    /// Ended spells (when, how long) within the window.
+    spells: VecDeque<(Instant, Duration)>,
+    /// Work in flight made no progress since the previous tick.
+    stalled: bool,
+}
+
+impl Progress {
+    /// Takes in this tick's counters.
+    pub fn observe(&mut self, c: &PortCounters, now: Instant, window: Duration) {
+        let Some(prev) = self.last.replace(*c) else {
+            // The programs count from zero since they loaded: anything sent came after that.
+            self.answer_at = (c.sent > 0).then_some(now);
+            return;
+        };
+        let answered = c.sent != prev.sent;
+        let read = c.received != prev.received;
+        let in_flight = c.waiting() > 0 || c.pending() > 0;
+        if answered {
+            if let Some((from, true)) = self.quiet {
+                self.spells
+                    .push_back((now, now.saturating_duration_since(from)));
+            }
+            self.answer_at = Some(now);
+            // A request read in the same tick may still be in progress; only work seen later
+            // confirms it.
+            self.quiet = (in_flight || read).then_some((now, in_flight));
+        } else if in_flight || read {
+            match &mut self.quiet {
+                Some((_, seen)) => *seen = true,
+                None => self.quiet = Some((now, true)),
+            }
+        }
+        while self
+            .spells
+            .front()
+            .is_some_and(|(t, _)| now.saturating_duration_since(*t) > window)
+        {
+            self.spells.pop_front();
+        }
+        let taken = c.claimed + c.closed_unclaimed != prev.claimed + prev.closed_unclaimed;
+        let finished = c.answered + c.closed_pending != prev.answered + prev.closed_pending;
+        self.stalled =
+            (c.waiting() > 0 && !taken && !answered) || (c.pending() > 0 && !finished && !answered);
+    }
+
+    pub fn since_answer(&self, now: Instant) -> Option<Duration> {
+        self.answer_at.map(|t| now.saturating_duration_since(t))
+    }
+
+    /// The longest quiet spell with work, ended within the window.
+    pub fn longest_quiet(&self) -> Duration {
+        self.spells
+            .iter()
+            .map(|(_, d)| *d)
+            .max()
+            .unwrap_or_default()
+    }
+
+    pub fn stalled(&self) -> bool {
+        self.stalled
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TICK: Duration = Duration::from_millis(250);
+    const WINDOW: Duration = Duration::from_secs(60);
+
+    #[derive(Default)]
+    struct Server {
+        c: PortCounters,
+    }
+
+    impl Server {
+        fn read(&mut self) {
+            self.c.received += 1;
+        }
+        fn answer(&mut self) {
+            self.c.sent += 1;
+        }
+        fn queue(&mut self, n: u64) {
+            self.c.established += n;
+        }
+    }
+
+    #[test]
+    fn a_busy_pools_rhythm_is_learned() {
+        // Keep-alive clients: requests read at once, answered 3 s later, next read right away;
+        // the agent's probe waits in the accept queue meanwhile.
+        let t0 = Instant::now();
+        let mut p = Progress::default();
+        let mut s = Server::default();
+        p.observe(&s.c, t0, WINDOW);
+        s.read();
+        s.queue(1);
+        for i in 1..=12 {
+            let now = t0 + TICK * i;
+            if i == 12 {
+                s.answer();
+                s.read();
+            }
+            p.observe(&s.c, now, WINDOW);
+        }
+        assert_eq!(
+            p.longest_quiet(),
+            TICK * 11,
+            "3 s of work without an answer"
+        );
+        assert_eq!(p.since_answer(t0 + TICK * 13), Some(TICK));
+        assert!(!p.stalled(), "it answered in the last tick");
+        p.observe(&s.c, t0 + TICK * 13, WINDOW);
+        assert!(p.stalled(), "a connection waits and nothing moved");
+    }
+
+    #[test]
+    fn idleness_between_quick_requests_is_no_quiet_spell() {
+        let t0 = Instant::now();
+        let mut p = Progress::default();
+        let mut s = Server::default();
+        p.observe(&s.c, t0, WINDOW);
+        // A request a minute, each read and answered within one tick.
+        for minute in 1..=3u32 {
+            for i in 0..240 {
+                let now = t0 + Duration::from_secs(60 * (minute - 1) as u64) + TICK * i;
+                if i == 239 {
+                    s.read();
+                    s.answer();
+                }
+                p.observe(&s.c, now, WINDOW);
+            }
+        }
+        assert_eq!(p.longest_quiet(), Duration::ZERO);
+    }
+
+    #[test]
+    fn old_spells_age_out() {
+        let t0 = Instant::now();
+        let mut p = Progress::default();
+        let mut s = Server::default();
+        p.observe(&s.c, t0, WINDOW);
+        s.read();
+        p.observe(&s.c, t0 + TICK, WINDOW);
+        s.answer();
+        p.observe(&s.c, t0 + TICK * 9, WINDOW);
+        assert_eq!(p.longest_quiet(), TICK * 8);
+        p.observe(&s.c, t0 + TICK * 9 + WINDOW + TICK, WINDOW);
+        assert_eq!(p.longest_quiet(), Duration::ZERO);
+    }
+}
