@@ -267,37 +267,33 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
     };
 
     // Not ready until the backend has served once: a 200 would put it into rotation.
-    let configured = i.web != WebVerdict::NotConfigured;
-    if configured && !i.web_served {
-        if i.in_boot_grace {
-            return decided(
-                Status::Booting,
-                i.boot_status,
-                Recommendation::Stable,
-                vec![format!(
-                    "booting: the web backend has not been seen serving yet ({})",
-                    web(i.web.as_str())
-                )],
-                Vec::new(),
-                false,
-            );
-        }
-        // It never was in rotation, so taking it out cannot take the fleet out, whatever the
-        // database says.
+    let never_served = i.web != WebVerdict::NotConfigured && !i.web_served;
+    if never_served && i.in_boot_grace {
         return decided(
-            Status::Unhealthy,
-            503,
+            Status::Booting,
+            i.boot_status,
             Recommendation::Stable,
             vec![format!(
-                "boot grace is over and the web backend was never seen serving ({})",
+                "booting: the web backend has not been seen serving yet ({})",
                 web(i.web.as_str())
             )],
-            vec![Fault::NeverServed],
+            Vec::new(),
             false,
         );
     }
-
-    if i.web == WebVerdict::Waiting {
+    if never_served {
+        // It never was in rotation, so taking it out cannot take the fleet out, whatever the
+        // database says: no shared-dependency guard, and no `recovering` 200 while a restart
+        // runs.
+        faults.push(Fault::NeverServed);
+        reasons.push(format!(
+            "boot grace is over and the web backend was never seen serving ({})",
+            web(i.web.as_str())
+        ));
+        if i.web.is_fault() || i.web == WebVerdict::Waiting {
+            faults.push(Fault::Web(i.web));
+        }
+    } else if i.web == WebVerdict::Waiting {
         shared_dependency = true;
         reasons.push(web("waiting on a dependency, not replacing the instance"));
     } else if i.web.is_fault() {
@@ -338,8 +334,10 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
                 shared_dependency,
             );
         }
-        if i.heal == HealPhase::Exhausted {
-            reasons.push("self-heal failed or its budget is spent".into());
+        match i.heal {
+            HealPhase::Recovering => reasons.push("self-heal in progress".into()),
+            HealPhase::Exhausted => reasons.push("self-heal failed or its budget is spent".into()),
+            HealPhase::Idle => {}
         }
         if i.in_boot_grace {
             reasons.push("within the boot grace period: no restart".into());
@@ -469,7 +467,8 @@ impl FlapGuard {
             self.published = Some(raw.clone());
             return raw;
         };
-        if raw.http == published.http {
+        // Leaving boot is not a recovery: an instance becomes ready the moment it is.
+        if raw.http == published.http || published.status == Status::Booting {
             self.pending = None;
             self.published = Some(raw.clone());
             return raw;
@@ -869,10 +868,16 @@ mod tests {
         let d = evaluate(&PolicyInput {
             web_served: false,
             web: WebVerdict::Hung,
+            heal: HealPhase::Recovering,
             ..input()
         });
-        assert_eq!(d.faults, [Fault::NeverServed]);
-        assert_eq!(d.healable_fault(), None, "never restarted into a 200");
+        assert_eq!(d.faults, [Fault::NeverServed, Fault::Web(WebVerdict::Hung)]);
+        assert_eq!(d.healable_fault(), Some(Fault::Web(WebVerdict::Hung)));
+        assert_eq!(
+            (d.status, d.http),
+            (Status::Unhealthy, 503),
+            "a restart of a backend that never served is no reason to take traffic"
+        );
     }
 
     #[test]
@@ -932,6 +937,19 @@ mod tests {
         let held = g.apply(bad, t0);
         assert_eq!(held.http, 503);
         assert!(held.reasons.iter().any(|r| r.contains("disk")));
+    }
+
+    #[test]
+    fn flap_guard_lets_an_instance_out_of_boot_at_once() {
+        let t0 = Instant::now();
+        let mut g = FlapGuard::new(Duration::ZERO, Duration::from_secs(4));
+        let booting = evaluate(&PolicyInput {
+            in_boot_grace: true,
+            web_served: false,
+            ..input()
+        });
+        assert_eq!(g.apply(booting, t0).http, 503);
+        assert_eq!(g.apply(evaluate(&input()), t0).status, Status::Healthy);
     }
 
     #[test]

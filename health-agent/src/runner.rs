@@ -430,10 +430,14 @@ impl Composer {
             database,
         };
         self.recheck_database_when_stuck(&report, now);
-        let in_grace = now.saturating_duration_since(self.started) < self.cfg.checks.boot_grace;
+        let served = report.web.served || self.cfg.web.port == 0;
+        let warming_up = self.warming_up(&report);
+        // Until the first evidence is in, every instance is still booting, grace or not.
+        let in_grace = now.saturating_duration_since(self.started) < self.cfg.checks.boot_grace
+            || (!served && warming_up);
         let mut input = report.policy_input(in_grace);
-        input.web_served = report.web.served || self.cfg.web.port == 0;
-        input.warming_up = self.warming_up(&report);
+        input.web_served = served;
+        input.warming_up = warming_up;
         input.boot_status = self.cfg.checks.boot_status;
         let raw = evaluate(&input);
         // No restarts within boot grace: an app may take its time to come up.

@@ -13,6 +13,12 @@ use std::{
 
 use serde_json::Value;
 
+pub mod load;
+pub mod puma;
+
+pub use load::{timeline, HealthPoller, HealthSample, Load, LoadStats};
+pub use puma::{Puma, PumaOptions, TcpProxy};
+
 /// The workspace's target directory for this build profile (where cargo put this test).
 pub fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");

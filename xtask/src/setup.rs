@@ -21,11 +21,13 @@ pub struct Args {
 }
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
-/// For the integration tests and the demo: the backends, the load generator, `ss`, `curl`.
+/// For the integration tests and the demo: the backends (Puma and its PostgreSQL driver), the
+/// load generator, `ss`, `curl`.
 const PACKAGES: &[&str] = &[
     "docker.io",
     "nginx-light",
     "puma",
+    "ruby-pg",
     "postgresql",
     "wrk",
     "caddy",

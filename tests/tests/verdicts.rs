@@ -1,0 +1,745 @@
+//! The verdicts that decide whether an instance leaves the load balancer, against real Ruby:
+//! Debian's Puma under load (a busy pool is `slow`, never a 503 or a restart), a frozen Puma
+//! (`hung`, 503), a Puma waiting on a frozen path to its database (`waiting`,
+//! `infrastructure_issue`, never a 503), a wrong database password next to a frozen app (the
+//! web fault still counts), and booting (503 until the backend has served, 200 after).
+//!
+//! Every test records every `/health` answer of the whole run ([`HealthPoller`]) and asserts
+//! over all of them, so a single 503 in the middle of a run is caught. Restarts are counted
+//! by a `restart_command` that appends a line to a file.
+
+use std::{
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use health_agent_tests::{
+    http, merge_toml, require_root, timeline, wait_until, Agent, HealthPoller, HealthSample, Load,
+    Postgres, Puma, PumaOptions, TcpProxy,
+};
+
+/// Agent start to a first verdict.
+const WAIT: Duration = Duration::from_secs(30);
+
+const STATUSES: &[&str] = &["healthy", "degraded", "unhealthy", "booting", "recovering"];
+const RECOMMENDATIONS: &[&str] = &["stable", "scale_up", "scale_down", "infrastructure_issue"];
+const WEBSERVER: &[&str] = &[
+    "up",
+    "slow",
+    "hung",
+    "unresponsive",
+    "waiting",
+    "down",
+    "unknown",
+];
+const DATABASE: &[&str] = &[
+    "connected",
+    "slow",
+    "unreachable",
+    "misconfigured",
+    "unknown",
+    "not_configured",
+];
+
+/// Counts the agent's restarts: `web.restart_command` appends a line to a file, exits 0.
+struct Restarts {
+    _dir: tempfile::TempDir,
+    file: PathBuf,
+}
+
+impl Restarts {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("restarts");
+        Self { _dir: dir, file }
+    }
+
+    fn command(&self) -> String {
+        format!("echo restart >> '{}'", self.file.display())
+    }
+
+    fn count(&self) -> usize {
+        std::fs::read_to_string(&self.file)
+            .map(|t| t.lines().count())
+            .unwrap_or(0)
+    }
+}
+
+/// Agent config: the web check on `port` probing `/up` with a 2 s timeout, a 500 ms check
+/// cadence, a 1 s recovery, and the CPU/memory scaling thresholds out of the way (an idle test
+/// machine would say `scale_down`, parallel tests might say `scale_up`). `extra` is merged in.
+fn config(port: u16, restart_command: Option<&str>, extra: &str) -> String {
+    let mut base = format!(
+        "[checks]\ninterval = \"500ms\"\nrecover_after = \"1s\"\n\
+         [web]\nport = {port}\nprobe_path = \"/up\"\nprobe_timeout = \"2s\"\n"
+    );
+    if let Some(cmd) = restart_command {
+        base.push_str(&format!("restart_command = {cmd:?}\n"));
+    }
+    base.push_str(
+        "[scaling]\ncpu_high_percent = 100.0\nmemory_high_percent = 100.0\n\
+         cpu_low_percent = 0.0\nmemory_low_percent = 0.0\n",
+    );
+    merge_toml(&base, extra)
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// What a failed assertion prints: every answer of the run, the load, both logs.
+fn context(agent: &Agent, puma: &Puma, samples: &[HealthSample], load: &str) -> String {
+    format!(
+        "\n/health answers:\n{}load: {load}\npuma log (tail):\n{}\nagent log (tail):\n{}\nlast body: {}",
+        timeline(samples),
+        tail(&puma.logs(), 20),
+        tail(&agent.logs(), 40),
+        samples
+            .last()
+            .map(|s| serde_json::to_string_pretty(&s.body).unwrap_or_default())
+            .unwrap_or_default()
+    )
+}
+
+/// `poller.wait_for`, with both logs in the panic message.
+fn wait(
+    poller: &HealthPoller,
+    agent: &Agent,
+    puma: &Puma,
+    timeout: Duration,
+    what: &str,
+    pred: impl Fn(&HealthSample) -> bool,
+) -> HealthSample {
+    poller.wait_for_explained(timeout, what, pred, || {
+        format!(
+            "\npuma log (tail):\n{}\nagent log (tail):\n{}",
+            tail(&puma.logs(), 20),
+            tail(&agent.logs(), 40)
+        )
+    })
+}
+
+/// Every answer is one of the documented values, and the agent always answered.
+fn assert_contract(samples: &[HealthSample], ctx: &str) {
+    for s in samples {
+        assert!(s.error.is_none(), "the agent did not answer: {s}{ctx}");
+        assert!(
+            s.code == 200 || s.code == 503,
+            "HTTP {} is neither 200 nor 503: {s}{ctx}",
+            s.code
+        );
+        for (field, value, allowed) in [
+            ("status", &s.status, STATUSES),
+            ("recommendation", &s.recommendation, RECOMMENDATIONS),
+            ("checks.webserver", &s.webserver, WEBSERVER),
+            ("checks.database", &s.database, DATABASE),
+        ] {
+            assert!(
+                allowed.contains(&value.as_str()),
+                "{field} {value:?} is not one of {allowed:?}: {s}{ctx}"
+            );
+        }
+    }
+}
+
+fn heal_attempts(s: &HealthSample) -> u64 {
+    s.body["details"]["heal"]["total_attempts"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+/// Seconds from `from` to the sample (for the printed story).
+fn after(s: &HealthSample, from: Duration) -> f64 {
+    s.at.saturating_sub(from).as_secs_f64()
+}
+
+#[test]
+fn busy_pool_is_slow_never_503_never_restarted() {
+    busy_pool(false);
+}
+
+#[test]
+fn busy_pool_keep_alive_only_is_slow_never_503() {
+    busy_pool(true);
+}
+
+/// Puma with 2 threads, 4 clients on a 3 s endpoint: the pool is always full, Puma stops
+/// accepting, connections (the agent's probe among them) wait in the accept queue for seconds
+/// — and yet answers keep going out. A new instance would be just as busy: `slow`, 200,
+/// never a restart.
+fn busy_pool(keep_alive: bool) {
+    require_root();
+    let puma = Puma::start(PumaOptions {
+        threads: 2,
+        slow_seconds: 3.0,
+        ..Default::default()
+    });
+    let restarts = Restarts::new();
+    let agent = Agent::start(&config(puma.port, Some(&restarts.command()), ""));
+    let poller = HealthPoller::start(agent.port);
+    wait(
+        &poller,
+        &agent,
+        &puma,
+        WAIT,
+        "healthy before the load",
+        |s| s.code == 200 && s.status == "healthy",
+    );
+
+    let timeout = Duration::from_secs(15);
+    let load = if keep_alive {
+        Load::keep_alive(puma.port, "/slow", 4, timeout)
+    } else {
+        Load::new_connections(puma.port, "/slow", 4, Duration::ZERO, timeout)
+    };
+    let mut max_queue = 0;
+    let end = Instant::now() + Duration::from_secs(40);
+    while Instant::now() < end {
+        max_queue = max_queue.max(puma.accept_queue().unwrap_or(0));
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let stats = load.stop();
+    let samples = poller.stop();
+    let ctx = context(
+        &agent,
+        &puma,
+        &samples,
+        &format!("{stats}; accept queue up to {max_queue}"),
+    );
+    println!(
+        "busy pool ({}): {stats}; accept queue up to {max_queue}\n{}",
+        if keep_alive {
+            "keep-alive clients"
+        } else {
+            "new connections"
+        },
+        timeline(&samples)
+    );
+
+    assert!(
+        stats.count(200) >= 20,
+        "the load got too few answers (harness or Puma problem){ctx}"
+    );
+    if !keep_alive {
+        assert!(
+            max_queue >= 1,
+            "Puma's accept queue never filled: the pool was not full{ctx}"
+        );
+    }
+    let e503: Vec<&HealthSample> = samples.iter().filter(|s| s.code == 503).collect();
+    assert!(
+        e503.is_empty(),
+        "{} × 503 for a busy (not broken) backend, first: {}{ctx}",
+        e503.len(),
+        e503[0]
+    );
+    if let Some(s) = samples
+        .iter()
+        .find(|s| s.webserver == "hung" || s.webserver == "unresponsive")
+    {
+        panic!("a busy backend was called {}: {s}{ctx}", s.webserver);
+    }
+    assert!(
+        samples.iter().any(|s| s.webserver == "slow"),
+        "webserver was never `slow` while every request waited seconds for a thread{ctx}"
+    );
+    assert_eq!(restarts.count(), 0, "a busy backend was restarted{ctx}");
+    assert!(
+        samples.iter().all(|s| heal_attempts(s) == 0),
+        "details.heal counts restart attempts{ctx}"
+    );
+    assert_contract(&samples, &ctx);
+}
+
+/// The production failure: Puma frozen under traffic keeps its port, nobody accepts, nothing
+/// is answered. 503 `hung` within seconds; back to 200 once it runs again.
+#[test]
+fn frozen_puma_under_traffic_is_hung_503() {
+    require_root();
+    let puma = Puma::start(PumaOptions {
+        threads: 4,
+        ..Default::default()
+    });
+    let agent = Agent::start(&config(puma.port, None, ""));
+    let poller = HealthPoller::start(agent.port);
+    // ~10 requests a second, each on a new connection.
+    let load = Load::new_connections(
+        puma.port,
+        "/",
+        2,
+        Duration::from_millis(200),
+        Duration::from_secs(5),
+    );
+    wait(&poller, &agent, &puma, WAIT, "healthy under traffic", |s| {
+        s.code == 200 && s.status == "healthy" && s.webserver == "up"
+    });
+
+    puma.signal(libc::SIGSTOP);
+    let stopped = poller.elapsed();
+    let hung = wait(
+        &poller,
+        &agent,
+        &puma,
+        Duration::from_secs(5),
+        "503 with webserver hung within 5 s of SIGSTOP",
+        |s| s.code == 503 && s.webserver == "hung",
+    );
+    println!(
+        "SIGSTOP → 503 hung in {:.1}s ({hung})",
+        after(&hung, stopped)
+    );
+
+    puma.signal(libc::SIGCONT);
+    let continued = poller.elapsed();
+    let back = wait(
+        &poller,
+        &agent,
+        &puma,
+        Duration::from_secs(15),
+        "200 after SIGCONT",
+        |s| s.code == 200,
+    );
+    println!("SIGCONT → 200 in {:.1}s ({back})", after(&back, continued));
+
+    let stats = load.stop();
+    let samples = poller.stop();
+    let ctx = context(&agent, &puma, &samples, &stats.to_string());
+    println!("{stats}\n{}", timeline(&samples));
+    assert_eq!(hung.status, "unhealthy", "{hung}{ctx}");
+    assert!(
+        samples
+            .iter()
+            .filter(|s| s.at < stopped)
+            .all(|s| s.code == 200),
+        "503 before the SIGSTOP{ctx}"
+    );
+    assert!(stats.count(200) >= 10, "the load got too few answers{ctx}");
+    assert_contract(&samples, &ctx);
+}
+
+/// The shared database's path freezes (packets silently dropped): every app thread waits on
+/// its own outbound connection. Every instance looks the same, a new one would wait too: 200
+/// `degraded`, `infrastructure_issue`, the endpoint named, no restart — never a 503.
+#[test]
+fn app_blocked_on_frozen_database_path_is_infrastructure_issue_not_503() {
+    require_root();
+    let pg = Postgres::start();
+    let proxy = TcpProxy::start(pg.port);
+    let endpoint = format!("127.0.0.1:{}", proxy.port);
+    let puma = Puma::start(PumaOptions {
+        threads: 2,
+        db_url: Some(format!(
+            "postgres://postgres:{}@{endpoint}/postgres",
+            pg.password
+        )),
+        up_uses_db: true,
+        ..Default::default()
+    });
+    let restarts = Restarts::new();
+    let agent = Agent::start_with_env(
+        &config(
+            puma.port,
+            Some(&restarts.command()),
+            &format!(
+                "[database]\nurl = \"postgres://postgres@{endpoint}/postgres\"\ninterval = \"30s\"\ntimeout = \"3s\"\n"
+            ),
+        ),
+        &[("PGPASSWORD", pg.password.as_str())],
+    );
+    let poller = HealthPoller::start(agent.port);
+    let load = Load::new_connections(
+        puma.port,
+        "/db",
+        4,
+        Duration::from_millis(250),
+        Duration::from_secs(10),
+    );
+    wait(
+        &poller,
+        &agent,
+        &puma,
+        WAIT,
+        "healthy with the database connected",
+        |s| s.code == 200 && s.status == "healthy" && s.database == "connected",
+    );
+    wait_until(
+        Duration::from_secs(10),
+        "the app's SELECT 1 through the proxy (10 answers of /db)",
+        || (load.stats().count(200) >= 10).then_some(()),
+    );
+
+    proxy.freeze();
+    let frozen = poller.elapsed();
+    std::thread::sleep(Duration::from_secs(3));
+    let answered_early = load.stats().count(200);
+    std::thread::sleep(Duration::from_secs(37));
+    let during = poller.samples();
+    let stats = load.stats();
+    let ctx = context(&agent, &puma, &during, &stats.to_string());
+    println!("frozen database path:\n{}", timeline(&during));
+
+    assert_eq!(
+        stats.count(200),
+        answered_early,
+        "/db answered 200 through a frozen proxy (harness problem){ctx}"
+    );
+    if let Some(s) = during.iter().find(|s| s.code == 503) {
+        panic!("503 while the database path is frozen: {s}{ctx}");
+    }
+    assert_eq!(restarts.count(), 0, "restarted for a database fault{ctx}");
+    assert!(
+        during.iter().all(|s| heal_attempts(s) == 0),
+        "details.heal counts restart attempts{ctx}"
+    );
+    let infra = during
+        .iter()
+        .find(|s| s.at >= frozen && s.recommendation == "infrastructure_issue")
+        .unwrap_or_else(|| panic!("never infrastructure_issue while frozen{ctx}"));
+    println!(
+        "freeze → infrastructure_issue in {:.1}s ({infra})",
+        after(infra, frozen)
+    );
+    assert!(
+        after(infra, frozen) <= 15.0,
+        "infrastructure_issue only {:.1}s after the freeze (≤ 15 s expected){ctx}",
+        after(infra, frozen)
+    );
+    let names_endpoint = |s: &HealthSample| {
+        s.web()["dependencies"].as_array().is_some_and(|deps| {
+            deps.iter().any(|d| {
+                d["endpoint"] == endpoint.as_str()
+                    && d["connections"].as_u64().is_some_and(|n| n >= 1)
+                    && d["waiting_ms"].is_u64()
+            })
+        })
+    };
+    let waiting = during
+        .iter()
+        .find(|s| s.webserver == "waiting" && names_endpoint(s))
+        .unwrap_or_else(|| {
+            panic!("never webserver=waiting with details.web.dependencies naming {endpoint}{ctx}")
+        });
+    println!(
+        "waiting on {endpoint}: {}",
+        serde_json::to_string(&waiting.web()["dependencies"]).unwrap_or_default()
+    );
+    assert!(
+        during.iter().any(|s| s.webserver == "waiting"
+            && s.web()["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains(&endpoint))),
+        "details.web.detail never names {endpoint}{ctx}"
+    );
+
+    proxy.thaw();
+    let thawed = poller.elapsed();
+    let back = wait(
+        &poller,
+        &agent,
+        &puma,
+        Duration::from_secs(30),
+        "healthy after the thaw",
+        |s| s.code == 200 && s.status == "healthy",
+    );
+    println!("thaw → healthy in {:.1}s ({back})", after(&back, thawed));
+    let stats = load.stop();
+    let samples = poller.stop();
+    let ctx = context(&agent, &puma, &samples, &stats.to_string());
+    assert!(
+        samples.iter().all(|s| s.code == 200),
+        "503 at some point{ctx}"
+    );
+    assert_eq!(restarts.count(), 0, "restarted for a database fault{ctx}");
+    assert_contract(&samples, &ctx);
+}
+
+/// A wrong database password is this agent's misconfiguration: 200 `degraded`, `stable` — and
+/// it never hides a web fault: a frozen Puma is still restarted, and 503 once that failed.
+#[test]
+fn wrong_database_password_plus_frozen_app_is_503_after_heal_fails() {
+    require_root();
+    let pg = Postgres::start();
+    let puma = Puma::start(PumaOptions {
+        threads: 4,
+        ..Default::default()
+    });
+    let restarts = Restarts::new();
+    let agent = Agent::start_with_env(
+        &config(
+            puma.port,
+            Some(&restarts.command()),
+            &format!(
+                "[database]\nurl = \"{}\"\ninterval = \"1s\"\ntimeout = \"2s\"\n\
+                 [heal]\nmax_restarts = 1\ntimeout = \"3s\"\n",
+                pg.url()
+            ),
+        ),
+        &[("PGPASSWORD", "wrong")],
+    );
+    let poller = HealthPoller::start(agent.port);
+    let mis = wait(
+        &poller,
+        &agent,
+        &puma,
+        WAIT,
+        "database misconfigured (wrong password)",
+        |s| s.database == "misconfigured" && s.webserver == "up",
+    );
+    let load = Load::new_connections(
+        puma.port,
+        "/",
+        2,
+        Duration::from_millis(200),
+        Duration::from_secs(5),
+    );
+    std::thread::sleep(Duration::from_secs(1));
+
+    puma.signal(libc::SIGSTOP);
+    let stopped = poller.elapsed();
+    let down = wait(
+        &poller,
+        &agent,
+        &puma,
+        Duration::from_secs(45),
+        "503 unhealthy with webserver hung after the restart failed",
+        |s| s.code == 503 && s.status == "unhealthy" && s.webserver == "hung",
+    );
+    println!(
+        "SIGSTOP → 503 after the heal in {:.1}s ({down})",
+        after(&down, stopped)
+    );
+    let stats = load.stop();
+    let samples = poller.stop();
+    let ctx = context(&agent, &puma, &samples, &stats.to_string());
+    println!("{}", timeline(&samples));
+
+    assert_eq!(
+        (mis.code, mis.status.as_str(), mis.recommendation.as_str()),
+        (200, "degraded", "stable"),
+        "a wrong password: {mis}{ctx}"
+    );
+    assert!(
+        samples
+            .iter()
+            .filter(|s| s.at < stopped)
+            .all(|s| s.code == 200),
+        "503 before the SIGSTOP{ctx}"
+    );
+    assert!(
+        restarts.count() >= 1,
+        "no restart before the 503 (restart file empty){ctx}"
+    );
+    assert!(
+        heal_attempts(&down) >= 1,
+        "details.heal.total_attempts is 0 in the 503{ctx}"
+    );
+    assert_contract(&samples, &ctx);
+}
+
+/// The incident: a new instance whose app holds its port but never serves (its `/up` waits on
+/// a database it cannot reach). Booting is 503 until the backend has served — the balancer
+/// sends it nothing — and after the grace it is `unhealthy`. Never a 200.
+#[test]
+fn never_served_backend_is_503_booting_then_unhealthy() {
+    require_root();
+    // The path to the database is frozen before the app starts; nothing behind it is needed.
+    let proxy = TcpProxy::start(health_agent_tests::free_port());
+    proxy.freeze();
+    let puma = Puma::start_listening_only(PumaOptions {
+        threads: 2,
+        db_url: Some(format!(
+            "postgres://postgres:unused@127.0.0.1:{}/postgres",
+            proxy.port
+        )),
+        up_uses_db: true,
+        ..Default::default()
+    });
+    let agent = Agent::start(&config(puma.port, None, "[checks]\nboot_grace = \"12s\"\n"));
+    let poller = HealthPoller::start(agent.port);
+    let unhealthy = wait(
+        &poller,
+        &agent,
+        &puma,
+        Duration::from_secs(30),
+        "503 unhealthy after the boot grace",
+        |s| s.code == 503 && s.status == "unhealthy",
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let samples = poller.stop();
+    let ctx = context(&agent, &puma, &samples, "none");
+    println!("{}", timeline(&samples));
+
+    if let Some(s) = samples.iter().find(|s| s.code == 200) {
+        panic!("200 for a backend that never served: {s}{ctx}");
+    }
+    if let Some(s) = samples
+        .iter()
+        .find(|s| s.at < Duration::from_secs(10) && (s.code != 503 || s.status != "booting"))
+    {
+        panic!("within the boot grace every answer is 503 booting: {s}{ctx}");
+    }
+    assert!(
+        unhealthy.at >= Duration::from_secs(10),
+        "unhealthy before the boot grace was over: {unhealthy}{ctx}"
+    );
+    assert!(
+        samples
+            .iter()
+            .filter(|s| s.at > unhealthy.at)
+            .all(|s| s.code == 503),
+        "not 503 after the grace{ctx}"
+    );
+    assert_contract(&samples, &ctx);
+}
+
+/// A healthy new instance: once its backend has answered a probe it is 200 `booting` (in
+/// rotation, the other checks still warming up), `healthy` after the grace, never 503 again.
+#[test]
+fn backend_serving_during_boot_is_200_booting_then_healthy() {
+    require_root();
+    let puma = Puma::start(PumaOptions::default());
+    let agent = Agent::start(&config(puma.port, None, "[checks]\nboot_grace = \"8s\"\n"));
+    let poller = HealthPoller::start(agent.port);
+    let healthy = wait(
+        &poller,
+        &agent,
+        &puma,
+        Duration::from_secs(25),
+        "healthy after the grace",
+        |s| s.code == 200 && s.status == "healthy",
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let samples = poller.stop();
+    let ctx = context(&agent, &puma, &samples, "none");
+    println!("{}", timeline(&samples));
+
+    let first_200 = samples
+        .iter()
+        .position(|s| s.code == 200)
+        .unwrap_or_else(|| panic!("no 200 at all{ctx}"));
+    assert_eq!(
+        samples[first_200].status, "booting",
+        "the first 200 comes within the grace: {}{ctx}",
+        samples[first_200]
+    );
+    if let Some(s) = samples[..first_200]
+        .iter()
+        .find(|s| s.code != 503 || s.status != "booting")
+    {
+        panic!("before the first probe answered, only 503 booting: {s}{ctx}");
+    }
+    if let Some(s) = samples[first_200..].iter().find(|s| s.code != 200) {
+        panic!("503 after the backend had served: {s}{ctx}");
+    }
+    if let Some(s) = samples
+        .iter()
+        .find(|s| s.at < healthy.at && s.status != "booting")
+    {
+        panic!("before healthy, only booting: {s}{ctx}");
+    }
+    assert!(
+        healthy.at >= Duration::from_secs(6),
+        "healthy before the 8 s grace was over: {healthy}{ctx}"
+    );
+    assert_contract(&samples, &ctx);
+}
+
+/// The harness itself, without the agent: a full Puma pool really stops accepting, the
+/// keep-alive client really reuses its connection, and the frozen proxy really blocks the
+/// app's `SELECT 1` (and lets it through once thawed). When a verdict test fails, this one
+/// passing says the agent, not the setup, is at fault.
+#[test]
+fn harness_puma_queues_and_the_frozen_proxy_blocks_the_apps_database() {
+    require_root();
+    let puma = Puma::start(PumaOptions {
+        threads: 2,
+        slow_seconds: 2.0,
+        ..Default::default()
+    });
+    let cmdline = std::fs::read_to_string(format!("/proc/{}/cmdline", puma.pid()))
+        .unwrap_or_default()
+        .replace('\0', " ");
+    assert!(
+        cmdline.contains(&format!("tcp://127.0.0.1:{}", puma.port)),
+        "pid {} is not the Puma server: {cmdline:?}",
+        puma.pid()
+    );
+
+    // 5 clients, 2 threads: Puma takes one more than it has threads, then stops accepting.
+    let load = Load::new_connections(
+        puma.port,
+        "/slow",
+        5,
+        Duration::ZERO,
+        Duration::from_secs(15),
+    );
+    let queued = wait_until(
+        Duration::from_secs(10),
+        "connections in Puma's accept queue",
+        || puma.accept_queue().filter(|&q| q >= 1),
+    );
+    wait_until(
+        Duration::from_secs(15),
+        "answers from the busy pool",
+        || (load.stats().count(200) >= 4).then_some(()),
+    );
+    let stats = load.stop();
+    println!("busy pool: accept queue {queued}; {stats}");
+    assert_eq!(stats.errors + stats.timeouts, 0, "{stats}");
+
+    let ka = Load::keep_alive(puma.port, "/", 2, Duration::from_secs(5));
+    wait_until(Duration::from_secs(10), "keep-alive answers", || {
+        (ka.stats().count(200) >= 200).then_some(())
+    });
+    let stats = ka.stop();
+    println!("keep-alive: {stats}");
+    assert_eq!(
+        (
+            stats.errors,
+            stats.timeouts,
+            stats.reconnects,
+            stats.server_closes
+        ),
+        (0, 0, 0, 0),
+        "{stats}"
+    );
+    assert_eq!(stats.connections, 2, "{stats}");
+
+    let pg = Postgres::start();
+    let proxy = TcpProxy::start(pg.port);
+    // Puma::start waits for /up, which does SELECT 1 through the proxy.
+    let app = Puma::start(PumaOptions {
+        threads: 2,
+        db_url: Some(format!(
+            "postgres://postgres:{}@127.0.0.1:{}/postgres",
+            pg.password, proxy.port
+        )),
+        up_uses_db: true,
+        ..Default::default()
+    });
+    let db = |timeout| http(app.port, "GET", "/db", &[], timeout).map(|(c, _, b)| (c, b));
+    assert_eq!(
+        db(Duration::from_secs(10)).ok(),
+        Some((200, "db 1\n".to_string())),
+        "{}",
+        app.logs()
+    );
+
+    proxy.freeze();
+    let blocked = db(Duration::from_secs(3));
+    assert!(
+        blocked.as_ref().is_err_and(|e| matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        )),
+        "/db answered through a frozen proxy: {blocked:?}"
+    );
+    proxy.thaw();
+    assert_eq!(
+        db(Duration::from_secs(10)).ok(),
+        Some((200, "db 1\n".to_string())),
+        "{}",
+        app.logs()
+    );
+}
