@@ -48,8 +48,14 @@ pub struct TcpConn {
     /// few ms coarse).
     pub last_data_sent_ms: u32,
     pub last_data_recv_ms: u32,
+    /// ms since an acknowledgement last came in (`tcpi_last_ack_recv`).
+    pub last_ack_recv_ms: u32,
     /// Segments sent and not yet acknowledged.
     pub unacked: u32,
+    /// Bytes of ours the peer acknowledged (the SYN included), and bytes it sent us
+    /// (`tcpi_bytes_acked`, `tcpi_bytes_received`).
+    pub bytes_acked: u64,
+    pub bytes_received: u64,
 }
 
 pub const TCP_ESTABLISHED: u8 = 1;
@@ -58,11 +64,18 @@ pub const TCP_SYN_SENT: u8 = 2;
 impl TcpConn {
     /// A request went out after the last answer came in (or the handshake is still under
     /// way): the owner waits on the peer. The peer's kernel acknowledging the bytes does not
-    /// count as an answer; its application sending some does.
+    /// count as an answer; its application sending some does. The timers are jiffies (4 ms
+    /// at HZ=250), so a request sent in the same tick as the connect or the last answer ties
+    /// with it; the byte counts and the acknowledgement timer break most such ties.
     pub fn awaits_answer(&self) -> bool {
         self.state == TCP_SYN_SENT
             || self.last_data_sent_ms < self.last_data_recv_ms
             || self.unacked > 0
+            // Asked on a fresh connection and never heard back (a database startup message);
+            // the SYN counts as one acknowledged byte.
+            || (self.bytes_received == 0 && self.bytes_acked > 1)
+            // Our bytes were acknowledged after the peer last sent data: taken, unanswered.
+            || self.last_ack_recv_ms < self.last_data_recv_ms
     }
 }
 
@@ -217,7 +230,10 @@ fn parse_conn(m: &[u8], mut attrs: &[u8]) -> TcpConn {
         inode: u32::from_ne_bytes([m[68], m[69], m[70], m[71]]) as u64,
         last_data_sent_ms: 0,
         last_data_recv_ms: 0,
+        last_ack_recv_ms: 0,
         unacked: 0,
+        bytes_acked: 0,
+        bytes_received: 0,
     };
     // struct rtattr { u16 len; u16 type; } + payload, each aligned to 4 bytes.
     while attrs.len() >= 4 {
@@ -227,13 +243,23 @@ fn parse_conn(m: &[u8], mut attrs: &[u8]) -> TcpConn {
             break;
         }
         let info = &attrs[4..len];
-        // struct tcp_info: tcpi_unacked at 24, tcpi_last_data_sent at 44, _recv at 52.
-        if ty == INET_DIAG_INFO && info.len() >= 56 {
+        // struct tcp_info (include/uapi/linux/tcp.h): tcpi_unacked at 24, tcpi_last_data_sent
+        // at 44, _data_recv at 52, _ack_recv at 56, tcpi_bytes_acked at 120 and
+        // tcpi_bytes_received at 128 (Linux 4.1+).
+        if ty == INET_DIAG_INFO && info.len() >= 136 {
             let u32_at =
                 |o: usize| u32::from_ne_bytes([info[o], info[o + 1], info[o + 2], info[o + 3]]);
+            let u64_at = |o: usize| {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(&info[o..o + 8]);
+                u64::from_ne_bytes(b)
+            };
             conn.unacked = u32_at(24);
             conn.last_data_sent_ms = u32_at(44);
             conn.last_data_recv_ms = u32_at(52);
+            conn.last_ack_recv_ms = u32_at(56);
+            conn.bytes_acked = u64_at(120);
+            conn.bytes_received = u64_at(128);
         }
         attrs = &attrs[((len + 3) & !3).min(attrs.len())..];
     }
@@ -386,7 +412,9 @@ mod tests {
         };
         // Jiffies are coarse: let the clock move between each step.
         let tick = || std::thread::sleep(std::time::Duration::from_millis(30));
-        tick();
+        assert!(!find().awaits_answer(), "nothing asked yet: {:?}", find());
+        // Written within the same jiffy as the connect, as a database client does: the
+        // timers tie, the byte counts tell.
         client.write_all(b"ping").unwrap();
         tick();
         let c = find();
@@ -400,5 +428,10 @@ mod tests {
         client.read_exact(&mut b).unwrap();
         tick();
         assert!(!find().awaits_answer(), "answered: {:?}", find());
+        // The next request on the same connection, then silence.
+        tick();
+        client.write_all(b"ping").unwrap();
+        tick();
+        assert!(find().awaits_answer(), "asked again: {:?}", find());
     }
 }

@@ -197,7 +197,7 @@ pub struct PolicyInput {
     pub containers: ContainersState,
     pub pressure: Pressure,
     pub in_boot_grace: bool,
-    /// Some check has not reported its first result yet.
+    /// Some check has not reported its first result yet (named in the booting reason).
     pub warming_up: bool,
     /// The code while booting and the backend has not served yet: 503 (not ready: the
     /// balancer sends nothing, the scaling group's grace period keeps the instance) or 200
@@ -399,10 +399,17 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
     } else {
         Recommendation::Stable
     };
-    if i.in_boot_grace && i.warming_up {
+    if i.in_boot_grace {
+        // Ready (it serves), still in its grace: no restarts, and whatever is degraded now
+        // may be warming up.
         reasons.insert(
             0,
-            "booting: the web backend serves, other checks are warming up".into(),
+            if i.warming_up {
+                "booting: the web backend serves, other checks are warming up"
+            } else {
+                "booting: the web backend serves, within checks.boot_grace"
+            }
+            .into(),
         );
         return decided(
             Status::Booting,
@@ -726,9 +733,9 @@ mod tests {
                 Stable,
             ),
             (
-                "booting, serving, every check in: the normal answer",
+                "booting, serving, every check in: still booting until the grace ends",
                 |i| i.in_boot_grace = true,
-                Healthy,
+                Booting,
                 200,
                 Stable,
             ),

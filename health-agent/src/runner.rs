@@ -458,19 +458,32 @@ impl Composer {
 impl Composer {
     /// When the web backend looks stuck, the database check runs now rather than on its
     /// slower cadence, so a database outage is named within seconds, not after
-    /// `database.interval × fail_after`. At most one wake-up per RECHECK_EVERY; a round still
+    /// `database.interval × fail_after`; while the database is unreachable or slow it is asked
+    /// again every RECHECK_DOWN_EVERY, so its recovery shows as soon as it happens. A round still
     /// running takes the wake-up as soon as it ends.
     fn recheck_database_when_stuck(&mut self, report: &Report, now: Instant) {
-        let stuck = matches!(
+        if self.database.is_none() {
+            return;
+        }
+        let every = if matches!(
             report.web.verdict,
             crate::policy::WebVerdict::Waiting
                 | crate::policy::WebVerdict::Hung
                 | crate::policy::WebVerdict::Unresponsive
-        );
-        let due = self
+        ) {
+            RECHECK_STUCK_EVERY
+        } else if matches!(
+            report.database.state,
+            crate::policy::DbState::Unreachable | crate::policy::DbState::Slow
+        ) {
+            RECHECK_DOWN_EVERY
+        } else {
+            return;
+        };
+        if self
             .last_recheck
-            .is_none_or(|t| now.saturating_duration_since(t) >= RECHECK_EVERY);
-        if stuck && due && self.database.is_some() {
+            .is_none_or(|t| now.saturating_duration_since(t) >= every)
+        {
             self.last_recheck = Some(now);
             self.recheck_database.notify_one();
         }
@@ -493,7 +506,8 @@ impl Composer {
     }
 }
 
-const RECHECK_EVERY: Duration = Duration::from_secs(1);
+const RECHECK_STUCK_EVERY: Duration = Duration::from_secs(1);
+const RECHECK_DOWN_EVERY: Duration = Duration::from_secs(5);
 
 /// Loading the kernel programs parsed the running kernel's BTF twice (aya's loader and
 /// `ebpf::btf`), several megabytes each, all freed since. glibc keeps freed heap pages mapped;

@@ -260,7 +260,10 @@ mod tests {
             inode: 1,
             last_data_sent_ms: sent,
             last_data_recv_ms: recv,
+            last_ack_recv_ms: sent.min(recv),
             unacked: 0,
+            bytes_acked: 10,
+            bytes_received: 10,
         }
     }
 
