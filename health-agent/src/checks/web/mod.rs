@@ -94,8 +94,9 @@ pub struct WebReport {
     pub verdict: WebVerdict,
     /// The verdict's evidence, in a sentence.
     pub detail: String,
-    /// Whether the backend has been seen serving (the probe answered, or the kernel saw an
-    /// answer) since the agent started: until then the instance is not ready.
+    /// Whether the backend has been seen serving since the agent started: the probe got an
+    /// answer other than a 5xx (with `probe_path = ""`: it listens). Until then the instance
+    /// is not ready.
     pub served: bool,
     pub listening: bool,
     pub pids: Vec<u32>,

@@ -279,9 +279,15 @@ impl WebMonitor {
         self.last_verdict = verdict;
         self.next_look = verdict::next_look(&evidence, &self.cfg, now);
         self.steer_accept_tracing(evidence.kernel.as_ref().and_then(|k| k.oldest_waiting), now);
-        self.served |= match &self.last_probe {
-            Some(p) if !self.cfg.probe_path.is_empty() => p.status.is_some_and(|s| s < 500),
-            _ => counters.as_ref().is_some_and(|c| c.answered > 0),
+        // Ready once it has served: the probe (a readiness path) got an answer that is not a
+        // server error. Without a probe nothing would ever ask it while the balancer holds
+        // traffic back, so a listener is all the readiness there is to see.
+        self.served |= if self.cfg.probe_path.is_empty() {
+            listening
+        } else {
+            self.last_probe
+                .as_ref()
+                .is_some_and(|p| p.status.is_some_and(|s| s < 500))
         };
         let stale = self
             .drops_seen
