@@ -184,7 +184,7 @@ fn group_waits<'a>(
         }
     }
     let mut out: Vec<DependencyWait> = by_peer.into_values().collect();
-    out.sort_by(|a, b| b.waiting_ms.cmp(&a.waiting_ms));
+    out.sort_by_key(|w| std::cmp::Reverse(w.waiting_ms));
     out
 }
 

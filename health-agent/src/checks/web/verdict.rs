@@ -243,7 +243,7 @@ pub fn decide(e: &Evidence, cfg: &WebConfig) -> (WebVerdict, String) {
                     format!(
                         "{}; nothing taken or answered for {} (limit {}){}; {}",
                         work(e),
-                        k.since_progress().map_or("ever".to_string(), |d| secs(d)),
+                        k.since_progress().map_or("ever".to_string(), secs),
                         secs(limit),
                         cpu(e),
                         last_answer(Some(k))
@@ -260,7 +260,7 @@ pub fn decide(e: &Evidence, cfg: &WebConfig) -> (WebVerdict, String) {
                     format!(
                         "{}; nothing taken or answered for {}{}",
                         work(e),
-                        k.since_progress().map_or("ever".to_string(), |d| secs(d)),
+                        k.since_progress().map_or("ever".to_string(), secs),
                         cpu(e)
                     ),
                 );
