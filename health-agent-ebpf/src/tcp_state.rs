@@ -15,13 +15,14 @@ use aya_ebpf::{
 use aya_log_ebpf::warn;
 use health_common::{
     kernel::{IPPROTO_TCP, TCP_CLOSE, TCP_ESTABLISHED, TCP_SYN_RECV},
-    ConnState, PortCounters, DEFAULT_MAX_CONNS, MAX_PORTS,
+    ConnState, PortCounters, TracepointOffsets, WatchKey, DEFAULT_MAX_CONNS, MAX_PORTS,
 };
 
 use crate::{field, now_ns, offsets, port_watched, sock_port, sock_u16};
+use aya_ebpf::helpers::bpf_probe_read_kernel;
 
 #[map]
-pub static WATCHED_PORTS: HashMap<u16, u32> = HashMap::with_max_entries(MAX_PORTS, 0);
+pub static WATCHED_PORTS: HashMap<WatchKey, u32> = HashMap::with_max_entries(MAX_PORTS, 0);
 
 #[map]
 pub static PORT_COUNTERS: PerCpuArray<PortCounters> = PerCpuArray::with_max_entries(MAX_PORTS, 0);
@@ -61,7 +62,7 @@ fn try_raw(ctx: &RawTracePointContext) -> Option<()> {
     if !port_watched(sport) || sock_u16(off, sk, off.sock_protocol)? != IPPROTO_TCP {
         return None;
     }
-    on_established(ctx, sk, sport)
+    on_established(ctx, sk, WatchKey::new(netns(off, sk), sport))
 }
 
 #[tracepoint]
@@ -91,14 +92,34 @@ fn try_classic(ctx: &TracePointContext) -> Option<()> {
         return None;
     }
     // Child sockets carry the listener's port as their local port (host byte order here).
+    // Without BTF there is no namespace to read: keys say 0, any namespace.
     let sport: u16 = field(ctx, off.state_sport)?;
-    on_established(ctx, sk, sport)
+    on_established(ctx, sk, WatchKey::new(0, sport))
 }
 
-/// A passive handshake on `sport` completed: the connection waits in the accept queue.
-fn on_established<C: EbpfContext>(ctx: &C, sk: u64, sport: u16) -> Option<()> {
-    // The exit for every other port on the box.
-    let slot = *unsafe { WATCHED_PORTS.get(sport) }?;
+/// The inode of `sk`'s network namespace (`sk->__sk_common.skc_net.net->ns.inum`), or 0 when
+/// the kernel's BTF did not give its offsets. Two reads, paid once per accepted connection on a
+/// watched port number, never per socket call.
+#[inline(always)]
+fn netns(off: &TracepointOffsets, sk: u64) -> u32 {
+    if off.net_known != 1 {
+        return 0;
+    }
+    // SAFETY: bpf_probe_read_kernel copes with any address; a bad one reads as an error.
+    let net: u64 = match unsafe { bpf_probe_read_kernel((sk + off.sock_net as u64) as *const u64) }
+    {
+        Ok(p) => p,
+        Err(_) => return 0,
+    };
+    // SAFETY: as above.
+    unsafe { bpf_probe_read_kernel((net + off.net_inum as u64) as *const u32) }.unwrap_or(0)
+}
+
+/// A passive handshake on a watched port completed: the connection waits in the accept queue.
+fn on_established<C: EbpfContext>(ctx: &C, sk: u64, key: WatchKey) -> Option<()> {
+    // The exit for every other port, and for the same port in another namespace.
+    let slot = *unsafe { WATCHED_PORTS.get(&key) }?;
+    let sport = key.port;
 
     let conn = ConnState {
         established_ns: now_ns(),

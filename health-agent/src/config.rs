@@ -139,6 +139,9 @@ pub struct WebConfig {
     pub accept_tracing: AcceptTracing,
     pub max_connections_tracked: u32,
     pub container: String,
+    /// The backend's network namespace, for runtimes other than Docker: `/var/run/netns/NAME`
+    /// or `/proc/PID/ns/net`. Empty: the agent's own (or `container`'s).
+    pub netns: String,
     pub restart_command: String,
 }
 
@@ -157,6 +160,7 @@ impl Default for WebConfig {
             accept_tracing: AcceptTracing::OnStall,
             max_connections_tracked: health_common::DEFAULT_MAX_CONNS,
             container: String::new(),
+            netns: String::new(),
             restart_command: String::new(),
         }
     }
@@ -416,6 +420,21 @@ impl Config {
                 format!("must be 503 or 200, got {}", self.checks.boot_status),
             ));
         }
+        if !self.web.container.is_empty() && !self.web.netns.is_empty() {
+            return Err(bad(
+                "web.netns",
+                "set web.container or web.netns, not both (a container's namespace is found through Docker)".into(),
+            ));
+        }
+        if !self.web.netns.is_empty() && !self.web.netns.starts_with('/') {
+            return Err(bad(
+                "web.netns",
+                format!(
+                    "{:?} must be an absolute path such as /var/run/netns/NAME or /proc/PID/ns/net",
+                    self.web.netns
+                ),
+            ));
+        }
         positive("checks.interval", self.checks.interval)?;
         positive("checks.timeout", self.checks.timeout)?;
         positive("checks.stale_after", self.checks.stale_after)?;
@@ -555,7 +574,8 @@ recover_after = "4s"             # a 503 must be gone this long before 200 again
 
 [web]
 port = 0                         # the backend's listen port; 0 = no web check
-probe_path = "/up"               # active probe on 127.0.0.1:<port>; "" disables it
+probe_path = "/up"               # active probe at the listener's own address (127.0.0.1, ::1, a
+                                 # specific address; inside its namespace); "" disables it
 probe_timeout = "2s"
 hung_after = "2s"                # weak evidence of a hang: connections queue and nothing is taken
                                  # or answered for this long (stretched to twice the server's own
@@ -569,7 +589,11 @@ accept_tracing = "on_stall"      # accept() syscall tracepoints: "on_stall" atta
                                  # a connection waits unclaimed (they slow every syscall on the
                                  # host); "always" keeps them on for exact accept counts
 max_connections_tracked = 16384  # size of the kernel's per-connection LRU table
-container = ""                   # optional: heal by restarting this container
+container = ""                   # optional: the backend's container: its network namespace is
+                                 # watched (port = the container's port or a published host
+                                 # port), and healing restarts it
+netns = ""                       # optional: the backend's network namespace for other runtimes
+                                 # (/var/run/netns/NAME, /proc/PID/ns/net)
 restart_command = ""             # optional: heal by running this (non-container backends)
 
 [disk]

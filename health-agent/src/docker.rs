@@ -48,6 +48,29 @@ impl ContainerInfo {
     }
 }
 
+/// Where a container's network lives: its main process (whose network namespace is the
+/// container's) and the ports it publishes on the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerNet {
+    /// Its main process on the host; None while it is not running.
+    pub pid: Option<u32>,
+    /// `--network host`: it shares the host's namespace.
+    pub host_network: bool,
+    /// (container port, host port) for every TCP port published on the host.
+    pub published: Vec<(u16, u16)>,
+}
+
+impl ContainerNet {
+    /// The port inside the container for `port`: a published host port maps to its container
+    /// port (and is returned as the second value), any other port is taken as the container's.
+    pub fn inside_port(&self, port: u16) -> (u16, Option<u16>) {
+        match self.published.iter().find(|&&(_, host)| host == port) {
+            Some(&(inside, host)) if !self.host_network => (inside, Some(host)),
+            _ => (port, None),
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct Docker {
     client: bollard::Docker,
@@ -100,6 +123,48 @@ impl Docker {
             .restart_container(name, Some(opts))
             .await
             .map_err(|e| format!("docker restart {name}: {e}"))
+    }
+
+    /// Where `name`'s network lives (Engine API inspect): re-read every round, since a restarted
+    /// container has a new process and a new namespace.
+    pub async fn network_of(&self, name: &str) -> Result<ContainerNet, String> {
+        let info = self
+            .client
+            .inspect_container(name, None::<InspectContainerOptions>)
+            .await
+            .map_err(|e| format!("docker inspect {name}: {e}"))?;
+        let state = info.state.unwrap_or_default();
+        let pid = state
+            .pid
+            .filter(|&p| p > 0 && state.running == Some(true))
+            .and_then(|p| u32::try_from(p).ok());
+        let host_network = info
+            .host_config
+            .and_then(|h| h.network_mode)
+            .is_some_and(|m| m == "host");
+        let mut published: Vec<(u16, u16)> = info
+            .network_settings
+            .and_then(|n| n.ports)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|(spec, bindings)| {
+                let inside: u16 = spec.strip_suffix("/tcp")?.parse().ok()?;
+                Some(
+                    bindings
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter_map(move |b| Some((inside, b.host_port?.parse().ok()?))),
+                )
+            })
+            .flatten()
+            .collect();
+        published.sort_unstable();
+        published.dedup();
+        Ok(ContainerNet {
+            pid,
+            host_network,
+            published,
+        })
     }
 
     /// Checks the expected containers. Never fails: an unreachable daemon is `unknown`.
@@ -264,5 +329,34 @@ impl Docker {
                 info.cpu_percent = Some((dt / ds * online * 1000.0).round() / 10.0);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_published_host_port_maps_to_the_container_port() {
+        let net = ContainerNet {
+            pid: Some(42),
+            host_network: false,
+            published: vec![(80, 8081), (9000, 19000)],
+        };
+        assert_eq!(net.inside_port(19000), (9000, Some(19000)));
+        assert_eq!(
+            net.inside_port(9000),
+            (9000, None),
+            "the container's own port"
+        );
+        let host = ContainerNet {
+            host_network: true,
+            ..net
+        };
+        assert_eq!(
+            host.inside_port(19000),
+            (19000, None),
+            "host network: no mapping"
+        );
     }
 }

@@ -18,6 +18,7 @@ pub mod ebpf;
 pub mod heal;
 pub mod metrics;
 pub mod net;
+pub mod netns;
 pub mod oneshot;
 pub mod policy;
 pub mod runner;

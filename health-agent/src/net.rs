@@ -3,6 +3,8 @@
 //! the states wanted), the processes holding a socket (/proc/<pid>/fd), and the TcpExt
 //! ListenOverflows/ListenDrops counters.
 
+use crate::netns::Namespace;
+
 use std::{
     collections::HashMap,
     io, mem,
@@ -12,8 +14,9 @@ use std::{
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Listener {
+    /// The address it is bound to (`0.0.0.0`, `::`, `::1`, a specific address).
+    pub addr: IpAddr,
     pub port: u16,
-    pub ipv6: bool,
     /// Connections completed and waiting for accept() (ss Recv-Q).
     pub queue: u32,
     /// The accept queue's maximum (ss Send-Q): min(listen backlog, somaxconn).
@@ -29,11 +32,68 @@ const REQ_LEN: usize = 56; // struct inet_diag_req_v2
 const MSG_LEN: usize = 72; // struct inet_diag_msg
 const INET_DIAG_INFO: u16 = 2;
 
-/// Every TCP listen socket on the host (both families).
-pub fn listeners() -> io::Result<Vec<Listener>> {
-    let mut out = Vec::new();
-    dump_tcp(1 << TCP_LISTEN, 0, |m, _| out.push(parse_msg(m)))?;
-    Ok(out)
+/// A sock_diag socket, bound for life to the network namespace it was made in.
+#[derive(Debug)]
+pub struct Diag {
+    sock: OwnedFd,
+}
+
+impl Diag {
+    /// One for the sockets of `ns`.
+    pub fn new(ns: &Namespace) -> io::Result<Self> {
+        ns.run(|| {
+            // SAFETY: socket(2); the fd is owned right away.
+            let fd = unsafe {
+                libc::socket(
+                    libc::AF_NETLINK,
+                    libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+                    NETLINK_SOCK_DIAG,
+                )
+            };
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // SAFETY: fd is a fresh descriptor we own.
+            Ok(Self {
+                sock: unsafe { OwnedFd::from_raw_fd(fd) },
+            })
+        })
+    }
+
+    /// Every TCP listen socket of the namespace (both families).
+    pub fn listeners(&self) -> io::Result<Vec<Listener>> {
+        let mut out = Vec::new();
+        self.dump_tcp(1 << TCP_LISTEN, 0, |m, _| out.push(parse_msg(m)))?;
+        Ok(out)
+    }
+
+    /// The listen sockets bound to `port`.
+    pub fn listeners_on(&self, port: u16) -> io::Result<Vec<Listener>> {
+        Ok(self
+            .listeners()?
+            .into_iter()
+            .filter(|l| l.port == port)
+            .collect())
+    }
+
+    /// Established and connecting TCP sockets of the namespace, with `tcp_info`.
+    pub fn connections(&self) -> io::Result<Vec<TcpConn>> {
+        let mut out = Vec::new();
+        let states = (1u32 << TCP_ESTABLISHED) | (1u32 << TCP_SYN_SENT);
+        self.dump_tcp(states, 1 << (INET_DIAG_INFO - 1), |m, attrs| {
+            out.push(parse_conn(m, attrs))
+        })?;
+        Ok(out)
+    }
+
+    /// Dumps the TCP sockets in `states` (a bit mask of TCP states) of both families, handing
+    /// each `inet_diag_msg` and its attributes to `each`.
+    fn dump_tcp(&self, states: u32, ext: u8, mut each: impl FnMut(&[u8], &[u8])) -> io::Result<()> {
+        for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
+            dump(&self.sock, family, states, ext, &mut each)?;
+        }
+        Ok(())
+    }
 }
 
 /// One TCP connection as sock_diag reports it, with the `tcp_info` timers that tell whether
@@ -77,38 +137,6 @@ impl TcpConn {
             // Our bytes were acknowledged after the peer last sent data: taken, unanswered.
             || self.last_ack_recv_ms < self.last_data_recv_ms
     }
-}
-
-/// Established and connecting TCP sockets on the host (both families), with `tcp_info`.
-pub fn connections() -> io::Result<Vec<TcpConn>> {
-    let mut out = Vec::new();
-    let states = (1u32 << TCP_ESTABLISHED) | (1u32 << TCP_SYN_SENT);
-    dump_tcp(states, 1 << (INET_DIAG_INFO - 1), |m, attrs| {
-        out.push(parse_conn(m, attrs))
-    })?;
-    Ok(out)
-}
-
-/// Dumps the TCP sockets in `states` (a bit mask of TCP states) of both families, handing
-/// each `inet_diag_msg` and its attributes to `each`.
-fn dump_tcp(states: u32, ext: u8, mut each: impl FnMut(&[u8], &[u8])) -> io::Result<()> {
-    // SAFETY: socket(2); the fd is owned right away.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
-            NETLINK_SOCK_DIAG,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd is a fresh descriptor we own.
-    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-    for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
-        dump(&sock, family, states, ext, &mut each)?;
-    }
-    Ok(())
 }
 
 fn dump(
@@ -194,7 +222,7 @@ fn dump(
 fn parse_msg(m: &[u8]) -> Listener {
     let u32_at = |o: usize| u32::from_ne_bytes([m[o], m[o + 1], m[o + 2], m[o + 3]]);
     Listener {
-        ipv6: m[0] == libc::AF_INET6 as u8,
+        addr: addresses(m).0.ip(),
         port: u16::from_be_bytes([m[4], m[5]]),
         queue: u32_at(56),
         max_queue: u32_at(60),
@@ -281,14 +309,6 @@ pub fn socket_inodes(pid: u32) -> Vec<u64> {
                 .ok()
         })
         .collect()
-}
-
-/// The listen sockets bound to `port`.
-pub fn listeners_on(port: u16) -> io::Result<Vec<Listener>> {
-    Ok(listeners()?
-        .into_iter()
-        .filter(|l| l.port == port)
-        .collect())
 }
 
 /// Finds the processes holding socket `inode` open (a scan of /proc/*/fd; the caller caches
@@ -383,6 +403,8 @@ mod tests {
         let port = l.local_addr().unwrap().port();
         let _c1 = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
         let _c2 = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let diag = Diag::new(&Namespace::own().unwrap()).unwrap();
+        let listeners_on = |port| diag.listeners_on(port);
         let found = listeners_on(port).unwrap();
         assert_eq!(found.len(), 1, "{found:?}");
         assert_eq!(found[0].queue, 2, "two handshakes wait for accept()");
@@ -403,8 +425,9 @@ mod tests {
         let mut client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
         let (mut server, _) = l.accept().unwrap();
         let mine = socket_inodes(std::process::id());
+        let diag = Diag::new(&Namespace::own().unwrap()).unwrap();
         let find = || {
-            connections()
+            diag.connections()
                 .unwrap()
                 .into_iter()
                 .find(|c| c.remote.port() == port && mine.contains(&c.inode))

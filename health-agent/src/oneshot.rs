@@ -19,12 +19,29 @@ pub async fn run(cfg: &Config) -> (Decision, Report) {
         ..cfg.web.clone()
     };
     let mut web = WebMonitor::new(web_cfg);
+    if !cfg.web.container.is_empty() {
+        let net = match Docker::connect(&cfg.containers.docker_host, cfg.checks.timeout) {
+            Ok(d) => d.network_of(&cfg.web.container).await,
+            Err(e) => Err(e),
+        };
+        web.set_container(net);
+    }
     let mut system = SystemMonitor::new(cfg.scaling.clone());
     let start = Instant::now();
     system.sample(start);
+    // The first look finds the listener, and with it the address to probe.
     web.evaluate(start);
-    if cfg.web.port != 0 && !cfg.web.probe_path.is_empty() {
-        let p = probe::probe(cfg.web.port, &cfg.web.probe_path, cfg.web.probe_timeout).await;
+    let probed = if cfg.web.port != 0 && !cfg.web.probe_path.is_empty() {
+        probe::probe_shared(
+            &web.probe_target(),
+            &cfg.web.probe_path,
+            cfg.web.probe_timeout,
+        )
+        .await
+    } else {
+        None
+    };
+    if let Some(p) = probed {
         web.record_probe(p, Instant::now());
     } else {
         // sysinfo needs two samples some time apart for CPU use.

@@ -24,7 +24,7 @@ use crate::{
         ContainersReport, DatabaseReport, Report,
     },
     config::Config,
-    docker::Docker,
+    docker::{ContainerNet, Docker},
     heal::Healer,
     policy::{evaluate, DiskLevel, FlapGuard},
     snapshot::{SharedSnapshot, Snapshot},
@@ -138,26 +138,41 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
         },
     );
 
+    // Loads the kernel programs; the probe goes wherever it sees the backend listen.
+    let web = WebMonitor::new(cfg.web.clone());
     let probe_slot = (cfg.web.port != 0 && !cfg.web.probe_path.is_empty()).then(|| {
-        let (port, path, t) = (
-            cfg.web.port,
+        let (target, path, t) = (
+            web.probe_target(),
             cfg.web.probe_path.clone(),
             cfg.web.probe_timeout,
         );
         spawn_periodic(
             interval,
-            t + Duration::from_secs(1),
+            t + Duration::from_secs(2),
             shutdown.clone(),
             move || {
-                let path = path.clone();
-                async move { probe::probe(port, &path, t).await }
+                let (target, path) = (target.clone(), path.clone());
+                async move {
+                    // At start the monitor has not looked yet: give it a moment.
+                    for _ in 0..20 {
+                        if let Some(r) = probe::probe_shared(&target, &path, t).await {
+                            return Some(r);
+                        }
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    None
+                }
             },
-            move || ProbeResult {
-                ok: false,
-                status: None,
-                latency_ms: t.as_secs_f64() * 1000.0,
-                error: Some("probe task overran its timeout".into()),
-                timed_out: true,
+            move || {
+                Some(ProbeResult {
+                    ok: false,
+                    status: None,
+                    latency_ms: t.as_secs_f64() * 1000.0,
+                    error: Some("probe task overran its timeout".into()),
+                    timed_out: true,
+                    refused: false,
+                    target: String::new(),
+                })
             },
         )
     });
@@ -176,6 +191,28 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
     } else {
         None
     };
+    // Where the backend's container lives, asked again every round: a restart moves it.
+    let web_container_slot = docker
+        .clone()
+        .filter(|_| !cfg.web.container.is_empty())
+        .map(|d| {
+            let name = cfg.web.container.clone();
+            spawn_periodic(
+                interval,
+                timeout,
+                shutdown.clone(),
+                move || {
+                    let (d, name) = (d.clone(), name.clone());
+                    async move { d.network_of(&name).await }
+                },
+                move || {
+                    Err(format!(
+                        "Docker did not answer within {}s",
+                        timeout.as_secs()
+                    ))
+                },
+            )
+        });
     let containers_slot = docker
         .clone()
         .filter(|_| !cfg.containers.names.is_empty() || !cfg.containers.labels.is_empty())
@@ -232,7 +269,7 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
     };
 
     let mut composer = Composer {
-        web: WebMonitor::new(cfg.web.clone()),
+        web,
         system: SystemMonitor::new(cfg.scaling.clone()),
         healer: Healer::new(cfg.heal.clone(), cfg.web.clone(), docker),
         guard: FlapGuard::new(cfg.checks.fail_after, cfg.checks.recover_after),
@@ -240,6 +277,7 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
         started,
         disk: disk_slot,
         probe: probe_slot,
+        web_container: web_container_slot,
         containers: containers_slot,
         database: database_slot,
         database_pending,
@@ -304,7 +342,8 @@ struct Composer {
     healer: Healer,
     guard: FlapGuard,
     disk: Slot<DiskReport>,
-    probe: Option<Slot<ProbeResult>>,
+    probe: Option<Slot<Option<ProbeResult>>>,
+    web_container: Option<Slot<Result<ContainerNet, String>>>,
     containers: Option<Slot<ContainersReport>>,
     database: Option<Slot<DatabaseReport>>,
     /// What the database slot shows before its first round trip: every database `unknown`.
@@ -360,6 +399,7 @@ impl Composer {
             || self.guard.pending()
             || changed(Some(&self.disk))
             || changed(self.probe.as_ref())
+            || changed(self.web_container.as_ref())
             || changed(self.containers.as_ref())
             || changed(self.database.as_ref())
     }
@@ -375,8 +415,15 @@ impl Composer {
         }
         if let Some(p) = &mut self.probe {
             if p.has_changed().unwrap_or(false) {
-                if let Some(t) = p.borrow_and_update().clone() {
-                    self.web.record_probe(t.value, t.at);
+                if let Some(Timed { at, value: Some(r) }) = p.borrow_and_update().clone() {
+                    self.web.record_probe(r, at);
+                }
+            }
+        }
+        if let Some(c) = &mut self.web_container {
+            if c.has_changed().unwrap_or(false) {
+                if let Some(t) = c.borrow_and_update().clone() {
+                    self.web.set_container(t.value);
                 }
             }
         }
@@ -491,7 +538,14 @@ impl Composer {
 
     /// Whether a configured check has not reported its first result yet.
     fn warming_up(&self, report: &Report) -> bool {
-        let probe = self.probe.as_ref().is_some_and(|p| p.borrow().is_none());
+        let probe = self
+            .probe
+            .as_ref()
+            .is_some_and(|p| p.borrow().as_ref().is_none_or(|t| t.value.is_none()));
+        let web_container = self
+            .web_container
+            .as_ref()
+            .is_some_and(|c| c.borrow().is_none());
         let containers = self
             .containers
             .as_ref()
@@ -502,7 +556,7 @@ impl Composer {
                 .databases
                 .iter()
                 .any(|d| d.last_checked.is_none());
-        probe || containers || database
+        probe || web_container || containers || database
     }
 }
 

@@ -5,7 +5,8 @@
 
 /// Map names, spelled once for both sides.
 pub mod maps {
-    /// `HashMap<u16 port, u32 slot>`: listen ports to watch and their counter slot.
+    /// `HashMap<WatchKey, u32 slot>`: listen ports to watch, per network namespace, and their
+    /// counter slot.
     pub const WATCHED_PORTS: &str = "WATCHED_PORTS";
     /// `PerCpuArray<PortCounters>` indexed by slot.
     pub const PORT_COUNTERS: &str = "PORT_COUNTERS";
@@ -31,6 +32,28 @@ pub const PORT_BITMAP_WORDS: u32 = 1024;
 #[inline(always)]
 pub const fn port_bit(port: u16) -> (u32, u64) {
     ((port >> 6) as u32, 1u64 << (port & 63))
+}
+
+/// Key of [`maps::WATCHED_PORTS`]: a listen port in one network namespace, so another
+/// namespace's server on the same port number never mixes in. `netns` is the namespace's inode
+/// (`net->ns.inum`), or 0 — any namespace — when the kernel's BTF does not say where to read it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct WatchKey {
+    pub netns: u32,
+    pub port: u16,
+    /// Explicit padding, always 0: the key's bytes are hashed as they are.
+    pub _pad: u16,
+}
+
+impl WatchKey {
+    pub const fn new(netns: u32, port: u16) -> Self {
+        Self {
+            netns,
+            port,
+            _pad: 0,
+        }
+    }
 }
 
 /// Upper bound on watched listen ports (size of the slot-indexed arrays).
@@ -244,6 +267,12 @@ pub struct TracepointOffsets {
     pub sock_num: u32,
     pub sock_protocol: u32,
     pub sock_known: u32,
+    /// `struct sock`: `__sk_common.skc_net` (the `struct net *`), and in `struct net` the
+    /// namespace's `ns.inum`; valid when `net_known` is 1. Without them watched ports match
+    /// in any namespace (key netns 0).
+    pub sock_net: u32,
+    pub net_inum: u32,
+    pub net_known: u32,
 }
 
 #[cfg(feature = "user")]
@@ -255,6 +284,7 @@ mod pod {
     unsafe impl aya::Pod for super::AcceptKey {}
     unsafe impl aya::Pod for super::AcceptStat {}
     unsafe impl aya::Pod for super::TracepointOffsets {}
+    unsafe impl aya::Pod for super::WatchKey {}
 }
 
 #[cfg(test)]

@@ -1,13 +1,30 @@
-//! The active probe: `GET <probe_path>` on 127.0.0.1:<port> with a timeout. It gives evidence
-//! when there is no real traffic, and the kernel view sees it like any other request.
+//! The active probe: `GET <probe_path>` at the listener's own address (127.0.0.1, ::1 or the
+//! specific address it is bound to), inside its network namespace, with a timeout. It gives
+//! evidence when there is no real traffic, and the kernel view sees it like any other request.
 
-use std::time::{Duration, Instant};
+use std::{
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
 
 use serde::Serialize;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::TcpStream,
 };
+
+use crate::netns::Namespace;
+
+/// Where the probe goes: the web monitor sets it from the listeners it sees.
+#[derive(Debug, Clone)]
+pub struct ProbeTarget {
+    pub addr: SocketAddr,
+    pub ns: Arc<Namespace>,
+}
+
+/// The monitor writes it, the probe task reads it; None until the backend's namespace is known.
+pub type SharedProbeTarget = Arc<Mutex<Option<ProbeTarget>>>;
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct ProbeResult {
@@ -19,41 +36,84 @@ pub struct ProbeResult {
     pub error: Option<String>,
     /// The backend did not answer within the timeout (as opposed to refusing or erroring).
     pub timed_out: bool,
+    /// The connection was refused: nothing listens at the probe's address. With a listener in
+    /// view that is the probe's problem (a wrong address), not the backend's.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub refused: bool,
+    /// Where it went, e.g. `127.0.0.1:9000`, `[::1]:9000`.
+    pub target: String,
 }
 
-pub async fn probe(port: u16, path: &str, timeout: Duration) -> ProbeResult {
+pub async fn probe(target: &ProbeTarget, path: &str, timeout: Duration) -> ProbeResult {
     let start = Instant::now();
-    let outcome = tokio::time::timeout(timeout, request(port, path)).await;
+    let outcome = tokio::time::timeout(timeout, request(target, path, timeout)).await;
     let latency_ms = start.elapsed().as_secs_f64() * 1000.0;
+    let failed = |error: String, timed_out: bool, refused: bool| ProbeResult {
+        ok: false,
+        status: None,
+        latency_ms,
+        error: Some(error),
+        timed_out,
+        refused,
+        target: target.addr.to_string(),
+    };
     match outcome {
-        Err(_) => ProbeResult {
-            ok: false,
-            status: None,
-            latency_ms,
-            error: Some(format!("no answer within {}ms", timeout.as_millis())),
-            timed_out: true,
-        },
-        Ok(Err(e)) => ProbeResult {
-            ok: false,
-            status: None,
-            latency_ms,
-            error: Some(e.to_string()),
-            timed_out: false,
-        },
+        Err(_) => failed(
+            format!("no answer within {}ms", timeout.as_millis()),
+            true,
+            false,
+        ),
+        Ok(Err(e)) => failed(
+            e.to_string(),
+            false,
+            e.kind() == std::io::ErrorKind::ConnectionRefused,
+        ),
         Ok(Ok(status)) => ProbeResult {
             ok: (200..400).contains(&status),
             status: Some(status),
             latency_ms,
             error: None,
             timed_out: false,
+            refused: false,
+            target: target.addr.to_string(),
         },
     }
 }
 
-async fn request(port: u16, path: &str) -> std::io::Result<u16> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).await?;
+/// Probes wherever the web monitor last saw the backend listen; None before it has.
+pub async fn probe_shared(
+    target: &SharedProbeTarget,
+    path: &str,
+    timeout: Duration,
+) -> Option<ProbeResult> {
+    let current = target.lock().unwrap_or_else(|e| e.into_inner()).clone()?;
+    Some(probe(&current, path, timeout).await)
+}
+
+async fn connect(target: &ProbeTarget, timeout: Duration) -> std::io::Result<TcpStream> {
+    if target.ns.is_own() {
+        return TcpStream::connect(target.addr).await;
+    }
+    // The socket must be made inside the backend's namespace: connect on a thread that entered
+    // it, then hand the connected socket to tokio.
+    let (ns, addr) = (target.ns.clone(), target.addr);
+    let stream = tokio::task::spawn_blocking(move || {
+        ns.run(|| {
+            let s = std::net::TcpStream::connect_timeout(&addr, timeout)?;
+            s.set_nonblocking(true)?;
+            Ok(s)
+        })
+    })
+    .await
+    .map_err(std::io::Error::other)??;
+    TcpStream::from_std(stream)
+}
+
+async fn request(target: &ProbeTarget, path: &str, timeout: Duration) -> std::io::Result<u16> {
+    let mut s = connect(target, timeout).await?;
     let req = format!(
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUser-Agent: health-agent\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {}\r\nUser-Agent: health-agent\r\nConnection: close\r\n\r\n",
+        target.addr
     );
     s.write_all(req.as_bytes()).await?;
     let mut buf = [0u8; 64];
@@ -109,14 +169,23 @@ mod tests {
             let _ = s2.read(&mut b).await;
             tokio::time::sleep(Duration::from_secs(5)).await;
         });
-        let r = probe(port, "/up", Duration::from_secs(2)).await;
+        let ns = Arc::new(Namespace::own().unwrap());
+        let at = |port| ProbeTarget {
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            ns: ns.clone(),
+        };
+        let r = probe(&at(port), "/up", Duration::from_secs(2)).await;
         assert_eq!((r.ok, r.status), (false, Some(503)));
-        let r = probe(port, "/up", Duration::from_millis(200)).await;
+        assert_eq!(r.target, format!("127.0.0.1:{port}"));
+        let r = probe(&at(port), "/up", Duration::from_millis(200)).await;
         assert!(r.timed_out && !r.ok, "{r:?}");
         let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let cport = closed.local_addr().unwrap().port();
         drop(closed);
-        let r = probe(cport, "/up", Duration::from_secs(1)).await;
-        assert!(!r.ok && !r.timed_out && r.error.is_some(), "{r:?}");
+        let r = probe(&at(cport), "/up", Duration::from_secs(1)).await;
+        assert!(
+            !r.ok && !r.timed_out && r.refused && r.error.is_some(),
+            "{r:?}"
+        );
     }
 }

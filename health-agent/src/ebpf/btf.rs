@@ -1,4 +1,4 @@
-//! Just enough of a BTF reader to find where two fields of `struct sock` sit in the running
+//! Just enough of a BTF reader to find where a few fields of `struct sock` sit in the running
 //! kernel (`/sys/kernel/btf/vmlinux`). Rust eBPF has no CO-RE relocations, so the raw
 //! tracepoints get these offsets from user space at start-up instead of compiling them in.
 //!
@@ -8,12 +8,16 @@
 use std::path::Path;
 
 /// The offsets the raw tracepoints read, in bytes from the start of `struct sock`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SockOffsets {
     /// `__sk_common.skc_num`: the local port, host byte order.
     pub num: u32,
     /// `sk_protocol`.
     pub protocol: u32,
+    /// `__sk_common.skc_net` (the `struct net *`) and, in `struct net`, `ns.inum` (the
+    /// namespace's inode), or why they could not be found: then watched ports match in any
+    /// namespace.
+    pub net: Result<(u32, u32), String>,
 }
 
 const MAGIC: u16 = 0xeb9f;
@@ -261,9 +265,24 @@ pub fn sock_offsets(path: &Path) -> Result<SockOffsets, String> {
         }
     };
     let (common, _) = btf.field_offset("sock", "__sk_common")?;
+    let net = || -> Result<(u32, u32), String> {
+        // possible_net_t is a struct holding just the pointer (with CONFIG_NET_NS).
+        let (skc_net, size) = btf.field_offset("sock_common", "skc_net")?;
+        if size != 8 {
+            return Err(format!(
+                "sock_common.skc_net is {size} bytes, not a pointer (a kernel without network namespaces?)"
+            ));
+        }
+        let (ns, _) = btf.field_offset("net", "ns")?;
+        match btf.field_offset("ns_common", "inum")? {
+            (inum, 4) => Ok((common + skc_net, ns + inum)),
+            (_, size) => Err(format!("ns_common.inum is {size} bytes, expected 4")),
+        }
+    };
     Ok(SockOffsets {
         num: common + u16_field("sock_common", "skc_num")?,
         protocol: u16_field("sock", "sk_protocol")?,
+        net: net(),
     })
 }
 
@@ -288,6 +307,11 @@ mod tests {
         // sk_protocol lies past sock_common, inside struct sock.
         let (_, sock_common_size) = btf.field_offset("sock", "__sk_common").unwrap();
         assert!(off.protocol >= sock_common_size, "{off:?}");
+        // skc_net lies within sock_common; ns.inum within struct net.
+        let (skc_net, inum) = off.net.clone().expect("namespace offsets");
+        assert!(skc_net < sock_common_size, "{off:?}");
+        let (ns, ns_size) = btf.field_offset("net", "ns").unwrap();
+        assert!((ns..ns + ns_size).contains(&inum), "{off:?}");
     }
 
     #[test]

@@ -14,7 +14,7 @@ use aya::{
 };
 use health_common::{
     maps, port_bit, AcceptKey, AcceptStat, ConnState, LatencyHist, PortCounters, TracepointOffsets,
-    MAX_PORTS,
+    WatchKey, MAX_PORTS,
 };
 use tokio::io::unix::AsyncFd;
 
@@ -82,7 +82,13 @@ pub struct KernelSample {
 }
 
 pub struct KernelView {
-    ports: Vec<(u16, u32)>,
+    /// What is watched, by counter slot.
+    watched: Vec<WatchKey>,
+    watched_map: HashMap<MapData, WatchKey, u32>,
+    bitmap: Array<MapData, u64>,
+    /// The programs read each connection's network namespace (BTF gave the offsets): keys
+    /// carry the namespace's inode. Otherwise they say 0, any namespace.
+    netns_keyed: bool,
     counters: PerCpuArray<MapData, PortCounters>,
     latency: PerCpuArray<MapData, LatencyHist>,
     conns: HashMap<MapData, u64, ConnState>,
@@ -207,12 +213,9 @@ fn read_offsets(root: &std::path::Path) -> Result<TracepointOffsets, KernelError
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/health-agent"));
 
 impl KernelView {
-    /// Loads and attaches the programs for `ports`. Must run inside a tokio runtime (the
-    /// aya-log drain is a task).
-    pub fn load(ports: &[u16], max_conns: u32, watch_accepts: bool) -> Result<Self, KernelError> {
-        if ports.len() > MAX_PORTS as usize {
-            return Err(KernelError::TooManyPorts);
-        }
+    /// Loads and attaches the programs, watching nothing until `watch` says what. Must run
+    /// inside a tokio runtime (the aya-log drain is a task).
+    pub fn load(max_conns: u32, watch_accepts: bool) -> Result<Self, KernelError> {
         let root = tracefs::ensure_mounted()?;
         let mut offsets = read_offsets(&root)?;
         raise_memlock_limit();
@@ -241,7 +244,22 @@ impl KernelView {
                 offsets.sock_num = sock.num;
                 offsets.sock_protocol = sock.protocol;
                 offsets.sock_known = 1;
-                None
+                match sock.net {
+                    Ok((sock_net, net_inum)) => {
+                        offsets.sock_net = sock_net;
+                        offsets.net_inum = net_inum;
+                        offsets.net_known = 1;
+                        None
+                    }
+                    Err(e) => {
+                        let note = format!(
+                            "network namespace offsets unavailable ({e}): the watched port is \
+                             matched in every namespace"
+                        );
+                        tracing::warn!("{note}");
+                        Some(note)
+                    }
+                }
             }
             Err(e) => {
                 let note = format!(
@@ -257,19 +275,9 @@ impl KernelView {
         offsets_map
             .set(0, offsets, 0)
             .map_err(map_err(maps::OFFSETS))?;
-        let mut watched: HashMap<MapData, u16, u32> = take(&mut ebpf, maps::WATCHED_PORTS)?;
-        let mut bitmap: Array<MapData, u64> = take(&mut ebpf, maps::PORT_BITMAP)?;
-        let ports: Vec<(u16, u32)> = ports.iter().copied().zip(0u32..).collect();
-        for (port, slot) in &ports {
-            watched
-                .insert(port, slot, 0)
-                .map_err(map_err(maps::WATCHED_PORTS))?;
-            let (word, mask) = port_bit(*port);
-            let bits = bitmap.get(&word, 0).map_err(map_err(maps::PORT_BITMAP))?;
-            bitmap
-                .set(word, bits | mask, 0)
-                .map_err(map_err(maps::PORT_BITMAP))?;
-        }
+        let watched_map = take(&mut ebpf, maps::WATCHED_PORTS)?;
+        let bitmap = take(&mut ebpf, maps::PORT_BITMAP)?;
+        let netns_keyed = offsets.net_known == 1;
         let counters = take(&mut ebpf, maps::PORT_COUNTERS)?;
         let latency = take(&mut ebpf, maps::LATENCY)?;
         let conns = take(&mut ebpf, maps::CONNS)?;
@@ -301,7 +309,6 @@ impl KernelView {
             "classic"
         };
         tracing::info!(
-            ?ports,
             max_conns,
             "kernel programs attached (inet_sock_set_state {state_hook}, {} raw tracepoints for \
              send/recv; accept tracepoints {})",
@@ -312,10 +319,13 @@ impl KernelView {
                 "on demand"
             }
         );
-        // The offsets/watched maps stay referenced by the loaded programs; our handles can go.
-        drop((offsets_map, watched, bitmap));
+        // The offsets map stays referenced by the loaded programs; our handle can go.
+        drop(offsets_map);
         let mut view = Self {
-            ports,
+            watched: Vec::new(),
+            watched_map,
+            bitmap,
+            netns_keyed,
             counters,
             latency,
             conns,
@@ -329,6 +339,53 @@ impl KernelView {
             view.watch_accepts(true)?;
         }
         Ok(view)
+    }
+
+    /// Watches `ports`, each a listen port in the network namespace with inode `netns`, instead
+    /// of whatever was watched before (a restarted container has a new namespace). Slots follow
+    /// the order given; counters of a slot carry on.
+    pub fn watch(&mut self, ports: &[(u64, u16)]) -> Result<(), KernelError> {
+        if ports.len() > MAX_PORTS as usize {
+            return Err(KernelError::TooManyPorts);
+        }
+        let keys: Vec<WatchKey> = ports
+            .iter()
+            .map(|&(netns, port)| {
+                // Namespace inodes are 32-bit in the kernel (`ns.inum`).
+                WatchKey::new(if self.netns_keyed { netns as u32 } else { 0 }, port)
+            })
+            .collect();
+        if keys == self.watched {
+            return Ok(());
+        }
+        for old in std::mem::take(&mut self.watched) {
+            let _ = self.watched_map.remove(&old);
+            let (word, _) = port_bit(old.port);
+            self.bitmap
+                .set(word, 0, 0)
+                .map_err(map_err(maps::PORT_BITMAP))?;
+        }
+        for (key, slot) in keys.iter().zip(0u32..) {
+            self.watched_map
+                .insert(key, slot, 0)
+                .map_err(map_err(maps::WATCHED_PORTS))?;
+            let (word, mask) = port_bit(key.port);
+            let bits = self
+                .bitmap
+                .get(&word, 0)
+                .map_err(map_err(maps::PORT_BITMAP))?;
+            self.bitmap
+                .set(word, bits | mask, 0)
+                .map_err(map_err(maps::PORT_BITMAP))?;
+        }
+        tracing::info!(watched = ?keys, "kernel programs watch");
+        self.watched = keys;
+        Ok(())
+    }
+
+    /// Whether connections are told apart by network namespace.
+    pub fn netns_keyed(&self) -> bool {
+        self.netns_keyed
     }
 
     /// Whether the accept tracepoints are attached.
@@ -377,9 +434,8 @@ impl KernelView {
     /// The counters of every watched port, in the order given to `load`: one map read, cheap
     /// enough for every tick.
     pub fn counters(&self) -> Vec<PortCounters> {
-        self.ports
-            .iter()
-            .map(|&(_, slot)| self.port_counters(slot))
+        (0..self.watched.len() as u32)
+            .map(|slot| self.port_counters(slot))
             .collect()
     }
 
@@ -398,9 +454,10 @@ impl KernelView {
     pub fn sample(&self) -> KernelSample {
         let now_ns = monotonic_ns();
         let mut ports: Vec<PortSample> = self
-            .ports
+            .watched
             .iter()
-            .map(|&(port, slot)| {
+            .zip(0u32..)
+            .map(|(&WatchKey { port, .. }, slot)| {
                 let counters = self.port_counters(slot);
                 let mut latency = LatencyHist::default();
                 if let Ok(per_cpu) = self.latency.get(&slot, 0) {

@@ -15,6 +15,7 @@ mod latency;
 mod monitor;
 mod process;
 mod progress;
+mod target;
 mod verdict;
 
 use serde::Serialize;
@@ -22,6 +23,7 @@ use serde::Serialize;
 pub use latency::LatencySummary;
 pub use monitor::WebMonitor;
 pub use process::DependencyWait;
+pub use target::NamespaceView;
 
 use super::probe::ProbeResult;
 use crate::policy::WebVerdict;
@@ -91,6 +93,9 @@ pub struct ProcessView {
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct WebReport {
     pub port: u16,
+    /// Where the backend was looked for (None: not configured).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<NamespaceView>,
     pub verdict: WebVerdict,
     /// The verdict's evidence, in a sentence.
     pub detail: String,
@@ -125,6 +130,7 @@ impl WebReport {
     pub fn not_configured() -> Self {
         Self {
             port: 0,
+            namespace: None,
             verdict: WebVerdict::NotConfigured,
             detail: "web.port is 0: no web backend to watch".into(),
             served: false,
@@ -145,5 +151,9 @@ impl WebReport {
             processes: None,
             disagreement: None,
         }
+    }
+
+    fn with_port(self, port: u16) -> Self {
+        Self { port, ..self }
     }
 }

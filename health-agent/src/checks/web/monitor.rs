@@ -4,6 +4,7 @@
 
 use std::{
     collections::HashMap,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -11,14 +12,16 @@ use health_common::{AcceptKey, PortCounters};
 
 use super::{
     latency::LatencyWindow,
-    process::{self, CpuMeter, DependencyWait},
+    process::{self, CpuMeter},
     progress::Progress,
+    target::{self, Target, Unresolved},
     verdict::{self, Evidence, KernelEvidence},
     KernelCounters, KernelStatus, ProcessView, WebReport,
 };
 use crate::{
-    checks::probe::ProbeResult,
+    checks::probe::{ProbeResult, ProbeTarget, SharedProbeTarget},
     config::{AcceptTracing, WebConfig},
+    docker::ContainerNet,
     ebpf::{KernelSample, KernelView, PortSample},
     net,
     policy::WebVerdict,
@@ -26,6 +29,12 @@ use crate::{
 
 pub struct WebMonitor {
     cfg: WebConfig,
+    /// Where the backend listens, once known.
+    target: Option<Target>,
+    /// The latest Docker report on `web.container`'s network.
+    container_net: Option<Result<ContainerNet, String>>,
+    /// Where the probe task connects: set from the listeners seen.
+    probe_target: SharedProbeTarget,
     kernel: Option<KernelView>,
     kernel_status: KernelStatus,
     owners: Vec<u32>,
@@ -88,7 +97,7 @@ impl WebMonitor {
             )
         } else {
             let always = cfg.accept_tracing == AcceptTracing::Always;
-            match KernelView::load(&[cfg.port], cfg.max_connections_tracked, always) {
+            match KernelView::load(cfg.max_connections_tracked, always) {
                 Ok(k) => {
                     let status = KernelStatus {
                         state: "active",
@@ -111,6 +120,9 @@ impl WebMonitor {
         };
         Self {
             cfg,
+            target: None,
+            container_net: None,
+            probe_target: SharedProbeTarget::default(),
             kernel,
             kernel_status,
             owners: Vec::new(),
@@ -211,17 +223,82 @@ impl WebMonitor {
         self.last_probe = Some(p);
     }
 
+    /// Takes in Docker's latest report on `web.container`'s network (the runner asks every
+    /// `checks.interval`): a restarted container is found in its new namespace.
+    pub fn set_container(&mut self, net: Result<ContainerNet, String>) {
+        self.container_net = Some(net);
+    }
+
+    /// Where the probe task should connect; None until the backend's listener is seen.
+    pub fn probe_target(&self) -> SharedProbeTarget {
+        self.probe_target.clone()
+    }
+
+    /// Finds (or keeps) the target and points the kernel programs at it.
+    fn resolve_target(&mut self) -> Result<&Target, Unresolved> {
+        let before = self.target.as_ref().map(|t| (t.view.inode, t.port));
+        let target = target::resolve(&self.cfg, self.target.take(), self.container_net.as_ref())?;
+        let now = (target.view.inode, target.port);
+        if before != Some(now) {
+            tracing::info!(namespace = ?target.view, "watching the web backend");
+            self.owners.clear();
+            self.owners_inode = 0;
+            if let Some(k) = self.kernel.as_mut() {
+                if let Err(e) = k.watch(&[now]) {
+                    tracing::warn!("kernel programs cannot watch {now:?}: {e}");
+                }
+            }
+        }
+        Ok(self.target.insert(target))
+    }
+
+    /// A report without a look at the backend: why there is nothing to look at.
+    fn without_target(&mut self, verdict: WebVerdict, detail: String) -> WebReport {
+        self.last_verdict = verdict;
+        self.next_look = None;
+        WebReport {
+            verdict,
+            detail,
+            served: self.served,
+            kernel: self.kernel_status.clone(),
+            probe: self.last_probe.clone(),
+            ..WebReport::not_configured()
+        }
+        .with_port(self.cfg.port)
+    }
+
     pub fn evaluate(&mut self, now: Instant) -> WebReport {
         if self.cfg.port == 0 {
             return WebReport::not_configured();
         }
-        let listeners = match net::listeners_on(self.cfg.port) {
+        let target = match self.resolve_target() {
+            Ok(t) => t,
+            // The agent could not look: never a verdict on the backend.
+            Err(Unresolved::Unknown(why)) => return self.without_target(WebVerdict::Unknown, why),
+            Err(Unresolved::NotRunning(why)) => return self.without_target(WebVerdict::Down, why),
+        };
+        let (port, namespace) = (target.port, target.view.clone());
+        let listeners = match target.listeners() {
             Ok(l) => l,
             Err(e) => {
-                tracing::warn!("sock_diag failed: {e}");
-                Vec::new()
+                let why = format!(
+                    "sock_diag in {} failed: {e} (the agent's own error, not the backend's)",
+                    namespace.path
+                );
+                tracing::warn!("{why}");
+                return self.without_target(WebVerdict::Unknown, why);
             }
         };
+        if let Some(addr) = target::probe_addr(&listeners, port) {
+            let ns = target.ns.clone();
+            let mut shared = self.probe_target.lock().unwrap_or_else(|e| e.into_inner());
+            if shared
+                .as_ref()
+                .is_none_or(|t| t.addr != addr || !Arc::ptr_eq(&t.ns, &ns))
+            {
+                *shared = Some(ProbeTarget { addr, ns });
+            }
+        }
         let listening = !listeners.is_empty();
         let queue: u32 = listeners.iter().map(|l| l.queue).sum();
         let queue_max: u32 = listeners.iter().map(|l| l.max_queue).sum();
@@ -275,7 +352,15 @@ impl WebMonitor {
             ..Evidence::default()
         };
         let processes = self.look_at_processes(&mut evidence, now);
-        let (verdict, detail) = verdict::decide(&evidence, &self.cfg);
+        let (verdict, mut detail) = verdict::decide(&evidence, &self.cfg);
+        if !listening && namespace.source == "own" {
+            detail.push_str(
+                " in the agent's network namespace (a container: set web.container; another \
+                 namespace: web.netns)",
+            );
+        } else if !listening {
+            detail.push_str(&format!(" in {}", namespace.path));
+        }
         self.last_verdict = verdict;
         self.next_look = verdict::next_look(&evidence, &self.cfg, now);
         self.steer_accept_tracing(evidence.kernel.as_ref().and_then(|k| k.oldest_waiting), now);
@@ -306,6 +391,7 @@ impl WebMonitor {
         };
         WebReport {
             port: self.cfg.port,
+            namespace: Some(namespace),
             verdict,
             detail,
             served: self.served,
@@ -354,16 +440,20 @@ impl WebMonitor {
             .as_ref()
             .and_then(|k| [k.since_claim, k.since_answer].into_iter().flatten().min());
         let mut error = None;
-        e.dependencies = match process::dependency_waits(
-            &self.owners,
-            self.cfg.port,
-            since_progress.map(|d| d + SENT_BEFORE_STALL),
-        ) {
-            Ok(d) => d,
-            Err(err) => {
+        e.dependencies = match self.target.as_ref().map(Target::connections) {
+            Some(Ok(conns)) => process::dependency_waits(
+                &self.owners,
+                &conns,
+                self.cfg
+                    .port
+                    .max(self.target.as_ref().map_or(0, |t| t.port)),
+                since_progress.map(|d| d + SENT_BEFORE_STALL),
+            ),
+            Some(Err(err)) => {
                 error = Some(format!("reading the server's connections failed: {err}"));
-                Vec::<DependencyWait>::new()
+                Vec::new()
             }
+            None => Vec::new(),
         };
         Some(ProcessView {
             frozen: e.frozen.clone(),

@@ -33,16 +33,33 @@ pub fn frozen(pids: &[u32]) -> Option<String> {
     Some(format!("server processes {}", why.join(", ")))
 }
 
-/// Whether `pid`'s cgroup (v2) is frozen: `frozen 1` in its `cgroup.events`.
+/// Whether `pid`'s cgroup is frozen: `frozen 1` in its v2 `cgroup.events` (under
+/// /sys/fs/cgroup, or /sys/fs/cgroup/unified on hybrid hosts), or `FROZEN` in the v1 freezer's
+/// `freezer.state` (`docker pause` on a cgroup v1 host).
 fn cgroup_frozen(pid: u32) -> bool {
     let Ok(cgroups) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
         return false;
     };
-    let Some(path) = cgroups.lines().find_map(|l| l.strip_prefix("0::")) else {
-        return false;
-    };
-    std::fs::read_to_string(format!("/sys/fs/cgroup{path}/cgroup.events"))
-        .is_ok_and(|e| e.lines().any(|l| l.trim() == "frozen 1"))
+    cgroups.lines().any(|line| {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next(), parts.next(), parts.next());
+        let (Some(controllers), Some(path)) = (controllers, path) else {
+            return false;
+        };
+        if controllers.is_empty() {
+            ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+                .iter()
+                .any(|root| {
+                    std::fs::read_to_string(format!("{root}{path}/cgroup.events"))
+                        .is_ok_and(|e| e.lines().any(|l| l.trim() == "frozen 1"))
+                })
+        } else if controllers.split(',').any(|c| c == "freezer") {
+            std::fs::read_to_string(format!("/sys/fs/cgroup/freezer{path}/freezer.state"))
+                .is_ok_and(|s| s.trim() == "FROZEN")
+        } else {
+            false
+        }
+    })
 }
 
 /// CPU time (user + system, all threads) of `pids` together, in clock ticks.
@@ -135,26 +152,23 @@ pub struct DependencyWait {
     pub connecting: u32,
 }
 
-/// The outbound connections of `pids` that wait for an answer, by endpoint, longest wait first.
-/// Connections on the web port are the server's own clients and do not count; neither does a
-/// request sent more than `sent_within` ago (an idle `LISTEN` or long poll opened long before
-/// the server got stuck).
+/// The outbound connections of `pids` (among `conns`, their namespace's connections) that wait
+/// for an answer, by endpoint, longest wait first. Connections on the web port are the server's
+/// own clients and do not count; neither does a request sent more than `sent_within` ago (an
+/// idle `LISTEN` or long poll opened long before the server got stuck).
 pub fn dependency_waits(
     pids: &[u32],
+    conns: &[net::TcpConn],
     web_port: u16,
     sent_within: Option<Duration>,
-) -> std::io::Result<Vec<DependencyWait>> {
+) -> Vec<DependencyWait> {
     let inodes: HashSet<u64> = pids.iter().flat_map(|&p| net::socket_inodes(p)).collect();
-    if inodes.is_empty() {
-        return Ok(Vec::new());
-    }
-    let conns = net::connections()?;
-    Ok(group_waits(
+    group_waits(
         conns
             .iter()
             .filter(|c| inodes.contains(&c.inode) && c.local.port() != web_port),
         sent_within,
-    ))
+    )
 }
 
 fn group_waits<'a>(

@@ -293,10 +293,10 @@ pub fn decide(e: &Evidence, cfg: &WebConfig) -> (WebVerdict, String) {
     if let Some(p) = &e.probe {
         let failing = e.probe_failing_for.unwrap_or_default();
         let server_error = p.status.is_some_and(|s| s >= 500);
-        if !p.ok
-            && (p.timed_out || server_error || p.status.is_none())
-            && failing >= cfg.unanswered_after
-        {
+        // Refused while the kernel shows a listener: the probe's address is wrong, the backend
+        // is not at fault (see below).
+        let no_answer = p.status.is_none() && !p.refused;
+        if !p.ok && (p.timed_out || server_error || no_answer) && failing >= cfg.unanswered_after {
             if p.timed_out && k.is_some_and(|k| k.answered_within(failing)) {
                 // It answers others: the probe waits its turn behind slow requests.
                 return (
@@ -395,6 +395,16 @@ pub fn decide(e: &Evidence, cfg: &WebConfig) -> (WebVerdict, String) {
             ),
         );
     }
+    if let Some(p) = e.probe.as_ref().filter(|p| p.refused) {
+        return (
+            WebVerdict::Unknown,
+            format!(
+                "the probe to {} was refused although port {} has a listener: a probe problem \
+                 (the listener's address?), not the backend's",
+                p.target, cfg.port
+            ),
+        );
+    }
     if let Some(k) = k.filter(|k| k.answered > 0) {
         return (
             WebVerdict::Up,
@@ -466,6 +476,12 @@ pub fn disagreement(verdict: WebVerdict, e: &Evidence) -> Option<String> {
     if p.ok && matches!(verdict, WebVerdict::Hung | WebVerdict::Unresponsive) {
         return Some("the probe was answered but the kernel sees stalled connections".into());
     }
+    if p.refused {
+        return Some(format!(
+            "the probe to {} was refused while the kernel shows a listener",
+            p.target
+        ));
+    }
     if !p.ok && !kernel_stalled && k.answered > 0 && p.timed_out {
         return Some(
             "the probe timed out but the kernel sees no waiting or unanswered connection".into(),
@@ -492,6 +508,8 @@ mod tests {
             latency_ms: ms,
             error: None,
             timed_out: false,
+            refused: false,
+            target: "127.0.0.1:9000".into(),
         }
     }
 
@@ -502,6 +520,7 @@ mod tests {
             latency_ms: 2000.0,
             error: Some("no answer within 2000ms".into()),
             timed_out: true,
+            ..probe_ok(2000.0)
         }
     }
 
@@ -881,6 +900,29 @@ mod tests {
             ..probe_ok(1.0)
         });
         assert_eq!(decide(&e, &cfg()).0, WebVerdict::Unknown);
+    }
+
+    #[test]
+    fn a_refused_probe_with_a_listener_in_view_is_the_probes_problem() {
+        let e = Evidence {
+            probe: Some(ProbeResult {
+                ok: false,
+                error: Some("Connection refused".into()),
+                refused: true,
+                target: "127.0.0.1:9000".into(),
+                ..probe_timeout()
+            }),
+            probe_failing_for: Some(60 * S),
+            ..listening()
+        };
+        let mut e = e;
+        e.probe.as_mut().unwrap().timed_out = false;
+        let (v, d) = decide(&e, &cfg());
+        assert_eq!(v, WebVerdict::Unknown, "{d}");
+        assert!(d.contains("probe problem"), "{d}");
+        // Refused with nothing listening is simply down.
+        e.listening = false;
+        assert_eq!(decide(&e, &cfg()).0, WebVerdict::Down);
     }
 
     #[test]

@@ -1,0 +1,255 @@
+//! Where the web backend listens: the network namespace (the agent's own, `web.netns`, or
+//! `web.container`'s, found through Docker and found again when the container restarts), the
+//! port inside it (a published host port maps to the container's port), a sock_diag socket
+//! made in that namespace, and the address the probe should use.
+//!
+//! Without `web.netns` or `web.container` the agent looks only in its own namespace. It does
+//! not search the host's other namespaces for a listener on the port: every pod or container
+//! may listen on the same number, so whichever it found would be a guess, and a wrong guess
+//! watches someone else's server. `details.web.namespace` says where it looked.
+
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use serde::Serialize;
+
+use crate::{
+    config::WebConfig,
+    docker::ContainerNet,
+    net::{self, Diag, Listener},
+    netns::Namespace,
+};
+
+/// `details.web.namespace`: where the backend was looked for.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct NamespaceView {
+    /// `own`, `netns` or `container`.
+    pub source: &'static str,
+    pub path: String,
+    pub inode: u64,
+    /// The port watched inside the namespace.
+    pub port: u16,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
+    /// Set when `web.port` was a host port the container publishes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub published_port: Option<u16>,
+}
+
+/// A resolved target: the namespace, the port in it, and a sock_diag socket made there.
+pub struct Target {
+    pub ns: Arc<Namespace>,
+    pub diag: Diag,
+    pub port: u16,
+    pub view: NamespaceView,
+}
+
+impl Target {
+    fn new(
+        ns: Namespace,
+        port: u16,
+        source: &'static str,
+        container: Option<String>,
+        published_port: Option<u16>,
+    ) -> std::io::Result<Self> {
+        let diag = Diag::new(&ns)?;
+        let view = NamespaceView {
+            source,
+            path: ns.path().display().to_string(),
+            inode: ns.inode(),
+            port,
+            container,
+            published_port,
+        };
+        Ok(Self {
+            ns: Arc::new(ns),
+            diag,
+            port,
+            view,
+        })
+    }
+
+    pub fn listeners(&self) -> std::io::Result<Vec<Listener>> {
+        self.diag.listeners_on(self.port)
+    }
+
+    pub fn connections(&self) -> std::io::Result<Vec<net::TcpConn>> {
+        self.diag.connections()
+    }
+}
+
+/// Why there is no target (yet): the agent's own problem or a container that is not running.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Unresolved {
+    /// Not known yet, or the agent could not look (Docker not answering, a namespace that
+    /// cannot be opened): never a verdict on the backend.
+    Unknown(String),
+    /// The backend's container is not running: nothing can listen.
+    NotRunning(String),
+}
+
+/// Finds the target for the configured source, keeping the current one while it still holds.
+pub fn resolve(
+    cfg: &WebConfig,
+    current: Option<Target>,
+    container: Option<&Result<ContainerNet, String>>,
+) -> Result<Target, Unresolved> {
+    let unknown = |what: String| Unresolved::Unknown(what);
+    if !cfg.container.is_empty() {
+        let net = match container {
+            None => {
+                return Err(unknown(format!(
+                    "waiting for Docker to report container {}",
+                    cfg.container
+                )))
+            }
+            Some(Err(e)) => return Err(unknown(e.clone())),
+            Some(Ok(net)) => net,
+        };
+        let Some(pid) = net.pid else {
+            return Err(Unresolved::NotRunning(format!(
+                "container {} is not running",
+                cfg.container
+            )));
+        };
+        let (port, published) = net.inside_port(cfg.port);
+        let path = if net.host_network {
+            PathBuf::from("/proc/self/ns/net")
+        } else {
+            PathBuf::from(format!("/proc/{pid}/ns/net"))
+        };
+        if let Some(t) = current.filter(|t| {
+            t.port == port && t.view.published_port == published && same_namespace(&t.ns, &path)
+        }) {
+            return Ok(t);
+        }
+        let ns = Namespace::open(&path).map_err(|e| {
+            unknown(format!(
+                "opening container {}'s network namespace {}: {e}",
+                cfg.container,
+                path.display()
+            ))
+        })?;
+        return Target::new(
+            ns,
+            port,
+            "container",
+            Some(cfg.container.clone()),
+            published,
+        )
+        .map_err(|e| unknown(format!("sock_diag in container {}: {e}", cfg.container)));
+    }
+    if let Some(t) = current {
+        return Ok(t);
+    }
+    if !cfg.netns.is_empty() {
+        let path = Path::new(&cfg.netns);
+        let ns = Namespace::open(path)
+            .map_err(|e| unknown(format!("opening web.netns {}: {e}", path.display())))?;
+        return Target::new(ns, cfg.port, "netns", None, None)
+            .map_err(|e| unknown(format!("sock_diag in {}: {e}", path.display())));
+    }
+    let ns = Namespace::own().map_err(|e| unknown(format!("the agent's namespace: {e}")))?;
+    Target::new(ns, cfg.port, "own", None, None).map_err(|e| unknown(format!("sock_diag: {e}")))
+}
+
+/// Whether `path` is (still) the namespace `ns`: a restarted container has a new one.
+fn same_namespace(ns: &Namespace, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).is_ok_and(|m| m.ino() == ns.inode())
+}
+
+/// Where the probe should connect: the listener's own address. An IPv4 wildcard or loopback
+/// listener is probed on 127.0.0.1, an IPv6 wildcard on ::1, anything else on the address it
+/// is bound to — inside its namespace, that is the address the server answers on.
+pub fn probe_addr(listeners: &[Listener], port: u16) -> Option<SocketAddr> {
+    let pick = |l: &Listener| match l.addr {
+        IpAddr::V4(a) if a.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(a) if a.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        a => a,
+    };
+    // Loopback first (no route involved), then IPv4, then anything.
+    let rank = |a: &IpAddr| (!a.is_loopback(), !a.is_ipv4());
+    listeners
+        .iter()
+        .map(pick)
+        .min_by_key(rank)
+        .map(|ip| SocketAddr::new(ip, port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listener(addr: &str) -> Listener {
+        Listener {
+            addr: addr.parse().unwrap(),
+            port: 9000,
+            queue: 0,
+            max_queue: 128,
+            inode: 1,
+        }
+    }
+
+    #[test]
+    fn the_probe_goes_to_the_listeners_own_address() {
+        let at = |addrs: &[&str]| {
+            let ls: Vec<Listener> = addrs.iter().map(|a| listener(a)).collect();
+            probe_addr(&ls, 9000).map(|a| a.to_string())
+        };
+        assert_eq!(at(&["0.0.0.0"]), Some("127.0.0.1:9000".into()));
+        assert_eq!(at(&["::"]), Some("[::1]:9000".into()));
+        assert_eq!(at(&["::1"]), Some("[::1]:9000".into()));
+        assert_eq!(at(&["10.213.0.2"]), Some("10.213.0.2:9000".into()));
+        assert_eq!(at(&["10.213.0.2", "::1"]), Some("[::1]:9000".into()));
+        assert_eq!(at(&["::", "0.0.0.0"]), Some("127.0.0.1:9000".into()));
+        assert_eq!(at(&[]), None);
+    }
+
+    #[test]
+    fn a_container_that_is_not_running_or_unknown_is_said_so() {
+        let cfg = WebConfig {
+            port: 9000,
+            container: "web".into(),
+            ..WebConfig::default()
+        };
+        assert!(matches!(
+            resolve(&cfg, None, None),
+            Err(Unresolved::Unknown(_))
+        ));
+        let stopped = Ok(ContainerNet {
+            pid: None,
+            host_network: false,
+            published: Vec::new(),
+        });
+        assert!(matches!(
+            resolve(&cfg, None, Some(&stopped)),
+            Err(Unresolved::NotRunning(m)) if m.contains("web")
+        ));
+        let docker_down = Err("docker inspect web: connection refused".to_string());
+        assert!(matches!(
+            resolve(&cfg, None, Some(&docker_down)),
+            Err(Unresolved::Unknown(m)) if m.contains("connection refused")
+        ));
+    }
+
+    #[test]
+    fn a_host_network_container_is_watched_in_the_agents_namespace() {
+        let cfg = WebConfig {
+            port: 9000,
+            container: "web".into(),
+            ..WebConfig::default()
+        };
+        let host = Ok(ContainerNet {
+            pid: Some(std::process::id()),
+            host_network: true,
+            published: Vec::new(),
+        });
+        let t = resolve(&cfg, None, Some(&host)).unwrap();
+        assert!(t.ns.is_own());
+        assert_eq!((t.view.source, t.port), ("container", 9000));
+    }
+}
