@@ -322,7 +322,7 @@ impl WebMonitor {
         let sample = self.kernel.as_ref().map(KernelView::sample);
         let counters = sample
             .as_ref()
-            .and_then(|s| s.ports.iter().find(|p| p.port == self.cfg.port).cloned())
+            .and_then(|s| s.ports.iter().find(|p| p.port == port).cloned())
             .map(|p| self.kernel_counters(&p, sample.as_ref(), &listeners, now));
         let kernel = counters.as_ref().map(|c| KernelEvidence {
             oldest_waiting: c.oldest_waiting_ms.map(Duration::from_millis),
@@ -440,13 +440,12 @@ impl WebMonitor {
             .as_ref()
             .and_then(|k| [k.since_claim, k.since_answer].into_iter().flatten().min());
         let mut error = None;
+        let web_port = self.target.as_ref().map_or(self.cfg.port, |t| t.port);
         e.dependencies = match self.target.as_ref().map(Target::connections) {
             Some(Ok(conns)) => process::dependency_waits(
                 &self.owners,
                 &conns,
-                self.cfg
-                    .port
-                    .max(self.target.as_ref().map_or(0, |t| t.port)),
+                web_port,
                 since_progress.map(|d| d + SENT_BEFORE_STALL),
             ),
             Some(Err(err)) => {
