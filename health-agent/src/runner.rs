@@ -538,10 +538,8 @@ impl Composer {
 
     /// Whether a configured check has not reported its first result yet.
     fn warming_up(&self, report: &Report) -> bool {
-        let probe = self
-            .probe
-            .as_ref()
-            .is_some_and(|p| p.borrow().as_ref().is_none_or(|t| t.value.is_none()));
+        // A probe round that found no listener to probe has reported too: nothing to wait for.
+        let probe = self.probe.as_ref().is_some_and(|p| p.borrow().is_none());
         let web_container = self
             .web_container
             .as_ref()
