@@ -14,9 +14,11 @@ use std::{
 use serde_json::Value;
 
 pub mod load;
+pub mod netns;
 pub mod puma;
 
 pub use load::{timeline, HealthPoller, HealthSample, Load, LoadStats};
+pub use netns::{free_port_on, get_at, http_at, netns_inode, AddrFixture, BridgeContainer, NetNs};
 pub use puma::{Puma, PumaOptions, TcpProxy};
 
 /// The workspace's target directory for this build profile (where cargo put this test).
@@ -160,7 +162,7 @@ pub fn wait_until<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Optio
     }
 }
 
-fn kill_and_wait(child: &mut Child, signal: i32) {
+pub(crate) fn kill_and_wait(child: &mut Child, signal: i32) {
     // SAFETY: signalling our own child by pid.
     unsafe { libc::kill(child.id() as i32, signal) };
     let deadline = Instant::now() + Duration::from_secs(5);

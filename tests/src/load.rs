@@ -9,7 +9,7 @@ use std::{
     collections::BTreeMap,
     fmt,
     io::{self, Read, Write},
-    net::{Shutdown, TcpStream},
+    net::{Shutdown, SocketAddr, TcpStream},
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc, Mutex,
@@ -157,9 +157,27 @@ impl Load {
         per_client_interval: Duration,
         timeout: Duration,
     ) -> Self {
+        Self::new_connections_to(
+            ([127, 0, 0, 1], port).into(),
+            path,
+            clients,
+            per_client_interval,
+            timeout,
+        )
+    }
+
+    /// [`Load::new_connections`] to any address: `[::1]:PORT`, or an address inside a network
+    /// namespace the test created.
+    pub fn new_connections_to(
+        addr: SocketAddr,
+        path: &str,
+        clients: usize,
+        per_client_interval: Duration,
+        timeout: Duration,
+    ) -> Self {
         let path = path.to_string();
         Self::spawn(clients, move |shared, i| {
-            new_connection_client(&shared, i, port, &path, per_client_interval, timeout)
+            new_connection_client(&shared, i, addr, &path, per_client_interval, timeout)
         })
     }
 
@@ -233,8 +251,8 @@ impl Drop for Load {
     }
 }
 
-fn connect(port: u16, timeout: Duration) -> io::Result<TcpStream> {
-    let s = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), timeout)?;
+fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+    let s = TcpStream::connect_timeout(&addr, timeout)?;
     s.set_read_timeout(Some(timeout))?;
     s.set_write_timeout(Some(timeout))?;
     Ok(s)
@@ -254,17 +272,16 @@ fn pause(shared: &Shared, until: Instant) {
 fn new_connection_client(
     shared: &Shared,
     i: usize,
-    port: u16,
+    addr: SocketAddr,
     path: &str,
     interval: Duration,
     timeout: Duration,
 ) {
-    let request =
-        format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
     while shared.running() {
         let start = Instant::now();
         let result = (|| {
-            let mut s = connect(port, timeout)?;
+            let mut s = connect(addr, timeout)?;
             shared.record(|st| st.connections += 1);
             if !shared.register(i, &s) {
                 return Ok(None);
@@ -327,7 +344,7 @@ fn keep_alive_request(
     after_error: bool,
 ) -> io::Result<Option<(u16, bool)>> {
     if conn.is_none() {
-        let s = connect(port, timeout)?;
+        let s = connect(([127, 0, 0, 1], port).into(), timeout)?;
         shared.record(|st| {
             st.connections += 1;
             if after_error {

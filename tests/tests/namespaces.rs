@@ -1,0 +1,768 @@
+//! Backends the agent sees in another network namespace: a container on Docker's bridge
+//! network (watched by its container port, or by the port it is published on), a process in
+//! a namespace of its own reached over a veth pair, a backend on `::1` only, and the same port
+//! in two namespaces, each with its own agent.
+//!
+//! Each test serves real traffic (~10 new connections a second) for longer than
+//! `unanswered_after`, with every `/health` answer 200 `up`; then freezes the backend under
+//! that traffic (503 `hung` within 4 s, self-heal off); then thaws it (200 again). Every
+//! answer of the run is recorded ([`HealthPoller`]) and asserted over.
+//!
+//! Test traffic goes to 127.0.0.0/8, `::1` and addresses inside namespaces the tests create
+//! (10.213.0.0/16); containers are published on 127.0.0.1 only. The `harness_*` tests check
+//! those pieces without an agent.
+
+use std::{
+    net::{IpAddr, Ipv6Addr, SocketAddr},
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+use health_agent_tests::{
+    get_at, http_at, merge_toml, netns_inode, require_root, timeline, wait_until, AddrFixture,
+    Agent, BridgeContainer, HealthPoller, HealthSample, Load, NetNs,
+};
+
+/// Agent start to its first 200.
+const READY: Duration = Duration::from_secs(30);
+/// How long the backend serves, watched, before the freeze: longer than `unanswered_after`.
+const SERVE: Duration = Duration::from_millis(5500);
+/// Freeze to 503 `hung`, at most.
+const HUNG_WITHIN: Duration = Duration::from_secs(4);
+/// Thaw to 200, at most.
+const BACK_WITHIN: Duration = Duration::from_secs(15);
+/// The web port inside a [`NetNs`] (the namespace is the test's own: always free).
+const NS_PORT: u16 = 8080;
+
+/// Agent config: the web check on `port`, probing `/up`, requests unanswered for 3 s count,
+/// a 500 ms cadence, a 1 s recovery, no self-heal (a freeze is a 503, not a restart), and the
+/// CPU/memory scaling thresholds out of the way. `web_extra` goes into `[web]`.
+fn config(port: u16, web_extra: &str) -> String {
+    let base = format!(
+        "[checks]\ninterval = \"500ms\"\nrecover_after = \"1s\"\n\
+         [web]\nport = {port}\nprobe_path = \"/up\"\nunanswered_after = \"3s\"\n\
+         [heal]\nenabled = false\n\
+         [scaling]\ncpu_high_percent = 100.0\nmemory_high_percent = 100.0\n\
+         cpu_low_percent = 0.0\nmemory_low_percent = 0.0\n"
+    );
+    merge_toml(&base, &format!("[web]\n{web_extra}"))
+}
+
+/// ~10 requests a second, each on a new connection; a request waits up to 10 s for its answer
+/// (so a frozen backend holds them past `unanswered_after`).
+fn traffic(addr: SocketAddr) -> Load {
+    Load::new_connections_to(
+        addr,
+        "/",
+        5,
+        Duration::from_millis(500),
+        Duration::from_secs(10),
+    )
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Seconds from `from` to the sample.
+fn after(s: &HealthSample, from: Duration) -> f64 {
+    s.at.saturating_sub(from).as_secs_f64()
+}
+
+fn pretty(v: &Value) -> String {
+    serde_json::to_string_pretty(v).unwrap_or_default()
+}
+
+/// What a failed assertion prints: every answer, the load, the backend's and agent's logs.
+fn context(samples: &[HealthSample], load: &Load, backend_log: &str, agent: &Agent) -> String {
+    format!(
+        "\n/health answers:\n{}load: {}\nbackend log (tail):\n{}\nagent log (tail):\n{}\nlast body: {}",
+        timeline(samples),
+        load.stats(),
+        tail(backend_log, 20),
+        tail(&agent.logs(), 40),
+        samples.last().map(|s| pretty(&s.body)).unwrap_or_default()
+    )
+}
+
+/// The answers from `ready` on (before its first 200 an instance is not in rotation: 503
+/// `booting` until the backend has been seen serving).
+fn since(samples: Vec<HealthSample>, ready: &HealthSample) -> Vec<HealthSample> {
+    samples.into_iter().filter(|s| s.at >= ready.at).collect()
+}
+
+/// Waits for the agent's first 200, lets the backend serve for [`SERVE`] under `load`, and
+/// asserts every answer from that first 200 on was 200 with `checks.webserver == "up"` and
+/// `details.web.listening`. Returns (the first 200, the last answer of the serving period).
+fn serve(
+    poller: &HealthPoller,
+    agent: &Agent,
+    load: &Load,
+    backend_log: &dyn Fn() -> String,
+) -> (HealthSample, HealthSample) {
+    let ready = poller.wait_for_explained(
+        READY,
+        "the first 200",
+        |s| s.code == 200,
+        || context(&poller.samples(), load, &backend_log(), agent),
+    );
+    while poller.elapsed() < ready.at + SERVE {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let samples = since(poller.samples(), &ready);
+    let ctx = context(&samples, load, &backend_log(), agent);
+    assert!(
+        samples.len() >= 20,
+        "only {} answers in {SERVE:?} of serving (the poller asks every 200 ms){ctx}",
+        samples.len()
+    );
+    if let Some(s) = samples
+        .iter()
+        .find(|s| s.code != 200 || s.webserver != "up" || s.web()["listening"] != true)
+    {
+        panic!(
+            "while the backend served, an answer was not 200 `up` with details.web.listening: {s}\nits body: {}{ctx}",
+            pretty(&s.body)
+        );
+    }
+    let stats = load.stats();
+    assert!(
+        stats.count(200) >= 30 && stats.timeouts == 0 && stats.errors == 0,
+        "the traffic did not flow while the backend served (harness problem?): {stats}{ctx}"
+    );
+    let last = samples.last().expect("checked above").clone();
+    println!(
+        "serving: {last}\n  details.web.namespace = {}\n  details.web.probe.target = {}",
+        last.web()["namespace"],
+        last.web()["probe"]["target"]
+    );
+    (ready, last)
+}
+
+/// Freezes the backend under traffic: 503 `hung` within [`HUNG_WITHIN`] (the measured time is
+/// printed); thaws it: 200 within [`BACK_WITHIN`]. Returns (freeze time, the 503, the 200).
+fn freeze_and_thaw(
+    what: &str,
+    poller: &HealthPoller,
+    agent: &Agent,
+    load: &Load,
+    backend_log: &dyn Fn() -> String,
+    freeze: impl FnOnce(),
+    thaw: impl FnOnce(),
+) -> (Duration, HealthSample, HealthSample) {
+    let answered_before = load.stats().count(200);
+    freeze();
+    let frozen = poller.elapsed();
+    // Waits past the bound, so a late verdict is reported with its time, not as a timeout.
+    let hung = poller.wait_for_explained(
+        HUNG_WITHIN + Duration::from_secs(4),
+        &format!("503 with webserver `hung` after {what}"),
+        |s| s.code == 503 && s.webserver == "hung",
+        || context(&poller.samples(), load, &backend_log(), agent),
+    );
+    let took = after(&hung, frozen);
+    println!("{what} → 503 hung in {took:.1}s ({hung})");
+    let answered_frozen = load.stats().count(200);
+    let ctx = context(&poller.samples(), load, &backend_log(), agent);
+    assert!(
+        took <= HUNG_WITHIN.as_secs_f64(),
+        "503 `hung` only {took:.1}s after {what} (≤ {HUNG_WITHIN:?} expected){ctx}"
+    );
+    assert_eq!(
+        hung.status,
+        "unhealthy",
+        "{hung}\nits body: {}{ctx}",
+        pretty(&hung.body)
+    );
+    // Requests in flight at the freeze may still have been answered; more than a handful
+    // means the freeze did not freeze (harness problem).
+    assert!(
+        answered_frozen <= answered_before + 5,
+        "{} answers while frozen (harness problem: {what} did not freeze the backend){ctx}",
+        answered_frozen - answered_before
+    );
+
+    thaw();
+    let thawed = poller.elapsed();
+    let back = poller.wait_for_explained(
+        BACK_WITHIN,
+        &format!("200 after the thaw that followed {what}"),
+        |s| s.code == 200,
+        || context(&poller.samples(), load, &backend_log(), agent),
+    );
+    println!("thaw → 200 in {:.1}s ({back})", after(&back, thawed));
+    (frozen, hung, back)
+}
+
+/// Every answer of the run came (no connection error) and was a 200 or a 503.
+fn assert_answered(samples: &[HealthSample], ctx: &str) {
+    for s in samples {
+        assert!(s.error.is_none(), "the agent did not answer: {s}{ctx}");
+        assert!(
+            s.code == 200 || s.code == 503,
+            "HTTP {} is neither 200 nor 503: {s}{ctx}",
+            s.code
+        );
+    }
+}
+
+/// `details.web.namespace`, with the sample in the message when a field is off.
+fn namespace(s: &HealthSample) -> &Value {
+    &s.web()["namespace"]
+}
+
+fn assert_field(s: &HealthSample, field: &str, got: &Value, want: Value) {
+    assert_eq!(
+        *got,
+        want,
+        "{field} is {got}, expected {want}; the answer: {s}\nits body: {}",
+        pretty(&s.body)
+    );
+}
+
+/// The `namespace.path` the agent reports for `ns`: the configured path, or where it leads.
+fn same_path(got: &Value, ns: &NetNs) -> bool {
+    let p = ns.path();
+    let canonical = std::fs::canonicalize(&p).unwrap_or_else(|_| p.clone());
+    got.as_str()
+        .is_some_and(|g| Path::new(g) == p || Path::new(g) == canonical)
+}
+
+// ---------------------------------------------------------------------------------------
+// Docker's bridge network
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn bridge_container_by_container_port() {
+    bridge_container(false);
+}
+
+#[test]
+fn bridge_container_by_published_port() {
+    bridge_container(true);
+}
+
+/// The fixture in a container on the default bridge, published on 127.0.0.1 only; traffic
+/// through the published port. The agent is told the container and either the port inside
+/// it or the host port it is published on — in both cases it watches the container's own
+/// namespace on the container port. Freeze: `docker pause`.
+fn bridge_container(by_published_port: bool) {
+    require_root();
+    let label = if by_published_port { "pub" } else { "cport" };
+    let web = BridgeContainer::run(label, &[]);
+    let port = if by_published_port {
+        web.host_port
+    } else {
+        web.container_port
+    };
+    let agent = Agent::start(&config(port, &format!("container = {:?}\n", web.name)));
+    let poller = HealthPoller::start(agent.port);
+    let load = traffic(web.host_addr());
+    let logs = || web.logs();
+
+    let (ready, serving) = serve(&poller, &agent, &load, &logs);
+    let ns = namespace(&serving);
+    assert_field(
+        &serving,
+        "namespace.source",
+        &ns["source"],
+        "container".into(),
+    );
+    assert_field(
+        &serving,
+        "namespace.container",
+        &ns["container"],
+        web.name.as_str().into(),
+    );
+    assert_field(
+        &serving,
+        "namespace.port (the port inside the container)",
+        &ns["port"],
+        web.container_port.into(),
+    );
+    assert_field(
+        &serving,
+        "namespace.published_port",
+        &ns["published_port"],
+        if by_published_port {
+            web.host_port.into()
+        } else {
+            Value::Null
+        },
+    );
+    assert_field(
+        &serving,
+        "namespace.inode (the container's network namespace)",
+        &ns["inode"],
+        web.netns_inode().into(),
+    );
+    assert!(
+        ns["path"]
+            .as_str()
+            .is_some_and(|p| p.starts_with("/proc/") && p.ends_with("/ns/net")),
+        "namespace.path is not /proc/PID/ns/net: {}\nbody: {}",
+        ns["path"],
+        pretty(&serving.body)
+    );
+
+    freeze_and_thaw(
+        "docker pause",
+        &poller,
+        &agent,
+        &load,
+        &logs,
+        || web.pause(),
+        || web.unpause(),
+    );
+    let stats = load.stop();
+    let samples = since(poller.stop(), &ready);
+    println!(
+        "bridge container by {} port: {stats}\n{}",
+        if by_published_port {
+            "published"
+        } else {
+            "container"
+        },
+        timeline(&samples)
+    );
+    assert_answered(
+        &samples,
+        &format!(
+            "\n{}agent log:\n{}",
+            timeline(&samples),
+            tail(&agent.logs(), 40)
+        ),
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// A namespace of its own
+// ---------------------------------------------------------------------------------------
+
+/// The fixture inside a namespace on the namespace's own address (not 0.0.0.0), traffic from
+/// the host over the veth pair; the agent is given the namespace's path. Freeze: SIGSTOP.
+#[test]
+fn netns_backend_on_its_own_address() {
+    require_root();
+    let ns = NetNs::create("own");
+    let backend = AddrFixture::in_netns(&ns, NS_PORT, "normal");
+    let agent = Agent::start(&config(
+        NS_PORT,
+        &format!("netns = {:?}\n", ns.path().display().to_string()),
+    ));
+    let poller = HealthPoller::start(agent.port);
+    let load = traffic(backend.listen);
+    let logs = || backend.logs();
+
+    let (ready, serving) = serve(&poller, &agent, &load, &logs);
+    let nsj = namespace(&serving);
+    assert_field(&serving, "namespace.source", &nsj["source"], "netns".into());
+    assert!(
+        same_path(&nsj["path"], &ns),
+        "namespace.path is {}, expected {}; body: {}",
+        nsj["path"],
+        ns.path().display(),
+        pretty(&serving.body)
+    );
+    assert_field(
+        &serving,
+        "namespace.inode",
+        &nsj["inode"],
+        ns.inode().into(),
+    );
+    assert_field(&serving, "namespace.port", &nsj["port"], NS_PORT.into());
+    assert_field(
+        &serving,
+        "details.web.probe.target",
+        &serving.web()["probe"]["target"],
+        format!("{}:{NS_PORT}", ns.inside_ip()).into(),
+    );
+
+    freeze_and_thaw(
+        "SIGSTOP",
+        &poller,
+        &agent,
+        &load,
+        &logs,
+        || backend.sigstop(),
+        || backend.sigcont(),
+    );
+    let stats = load.stop();
+    let samples = since(poller.stop(), &ready);
+    println!("backend in {}: {stats}\n{}", ns.name, timeline(&samples));
+    assert_answered(
+        &samples,
+        &format!(
+            "\n{}agent log:\n{}",
+            timeline(&samples),
+            tail(&agent.logs(), 40)
+        ),
+    );
+}
+
+/// The fixture on `[::1]:PORT` only, in the agent's own namespace. Freeze: SIGSTOP.
+#[test]
+fn ipv6_loopback_only_backend() {
+    require_root();
+    let backend = AddrFixture::on_ip(IpAddr::V6(Ipv6Addr::LOCALHOST), "normal");
+    let port = backend.listen.port();
+    let agent = Agent::start(&config(port, ""));
+    let poller = HealthPoller::start(agent.port);
+    let load = traffic(backend.listen);
+    let logs = || backend.logs();
+
+    let (ready, serving) = serve(&poller, &agent, &load, &logs);
+    assert_field(
+        &serving,
+        "details.web.probe.target",
+        &serving.web()["probe"]["target"],
+        format!("[::1]:{port}").into(),
+    );
+    let nsj = namespace(&serving);
+    assert_field(&serving, "namespace.source", &nsj["source"], "own".into());
+    assert_field(&serving, "namespace.port", &nsj["port"], port.into());
+    assert_field(
+        &serving,
+        "namespace.inode (the agent's own)",
+        &nsj["inode"],
+        netns_inode("/proc/self/ns/net").into(),
+    );
+
+    freeze_and_thaw(
+        "SIGSTOP",
+        &poller,
+        &agent,
+        &load,
+        &logs,
+        || backend.sigstop(),
+        || backend.sigcont(),
+    );
+    let stats = load.stop();
+    let samples = since(poller.stop(), &ready);
+    println!("backend on [::1]:{port}: {stats}\n{}", timeline(&samples));
+    assert_answered(
+        &samples,
+        &format!(
+            "\n{}agent log:\n{}",
+            timeline(&samples),
+            tail(&agent.logs(), 40)
+        ),
+    );
+}
+
+/// Two namespaces, the same port in each, an agent for each. Only A's backend is frozen: A
+/// says 503 `hung`; B says 200 `up` all along.
+#[test]
+fn same_port_in_two_namespaces_only_the_frozen_one_reacts() {
+    require_root();
+    let ns_a = NetNs::create("a");
+    let ns_b = NetNs::create("b");
+    let backend_a = AddrFixture::in_netns(&ns_a, NS_PORT, "normal");
+    let backend_b = AddrFixture::in_netns(&ns_b, NS_PORT, "normal");
+    let netns = |ns: &NetNs| format!("netns = {:?}\n", ns.path().display().to_string());
+    let agent_a = Agent::start(&config(NS_PORT, &netns(&ns_a)));
+    let agent_b = Agent::start(&config(NS_PORT, &netns(&ns_b)));
+    let poller_a = HealthPoller::start(agent_a.port);
+    let poller_b = HealthPoller::start(agent_b.port);
+    let load_a = traffic(backend_a.listen);
+    let load_b = traffic(backend_b.listen);
+    let logs_a = || backend_a.logs();
+
+    let ready_b = poller_b.wait_for_explained(
+        READY,
+        "agent B's first 200",
+        |s| s.code == 200,
+        || context(&poller_b.samples(), &load_b, &backend_b.logs(), &agent_b),
+    );
+    let (ready_a, serving_a) = serve(&poller_a, &agent_a, &load_a, &logs_a);
+    let serving_b = poller_b.samples().last().cloned().expect("B answered");
+    for (s, ns) in [(&serving_a, &ns_a), (&serving_b, &ns_b)] {
+        let nsj = namespace(s);
+        assert_field(s, "namespace.source", &nsj["source"], "netns".into());
+        assert_field(s, "namespace.inode", &nsj["inode"], ns.inode().into());
+        assert_field(s, "namespace.port", &nsj["port"], NS_PORT.into());
+        assert_field(
+            s,
+            "details.web.probe.target",
+            &s.web()["probe"]["target"],
+            format!("{}:{NS_PORT}", ns.inside_ip()).into(),
+        );
+    }
+    assert_ne!(
+        namespace(&serving_a)["inode"],
+        namespace(&serving_b)["inode"],
+        "the two agents report the same namespace inode"
+    );
+
+    freeze_and_thaw(
+        "SIGSTOP of A's backend",
+        &poller_a,
+        &agent_a,
+        &load_a,
+        &logs_a,
+        || backend_a.sigstop(),
+        || backend_a.sigcont(),
+    );
+    let stats_a = load_a.stop();
+    let stats_b = load_b.stop();
+    let samples_a = since(poller_a.stop(), &ready_a);
+    let samples_b = since(poller_b.stop(), &ready_b);
+    println!(
+        "A ({}): {stats_a}\n{}B ({}): {stats_b}\n{}",
+        ns_a.name,
+        timeline(&samples_a),
+        ns_b.name,
+        timeline(&samples_b)
+    );
+    let ctx = format!(
+        "\nA's answers:\n{}B's answers:\n{}B's load: {stats_b}\nagent B log (tail):\n{}",
+        timeline(&samples_a),
+        timeline(&samples_b),
+        tail(&agent_b.logs(), 40)
+    );
+    assert_answered(&samples_a, &ctx);
+    assert_answered(&samples_b, &ctx);
+    if let Some(s) = samples_b
+        .iter()
+        .find(|s| s.code != 200 || s.webserver != "up")
+    {
+        panic!(
+            "agent B reacted to A's freeze (or something else): {s}\nits body: {}{ctx}",
+            pretty(&s.body)
+        );
+    }
+    assert!(
+        stats_b.count(200) >= 50 && stats_b.timeouts == 0 && stats_b.errors == 0,
+        "B's backend did not serve all along (harness problem?){ctx}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// The harness alone (no agent)
+// ---------------------------------------------------------------------------------------
+
+/// `GET path` with a short timeout: Some(status) or None (no answer).
+fn quick_get(addr: SocketAddr, path: &str, timeout: Duration) -> Result<u16, String> {
+    http_at(addr, "GET", path, timeout)
+        .map(|(c, _, _)| c)
+        .map_err(|e| format!("{e} ({:?})", e.kind()))
+}
+
+/// A namespace reached over its veth pair: the fixture inside answers from the host on its own
+/// address only, is the direct child (no `ip` wrapper), freezes on SIGSTOP without touching the
+/// same port in another namespace, and everything is gone after drop — after a panic too.
+#[test]
+fn harness_namespaces_reach_freeze_and_clean_up() {
+    require_root();
+    let a = NetNs::create("ha");
+    let b = NetNs::create("hb");
+    println!(
+        "{}: {} ↔ {} ({} / {}); {}: {} ↔ {}",
+        a.name,
+        a.host_ip(),
+        a.inside_ip(),
+        a.host_veth,
+        a.inside_veth,
+        b.name,
+        b.host_ip(),
+        b.inside_ip()
+    );
+    assert!(a.path().exists() && b.path().exists());
+    assert_ne!(a.inode(), b.inode());
+    assert_ne!(a.inode(), netns_inode("/proc/self/ns/net"));
+    assert_ne!(a.inside_ip(), b.inside_ip());
+    let addrs = a
+        .exec("ip")
+        .args(["-br", "addr"])
+        .output()
+        .expect("ip addr");
+    let addrs = String::from_utf8_lossy(&addrs.stdout);
+    assert!(
+        addrs.contains(&format!("{}/30", a.inside_ip())) && addrs.contains("lo "),
+        "inside {}: {addrs}",
+        a.name
+    );
+
+    let fa = AddrFixture::in_netns(&a, NS_PORT, "normal");
+    let fb = AddrFixture::in_netns(&b, NS_PORT, "normal");
+    // `ip netns exec` execs: the child is the fixture itself, in the namespace.
+    assert_eq!(
+        fa.exe().file_name().and_then(|n| n.to_str()),
+        Some("fixture-backend"),
+        "pid {} is {}",
+        fa.pid(),
+        fa.exe().display()
+    );
+    assert_eq!(fa.netns_inode(), a.inode());
+    assert_eq!(fb.netns_inode(), b.inode());
+    assert!(a.pids().contains(&(fa.pid() as i32)), "{:?}", a.pids());
+    let status = std::fs::read_to_string(format!("/proc/{}/status", fa.pid())).unwrap();
+    let ppid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("PPid:"))
+        .map(str::trim);
+    assert_eq!(ppid, Some(std::process::id().to_string().as_str()));
+    // Listening on the inside address, not on every address.
+    let ss = a.exec("ss").arg("-Hltn").output().expect("ss");
+    let ss = String::from_utf8_lossy(&ss.stdout).to_string();
+    assert!(
+        ss.contains(&format!("{}:{NS_PORT}", a.inside_ip()))
+            && !ss.contains(&format!("0.0.0.0:{NS_PORT}"))
+            && !ss.contains(&format!("*:{NS_PORT}")),
+        "listeners in {}:\n{ss}",
+        a.name
+    );
+    println!("listeners in {}:\n{ss}", a.name);
+
+    let load = Load::new_connections_to(
+        fa.listen,
+        "/",
+        2,
+        Duration::from_millis(100),
+        Duration::from_secs(2),
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    let stats = load.stop();
+    assert!(
+        stats.count(200) >= 10 && stats.errors == 0 && stats.timeouts == 0,
+        "load into {}: {stats}",
+        a.name
+    );
+
+    fa.sigstop();
+    let frozen = quick_get(fa.listen, "/up", Duration::from_secs(1));
+    assert!(frozen.is_err(), "a stopped fixture answered: {frozen:?}");
+    assert_eq!(quick_get(fb.listen, "/up", Duration::from_secs(2)), Ok(200));
+    fa.sigcont();
+    assert_eq!(quick_get(fa.listen, "/up", Duration::from_secs(5)), Ok(200));
+    println!("stopped fixture: {}", frozen.unwrap_err());
+
+    let (name_a, veth_a) = (a.name.clone(), a.host_veth.clone());
+    drop(fa);
+    drop(a);
+    assert!(!NetNs::exists(&name_a), "{name_a} is still there");
+    assert!(!Path::new(&format!("/sys/class/net/{veth_a}")).exists());
+
+    // A panicking test leaves nothing behind either, not even a stopped process.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let panicked = std::thread::spawn(move || {
+        let ns = NetNs::create("panic");
+        let f = AddrFixture::in_netns(&ns, NS_PORT, "normal");
+        f.sigstop();
+        tx.send((ns.name.clone(), ns.host_veth.clone(), f.pid()))
+            .unwrap();
+        panic!("on purpose, with a stopped fixture inside {}", ns.name);
+    })
+    .join();
+    assert!(panicked.is_err());
+    let (name, veth, pid) = rx.recv().unwrap();
+    assert!(!NetNs::exists(&name), "{name} survived a panic");
+    assert!(!Path::new(&format!("/sys/class/net/{veth}")).exists());
+    assert!(
+        !Path::new(&format!("/proc/{pid}/ns")).exists(),
+        "the fixture {pid} survived a panic"
+    );
+}
+
+/// `--listen [::1]:PORT`: answers on ::1, not on 127.0.0.1; freezes on SIGSTOP.
+#[test]
+fn harness_ipv6_loopback_fixture() {
+    require_root();
+    let f = AddrFixture::on_ip(IpAddr::V6(Ipv6Addr::LOCALHOST), "normal");
+    let port = f.listen.port();
+    assert_eq!(f.listen.to_string(), format!("[::1]:{port}"));
+    assert_eq!(get_at(f.listen, "/up").map(|(c, _)| c).ok(), Some(200));
+    let v4 = quick_get(([127, 0, 0, 1], port).into(), "/up", Duration::from_secs(1));
+    assert!(v4.is_err(), "127.0.0.1:{port} answered: {v4:?}");
+    let ss = std::process::Command::new("ss")
+        .args(["-Hltn", &format!("sport = :{port}")])
+        .output()
+        .expect("ss");
+    let ss = String::from_utf8_lossy(&ss.stdout).to_string();
+    assert!(ss.contains(&format!("[::1]:{port}")), "{ss}");
+    println!("listener: {ss}");
+
+    let load = Load::new_connections_to(
+        f.listen,
+        "/",
+        2,
+        Duration::from_millis(100),
+        Duration::from_secs(2),
+    );
+    std::thread::sleep(Duration::from_millis(1000));
+    let stats = load.stop();
+    assert!(
+        stats.count(200) >= 8 && stats.errors == 0,
+        "load to {}: {stats}",
+        f.listen
+    );
+    f.sigstop();
+    let frozen = quick_get(f.listen, "/up", Duration::from_secs(1));
+    assert!(frozen.is_err(), "a stopped fixture answered: {frozen:?}");
+    f.sigcont();
+    assert_eq!(quick_get(f.listen, "/up", Duration::from_secs(5)), Ok(200));
+}
+
+/// A bridge container published on 127.0.0.1 answers there, `docker pause` really blocks that
+/// traffic and `docker unpause` lets it through again; the container is gone after drop.
+#[test]
+fn harness_bridge_container_published_on_loopback() {
+    require_root();
+    let c = BridgeContainer::run("harness", &[]);
+    assert_ne!(c.host_port, c.container_port);
+    assert_ne!(c.netns_inode(), netns_inode("/proc/self/ns/net"));
+    println!(
+        "{}: 127.0.0.1:{} → container port {}; host listener: {}",
+        c.name,
+        c.host_port,
+        c.container_port,
+        c.host_listener()
+    );
+    assert_eq!(
+        quick_get(c.host_addr(), "/up", Duration::from_secs(2)),
+        Ok(200)
+    );
+    c.set_mode("normal");
+
+    let load = Load::new_connections_to(
+        c.host_addr(),
+        "/",
+        2,
+        Duration::from_millis(100),
+        Duration::from_secs(2),
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    let stats = load.stop();
+    assert!(
+        stats.count(200) >= 10 && stats.errors == 0 && stats.timeouts == 0,
+        "load through 127.0.0.1:{}: {stats}",
+        c.host_port
+    );
+
+    c.pause();
+    let started = Instant::now();
+    let paused = quick_get(c.host_addr(), "/up", Duration::from_secs(2));
+    println!(
+        "paused: {paused:?} after {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(paused.is_err(), "a paused container answered: {paused:?}");
+    c.unpause();
+    wait_until(Duration::from_secs(5), "an answer after unpause", || {
+        quick_get(c.host_addr(), "/up", Duration::from_secs(2))
+            .ok()
+            .filter(|&code| code == 200)
+    });
+
+    let name = c.name.clone();
+    c.pause();
+    drop(c);
+    let gone = std::process::Command::new("docker")
+        .args(["inspect", &name])
+        .output()
+        .expect("docker inspect");
+    assert!(!gone.status.success(), "{name} survived its drop (paused)");
+}
