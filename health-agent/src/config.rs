@@ -37,6 +37,52 @@ pub struct Config {
     pub scaling: ScalingConfig,
     pub heal: HealConfig,
     pub alerts: AlertsConfig,
+    pub fleet: FleetConfig,
+}
+
+/// The peers this instance compares its faults with (fleet-aware verdicts). Empty: judge
+/// alone.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FleetConfig {
+    /// Peer agents, `host:port` (their health port).
+    pub peers: Vec<String>,
+    /// A DNS name whose A/AAAA records are the peers, `name` or `name:port` (the port defaults
+    /// to this agent's own); resolved again every round.
+    pub peers_dns: String,
+    /// The Consul agent's HTTP address and the service whose catalog entries are the peers.
+    pub consul_addr: String,
+    pub consul_service: String,
+    /// Env var holding the shared bearer token of the peer endpoint; empty: no token.
+    pub token_env: String,
+    /// Peers asked per round; a larger fleet is sampled at random.
+    pub sample: usize,
+    #[serde(with = "dur")]
+    pub interval: Duration,
+    /// Per peer request: a slower peer is not waited for.
+    #[serde(with = "dur")]
+    pub timeout: Duration,
+}
+
+impl Default for FleetConfig {
+    fn default() -> Self {
+        Self {
+            peers: Vec::new(),
+            peers_dns: String::new(),
+            consul_addr: String::new(),
+            consul_service: String::new(),
+            token_env: String::new(),
+            sample: 5,
+            interval: Duration::from_secs(2),
+            timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+impl FleetConfig {
+    pub fn enabled(&self) -> bool {
+        !self.peers.is_empty() || !self.peers_dns.is_empty() || !self.consul_addr.is_empty()
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -435,6 +481,28 @@ impl Config {
                 ),
             ));
         }
+        positive("fleet.interval", self.fleet.interval)?;
+        positive("fleet.timeout", self.fleet.timeout)?;
+        if self.fleet.sample == 0 {
+            return Err(bad("fleet.sample", "must be at least 1".into()));
+        }
+        if self.fleet.consul_addr.is_empty() != self.fleet.consul_service.is_empty() {
+            return Err(bad(
+                "fleet.consul_service",
+                "fleet.consul_addr and fleet.consul_service go together".into(),
+            ));
+        }
+        for peer in &self.fleet.peers {
+            let ok = peer.rsplit_once(':').is_some_and(|(host, port)| {
+                !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0)
+            });
+            if !ok {
+                return Err(bad(
+                    "fleet.peers",
+                    format!("{peer:?} must be host:port (the peer agent's health port)"),
+                ));
+            }
+        }
         positive("checks.interval", self.checks.interval)?;
         positive("checks.timeout", self.checks.timeout)?;
         positive("checks.stale_after", self.checks.stale_after)?;
@@ -647,6 +715,19 @@ resolve_after = "60s"            # an incident resolves once its condition has b
 max_retries = 5                  # per message, on connect errors, timeouts, 429 and 5xx
 timeout = "10s"                  # per HTTP request
 queue_size = 256                 # messages waiting per destination (oldest unsent trigger dropped first)
+
+[fleet]
+# Fleet-aware verdicts: each fault is compared with the peers'. Most answering peers fine: this
+# instance's own fault, 503 after self-heal. Most have it too: shared (a dependency, a bad
+# deploy), 200 infrastructure_issue, no restart. No peers or none answering: judged alone.
+peers = []                       # peer agents "host:port" (their health port)
+peers_dns = ""                   # or a DNS name (A/AAAA records = peers), "name[:port]"
+consul_addr = ""                 # or the Consul catalog: agent address, e.g. http://127.0.0.1:8500
+consul_service = ""              # ... and the service name
+token_env = ""                   # env var holding the shared bearer token of /fleet/v1/view
+sample = 5                       # peers asked per round (a larger fleet is sampled at random)
+interval = "2s"                  # a round of asking, off the request path
+timeout = "1s"                   # per peer: a slower one is not waited for
 "#;
 
 /// serde for `Duration` as a human string ("250ms", "2s", "10m").

@@ -15,6 +15,7 @@ pub mod checks;
 pub mod config;
 pub mod docker;
 pub mod ebpf;
+pub mod fleet;
 pub mod heal;
 pub mod metrics;
 pub mod net;

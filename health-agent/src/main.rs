@@ -177,12 +177,31 @@ async fn serve(cfg: Arc<Config>) -> anyhow::Result<()> {
         }
         _ => None,
     };
+    let fleet_token = if cfg.fleet.token_env.is_empty() {
+        server::FleetToken::Open
+    } else {
+        match std::env::var(&cfg.fleet.token_env)
+            .ok()
+            .filter(|t| !t.is_empty())
+        {
+            Some(t) => server::FleetToken::Required(t),
+            None => {
+                tracing::warn!(
+                    "fleet.token_env names {}, which is empty: the peer view is closed and peers are asked without a token",
+                    cfg.fleet.token_env
+                );
+                server::FleetToken::Unset(cfg.fleet.token_env.clone())
+            }
+        }
+    };
     let agent = runner::start(cfg.clone(), shutdown.clone()).await;
     let app = Arc::new(server::App {
         snapshot: agent.snapshot.clone(),
         details: cfg.server.details,
         token,
         stale_after: cfg.checks.stale_after,
+        fleet_token,
+        host: health_agent::alerts::hostname(),
     });
     tracing::info!(listen = %cfg.server.listen, web_port = cfg.web.port, "serving /health");
     let limits = server::Limits {

@@ -318,6 +318,35 @@ pub fn render(s: &Snapshot) -> String {
         "Restarts counted against the budget",
         f64::from(h.restarts_in_window),
     );
+    let f = &s.fleet;
+    if f.configured {
+        o.gauge(
+            "fleet_peers_asked",
+            "Peers asked in the latest round",
+            f.peers_asked.len() as f64,
+        );
+        o.gauge(
+            "fleet_peers_answered",
+            "Peers that answered the latest round with a valid view",
+            f.peers_answered.len() as f64,
+        );
+        o.labeled(
+            "fleet_judgement",
+            "This instance's faults as the peers judge them: 1 for the current scope",
+            f.judgements
+                .iter()
+                .map(|j| {
+                    (
+                        vec![
+                            ("class", j.class.as_str().to_string()),
+                            ("scope", j.scope.as_str().to_string()),
+                        ],
+                        1.0,
+                    )
+                })
+                .collect(),
+        );
+    }
 
     let mut text = String::new();
     if encode(&mut text, &o.reg).is_err() {

@@ -5,9 +5,9 @@
 
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum WebVerdict {
     /// `web.port` is 0: nothing to check.
@@ -62,7 +62,7 @@ pub enum DiskLevel {
     Unknown,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DbState {
     NotConfigured,
@@ -88,7 +88,7 @@ impl DbState {
     ];
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ContainersState {
     NotConfigured,
@@ -105,6 +105,57 @@ pub enum Pressure {
     High,
     Normal,
     Low,
+}
+
+/// The kinds of fault compared with the peers, each decided on its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultClass {
+    /// A dependency: the database unreachable or slow, or the web backend waiting on its own
+    /// outbound requests. Compared by kind, not endpoint: every instance may reach the same
+    /// database through a different path.
+    Dependency,
+    /// The web backend hung, unresponsive or down.
+    Web,
+    /// An expected container not running.
+    Containers,
+}
+
+impl FaultClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Dependency => "dependency",
+            Self::Web => "web",
+            Self::Containers => "containers",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scope {
+    /// Most peers that answered do not have it: this instance's own.
+    Local,
+    /// Most peers that answered have it too: the fleet's.
+    Shared,
+}
+
+impl Scope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Local => "local",
+            Self::Shared => "shared",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Judgement {
+    pub class: FaultClass,
+    pub scope: Scope,
+    pub peers_with: usize,
+    pub peers_answered: usize,
+    pub reason: String,
 }
 
 /// Where self-healing stands for the current fault.
@@ -170,6 +221,9 @@ pub enum Fault {
     Containers,
     /// Boot grace is over and the web backend was never seen serving.
     NeverServed,
+    /// A dependency (the database) that only this instance cannot reach, while most peers
+    /// do. A restart of the web backend does not change the path to it.
+    Dependency,
 }
 
 impl Fault {
@@ -204,6 +258,8 @@ pub struct PolicyInput {
     /// for scaling groups without a grace period (`checks.boot_status`).
     pub boot_status: u16,
     pub heal: HealPhase,
+    /// The peers' judgement of this instance's faults (empty: judged alone).
+    pub fleet: Vec<Judgement>,
 }
 
 impl Default for PolicyInput {
@@ -221,6 +277,7 @@ impl Default for PolicyInput {
             warming_up: false,
             boot_status: 503,
             heal: HealPhase::Idle,
+            fleet: Vec::new(),
         }
     }
 }
@@ -249,6 +306,7 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
     let mut faults = Vec::new();
     let dependency_down = matches!(i.database, DbState::Unreachable | DbState::Slow);
     let mut shared_dependency = false;
+    let fleet = |class: FaultClass| i.fleet.iter().find(|j| j.class == class);
     let web = |what: &str| {
         if i.web_detail.is_empty() {
             format!("web backend {what}")
@@ -294,10 +352,34 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
             faults.push(Fault::Web(i.web));
         }
     } else if i.web == WebVerdict::Waiting {
-        shared_dependency = true;
-        reasons.push(web("waiting on a dependency, not replacing the instance"));
+        match fleet(FaultClass::Dependency) {
+            Some(j) if j.scope == Scope::Local => {
+                // Only this instance cannot reach it: a restart, or a new instance, may.
+                faults.push(Fault::Web(i.web));
+                reasons.push(format!("{}; {}", web("waiting on a dependency"), j.reason));
+            }
+            j => {
+                shared_dependency = true;
+                reasons.push(web("waiting on a dependency, not replacing the instance"));
+                reasons.extend(j.map(|j| j.reason.clone()));
+            }
+        }
     } else if i.web.is_fault() {
-        if dependency_down && !i.web_stopped {
+        if let Some(j) = fleet(FaultClass::Web) {
+            // The peers settle it: most of them hung too (a bad deploy) is the fleet's fault,
+            // replacing instances fixes nothing; most of them fine makes it ours, database or not.
+            if j.scope == Scope::Shared {
+                shared_dependency = true;
+                reasons.push(format!(
+                    "{}; {}: not replacing the instance",
+                    web(i.web.as_str()),
+                    j.reason
+                ));
+            } else {
+                faults.push(Fault::Web(i.web));
+                reasons.push(format!("{}; {}", web(i.web.as_str()), j.reason));
+            }
+        } else if dependency_down && !i.web_stopped {
             // Fleet-safety guard: every instance shares this database, so every instance
             // would look the same and replacing them fixes nothing. A stopped or frozen
             // server is not explained by any database: that stays a local fault.
@@ -312,9 +394,29 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
             reasons.push(web(i.web.as_str()));
         }
     }
+    let mut dependency_shared = dependency_down;
+    if dependency_down && !never_served {
+        if let Some(j) = fleet(FaultClass::Dependency).filter(|j| j.scope == Scope::Local) {
+            // Most peers reach their database: this instance alone cannot.
+            dependency_shared = false;
+            faults.push(Fault::Dependency);
+            reasons.push(format!("database {}; {}", db_word(i.database), j.reason));
+        }
+    }
     if i.containers == ContainersState::Faulty {
-        faults.push(Fault::Containers);
-        reasons.push("expected container not running".into());
+        match fleet(FaultClass::Containers) {
+            Some(j) if j.scope == Scope::Shared => {
+                shared_dependency = true;
+                reasons.push(format!(
+                    "expected container not running; {}: not replacing the instance",
+                    j.reason
+                ));
+            }
+            _ => {
+                faults.push(Fault::Containers);
+                reasons.push("expected container not running".into());
+            }
+        }
     }
     if i.disk == DiskLevel::Fail {
         faults.push(Fault::DiskFull);
@@ -355,10 +457,15 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
     let mut degraded = shared_dependency;
     let mut infrastructure = shared_dependency;
     let mut scale_up = false;
-    if dependency_down {
+    if dependency_shared {
         degraded = true;
         infrastructure = true;
         reasons.push(format!("database {}", db_word(i.database)));
+        reasons.extend(
+            fleet(FaultClass::Dependency)
+                .filter(|j| j.scope == Scope::Shared)
+                .map(|j| j.reason.clone()),
+        );
     }
     if i.database == DbState::Misconfigured {
         degraded = true;
@@ -856,6 +963,120 @@ mod tests {
                 assert!(!d.reasons.is_empty(), "{name}: a 503 must say why");
             }
         }
+    }
+
+    #[test]
+    fn the_peers_decide_local_or_shared() {
+        use Recommendation::*;
+        use Status::*;
+        let judged = |class, scope| Judgement {
+            class,
+            scope,
+            peers_with: if scope == Scope::Shared { 2 } else { 0 },
+            peers_answered: 2,
+            reason: format!("{scope:?} by 2 peers"),
+        };
+        let cases: &[(&str, PolicyInput, Status, u16, Recommendation)] = &[
+            (
+                "waiting on a dependency only this instance cannot reach: 503 after heal",
+                PolicyInput {
+                    web: WebVerdict::Waiting,
+                    heal: HealPhase::Exhausted,
+                    fleet: vec![judged(FaultClass::Dependency, Scope::Local)],
+                    ..input()
+                },
+                Unhealthy,
+                503,
+                Stable,
+            ),
+            (
+                "waiting on a dependency the peers wait on too: 200",
+                PolicyInput {
+                    web: WebVerdict::Waiting,
+                    fleet: vec![judged(FaultClass::Dependency, Scope::Shared)],
+                    ..input()
+                },
+                Degraded,
+                200,
+                InfrastructureIssue,
+            ),
+            (
+                "database unreachable from here only: 503, no restart can help",
+                PolicyInput {
+                    database: DbState::Unreachable,
+                    fleet: vec![judged(FaultClass::Dependency, Scope::Local)],
+                    ..input()
+                },
+                Unhealthy,
+                503,
+                Stable,
+            ),
+            (
+                "database unreachable for most peers too: 200",
+                PolicyInput {
+                    database: DbState::Unreachable,
+                    fleet: vec![judged(FaultClass::Dependency, Scope::Shared)],
+                    ..input()
+                },
+                Degraded,
+                200,
+                InfrastructureIssue,
+            ),
+            (
+                "every instance hung after a bad deploy: 200, no restart loop",
+                PolicyInput {
+                    web: WebVerdict::Hung,
+                    fleet: vec![judged(FaultClass::Web, Scope::Shared)],
+                    ..input()
+                },
+                Degraded,
+                200,
+                InfrastructureIssue,
+            ),
+            (
+                "hung here alone while the database is down everywhere: ours",
+                PolicyInput {
+                    web: WebVerdict::Hung,
+                    database: DbState::Unreachable,
+                    heal: HealPhase::Exhausted,
+                    fleet: vec![
+                        judged(FaultClass::Web, Scope::Local),
+                        judged(FaultClass::Dependency, Scope::Shared),
+                    ],
+                    ..input()
+                },
+                Unhealthy,
+                503,
+                Stable,
+            ),
+            (
+                "an expected container down on most peers: 200",
+                PolicyInput {
+                    containers: ContainersState::Faulty,
+                    fleet: vec![judged(FaultClass::Containers, Scope::Shared)],
+                    ..input()
+                },
+                Degraded,
+                200,
+                InfrastructureIssue,
+            ),
+        ];
+        for (name, i, status, http, rec) in cases {
+            let d = evaluate(i);
+            assert_eq!(
+                (d.status, d.http, d.recommendation),
+                (*status, *http, *rec),
+                "{name}: {d:?}"
+            );
+            assert!(
+                d.reasons.iter().any(|r| r.contains("by 2 peers")),
+                "{name}: the reasons name the peers' evidence: {:?}",
+                d.reasons
+            );
+        }
+        // A dependency only we cannot reach is not healed by restarting the web backend.
+        let d = evaluate(&cases[2].1);
+        assert_eq!(d.healable_fault(), None);
     }
 
     #[test]

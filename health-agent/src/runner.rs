@@ -25,6 +25,7 @@ use crate::{
     },
     config::Config,
     docker::{ContainerNet, Docker},
+    fleet::{classes_of, exchange::Exchange, Judge, Round},
     heal::Healer,
     policy::{evaluate, DiskLevel, FlapGuard},
     snapshot::{SharedSnapshot, Snapshot},
@@ -268,6 +269,33 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
         }
     };
 
+    // The peers' views, asked off the request path on the fleet's own cadence.
+    let fleet_slot = cfg.fleet.enabled().then(|| {
+        let token = (!cfg.fleet.token_env.is_empty())
+            .then(|| std::env::var(&cfg.fleet.token_env).ok())
+            .flatten()
+            .filter(|t| !t.is_empty());
+        match Exchange::new(&cfg.fleet, cfg.server.listen, token) {
+            Ok(exchange) => {
+                let exchange = Arc::new(exchange);
+                Some(spawn_periodic(
+                    cfg.fleet.interval,
+                    cfg.fleet.timeout * 3 + Duration::from_secs(1),
+                    shutdown.clone(),
+                    move || {
+                        let e = exchange.clone();
+                        async move { e.round().await }
+                    },
+                    Round::default,
+                ))
+            }
+            Err(e) => {
+                tracing::error!("{e}; judging alone");
+                None
+            }
+        }
+    });
+
     let mut composer = Composer {
         web,
         system: SystemMonitor::new(cfg.scaling.clone()),
@@ -285,6 +313,8 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
         last_full: started,
         recheck_database,
         last_recheck: None,
+        fleet: fleet_slot.flatten(),
+        judge: Judge::new(cfg.fleet.interval, cfg.fleet.timeout),
         alerts: Alerts::start(&cfg.alerts, alerts::hostname(), shutdown.clone()),
     };
     // The first snapshot should not say "disk unknown" only because the disk check has not
@@ -351,6 +381,8 @@ struct Composer {
     last_system: Option<(Instant, Option<crate::checks::system::SystemReport>)>,
     /// When the last full round ran.
     last_full: Instant,
+    fleet: Option<Slot<Round>>,
+    judge: Judge,
     /// Wakes the database check for a round now, off its own cadence.
     recheck_database: Arc<Notify>,
     last_recheck: Option<Instant>,
@@ -402,6 +434,7 @@ impl Composer {
             || changed(self.web_container.as_ref())
             || changed(self.containers.as_ref())
             || changed(self.database.as_ref())
+            || changed(self.fleet.as_ref())
     }
 
     fn compose(&mut self, now: Instant) -> Snapshot {
@@ -411,6 +444,9 @@ impl Composer {
             s.mark_unchanged();
         }
         if let Some(s) = &mut self.database {
+            s.mark_unchanged();
+        }
+        if let Some(s) = &mut self.fleet {
             s.mark_unchanged();
         }
         if let Some(p) = &mut self.probe {
@@ -486,6 +522,20 @@ impl Composer {
         input.web_served = served;
         input.warming_up = warming_up;
         input.boot_status = self.cfg.checks.boot_status;
+        let fleet = self.fleet.as_ref().map(|slot| {
+            let own = classes_of(
+                report.web.verdict,
+                report.database.state,
+                report.containers.state,
+            );
+            let round = slot.borrow();
+            self.judge
+                .judge(&own, round.as_ref().map(|t| &t.value), now)
+        });
+        input.fleet = fleet
+            .as_ref()
+            .map(|f| f.judgements.clone())
+            .unwrap_or_default();
         let raw = evaluate(&input);
         // No restarts within boot grace: an app may take its time to come up.
         if !in_grace {
@@ -499,6 +549,7 @@ impl Composer {
             host_uptime(),
             now.saturating_duration_since(self.started).as_secs(),
         )
+        .with_fleet(fleet.unwrap_or_default())
     }
 }
 

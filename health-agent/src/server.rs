@@ -40,6 +40,21 @@ pub struct App {
     /// The bearer token for `details = "token"`, read once at start.
     pub token: Option<String>,
     pub stale_after: Duration,
+    /// Who may read the peer view.
+    pub fleet_token: FleetToken,
+    /// This host's name, in the peer view.
+    pub host: String,
+}
+
+/// The peer endpoint's access rule (`fleet.token_env`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FleetToken {
+    /// No token configured: anyone who reaches the health port may read it.
+    Open,
+    /// `Authorization: Bearer <token>` required.
+    Required(String),
+    /// A token is configured but its variable is empty: nobody may read it.
+    Unset(String),
 }
 
 #[derive(Clone, Copy)]
@@ -50,6 +65,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/health", get(health))
         .route("/livez", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics_handler))
+        .route(crate::fleet::VIEW_PATH, get(fleet_view))
         .with_state(app)
 }
 
@@ -102,6 +118,39 @@ async fn health(State(app): State<Arc<App>>, req: Request) -> Response {
         .clone();
     let code = StatusCode::from_u16(snap.decision.http).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
     respond(code, body, ietf, age)
+}
+
+/// The compact peer view: this instance's raw check states, for its peers' judgement.
+async fn fleet_view(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match &app.fleet_token {
+        FleetToken::Open => {}
+        FleetToken::Required(t)
+            if given.is_some_and(|g| constant_time_eq(g.as_bytes(), t.as_bytes())) => {}
+        FleetToken::Required(_) => {
+            return (
+                StatusCode::UNAUTHORIZED,
+                "a valid fleet bearer token is required\n",
+            )
+                .into_response()
+        }
+        FleetToken::Unset(var) => {
+            return (
+                StatusCode::FORBIDDEN,
+                format!("fleet.token_env names {var}, which is empty: the peer view is closed\n"),
+            )
+                .into_response()
+        }
+    }
+    let snap = app.snapshot.load();
+    let view = crate::fleet::PeerView::of(&snap.report, &app.host);
+    let mut r = axum::Json(view).into_response();
+    r.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
 }
 
 fn respond(code: StatusCode, body: Bytes, ietf: bool, age: Duration) -> Response {
@@ -312,7 +361,38 @@ mod tests {
             details,
             token: Some("s3cret".into()),
             stale_after: Duration::from_secs(10),
+            fleet_token: FleetToken::Required("fl33t".into()),
+            host: "web-1".into(),
         })
+    }
+
+    #[tokio::test]
+    async fn the_peer_view_needs_the_fleet_token() {
+        let a = app(DiskLevel::Ok, Details::Always);
+        let view = |auth: Option<&str>| {
+            let mut r = req(crate::fleet::VIEW_PATH);
+            if let Some(a) = auth {
+                r = r.header(header::AUTHORIZATION, a);
+            }
+            r.body(Body::empty()).unwrap()
+        };
+        let resp = router(a.clone()).oneshot(view(None)).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+        let resp = router(a.clone())
+            .oneshot(view(Some("Bearer s3cret")))
+            .await
+            .unwrap();
+        assert_eq!(
+            resp.status(),
+            StatusCode::UNAUTHORIZED,
+            "the details token is not it"
+        );
+        let (code, _, body) = get(a, view(Some("Bearer fl33t"))).await;
+        assert_eq!(code, StatusCode::OK);
+        assert_eq!(body["version"], 1);
+        assert_eq!(body["host"], "web-1");
+        assert_eq!(body["web"], "not_configured");
+        assert!(!body.to_string().contains("fl33t"));
     }
 
     async fn get(app: Arc<App>, req: Request<Body>) -> (StatusCode, HeaderMap, serde_json::Value) {
@@ -446,6 +526,8 @@ mod tests {
             details: Details::Always,
             token: None,
             stale_after: Duration::ZERO,
+            fleet_token: FleetToken::Open,
+            host: "web-1".into(),
         });
         tokio::time::sleep(Duration::from_millis(5)).await;
         let (code, _, body) = get(a, req("/health").body(Body::empty()).unwrap()).await;

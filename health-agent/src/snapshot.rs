@@ -31,6 +31,8 @@ pub struct Snapshot {
     pub uptime: u64,
     pub agent_uptime: u64,
     pub generated_at: String,
+    /// What the peers said of this instance's faults (`configured: false` without `[fleet]`).
+    pub fleet: crate::fleet::FleetReport,
     /// Rendered bodies, indexed by [`Rendering`].
     bodies: [OnceLock<Bytes>; 4],
 }
@@ -101,8 +103,13 @@ impl Snapshot {
             heal,
             uptime,
             agent_uptime,
+            fleet: Default::default(),
             bodies: Default::default(),
         }
+    }
+
+    pub fn with_fleet(self, fleet: crate::fleet::FleetReport) -> Self {
+        Self { fleet, ..self }
     }
 
     /// The rendered body, rendering it on first use.
@@ -130,6 +137,7 @@ impl Snapshot {
                             "containers": report.containers,
                             "database": report.database,
                             "heal": self.heal,
+                            "fleet": self.fleet,
                             "agent": {
                                 "version": env!("CARGO_PKG_VERSION"),
                                 "uptime": self.agent_uptime,

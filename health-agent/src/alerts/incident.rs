@@ -284,6 +284,7 @@ impl Event {
             .iter()
             .map(|f| match f {
                 Fault::Web(_) | Fault::NeverServed => "web",
+                Fault::Dependency => "database",
                 Fault::DiskFull => "disk",
                 Fault::Containers => "containers",
             })
