@@ -332,6 +332,40 @@ pub fn body(ev: &Event, evidence: Option<&Evidence>) -> String {
             .unwrap_or_default()
     );
 
+    let fleet = &details["fleet"];
+    if fleet["configured"] == true {
+        let list = |v: &serde_json::Value| {
+            let names: Vec<String> = v
+                .as_array()
+                .map(|a| a.iter().map(|p| code(&text(p))).collect())
+                .unwrap_or_default();
+            if names.is_empty() {
+                "none".to_string()
+            } else {
+                names.join(", ")
+            }
+        };
+        let _ = writeln!(
+            o,
+            "### Fleet\n\nasked: {}; answered: {}\n",
+            list(&fleet["peers_asked"]),
+            list(&fleet["peers_answered"])
+        );
+        for j in fleet["judgements"].as_array().into_iter().flatten() {
+            let _ = writeln!(
+                o,
+                "- {} fault, {}: {}",
+                text(&j["class"]),
+                text(&j["scope"]),
+                cell(&text(&j["reason"]))
+            );
+        }
+        if let Some(note) = fleet["note"].as_str() {
+            let _ = writeln!(o, "- {}", cell(note));
+        }
+        o.push('\n');
+    }
+
     let _ = writeln!(o, "### Suspicious processes\n");
     match evidence {
         None => {
@@ -444,6 +478,42 @@ pub fn body(ev: &Event, evidence: Option<&Evidence>) -> String {
 mod tests {
     use super::*;
     use crate::alerts::{incident::Condition, tests::unhealthy_snapshot};
+
+    #[test]
+    fn the_report_says_what_the_peers_said() {
+        let snap = unhealthy_snapshot().with_fleet(crate::fleet::FleetReport {
+            configured: true,
+            peers_asked: vec!["10.0.0.3:8080".into(), "10.0.0.4:8080".into()],
+            peers_answered: vec!["10.0.0.3:8080".into()],
+            judgements: vec![crate::policy::Judgement {
+                class: crate::policy::FaultClass::Web,
+                scope: crate::policy::Scope::Local,
+                peers_with: 0,
+                peers_answered: 1,
+                reason: "1/1 peers answering have no web fault".into(),
+            }],
+            ..Default::default()
+        });
+        let t = super::super::incident::Transition {
+            kind: Kind::Trigger,
+            condition: Condition::Unhealthy,
+            incident: 1,
+            opened_at: std::time::SystemTime::now(),
+        };
+        let b = body(&Event::new(&t, &snap, "web-1".into(), None), None);
+        assert!(
+            b.contains(
+                "### Fleet\n\nasked: `10.0.0.3:8080`, `10.0.0.4:8080`; answered: `10.0.0.3:8080`"
+            ),
+            "{b}"
+        );
+        assert!(
+            b.contains("- web fault, local: 1/1 peers answering have no web fault"),
+            "{b}"
+        );
+        // Without [fleet], no section.
+        assert!(!body(&event(), None).contains("### Fleet"));
+    }
 
     fn event() -> Event {
         let snap = unhealthy_snapshot();
