@@ -13,6 +13,7 @@ use std::{
 
 use serde_json::Value;
 
+pub mod fleet;
 pub mod load;
 pub mod netns;
 pub mod puma;

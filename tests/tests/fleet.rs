@@ -1,0 +1,1124 @@
+//! Fleet-aware verdicts: each agent asks its peers (`GET /fleet/v1/view` on their health
+//! ports) whether they have the same fault. A fault most answering peers do not have is this
+//! instance's own (503 after self-heal); one most of them have is shared (200,
+//! `infrastructure_issue`, no restart); with no peer answering the single-instance rule holds.
+//!
+//! The agents listen on their own loopback addresses (127.0.0.2, 127.0.0.3, …) like a fleet's
+//! hosts, so two of them can share a port (`peers_dns`, the Consul catalog). Every verdict test
+//! records every `/health` answer of every agent ([`AddrPoller`]) and asserts over all of them
+//! from the agent's first 200 on. All traffic stays on 127.0.0.0/8.
+
+use std::{
+    net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs},
+    sync::atomic::{AtomicUsize, Ordering},
+    time::{Duration, Instant},
+};
+
+use health_agent_tests::{
+    fleet::{
+        free_port_on_all, gauge, loopback, request_at, AddrAgent, AddrPoller, HostsLines,
+        StubServer, Timed,
+    },
+    free_port_on, merge_toml, require_root, timeline, Fixture, HealthSample, Load, Postgres, Puma,
+    PumaOptions, TcpProxy,
+};
+use serde_json::{json, Value};
+
+/// Agent start to a first verdict (and to its peers answering).
+const WAIT: Duration = Duration::from_secs(30);
+
+/// Agent config: the web check on `web_port` probing `/up`, a 500 ms check cadence, a 1 s
+/// recovery, and the CPU/memory scaling thresholds out of the way (as in verdicts.rs).
+/// `extra` is merged in.
+fn config(web_port: u16, extra: &str) -> String {
+    let base = format!(
+        "[checks]\ninterval = \"500ms\"\nrecover_after = \"1s\"\n\
+         [web]\nport = {web_port}\nprobe_path = \"/up\"\nprobe_timeout = \"2s\"\n\
+         [scaling]\ncpu_high_percent = 100.0\nmemory_high_percent = 100.0\n\
+         cpu_low_percent = 0.0\nmemory_low_percent = 0.0\n"
+    );
+    merge_toml(&base, extra)
+}
+
+/// `[fleet]` with static peers, asked every second, 1 s per peer.
+fn fleet_peers(peers: &[String]) -> String {
+    format!("[fleet]\npeers = {peers:?}\ninterval = \"1s\"\ntimeout = \"1s\"\n")
+}
+
+fn addr(ip: IpAddr, port: u16) -> SocketAddr {
+    SocketAddr::new(ip, port)
+}
+
+/// `details.fleet` of a full /health body.
+fn fleet(s: &HealthSample) -> &Value {
+    &s.body["details"]["fleet"]
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    let mut out: Vec<String> = v
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
+}
+
+fn asked(s: &HealthSample) -> Vec<String> {
+    strings(&fleet(s)["peers_asked"])
+}
+
+fn answered(s: &HealthSample) -> Vec<String> {
+    answered_in(&s.body)
+}
+
+/// `details.fleet.peers_answered` of a full /health body, sorted.
+fn answered_in(body: &Value) -> Vec<String> {
+    strings(&body["details"]["fleet"]["peers_answered"])
+}
+
+/// Whether every one of `want` is in `have`.
+fn lists_all(have: &[String], want: &[String]) -> bool {
+    want.iter().all(|w| have.contains(w))
+}
+
+fn judgements(s: &HealthSample) -> Vec<Value> {
+    fleet(s)["judgements"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// The first judgement with this scope.
+fn judged(s: &HealthSample, scope: &str) -> Option<Value> {
+    judgements(s).into_iter().find(|j| j["scope"] == scope)
+}
+
+fn reasons(s: &HealthSample) -> Vec<String> {
+    s.body["reasons"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn sorted(v: impl IntoIterator<Item = String>) -> Vec<String> {
+    let mut v: Vec<String> = v.into_iter().collect();
+    v.sort();
+    v
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+fn pretty(v: &Value) -> String {
+    serde_json::to_string_pretty(v).unwrap_or_default()
+}
+
+/// The answers from `ready_at` on (an agent's first 200: before it an instance is not in
+/// rotation).
+fn since(samples: &[HealthSample], ready_at: Duration) -> Vec<HealthSample> {
+    samples
+        .iter()
+        .filter(|s| s.at >= ready_at)
+        .cloned()
+        .collect()
+}
+
+/// When the first 200 came (the instance is ready), on the poller's clock.
+fn first_200(samples: &[HealthSample]) -> Option<Duration> {
+    samples.iter().find(|s| s.code == 200).map(|s| s.at)
+}
+
+/// Seconds from `from` to the sample.
+fn after(s: &HealthSample, from: Duration) -> f64 {
+    s.at.saturating_sub(from).as_secs_f64()
+}
+
+/// The agent answered every time, with 200 or 503.
+fn assert_answered(samples: &[HealthSample], ctx: &str) {
+    for s in samples {
+        assert!(s.error.is_none(), "the agent did not answer: {s}{ctx}");
+        assert!(
+            s.code == 200 || s.code == 503,
+            "HTTP {} is neither 200 nor 503: {s}{ctx}",
+            s.code
+        );
+    }
+}
+
+/// One instance of the three: its own path to the shared database, a Puma whose `/up` and
+/// `/db` use it, an agent on its own loopback address, a recorder of its `/health`, light load.
+/// Field order is drop order.
+struct Instance {
+    poller: AddrPoller,
+    load: Load,
+    agent: AddrAgent,
+    puma: Puma,
+    proxy: TcpProxy,
+}
+
+/// Three instances of one app sharing one PostgreSQL, each agent peering with the other two.
+struct Trio {
+    /// Dropped before the database.
+    instances: Vec<Instance>,
+    pg: Postgres,
+}
+
+impl Trio {
+    fn start() -> Self {
+        let pg = Postgres::start();
+        let addrs: Vec<SocketAddr> = (0..3u8)
+            .map(|i| {
+                let ip = loopback(2 + i);
+                addr(ip, free_port_on(ip))
+            })
+            .collect();
+        let mut instances = Vec::new();
+        for (i, me) in addrs.iter().enumerate() {
+            let proxy = TcpProxy::start(pg.port);
+            let puma = Puma::start(PumaOptions {
+                threads: 2,
+                db_url: Some(format!(
+                    "postgres://postgres:{}@127.0.0.1:{}/postgres",
+                    pg.password, proxy.port
+                )),
+                up_uses_db: true,
+                ..Default::default()
+            });
+            let peers: Vec<String> = addrs
+                .iter()
+                .filter(|a| *a != me)
+                .map(ToString::to_string)
+                .collect();
+            // A 20 s latency window (60 s by default): the requests that waited out a freeze
+            // keep the p99 `slow` for about half the window after the thaw, which would eat
+            // most of the 45 s the tests give the instances to be `healthy` again.
+            let extra = format!(
+                "[web]\nlatency_window = \"20s\"\n\
+                 [database]\nurl = \"postgres://postgres@127.0.0.1:{}/postgres\"\n\
+                 interval = \"30s\"\ntimeout = \"3s\"\n{}",
+                proxy.port,
+                fleet_peers(&peers)
+            );
+            let agent = AddrAgent::start(
+                *me,
+                &config(puma.port, &extra),
+                &[("PGPASSWORD", pg.password.as_str())],
+            );
+            let poller = AddrPoller::start(*me);
+            // ~4 requests a second, each on a new connection, each a fresh SELECT 1.
+            let load = Load::new_connections(
+                puma.port,
+                "/db",
+                2,
+                Duration::from_millis(500),
+                Duration::from_secs(10),
+            );
+            println!(
+                "instance {i}: agent {me}, puma 127.0.0.1:{}, proxy 127.0.0.1:{} → postgres 127.0.0.1:{}",
+                puma.port, proxy.port, pg.port
+            );
+            instances.push(Instance {
+                poller,
+                load,
+                agent,
+                puma,
+                proxy,
+            });
+        }
+        Self { instances, pg }
+    }
+
+    fn peers_of(&self, i: usize) -> Vec<String> {
+        sorted(
+            self.instances
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .map(|(_, x)| x.agent.addr.to_string()),
+        )
+    }
+
+    /// Every agent's log tail and the Postgres port: what a failed wait prints.
+    fn explain(&self) -> String {
+        let mut out = format!("\npostgres on 127.0.0.1:{}", self.pg.port);
+        for (i, x) in self.instances.iter().enumerate() {
+            out.push_str(&format!(
+                "\n--- instance {i}: agent {} (log tail):\n{}\n--- puma log (tail):\n{}",
+                x.agent.addr,
+                tail(&x.agent.logs(), 30),
+                tail(&x.puma.logs(), 10)
+            ));
+        }
+        out
+    }
+
+    /// What a failed assertion about instance `i` prints: its answers, its load, the logs.
+    fn context(&self, i: usize, samples: &[HealthSample]) -> String {
+        let x = &self.instances[i];
+        format!(
+            "\ninstance {i} (agent {}) /health answers:\n{}load on /db: {}\nlast body: {}{}",
+            x.agent.addr,
+            timeline(samples),
+            x.load.stats(),
+            samples.last().map(|s| pretty(&s.body)).unwrap_or_default(),
+            self.explain()
+        )
+    }
+
+    /// Waits until every agent is 200 `healthy` with the database connected and both peers
+    /// answering, and every app has served `/db`; returns each agent's readiness (first 200).
+    fn wait_ready(&self) -> Vec<Duration> {
+        let deadline = Instant::now() + WAIT;
+        for (i, x) in self.instances.iter().enumerate() {
+            let peers = self.peers_of(i);
+            x.poller.wait_for(
+                Duration::ZERO,
+                deadline.saturating_duration_since(Instant::now()),
+                &format!("instance {i}: 200 healthy, database connected, both peers answering"),
+                |s| {
+                    s.code == 200
+                        && s.status == "healthy"
+                        && s.database == "connected"
+                        && answered(s) == peers
+                },
+                || self.explain(),
+            );
+        }
+        for (i, x) in self.instances.iter().enumerate() {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            let t = Instant::now();
+            while x.load.stats().count(200) < 5 {
+                assert!(
+                    t.elapsed() < remaining.max(Duration::from_secs(5)),
+                    "instance {i}: the app's /db through its proxy never answered 200 five times ({}){}",
+                    x.load.stats(),
+                    self.explain()
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        self.instances
+            .iter()
+            .map(|x| first_200(&x.poller.samples()).expect("a 200 was seen above"))
+            .collect()
+    }
+
+    /// Waits until every agent is 200 `healthy` again (one deadline for all).
+    fn wait_all_healthy(&self, timeout: Duration, what: &str) {
+        let deadline = Instant::now() + timeout;
+        for (i, x) in self.instances.iter().enumerate() {
+            let from = x.poller.elapsed();
+            let back = x.poller.wait_for(
+                from,
+                deadline.saturating_duration_since(Instant::now()),
+                &format!("instance {i}: 200 healthy {what}"),
+                |s| s.code == 200 && s.status == "healthy",
+                || self.explain(),
+            );
+            println!("instance {i} healthy again: {back}");
+        }
+    }
+}
+
+/// One instance's path to the shared database freezes; the others' paths work. Its peers do
+/// not have its dependency fault, so it is this instance's own: 503 (nothing to heal with —
+/// no restart command), the reasons citing the peers. The other two never leave 200.
+#[test]
+fn one_cut_path_is_local_503_the_others_stay_200() {
+    require_root();
+    let trio = Trio::start();
+    let ready = trio.wait_ready();
+    let cut = &trio.instances[0];
+    let peers0 = trio.peers_of(0);
+    let served_before: Vec<u64> = trio
+        .instances
+        .iter()
+        .map(|x| x.load.stats().count(200))
+        .collect();
+
+    cut.proxy.freeze();
+    let frozen = cut.poller.elapsed();
+    let down = cut.poller.wait_for(
+        frozen,
+        Duration::from_secs(30),
+        "503 on the instance whose database path is frozen",
+        |s| s.code == 503,
+        || trio.explain(),
+    );
+    println!("freeze → 503 in {:.1}s ({down})", after(&down, frozen));
+    // A peer may miss one round (1 s timeout); within a few rounds both answer.
+    let evidence = cut.poller.wait_for(
+        down.at,
+        Duration::from_secs(10),
+        "a 503 whose details.fleet lists both peers answering and a `local` judgement",
+        |s| s.code == 503 && lists_all(&answered(s), &peers0) && judged(s, "local").is_some(),
+        || trio.explain(),
+    );
+    println!(
+        "503 with the peers' evidence: reasons {:?}\ndetails.fleet: {}",
+        reasons(&evidence),
+        pretty(fleet(&evidence))
+    );
+    // Still frozen: the gauges say what details.fleet says.
+    std::thread::sleep(Duration::from_secs(3));
+    let metrics = cut.agent.metrics();
+    let fleet_lines: String = metrics
+        .lines()
+        .filter(|l| l.contains("fleet"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let cut_samples = cut.poller.samples();
+    let ctx0 = trio.context(0, &since(&cut_samples, ready[0]));
+
+    assert_eq!(
+        fleet(&evidence)["configured"],
+        true,
+        "details.fleet.configured{ctx0}"
+    );
+    assert!(
+        lists_all(&asked(&evidence), &peers0),
+        "details.fleet.peers_asked {:?} does not list both peers {peers0:?}{ctx0}",
+        asked(&evidence)
+    );
+    let local = judged(&evidence, "local").expect("waited for above");
+    assert!(
+        ["dependency", "web"].contains(&local["class"].as_str().unwrap_or("")),
+        "a frozen database path is a dependency (or web) fault, judged: {local}{ctx0}"
+    );
+    assert_eq!(
+        (
+            local["peers_with"].as_u64(),
+            local["peers_answered"].as_u64()
+        ),
+        (Some(0), Some(2)),
+        "the local judgement counts 0 of 2 answering peers with the fault: {local}{ctx0}"
+    );
+    assert!(
+        reasons(&evidence).iter().any(|r| r.contains("peer")),
+        "the 503's reasons do not mention the peers' evidence: {:?}{ctx0}",
+        reasons(&evidence)
+    );
+    // Every 503 rests on the peers' evidence: none without a local judgement.
+    if let Some(s) = cut_samples
+        .iter()
+        .find(|s| s.code == 503 && s.at >= frozen && judged(s, "local").is_none())
+    {
+        panic!(
+            "a 503 without a `local` judgement: {s}\ndetails.fleet: {}{ctx0}",
+            pretty(fleet(s))
+        );
+    }
+    assert_eq!(
+        (
+            gauge(&metrics, "health_agent_fleet_peers_asked"),
+            gauge(&metrics, "health_agent_fleet_peers_answered")
+        ),
+        (Some(2.0), Some(2.0)),
+        "/metrics fleet gauges (asked, answered); its fleet lines:\n{fleet_lines}{ctx0}"
+    );
+    for (i, x) in trio.instances.iter().enumerate().skip(1) {
+        let served = x.load.stats().count(200);
+        assert!(
+            served > served_before[i],
+            "instance {i}'s app stopped serving /db while only instance 0's path was frozen ({}){}",
+            x.load.stats(),
+            trio.context(i, &x.poller.samples())
+        );
+    }
+
+    cut.proxy.thaw();
+    trio.wait_all_healthy(Duration::from_secs(45), "within 45 s of the thaw");
+
+    let mut all = Vec::new();
+    for (i, x) in trio.instances.iter().enumerate() {
+        let samples = since(&x.poller.samples(), ready[i]);
+        println!("instance {i}:\n{}", timeline(&samples));
+        all.push(samples);
+    }
+    for (i, samples) in all.iter().enumerate() {
+        let ctx = trio.context(i, samples);
+        assert_answered(samples, &ctx);
+        if i == 0 {
+            if let Some(s) = samples.iter().find(|s| s.at < frozen && s.code != 200) {
+                panic!("instance 0 was not 200 before the freeze: {s}{ctx}");
+            }
+        } else if let Some(s) = samples.iter().find(|s| s.code != 200) {
+            panic!(
+                "instance {i} (its path intact) left 200: {s}\ndetails.fleet: {}{ctx}",
+                pretty(fleet(s))
+            );
+        }
+    }
+}
+
+/// Every instance's path to the database freezes at once: each has the dependency fault, and
+/// so do its peers. Shared: 200 `infrastructure_issue` everywhere, never a 503 — taking the
+/// whole fleet out would not bring the database back.
+#[test]
+fn every_path_cut_is_shared_never_503() {
+    require_root();
+    let trio = Trio::start();
+    let ready = trio.wait_ready();
+
+    for x in &trio.instances {
+        x.proxy.freeze();
+    }
+    let frozen: Vec<Duration> = trio.instances.iter().map(|x| x.poller.elapsed()).collect();
+    std::thread::sleep(Duration::from_secs(3));
+    let served_early: Vec<u64> = trio
+        .instances
+        .iter()
+        .map(|x| x.load.stats().count(200))
+        .collect();
+    std::thread::sleep(Duration::from_secs(27));
+    let during: Vec<Vec<HealthSample>> = trio
+        .instances
+        .iter()
+        .enumerate()
+        .map(|(i, x)| since(&x.poller.samples(), ready[i]))
+        .collect();
+    for (i, x) in trio.instances.iter().enumerate() {
+        println!(
+            "instance {i} while every path is frozen:\n{}",
+            timeline(&during[i])
+        );
+        let ctx = trio.context(i, &during[i]);
+        assert_eq!(
+            x.load.stats().count(200),
+            served_early[i],
+            "instance {i}'s /db answered 200 through a frozen proxy (harness problem){ctx}"
+        );
+        if let Some(s) = during[i].iter().find(|s| s.code == 503) {
+            panic!(
+                "instance {i}: 503 while every instance's database path is frozen: {s}\nreasons: {:?}\ndetails.fleet: {}{ctx}",
+                reasons(s),
+                pretty(fleet(s))
+            );
+        }
+        let infra = during[i]
+            .iter()
+            .find(|s| s.at >= frozen[i] && s.recommendation == "infrastructure_issue")
+            .unwrap_or_else(|| {
+                panic!("instance {i}: never infrastructure_issue while frozen{ctx}")
+            });
+        println!(
+            "instance {i}: freeze → infrastructure_issue in {:.1}s ({infra})",
+            after(infra, frozen[i])
+        );
+        assert!(
+            after(infra, frozen[i]) <= 20.0,
+            "instance {i}: infrastructure_issue only {:.1}s after the freeze (≤ 20 s expected){ctx}",
+            after(infra, frozen[i])
+        );
+    }
+    let shared = during
+        .iter()
+        .enumerate()
+        .find_map(|(i, samples)| {
+            samples
+                .iter()
+                .find_map(|s| judged(s, "shared").map(|j| (i, s.clone(), j)))
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "no agent ever judged its fault `shared` while every path was frozen{}",
+                trio.context(0, &during[0])
+            )
+        });
+    println!(
+        "instance {} judged shared: {}\ndetails.fleet: {}",
+        shared.0,
+        shared.1,
+        pretty(fleet(&shared.1))
+    );
+    assert!(
+        shared.2["peers_with"].as_u64().is_some_and(|n| n >= 1),
+        "a `shared` judgement counts no peer with the fault: {}{}",
+        shared.2,
+        trio.context(shared.0, &during[shared.0])
+    );
+
+    for x in &trio.instances {
+        x.proxy.thaw();
+    }
+    trio.wait_all_healthy(Duration::from_secs(45), "within 45 s of the thaw");
+    for (i, x) in trio.instances.iter().enumerate() {
+        let samples = since(&x.poller.samples(), ready[i]);
+        println!("instance {i}, the whole run:\n{}", timeline(&samples));
+        let ctx = trio.context(i, &samples);
+        assert_answered(&samples, &ctx);
+        if let Some(s) = samples.iter().find(|s| s.code != 200) {
+            panic!(
+                "instance {i}: {} at some point after it was ready: {s}{ctx}",
+                s.code
+            );
+        }
+    }
+}
+
+/// Peers that cannot help: a closed port, one that answers only after 10 s, one that answers
+/// 200 with garbage. None of them counts as answering, the single-instance rule holds, and
+/// `/health` neither waits for them nor changes: 200 `healthy`, every answer fast.
+#[test]
+fn bad_peers_are_ignored_and_health_is_unaffected() {
+    require_root();
+    let puma = Puma::start(PumaOptions {
+        threads: 2,
+        ..Default::default()
+    });
+    let closed = addr(loopback(5), free_port_on(loopback(5)));
+    let slow = StubServer::start(loopback(6), Duration::from_secs(10), |_| {
+        (
+            200,
+            json!({"version": 1, "instance": "slow-peer", "web": "up", "database": "connected",
+                   "containers": "ok", "dependencies": [], "unreachable": []})
+            .to_string(),
+        )
+    });
+    let n = AtomicUsize::new(0);
+    let garbage = StubServer::start(loopback(7), Duration::ZERO, move |_| {
+        // Not JSON at all, or cut off in the middle, by turns.
+        if n.fetch_add(1, Ordering::Relaxed).is_multiple_of(2) {
+            (200, "<html><body>It works!</body></html>".into())
+        } else {
+            (200, "{\"version\":1,\"instance\":\"x\",\"web\":".into())
+        }
+    });
+    let peers = vec![
+        closed.to_string(),
+        slow.addr.to_string(),
+        garbage.addr.to_string(),
+    ];
+    let me = addr(loopback(2), free_port_on(loopback(2)));
+    let agent = AddrAgent::start(me, &config(puma.port, &fleet_peers(&peers)), &[]);
+    let poller = AddrPoller::start(me);
+    let explain = || {
+        format!(
+            "\nslow peer got {} requests, garbage peer {}\nagent log (tail):\n{}",
+            slow.requests().len(),
+            garbage.requests().len(),
+            tail(&agent.logs(), 40)
+        )
+    };
+    poller.wait_for(
+        Duration::ZERO,
+        WAIT,
+        "200 healthy",
+        |s| s.code == 200 && s.status == "healthy",
+        explain,
+    );
+    let t = Instant::now();
+    while slow.requests().is_empty() || garbage.requests().is_empty() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the agent did not ask the slow and the garbage peer within 10 s{}",
+            explain()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Past the first round's 1 s timeout.
+    std::thread::sleep(Duration::from_secs(2));
+    let from = poller.elapsed();
+    std::thread::sleep(Duration::from_secs(10));
+    let timed: Vec<Timed> = poller
+        .stop_timed()
+        .into_iter()
+        .filter(|t| t.sample.at >= from)
+        .collect();
+    let samples: Vec<HealthSample> = timed.iter().map(|t| t.sample.clone()).collect();
+    let slowest = timed.iter().map(|t| t.took).max().unwrap_or_default();
+    println!(
+        "bad peers: {} answers over 10 s, slowest {} ms; slow peer asked {}×, garbage peer {}×\n{}",
+        samples.len(),
+        slowest.as_millis(),
+        slow.requests().len(),
+        garbage.requests().len(),
+        timeline(&samples)
+    );
+    let ctx = format!(
+        "\nanswers:\n{}last body: {}{}",
+        timeline(&samples),
+        samples.last().map(|s| pretty(&s.body)).unwrap_or_default(),
+        explain()
+    );
+    assert!(samples.len() >= 40, "too few /health answers in 10 s{ctx}");
+    assert_answered(&samples, &ctx);
+    for t in &timed {
+        let s = &t.sample;
+        assert!(
+            s.code == 200 && s.status == "healthy",
+            "not 200 healthy next to bad peers: {s}{ctx}"
+        );
+        assert!(
+            t.took < Duration::from_millis(100),
+            "/health took {} ms (a peer's slowness leaked into the request path): {s}{ctx}",
+            t.took.as_millis()
+        );
+        let f = fleet(s);
+        assert_eq!(f["configured"], true, "details.fleet.configured: {f}{ctx}");
+        assert!(
+            answered(s).is_empty(),
+            "a peer that refuses, stalls or talks garbage counted as answering: {f}{ctx}"
+        );
+        assert!(
+            lists_all(&asked(s), &peers),
+            "details.fleet.peers_asked does not list all three peers {peers:?}: {f}{ctx}"
+        );
+        let note = f["note"].as_str().unwrap_or("").to_lowercase();
+        assert!(
+            note.contains("single-instance") || note.contains("single instance"),
+            "details.fleet.note does not say the single-instance rule applies: {f}{ctx}"
+        );
+        assert!(
+            judgements(s).is_empty(),
+            "judgements for a healthy instance: {f}{ctx}"
+        );
+    }
+}
+
+/// `fleet.token_env`: the peer endpoint answers only with `Authorization: Bearer <token>`, the
+/// agent sends it to its peers (two agents with the same token see each other), and the token
+/// shows up nowhere: not in /health, /metrics, the view, or the log.
+#[test]
+fn the_peer_view_needs_the_token() {
+    require_root();
+    let token = format!("s3cret-{}-fleet-token", std::process::id());
+    let env = [("HA_FLEET_TOKEN", token.as_str())];
+    let (fa, fb) = (Fixture::start("normal"), Fixture::start("normal"));
+    let (a_addr, b_addr) = (
+        addr(loopback(2), free_port_on(loopback(2))),
+        addr(loopback(3), free_port_on(loopback(3))),
+    );
+    let with_token = |peer: SocketAddr| {
+        format!(
+            "{}token_env = \"HA_FLEET_TOKEN\"\n",
+            fleet_peers(&[peer.to_string()])
+        )
+    };
+    let a = AddrAgent::start(a_addr, &config(fa.port, &with_token(b_addr)), &env);
+    let b = AddrAgent::start(b_addr, &config(fb.port, &with_token(a_addr)), &env);
+    let explain = || {
+        format!(
+            "\nagent A log (tail):\n{}\nagent B log (tail):\n{}",
+            tail(&a.logs(), 30),
+            tail(&b.logs(), 30)
+        )
+    };
+
+    let no_auth = a.view(None).expect("GET /fleet/v1/view");
+    let wrong = a
+        .view(Some("Bearer s3cret-wrong"))
+        .expect("GET /fleet/v1/view");
+    let not_bearer = a.view(Some(&token)).expect("GET /fleet/v1/view");
+    let right = a
+        .view(Some(&format!("Bearer {token}")))
+        .expect("GET /fleet/v1/view");
+    assert_eq!(no_auth.0, 401, "no Authorization: {no_auth:?}{}", explain());
+    assert_eq!(wrong.0, 401, "a wrong token: {wrong:?}{}", explain());
+    assert_eq!(
+        not_bearer.0,
+        401,
+        "the token without `Bearer `: {not_bearer:?}{}",
+        explain()
+    );
+    assert_eq!(right.0, 200, "the right token: {right:?}{}", explain());
+    let view: Value = serde_json::from_str(&right.1)
+        .unwrap_or_else(|e| panic!("the view is not JSON ({e}): {}", right.1));
+    assert_eq!(view["version"], 1, "view: {view}");
+    assert!(
+        view["instance"].as_str().is_some_and(|s| !s.is_empty()),
+        "view.instance: {view}"
+    );
+
+    // Each sends the token when asking the other, or the other would answer 401.
+    let poll = AddrPoller::start(a_addr);
+    let seen = poll.wait_for(
+        Duration::ZERO,
+        WAIT,
+        "agent A's details.fleet.peers_answered to list agent B (token sent)",
+        |s| answered(s) == [b_addr.to_string()],
+        explain,
+    );
+    println!("A sees B: {}", pretty(fleet(&seen)));
+    let samples = poll.stop();
+    let (_, b_health) = b.health();
+    let b_saw_a = answered_in(&b_health);
+
+    let mut texts = vec![
+        ("A's view", right.1.clone()),
+        ("the 401 to no Authorization", no_auth.1),
+        ("the 401 to a wrong token", wrong.1),
+        ("B's /health", b_health.to_string()),
+        ("A's /metrics", a.metrics()),
+        ("B's /metrics", b.metrics()),
+        ("A's log", a.logs()),
+        ("B's log", b.logs()),
+    ];
+    texts.extend(samples.iter().map(|s| {
+        (
+            "A's /health",
+            serde_json::to_string(&s.body).unwrap_or_default(),
+        )
+    }));
+    for (what, text) in &texts {
+        assert!(
+            !text.contains(&token),
+            "the fleet token appears in {what}:\n{text}"
+        );
+    }
+    assert_eq!(
+        b_saw_a,
+        [a_addr.to_string()],
+        "agent B's details.fleet.peers_answered does not list agent A: {}{}",
+        pretty(&b_health["details"]["fleet"]),
+        explain()
+    );
+}
+
+/// `fleet.peers_dns`: a name with two A records (two /etc/hosts lines) is two peers, asked at
+/// the port given — or, without one, at the agent's own listen port.
+#[test]
+fn peers_dns_works_like_peers() {
+    require_root();
+    let name = format!("ha-fleet-{}.test", std::process::id());
+    let (ip3, ip4, ip5) = (loopback(3), loopback(4), loopback(5));
+    let port = free_port_on_all(&[ip3, ip4, ip5]);
+    let _hosts = HostsLines::add(&[(ip3, name.as_str()), (ip4, name.as_str())]);
+    let resolved = resolve(&name);
+    assert_eq!(
+        resolved,
+        [ip3, ip4],
+        "harness: {name} does not resolve to both /etc/hosts lines"
+    );
+    let (p3, p4) = (addr(ip3, port), addr(ip4, port));
+    let want = sorted([p3.to_string(), p4.to_string()]);
+
+    let fixtures: Vec<Fixture> = (0..4).map(|_| Fixture::start("normal")).collect();
+    // The two peers know each other by address.
+    let _b = AddrAgent::start(
+        p3,
+        &config(fixtures[0].port, &fleet_peers(&[p4.to_string()])),
+        &[],
+    );
+    let _d = AddrAgent::start(
+        p4,
+        &config(fixtures[1].port, &fleet_peers(&[p3.to_string()])),
+        &[],
+    );
+    let dns = |peers_dns: &str| {
+        format!("[fleet]\npeers_dns = {peers_dns:?}\ninterval = \"1s\"\ntimeout = \"1s\"\n")
+    };
+    // A: the port in the name; C: on the peers' port, the port left out.
+    let a_addr = addr(loopback(2), free_port_on(loopback(2)));
+    let a = AddrAgent::start(
+        a_addr,
+        &config(fixtures[2].port, &dns(&format!("{name}:{port}"))),
+        &[],
+    );
+    let c_addr = addr(ip5, port);
+    let c = AddrAgent::start(c_addr, &config(fixtures[3].port, &dns(&name)), &[]);
+
+    for (label, agent) in [
+        ("A (peers_dns = name:port)", &a),
+        ("C (peers_dns = name, its own port)", &c),
+    ] {
+        let poller = AddrPoller::start(agent.addr);
+        let seen = poller.wait_for(
+            Duration::ZERO,
+            WAIT,
+            &format!("{label}: peers_asked and peers_answered to list {want:?}"),
+            |s| lists_all(&asked(s), &want) && lists_all(&answered(s), &want),
+            || format!("\nagent log (tail):\n{}", tail(&agent.logs(), 40)),
+        );
+        println!("{label}: {}", pretty(fleet(&seen)));
+        assert_eq!(fleet(&seen)["configured"], true, "{label}: {seen}");
+        assert_eq!(
+            seen.code,
+            200,
+            "{label}: healthy peers, yet {seen}: {}",
+            pretty(&seen.body)
+        );
+    }
+}
+
+/// The body Consul's catalog answers `GET /v1/catalog/service/web` with ("list nodes for
+/// service", developer.hashicorp.com/consul/api-docs/catalog): one object per instance. The
+/// peer is `ServiceAddress:ServicePort`, or `Address:ServicePort` when `ServiceAddress` is
+/// empty. n2's node address 10.9.9.9 must never be used (its ServiceAddress wins).
+fn catalog_body(port: u16) -> String {
+    json!([
+        {
+            "ID": "40e4a748-2192-161a-0510-9bf59fe950b5",
+            "Node": "n1",
+            "Address": "127.0.0.3",
+            "Datacenter": "dc1",
+            "TaggedAddresses": {"lan": "127.0.0.3", "wan": "127.0.0.3"},
+            "NodeMeta": {},
+            "CreateIndex": 10,
+            "ModifyIndex": 12,
+            "ServiceAddress": "",
+            "ServiceEnableTagOverride": false,
+            "ServiceID": "web-1",
+            "ServiceName": "web",
+            "ServicePort": port,
+            "ServiceMeta": {},
+            "ServiceTags": ["fleet"],
+            "Namespace": "default"
+        },
+        {
+            "ID": "b3a1c2d4-0000-4d3e-9f00-2c1d4e5f6a7b",
+            "Node": "n2",
+            "Address": "10.9.9.9",
+            "Datacenter": "dc1",
+            "TaggedAddresses": {"lan": "10.9.9.9", "wan": "10.9.9.9"},
+            "NodeMeta": {},
+            "CreateIndex": 11,
+            "ModifyIndex": 13,
+            "ServiceAddress": "127.0.0.4",
+            "ServiceEnableTagOverride": false,
+            "ServiceID": "web-2",
+            "ServiceName": "web",
+            "ServicePort": port,
+            "ServiceMeta": {},
+            "ServiceTags": ["fleet"],
+            "Namespace": "default"
+        }
+    ])
+    .to_string()
+}
+
+/// The stand-in for Consul's HTTP API on 127.0.0.1: the documented response shape of the
+/// catalog endpoint, not a real Consul agent (Consul cannot be installed here).
+fn fake_consul(port: u16) -> StubServer {
+    let body = catalog_body(port);
+    StubServer::start(loopback(1), Duration::ZERO, move |r| {
+        if r.method == "GET" && r.route() == "/v1/catalog/service/web" {
+            (200, body.clone())
+        } else {
+            (404, "[]".into())
+        }
+    })
+}
+
+/// `fleet.consul_addr` + `consul_service`: the catalog's instances are the peers.
+#[test]
+fn consul_catalog_peers() {
+    require_root();
+    let (ip3, ip4) = (loopback(3), loopback(4));
+    let port = free_port_on_all(&[ip3, ip4]);
+    let (p3, p4) = (addr(ip3, port), addr(ip4, port));
+    let want = sorted([p3.to_string(), p4.to_string()]);
+    let consul = fake_consul(port);
+
+    let fixtures: Vec<Fixture> = (0..3).map(|_| Fixture::start("normal")).collect();
+    let _b = AddrAgent::start(
+        p3,
+        &config(fixtures[0].port, &fleet_peers(&[p4.to_string()])),
+        &[],
+    );
+    let _d = AddrAgent::start(
+        p4,
+        &config(fixtures[1].port, &fleet_peers(&[p3.to_string()])),
+        &[],
+    );
+    let a_addr = addr(loopback(2), free_port_on(loopback(2)));
+    let a = AddrAgent::start(
+        a_addr,
+        &config(
+            fixtures[2].port,
+            &format!(
+                "[fleet]\nconsul_addr = {:?}\nconsul_service = \"web\"\ninterval = \"1s\"\ntimeout = \"1s\"\n",
+                consul.url()
+            ),
+        ),
+        &[],
+    );
+    let poller = AddrPoller::start(a_addr);
+    let explain = || {
+        format!(
+            "\ncatalog requests: {:?}\nagent log (tail):\n{}",
+            consul
+                .requests()
+                .iter()
+                .map(|r| format!("{} {}", r.method, r.path))
+                .collect::<Vec<_>>(),
+            tail(&a.logs(), 40)
+        )
+    };
+    let seen = poller.wait_for(
+        Duration::ZERO,
+        WAIT,
+        &format!("peers_asked and peers_answered to list the catalog's {want:?}"),
+        |s| lists_all(&asked(s), &want) && lists_all(&answered(s), &want),
+        explain,
+    );
+    println!("from the catalog: {}", pretty(fleet(&seen)));
+    // A few more rounds.
+    std::thread::sleep(Duration::from_secs(3));
+    let samples = poller.stop();
+    let ctx = format!("\nanswers:\n{}{}", timeline(&samples), explain());
+    assert_eq!(fleet(&seen)["configured"], true, "{seen}{ctx}");
+    if let Some(s) = samples
+        .iter()
+        .find(|s| asked(s).iter().any(|p| p.starts_with("10.9.9.9")))
+    {
+        panic!(
+            "the node address was asked although ServiceAddress is set: {}{ctx}",
+            pretty(fleet(s))
+        );
+    }
+    let catalog_gets = consul
+        .requests()
+        .iter()
+        .filter(|r| r.method == "GET" && r.route() == "/v1/catalog/service/web")
+        .count();
+    assert!(
+        catalog_gets >= 1,
+        "the agent never asked GET /v1/catalog/service/web{ctx}"
+    );
+}
+
+/// The addresses of `name` through the system resolver (what `fleet.peers_dns` uses), sorted.
+fn resolve(name: &str) -> Vec<IpAddr> {
+    let mut ips: Vec<IpAddr> = (name, 80)
+        .to_socket_addrs()
+        .map(|it| it.map(|a| a.ip()).collect())
+        .unwrap_or_default();
+    ips.sort();
+    ips.dedup();
+    ips
+}
+
+/// The harness without the agent: one port bindable on 127.0.0.2–4 at once, /etc/hosts lines
+/// that resolve and go away (the file byte for byte as before, after a panic too), the fake
+/// Consul catalog's shape, and stub peers that stall or talk garbage. When a fleet test fails,
+/// this one passing says the agent, not the setup, is at fault.
+#[test]
+fn harness_loopback_addresses_hosts_lines_and_stub_servers() {
+    require_root();
+    let ips = [loopback(2), loopback(3), loopback(4)];
+    let port = free_port_on_all(&ips);
+    let listeners: Vec<TcpListener> = ips
+        .iter()
+        .map(|ip| {
+            TcpListener::bind((*ip, port)).unwrap_or_else(|e| panic!("binding {ip}:{port}: {e}"))
+        })
+        .collect();
+    for l in &listeners {
+        let a = l.local_addr().expect("local addr");
+        TcpStream::connect_timeout(&a, Duration::from_secs(2))
+            .unwrap_or_else(|e| panic!("connecting to {a}: {e}"));
+        l.accept()
+            .unwrap_or_else(|e| panic!("accepting on {a}: {e}"));
+    }
+    drop(listeners);
+
+    let before = std::fs::read("/etc/hosts").expect("reading /etc/hosts");
+    let name = format!("ha-fleet-harness-{}.test", std::process::id());
+    {
+        let hosts = HostsLines::add(&[(loopback(3), name.as_str()), (loopback(4), name.as_str())]);
+        assert_eq!(hosts.original(), before.as_slice());
+        assert_eq!(
+            resolve(&name),
+            [loopback(3), loopback(4)],
+            "{name} through the system resolver; /etc/hosts:\n{}",
+            std::fs::read_to_string("/etc/hosts").unwrap_or_default()
+        );
+    }
+    assert_eq!(
+        std::fs::read("/etc/hosts").expect("reading /etc/hosts"),
+        before,
+        "/etc/hosts not restored byte for byte"
+    );
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _hosts = HostsLines::add(&[(loopback(3), name.as_str())]);
+        panic!("a test failing while its /etc/hosts lines are in (on purpose)");
+    }));
+    assert!(panicked.is_err());
+    assert_eq!(
+        std::fs::read("/etc/hosts").expect("reading /etc/hosts"),
+        before,
+        "/etc/hosts not restored after a panic"
+    );
+
+    let consul = fake_consul(port);
+    let (code, head, body) = request_at(
+        consul.addr,
+        "GET",
+        "/v1/catalog/service/web",
+        &[],
+        Duration::from_secs(5),
+    )
+    .expect("GET the catalog");
+    assert_eq!(code, 200, "{head}\n{body}");
+    let entries: Vec<Value> = serde_json::from_str(&body).expect("the catalog answers JSON");
+    let peers: Vec<String> = entries
+        .iter()
+        .map(|e| {
+            let service = e["ServiceAddress"].as_str().unwrap_or("");
+            let host = if service.is_empty() {
+                e["Address"].as_str().unwrap_or("")
+            } else {
+                service
+            };
+            format!("{host}:{}", e["ServicePort"])
+        })
+        .collect();
+    assert_eq!(
+        peers,
+        [format!("127.0.0.3:{port}"), format!("127.0.0.4:{port}")]
+    );
+    let (code, _, _) = request_at(
+        consul.addr,
+        "GET",
+        "/v1/catalog/service/other",
+        &[],
+        Duration::from_secs(5),
+    )
+    .expect("GET another service");
+    assert_eq!(code, 404);
+    assert_eq!(consul.requests().len(), 2);
+
+    let slow = StubServer::start(loopback(6), Duration::from_secs(2), |_| (200, "{}".into()));
+    let t = Instant::now();
+    let cut_short = request_at(
+        slow.addr,
+        "GET",
+        "/fleet/v1/view",
+        &[],
+        Duration::from_millis(500),
+    );
+    assert!(
+        cut_short.as_ref().is_err_and(|e| matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        )),
+        "the slow stub answered within 500 ms: {cut_short:?}"
+    );
+    let waited = request_at(
+        slow.addr,
+        "GET",
+        "/fleet/v1/view",
+        &[],
+        Duration::from_secs(5),
+    );
+    assert!(
+        waited.as_ref().is_ok_and(|(c, _, _)| *c == 200) && t.elapsed() >= Duration::from_secs(2),
+        "the slow stub: {waited:?} after {:?}",
+        t.elapsed()
+    );
+    assert_eq!(
+        slow.requests()[0].header("Host"),
+        Some(slow.addr.to_string().as_str())
+    );
+}
