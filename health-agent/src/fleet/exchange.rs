@@ -71,6 +71,7 @@ impl Exchange {
         }
         round.asked.sort();
         round.answered.sort_by(|a, b| a.0.cmp(&b.0));
+        round.took = started.elapsed();
         round
     }
 

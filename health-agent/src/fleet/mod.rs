@@ -128,6 +128,8 @@ pub fn classes_of(web: WebVerdict, db: DbState, containers: ContainersState) -> 
 #[derive(Debug, Clone, Default)]
 pub struct Round {
     pub started: Option<Instant>,
+    /// How long the round took: listing the peers and asking them, all at once.
+    pub took: Duration,
     pub asked: Vec<String>,
     /// The peers that answered with a valid view (this agent itself left out).
     pub answered: Vec<(String, PeerView)>,
@@ -145,6 +147,9 @@ pub struct FleetReport {
     pub peers_answered: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub round_age_ms: Option<u64>,
+    /// How long the latest round took.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub round_ms: Option<f64>,
     /// Only the classes this instance has now.
     pub judgements: Vec<Judgement>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -204,6 +209,7 @@ impl Judge {
             .map(|(a, why)| format!("{a}: {why}"))
             .collect();
         report.round_age_ms = Some(now.saturating_duration_since(started).as_millis() as u64);
+        report.round_ms = Some((round.took.as_secs_f64() * 10_000.0).round() / 10.0);
         if now.saturating_duration_since(started) > self.max_age {
             report.note = Some("the latest round is too old: judged alone".into());
             return report;
