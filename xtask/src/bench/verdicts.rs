@@ -361,6 +361,51 @@ fn describe_503s(samples: &[HealthSample], from: Duration) -> String {
     out
 }
 
+/// The run as stretches of one verdict, each with the `details.web.detail` and the reasons of
+/// its first answer: why the agent said what it said.
+fn stretches(samples: &[HealthSample]) -> String {
+    let key = |s: &HealthSample| {
+        (
+            s.code,
+            s.status.clone(),
+            s.webserver.clone(),
+            s.database.clone(),
+            s.recommendation.clone(),
+        )
+    };
+    let mut out = String::new();
+    let mut last = None;
+    for s in samples {
+        if last.as_ref() != Some(&key(s)) {
+            let _ = writeln!(
+                out,
+                "  t={:6.1}s  {} {} webserver={}: {}\n             reasons: {}",
+                s.at.as_secs_f64(),
+                s.code,
+                s.status,
+                s.webserver,
+                s.web()["detail"].as_str().unwrap_or("-"),
+                s.body["reasons"]
+            );
+            last = Some(key(s));
+        }
+    }
+    out
+}
+
+fn healthy(s: &HealthSample) -> bool {
+    s.code == 200 && s.status == "healthy"
+}
+
+/// When the answers after `from` turned `healthy` for the rest of the run: the first of the
+/// unbroken healthy ones at its end. None when the last answer is not healthy.
+fn settled(samples: &[HealthSample], from: Duration) -> Option<Duration> {
+    let after: Vec<&HealthSample> = samples.iter().filter(|s| s.at >= from).collect();
+    let unhealthy_tail = after.iter().rposition(|s| !healthy(s));
+    let first = unhealthy_tail.map_or(0, |i| i + 1);
+    after.get(first).map(|s| s.at)
+}
+
 fn merge(total: &mut LoadStats, s: LoadStats) {
     for (code, n) in s.by_status {
         *total.by_status.entry(code).or_default() += n;
@@ -379,6 +424,16 @@ fn merge(total: &mut LoadStats, s: LoadStats) {
 
 /// "120×200, 0 timeouts, 0 errors, slowest 11.9 s" — what the clients got.
 fn answers(s: &LoadStats) -> String {
+    let slowest = if s.max_latency < Duration::from_secs(1) {
+        format!("{} ms", s.max_latency.as_millis())
+    } else {
+        format!("{:.1} s", s.max_latency.as_secs_f64())
+    };
+    format!("{}, slowest {slowest}", counts(s))
+}
+
+/// "120×200, 0 timeouts, 0 errors".
+fn counts(s: &LoadStats) -> String {
     let mut out = String::new();
     for (code, n) in &s.by_status {
         let _ = write!(out, "{n}×{code}, ");
@@ -386,20 +441,12 @@ fn answers(s: &LoadStats) -> String {
     if s.by_status.is_empty() {
         out.push_str("no answers, ");
     }
-    let slowest = if s.max_latency < Duration::from_secs(1) {
-        format!("{} ms", s.max_latency.as_millis())
-    } else {
-        format!("{:.1} s", s.max_latency.as_secs_f64())
-    };
-    let _ = write!(
-        out,
-        "{} timeouts, {} errors, slowest {slowest}",
-        s.timeouts, s.errors
-    );
+    let _ = write!(out, "{} timeouts, {} errors", s.timeouts, s.errors);
     out
 }
 
-/// The difference of two snapshots of one load: what it got between them.
+/// The difference of two snapshots of one load: what it got between them (counts only: the
+/// slowest answer is not known per stretch).
 fn between(earlier: &LoadStats, later: &LoadStats) -> LoadStats {
     let mut d = later.clone();
     for (code, n) in &earlier.by_status {
@@ -462,14 +509,15 @@ fn busy_pool(agent_bin: &Path, dir: &Path, quick: bool) -> Result<String> {
         )?
         .at;
 
-    // Each request waits for one of 2 threads behind up to 7 others (and the probe): ~12 s.
+    // Each request waits for one of 2 threads behind up to 7 others and the probes, ~12 s on
+    // average; new connections longest (Puma serves keep-alive ones first), up to a minute.
     let timeout = Duration::from_secs(60);
     let load_from = poller.elapsed();
     let started = Instant::now();
     let (mut fresh, mut kept) = (LoadStats::default(), LoadStats::default());
     let mut max_queue = 0;
     while started.elapsed() < soak {
-        let segment_end = Instant::now() + LOAD_SEGMENT.min(soak - started.elapsed());
+        let segment_end = Instant::now() + LOAD_SEGMENT.min(soak.saturating_sub(started.elapsed()));
         let new_conns = Load::new_connections(puma.port, "/slow", 4, Duration::ZERO, timeout);
         let keep_alive = Load::keep_alive(puma.port, "/slow", 4, timeout);
         while Instant::now() < segment_end {
@@ -499,7 +547,7 @@ fn busy_pool(agent_bin: &Path, dir: &Path, quick: bool) -> Result<String> {
         answers(&fresh),
         answers(&kept)
     );
-    print!("{}", timeline(&samples));
+    print!("{}{}", timeline(&samples), stretches(&samples));
     if n503 > 0 {
         println!(
             "bench: busy pool: 503 answers:\n{}agent log (tail):\n{}",
@@ -516,7 +564,7 @@ fn busy_pool(agent_bin: &Path, dir: &Path, quick: bool) -> Result<String> {
     let mut md = String::from("\n### 6a. A busy pool is `slow`, not hung\n\n");
     let _ = writeln!(
         md,
-        "Puma with 2 threads; `GET /slow` sleeps 3 s. 4 clients open a new connection per request and 4 keep one keep-alive connection each, all looping on `/slow` back to back (60 s client timeout) for {} s. Every thread is always busy, Puma stops accepting, connections (the agent's probe among them) wait seconds in the accept queue — and answers keep going out. A new instance would be just as busy.\n",
+        "Puma with 2 threads; `GET /slow` sleeps 3 s. 4 clients open a new connection per request and 4 keep one keep-alive connection each, all looping on `/slow` back to back (60 s client timeout) for {} s. Every thread is always busy, Puma stops accepting, connections (the agent's probe among them) wait seconds in the accept queue — and answers keep going out. A new instance would be just as busy. (Puma serves up to 10 requests of a keep-alive connection in a row before it lets a waiting new connection in, so the new-connection clients get few answers and may time out.)\n",
         soak.as_secs()
     );
     md.push_str("| measure | value | target |\n|---|---|---|\n");
@@ -554,8 +602,10 @@ fn database_outage(agent_bin: &Path, proxy_bin: &Path, dir: &Path, quick: bool) 
     let healthy_for = Duration::from_secs(20);
     let frozen_for = Duration::from_secs(if quick { 20 } else { 60 });
     let after_thaw = Duration::from_secs(20);
-    // The run goes on past `after_thaw` until healthy, at most this long after the thaw.
-    let thaw_limit = Duration::from_secs(45);
+    // The run goes on past `after_thaw` until every answer has been `healthy` for
+    // `settled_for`, at most `thaw_limit` after the thaw.
+    let settled_for = Duration::from_secs(5);
+    let thaw_limit = Duration::from_secs(60);
 
     let pg = harness("starting a private PostgreSQL", Postgres::start)?;
     let proxy = FreezableProxy::start(proxy_bin, pg.port)?;
@@ -632,14 +682,15 @@ fn database_outage(agent_bin: &Path, proxy_bin: &Path, dir: &Path, quick: bool) 
     proxy.signal(libc::SIGCONT);
     let thawed = poller.elapsed();
     let stats_thawed = load.stats();
-    let thaw_started = Instant::now();
     thread::sleep(after_thaw);
-    // Not healthy by then is a result (reported below), not a harness error.
-    let _ = poller.wait_for(
-        thaw_limit.saturating_sub(thaw_started.elapsed()),
-        "healthy after the thaw",
-        |s| s.code == 200 && s.status == "healthy",
-    );
+    // Not settled by then is a result (reported below), not a harness error.
+    while poller.elapsed() < thawed + thaw_limit {
+        let samples = poller.samples();
+        if settled(&samples, thawed).is_some_and(|at| poller.elapsed() >= at + settled_for) {
+            break;
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
     let stats_end = load.stop();
     let samples = poller.stop();
     let attempts = heal_attempts(&samples);
@@ -672,11 +723,19 @@ fn database_outage(agent_bin: &Path, proxy_bin: &Path, dir: &Path, quick: bool) 
         }
     }
     let healthy_again = phase(thawed, None)
-        .find(|s| s.code == 200 && s.status == "healthy")
+        .find(|s| healthy(s))
         .map(|s| secs_after(s, thawed));
+    let settled_at = settled(&samples, thawed).map(|at| at.saturating_sub(thawed).as_secs_f64());
+    let changes = phase(thawed, None)
+        .collect::<Vec<_>>()
+        .windows(2)
+        .filter(|w| {
+            (w[0].code, &w[0].status, &w[0].webserver) != (w[1].code, &w[1].status, &w[1].webserver)
+        })
+        .count();
 
     println!(
-        "bench: database outage: before {}; frozen {}; after the thaw {}; 503s {n503}; restarts {restarted} (heal attempts {attempts}); freeze → infrastructure_issue {infra:?} s; dependencies named {endpoints:?} (proxy {endpoint}); thaw → healthy {healthy_again:?} s",
+        "bench: database outage: before {}; frozen {}; after the thaw {}; 503s {n503}; restarts {restarted} (heal attempts {attempts}); freeze → infrastructure_issue {infra:?} s; dependencies named {endpoints:?} (proxy {endpoint}); thaw → healthy {healthy_again:?} s, for good {settled_at:?} s ({changes} changes of verdict after the thaw)",
         by_verdict(phase(load_from, Some(frozen))),
         by_verdict(phase(frozen, Some(thawed))),
         by_verdict(phase(thawed, None)),
@@ -693,7 +752,7 @@ fn database_outage(agent_bin: &Path, proxy_bin: &Path, dir: &Path, quick: bool) 
             w.web()["detail"].as_str().unwrap_or("-")
         );
     }
-    print!("{}", timeline(&samples));
+    print!("{}{}", timeline(&samples), stretches(&samples));
     if n503 > 0 {
         println!(
             "bench: database outage: 503 answers:\n{}agent log (tail):\n{}",
@@ -708,10 +767,11 @@ fn database_outage(agent_bin: &Path, proxy_bin: &Path, dir: &Path, quick: bool) 
     );
     let _ = writeln!(
         md,
-        "A private PostgreSQL behind `tcp-proxy`; Puma with 2 threads whose `/db` and `/up` open a fresh connection through the proxy and run `SELECT 1`; the agent's `[database] url` goes through the proxy too (password from `PGPASSWORD`; interval, timeout and damping at their defaults: every 30 s, 5 s, unreachable after 2 failures). 4 clients request `/db` on a new connection every 250 ms each (10 s client timeout). Healthy for {} s, then the proxy is frozen (SIGSTOP: connections complete, nothing comes back, as on a path that drops packets) for {} s, then thawed, then {} s more (longer until `healthy`, at most {} s). Every instance shares that database: a restart or a new instance fixes nothing.\n",
+        "A private PostgreSQL behind `tcp-proxy`; Puma with 2 threads whose `/db` and `/up` open a fresh connection through the proxy and run `SELECT 1`; the agent's `[database] url` goes through the proxy too (password from `PGPASSWORD`; the check at its defaults, `interval = 30s`, `timeout = 5s`, `fail_after = 2`, which the agent asks again sooner while the backend looks stuck or the database is down). 4 clients request `/db` on a new connection every 250 ms each (10 s client timeout). Healthy for {} s, then the proxy is frozen (SIGSTOP: connections complete, nothing comes back, as on a path that drops packets) for {} s, then thawed; the run goes on for {} s and until every answer has been `healthy` for {} s, at most {} s after the thaw. Every instance shares that database: a restart or a new instance fixes nothing.\n",
         healthy_for.as_secs(),
         frozen_for.as_secs(),
         after_thaw.as_secs(),
+        settled_for.as_secs(),
         thaw_limit.as_secs()
     );
     md.push_str("| measure | value | target |\n|---|---|---|\n");
@@ -739,7 +799,7 @@ fn database_outage(agent_bin: &Path, proxy_bin: &Path, dir: &Path, quick: bool) 
             md,
             "| {label}: `/health` answers by code and `checks.webserver`; `/db` answers | {}; `/db`: {} | — |",
             by_verdict(phase(from, to)),
-            answers(&between(before, after))
+            counts(&between(before, after))
         );
     }
     let _ = writeln!(md, "{}", failures.row());
@@ -774,6 +834,15 @@ fn database_outage(agent_bin: &Path, proxy_bin: &Path, dir: &Path, quick: bool) 
         "| endpoint named in `details.web.dependencies` while frozen | {named} | the proxy {} |",
         check(endpoints.contains(&endpoint))
     );
-    let _ = writeln!(md, "| thaw → `healthy` | {} | — |", fmt_secs(healthy_again));
+    let _ = writeln!(
+        md,
+        "| thaw → first `healthy` | {} | — |",
+        fmt_secs(healthy_again)
+    );
+    let _ = writeln!(
+        md,
+        "| thaw → `healthy` for good (every later answer of the run), and the changes of `status`/`checks.webserver` after the thaw | {}, {changes} changes | — |",
+        fmt_secs(settled_at)
+    );
     Ok(md)
 }

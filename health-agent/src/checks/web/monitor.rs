@@ -488,12 +488,7 @@ impl WebMonitor {
                 }
             }
         }
-        let latency = self.latency.push(
-            now,
-            p.latency,
-            self.cfg.latency_window,
-            self.cfg.eval_interval,
-        );
+        let latency = self.latency.push(now, p.latency, self.cfg.latency_window);
         let ms = |d: Duration| d.as_millis() as u64;
         KernelCounters {
             established: c.established,
