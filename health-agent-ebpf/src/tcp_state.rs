@@ -118,7 +118,7 @@ fn netns(off: &TracepointOffsets, sk: u64) -> u32 {
 /// A passive handshake on a watched port completed: the connection waits in the accept queue.
 fn on_established<C: EbpfContext>(ctx: &C, sk: u64, key: WatchKey) -> Option<()> {
     // The exit for every other port, and for the same port in another namespace.
-    let slot = *unsafe { WATCHED_PORTS.get(&key) }?;
+    let slot = *unsafe { WATCHED_PORTS.get(key) }?;
     let sport = key.port;
 
     let conn = ConnState {
