@@ -246,9 +246,11 @@ fn hung_backend_while_database_down_is_200_infrastructure_issue_without_restart(
     ));
     // Seen serving first: a backend that never served is out of rotation whatever the
     // database says.
-    agent.wait_health(WAIT, "database unreachable, the backend seen serving", |_, b| {
-        b["checks"]["database"] == "unreachable" && b["details"]["web"]["served"] == true
-    });
+    agent.wait_health(
+        WAIT,
+        "database unreachable, the backend seen serving",
+        |_, b| b["checks"]["database"] == "unreachable" && b["details"]["web"]["served"] == true,
+    );
     backend.set_mode("stop-accepting");
     let _clients = health_agent_tests::background_requests(backend.port, 4, Duration::from_secs(8));
     let (code, body) = agent.wait_health(WAIT, "guarded hang", |_, b| {
