@@ -702,17 +702,17 @@ fn harness_puma_queues_and_the_frozen_proxy_blocks_the_apps_database() {
     });
     let stats = ka.stop();
     println!("keep-alive: {stats}");
-    assert_eq!(
-        (
-            stats.errors,
-            stats.timeouts,
-            stats.reconnects,
-            stats.server_closes
-        ),
-        (0, 0, 0, 0),
-        "{stats}"
+    assert_eq!((stats.errors, stats.timeouts), (0, 0), "{stats}");
+    // Each connection carries many requests. Puma may close one to let a queued connection in
+    // (the busy pool above can leave one behind): then the client opens another.
+    assert!(
+        stats.connections <= 2 + stats.server_closes,
+        "a new connection without the server closing one: {stats}"
     );
-    assert_eq!(stats.connections, 2, "{stats}");
+    assert!(
+        stats.count(200) >= 50 * stats.connections,
+        "the connections are not reused: {stats}"
+    );
 
     let pg = Postgres::start();
     let proxy = TcpProxy::start(pg.port);
