@@ -48,6 +48,13 @@ pub struct Args {
     /// Where to write the results table.
     #[arg(long, default_value = "docs/BENCHMARKS.md")]
     out: PathBuf,
+    /// An earlier build of the agent (e.g. the last release), measured side by side with this
+    /// one in the per-socket-call section: the hooks' cost change in one run, on one machine.
+    #[arg(long)]
+    baseline_agent: Option<PathBuf>,
+    /// Run only the per-socket-call section (with `--baseline-agent`: the comparison).
+    #[arg(long)]
+    only_socket_costs: bool,
 }
 
 struct Wrk {
@@ -260,6 +267,13 @@ pub fn run(args: &Args) -> Result<()> {
     let backend_bin = target.join("release/fixture-backend");
     let proxy_bin = target.join("release/tcp-proxy");
     let dir = std::env::temp_dir().join(format!("health-agent-bench-{}", std::process::id()));
+    if args.only_socket_costs {
+        fs::create_dir_all(&dir)?;
+        let md = socket_costs(&agent_bin, args.baseline_agent.as_deref(), &dir, args.quick)?;
+        fs::write(&args.out, &md)?;
+        println!("{md}\nbench: wrote {}", args.out.display());
+        return Ok(());
+    }
     fs::create_dir_all(&dir)?;
     let mut md = String::new();
     let started = Instant::now();
@@ -621,7 +635,12 @@ pub fn run(args: &Args) -> Result<()> {
     md.push_str("| backend | traffic | without agent req/s | with agent req/s | ratio | spread of pairs | accept() tracepoints |\n|---|---|---|---|---|---|---|\n");
     md.push_str(&table3);
     // Per-operation cost, free of scheduling noise: one thread, blocking sockets, loopback.
-    md.push_str(&socket_costs(&agent_bin, &dir, args.quick)?);
+    md.push_str(&socket_costs(
+        &agent_bin,
+        args.baseline_agent.as_deref(),
+        &dir,
+        args.quick,
+    )?);
 
     // ---- 4. saturation: no false hung/unresponsive -------------------------------------------
     let agent = start_agent(&agent_bin, &cfg3, &dir.join("agent4.log"), aport3)?;
@@ -786,7 +805,12 @@ fn socket_ops(port: u16, rounds: u32, connections: u32) -> Result<(f64, f64)> {
 /// What the hooks cost per socket call and per connection: `socket_ops` without the agent, with
 /// the agent watching another port (every hook fires and turns the socket away), and with the
 /// agent watching the port (the server side is followed), alternated and medians taken.
-fn socket_costs(agent_bin: &Path, dir: &Path, quick: bool) -> Result<String> {
+fn socket_costs(
+    agent_bin: &Path,
+    baseline: Option<&Path>,
+    dir: &Path,
+    quick: bool,
+) -> Result<String> {
     let port = free_port()?;
     let other = free_port()?;
     let aport = free_port()?;
@@ -802,19 +826,30 @@ fn socket_costs(agent_bin: &Path, dir: &Path, quick: bool) -> Result<String> {
     } else {
         (200_000, 20_000, 5)
     };
-    let mut res: [(Vec<f64>, Vec<f64>); 3] = Default::default();
+    // (label, binary, config); the baseline build, when given, alternates with this one.
+    let mut variants: Vec<(String, Option<(&Path, &PathBuf)>)> = vec![
+        ("none".into(), None),
+        (
+            "watching another port".into(),
+            Some((agent_bin, &cfg_other)),
+        ),
+        ("watching this port".into(), Some((agent_bin, &cfg_port))),
+    ];
+    if let Some(b) = baseline {
+        variants.push((
+            "baseline build, watching another port".into(),
+            Some((b, &cfg_other)),
+        ));
+        variants.push((
+            "baseline build, watching this port".into(),
+            Some((b, &cfg_port)),
+        ));
+    }
+    let mut res: Vec<(Vec<f64>, Vec<f64>)> = vec![Default::default(); variants.len()];
     for _ in 0..trials {
-        for (i, cfg) in [None, Some(&cfg_other), Some(&cfg_port)]
-            .into_iter()
-            .enumerate()
-        {
-            let agent = match cfg {
-                Some(c) => Some(start_agent(
-                    agent_bin,
-                    c,
-                    &dir.join("agent-ops.log"),
-                    aport,
-                )?),
+        for (i, (_, run)) in variants.iter().enumerate() {
+            let agent = match run {
+                Some((bin, c)) => Some(start_agent(bin, c, &dir.join("agent-ops.log"), aport)?),
                 None => None,
             };
             let (p, c) = socket_ops(port, rounds, conns)?;
@@ -831,11 +866,7 @@ fn socket_costs(agent_bin: &Path, dir: &Path, quick: bool) -> Result<String> {
     md.push_str("\n### Cost per socket call and per connection\n\n");
     let _ = writeln!(md, "One thread on loopback, blocking sockets: {rounds} ping-pong rounds of 64 bytes (4 socket calls each), then {conns} connections (connect, accept, one byte each way, close). Medians of {trials} alternated trials; the extra cost over no agent is what the hooks take.\n");
     md.push_str("| agent | ns per round | extra ns per socket call | ns per connection | extra ns per connection |\n|---|---|---|---|---|\n");
-    for (label, (p, c)) in [
-        ("none", med[0]),
-        ("watching another port", med[1]),
-        ("watching this port", med[2]),
-    ] {
+    for ((label, _), &(p, c)) in variants.iter().zip(&med) {
         let _ = writeln!(
             md,
             "| {label} | {p:.0} | {:.0} | {c:.0} | {:.0} |",
@@ -843,10 +874,7 @@ fn socket_costs(agent_bin: &Path, dir: &Path, quick: bool) -> Result<String> {
             c - med[0].1
         );
     }
-    println!(
-        "bench: socket ops (round ns, connection ns): none {:?}, other port {:?}, this port {:?}",
-        med[0], med[1], med[2]
-    );
+    println!("bench: socket ops (round ns, connection ns): {med:?}");
     Ok(md)
 }
 
