@@ -428,9 +428,9 @@ impl WebMonitor {
             self.cpu.clear();
             return None;
         }
-        e.frozen = process::frozen(&self.owners);
-        if let Some(ticks) = process::cpu_ticks(&self.owners) {
-            self.cpu.observe(now, ticks);
+        if let Some(p) = process::look_at(&self.owners) {
+            e.frozen = p.frozen;
+            self.cpu.observe(now, p.cpu_ticks);
         }
         e.cpu_percent = self.cpu.percent();
         // Requests sent long before the server last moved (an idle LISTEN, a long poll) are

@@ -12,25 +12,41 @@ use serde::Serialize;
 
 use crate::net;
 
-/// Why every process holding the listener is unable to run, if it is: stopped by a signal
-/// (`kill -STOP`, a debugger) or in a frozen cgroup (`docker pause`, the cgroup v2 freezer).
-pub fn frozen(pids: &[u32]) -> Option<String> {
+/// What the processes holding the listener are doing, from one read of each `/proc/PID/stat`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Processes {
+    /// Set when every one of them is unable to run, and why: stopped by a signal (`kill -STOP`,
+    /// a debugger) or in a frozen cgroup (`docker pause`).
+    pub frozen: Option<String>,
+    /// CPU time (user + system, all threads) of them together, in clock ticks.
+    pub cpu_ticks: u64,
+}
+
+/// None when there are none, or one has gone (a restart under way).
+pub fn look_at(pids: &[u32]) -> Option<Processes> {
     if pids.is_empty() {
         return None;
     }
-    let mut why = Vec::new();
+    let (mut why, mut all_frozen, mut cpu_ticks) = (Vec::new(), true, 0);
     for &pid in pids {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        let (state, _) = parse_stat(&stat)?;
+        let (state, ticks) = parse_stat(&stat)?;
+        cpu_ticks += ticks;
+        if !all_frozen {
+            continue;
+        }
         if matches!(state, 'T' | 't') {
             why.push(format!("{pid} stopped"));
         } else if cgroup_frozen(pid) {
             why.push(format!("{pid} in a frozen cgroup"));
         } else {
-            return None;
+            all_frozen = false;
         }
     }
-    Some(format!("server processes {}", why.join(", ")))
+    Some(Processes {
+        frozen: all_frozen.then(|| format!("server processes {}", why.join(", "))),
+        cpu_ticks,
+    })
 }
 
 /// Whether `pid`'s cgroup is frozen: `frozen 1` in its v2 `cgroup.events` (under
@@ -60,16 +76,6 @@ fn cgroup_frozen(pid: u32) -> bool {
             false
         }
     })
-}
-
-/// CPU time (user + system, all threads) of `pids` together, in clock ticks.
-pub fn cpu_ticks(pids: &[u32]) -> Option<u64> {
-    let mut total = 0;
-    for &pid in pids {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        total += parse_stat(&stat)?.1;
-    }
-    Some(total)
 }
 
 /// (state, utime + stime) from `/proc/<pid>/stat`. The command name may hold spaces and
@@ -216,16 +222,19 @@ mod tests {
     #[test]
     fn this_process_is_neither_stopped_nor_frozen_and_uses_cpu() {
         let me = [std::process::id()];
-        assert_eq!(frozen(&me), None);
-        let start = cpu_ticks(&me).expect("own /proc/self/stat");
+        assert_eq!(look_at(&me).unwrap().frozen, None);
+        let start = look_at(&me).expect("own /proc/self/stat").cpu_ticks;
         let until = Instant::now() + Duration::from_millis(300);
         let mut x = 0u64;
         while Instant::now() < until {
             x = x.wrapping_add(1);
         }
         assert!(x > 0);
-        assert!(cpu_ticks(&me).unwrap() > start, "300 ms of spinning shows");
-        assert_eq!(frozen(&[]), None, "no process: no evidence");
+        assert!(
+            look_at(&me).unwrap().cpu_ticks > start,
+            "300 ms of spinning shows"
+        );
+        assert_eq!(look_at(&[]), None, "no process: no evidence");
     }
 
     #[test]
@@ -240,7 +249,7 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut seen = None;
         while Instant::now() < deadline && seen.is_none() {
-            seen = frozen(&[pid]);
+            seen = look_at(&[pid]).and_then(|p| p.frozen);
             std::thread::sleep(Duration::from_millis(10));
         }
         let _ = child.kill();
