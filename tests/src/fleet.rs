@@ -341,25 +341,8 @@ fn poll_once_at(addr: SocketAddr, started: Instant) -> Timed {
     let t0 = Instant::now();
     let result = request_at(addr, "GET", "/health", &[], Duration::from_secs(5));
     let took = t0.elapsed();
-    let (code, body, error) = match result {
-        Ok((code, _, text)) => match serde_json::from_str::<Value>(&text) {
-            Ok(v) => (code, v, None),
-            Err(e) => (code, Value::Null, Some(format!("not JSON ({e}): {text}"))),
-        },
-        Err(e) => (0, Value::Null, Some(format!("GET /health: {e}"))),
-    };
-    let s = |v: &Value| v.as_str().unwrap_or("").to_string();
     Timed {
-        sample: HealthSample {
-            at,
-            code,
-            status: s(&body["status"]),
-            webserver: s(&body["checks"]["webserver"]),
-            database: s(&body["checks"]["database"]),
-            recommendation: s(&body["recommendation"]),
-            body,
-            error,
-        },
+        sample: HealthSample::from_answer(at, result.map(|(code, _, text)| (code, text))),
         took,
     }
 }

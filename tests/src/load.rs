@@ -673,24 +673,32 @@ impl Drop for HealthPoller {
     }
 }
 
-fn poll_once(port: u16, started: Instant) -> HealthSample {
+/// One `GET /health` on 127.0.0.1:`port`, `started` being the run's start.
+pub fn poll_once(port: u16, started: Instant) -> HealthSample {
     let at = started.elapsed();
-    let (code, body, error) = match get(port, "/health") {
-        Ok((code, text)) => match serde_json::from_str::<Value>(&text) {
-            Ok(v) => (code, v, None),
-            Err(e) => (code, Value::Null, Some(format!("not JSON ({e}): {text}"))),
-        },
-        Err(e) => (0, Value::Null, Some(format!("GET /health: {e}"))),
-    };
-    let s = |v: &Value| v.as_str().unwrap_or("").to_string();
-    HealthSample {
-        at,
-        code,
-        status: s(&body["status"]),
-        webserver: s(&body["checks"]["webserver"]),
-        database: s(&body["checks"]["database"]),
-        recommendation: s(&body["recommendation"]),
-        body,
-        error,
+    HealthSample::from_answer(at, get(port, "/health"))
+}
+
+impl HealthSample {
+    /// A sample from a `/health` answer (code, body text), or why there was none.
+    pub fn from_answer(at: Duration, answer: std::io::Result<(u16, String)>) -> Self {
+        let (code, body, error) = match answer {
+            Ok((code, text)) => match serde_json::from_str::<Value>(&text) {
+                Ok(v) => (code, v, None),
+                Err(e) => (code, Value::Null, Some(format!("not JSON ({e}): {text}"))),
+            },
+            Err(e) => (0, Value::Null, Some(format!("GET /health: {e}"))),
+        };
+        let s = |v: &Value| v.as_str().unwrap_or("").to_string();
+        Self {
+            at,
+            code,
+            status: s(&body["status"]),
+            webserver: s(&body["checks"]["webserver"]),
+            database: s(&body["checks"]["database"]),
+            recommendation: s(&body["recommendation"]),
+            body,
+            error,
+        }
     }
 }

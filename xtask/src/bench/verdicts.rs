@@ -27,9 +27,9 @@ use std::{
 
 use anyhow::{anyhow, bail, Context, Result};
 use health_agent_tests::{
-    free_port, get, timeline, HealthSample, Load, LoadStats, Postgres, Puma, PumaOptions,
+    free_port, get, load::poll_once, timeline, HealthSample, Load, LoadStats, Postgres, Puma,
+    PumaOptions,
 };
-use serde_json::Value;
 
 use crate::live::Proc;
 
@@ -238,28 +238,6 @@ impl Poller {
 impl Drop for Poller {
     fn drop(&mut self) {
         self.halt();
-    }
-}
-
-fn poll_once(port: u16, started: Instant) -> HealthSample {
-    let at = started.elapsed();
-    let (code, body, error) = match get(port, "/health") {
-        Ok((code, text)) => match serde_json::from_str::<Value>(&text) {
-            Ok(v) => (code, v, None),
-            Err(e) => (code, Value::Null, Some(format!("not JSON ({e}): {text}"))),
-        },
-        Err(e) => (0, Value::Null, Some(format!("GET /health: {e}"))),
-    };
-    let s = |v: &Value| v.as_str().unwrap_or("").to_string();
-    HealthSample {
-        at,
-        code,
-        status: s(&body["status"]),
-        webserver: s(&body["checks"]["webserver"]),
-        database: s(&body["checks"]["database"]),
-        recommendation: s(&body["recommendation"]),
-        body,
-        error,
     }
 }
 
