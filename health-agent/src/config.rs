@@ -114,6 +114,7 @@ pub struct ServerConfig {
     #[serde(with = "dur")]
     pub request_timeout: Duration,
     pub max_connections: usize,
+    pub max_connections_per_client: u32,
     pub threads: usize,
 }
 
@@ -125,6 +126,7 @@ impl Default for ServerConfig {
             token_env: "HEALTH_AGENT_TOKEN".into(),
             request_timeout: Duration::from_secs(5),
             max_connections: 1024,
+            max_connections_per_client: 64,
             threads: 0,
         }
     }
@@ -556,6 +558,12 @@ impl Config {
         if self.server.max_connections == 0 {
             return Err(bad("server.max_connections", "must be at least 1".into()));
         }
+        if self.server.max_connections_per_client == 0 {
+            return Err(bad(
+                "server.max_connections_per_client",
+                "must be at least 1".into(),
+            ));
+        }
         if self.disk.paths.iter().any(|p| !p.starts_with('/')) {
             return Err(bad("disk.paths", "entries must be absolute paths".into()));
         }
@@ -623,8 +631,12 @@ pub const DEFAULT_TOML: &str = r#"# health-agent configuration. Every key is opt
 listen = "0.0.0.0:8080"          # the load balancer's HealthCheckPort
 details = "loopback"             # who sees full diagnostics: "always" | "loopback" | "token"
 token_env = "HEALTH_AGENT_TOKEN" # with details = "token": env var holding the bearer token
-request_timeout = "5s"           # a client slower than this is cut off
-max_connections = 1024           # concurrent HTTP connections; beyond it new ones wait
+request_timeout = "5s"           # reading a request, an idle keep-alive connection, a write the
+                                 # client does not read: longer than this and it is closed
+max_connections = 1024           # concurrent HTTP connections; beyond it new ones wait (lowered
+                                 # to fit the open-files limit, which is raised to its maximum)
+max_connections_per_client = 64  # per client address; beyond it new ones are closed at once, so
+                                 # one address cannot starve the load balancer's probes
 threads = 0                      # HTTP threads, each with its own listener; 0 = one per core
 
 [checks]

@@ -156,6 +156,24 @@ async fn serve(cfg: Arc<Config>) -> anyhow::Result<()> {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n,
     };
+    // Before anything opens a file: a flood on the health port must not leave the checks
+    // without descriptors.
+    let open_files = match server::raise_open_files_limit() {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!("cannot read or raise the open-files limit: {e}");
+            1024
+        }
+    };
+    let max_connections = server::connection_cap(cfg.server.max_connections, open_files);
+    if max_connections < cfg.server.max_connections {
+        tracing::warn!(
+            "server.max_connections lowered from {} to {max_connections}: the open-files limit \
+             is {open_files} and {} stay reserved for the checks (raise LimitNOFILE)",
+            cfg.server.max_connections,
+            server::RESERVED_FDS
+        );
+    }
     let listeners = server::bind(cfg.server.listen, threads).with_context(|| {
         format!(
             "binding {} failed — is another process using the port? Change server.listen",
@@ -205,7 +223,8 @@ async fn serve(cfg: Arc<Config>) -> anyhow::Result<()> {
     });
     tracing::info!(listen = %cfg.server.listen, web_port = cfg.web.port, "serving /health");
     let limits = server::Limits {
-        slots: Arc::new(tokio::sync::Semaphore::new(cfg.server.max_connections)),
+        slots: Arc::new(tokio::sync::Semaphore::new(max_connections)),
+        clients: Arc::new(server::Clients::new(cfg.server.max_connections_per_client)),
         header_timeout: cfg.server.request_timeout,
     };
     let http = server::run_threads(listeners, server::router(app), limits, shutdown.clone())

@@ -1,13 +1,22 @@
 //! The HTTP side: `GET|HEAD /health` from the cached snapshot (nothing is computed per
 //! request), `/metrics`, `/livez`. A hand-rolled hyper accept loop gives what the load
-//! balancer's probes need from a shared port: a connection cap, a header-read deadline, a small
-//! header buffer, and graceful shutdown. Like nginx's workers, each HTTP thread runs its own
+//! balancer's probes need from a port anyone may reach: a connection cap, a cap per client
+//! address, a deadline on reading a request's head (which also ends idle keep-alive
+//! connections), a deadline on a stalled write (a client that pipelines requests and never
+//! reads the answers), a small header buffer, and graceful shutdown. Like nginx's workers, each HTTP thread runs its own
 //! single-threaded runtime on its own SO_REUSEPORT listener: no cross-thread wakeups per request,
 //! and the background checks (on the main runtime) never share a queue with the probes.
 
 use std::{
+    collections::HashMap,
+    future::Future as _,
     net::{IpAddr, SocketAddr},
-    sync::Arc,
+    pin::Pin,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex,
+    },
+    task::{Context, Poll},
     time::{Duration, Instant},
 };
 
@@ -21,7 +30,12 @@ use axum::{
 };
 use bytes::Bytes;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::{net::TcpListener, sync::Semaphore};
+use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
+    net::TcpListener,
+    sync::Semaphore,
+    time::Sleep,
+};
 use tokio_util::sync::CancellationToken;
 use tower::Service as _;
 
@@ -226,7 +240,215 @@ pub fn bind(addr: SocketAddr, n: usize) -> std::io::Result<Vec<std::net::TcpList
 pub struct Limits {
     /// Connection cap across all threads.
     pub slots: Arc<Semaphore>,
+    /// Connection cap per client address, across all threads.
+    pub clients: Arc<Clients>,
+    /// Reading a request's head, from the moment the connection waits for one (so an idle
+    /// keep-alive connection is closed after it too), and a write that makes no progress.
     pub header_timeout: Duration,
+}
+
+/// Open connections per client address, shared by every HTTP thread, so that one address (a
+/// runaway script, a flood) cannot hold the slots the load balancer's probes need. A
+/// connection over the cap is closed as soon as it is accepted.
+pub struct Clients {
+    max: u32,
+    open: Mutex<HashMap<IpAddr, u32>>,
+    refused: AtomicU64,
+    last_warned: Mutex<Option<Instant>>,
+}
+
+impl Clients {
+    pub fn new(max: u32) -> Self {
+        Self {
+            max,
+            open: Mutex::new(HashMap::new()),
+            refused: AtomicU64::new(0),
+            last_warned: Mutex::new(None),
+        }
+    }
+
+    /// A slot for one more connection from `ip`, None over the cap.
+    fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<ClientSlot> {
+        let ip = ip.to_canonical();
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let n = open.entry(ip).or_insert(0);
+        if *n >= self.max {
+            drop(open);
+            self.refused(ip);
+            return None;
+        }
+        *n += 1;
+        Some(ClientSlot {
+            clients: self.clone(),
+            ip,
+        })
+    }
+
+    fn refused(&self, ip: IpAddr) {
+        let total = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut last = self.last_warned.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        if last.is_none_or(|t| now.saturating_duration_since(t) >= Duration::from_secs(10)) {
+            *last = Some(now);
+            tracing::warn!(
+                "{ip} holds server.max_connections_per_client ({}) connections: closing its \
+                 new ones ({total} refused since start)",
+                self.max
+            );
+        }
+    }
+
+    /// Connections closed at once because their address was over the cap, since start.
+    pub fn refused_total(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Open connections from `ip`.
+    pub fn open_from(&self, ip: IpAddr) -> u32 {
+        let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        open.get(&ip.to_canonical()).copied().unwrap_or(0)
+    }
+}
+
+/// One admitted connection; gives its place back when dropped.
+struct ClientSlot {
+    clients: Arc<Clients>,
+    ip: IpAddr,
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut open = self.clients.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// A connection whose writes may stall at most `stall`: hyper has a deadline for reading a
+/// request but none for writing the answer, so a client that pipelines requests and never
+/// reads would hold its connection (and a slot) for as long as it likes. The timer exists only
+/// while a write is stuck; a healthy connection never allocates one.
+struct WriteDeadline<T> {
+    io: T,
+    stall: Duration,
+    timer: Option<Pin<Box<Sleep>>>,
+}
+
+impl<T> WriteDeadline<T> {
+    fn new(io: T, stall: Duration) -> Self {
+        Self {
+            io,
+            stall,
+            timer: None,
+        }
+    }
+
+    fn watch<R>(
+        &mut self,
+        cx: &mut Context<'_>,
+        r: Poll<std::io::Result<R>>,
+    ) -> Poll<std::io::Result<R>> {
+        if r.is_ready() {
+            self.timer = None;
+            return r;
+        }
+        let stall = self.stall;
+        let timer = self
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(stall)));
+        match timer.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("the client read nothing for {}s", stall.as_secs_f64()),
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for WriteDeadline<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.watch(cx, r)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.watch(cx, r)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let r = Pin::new(&mut self.io).poll_flush(cx);
+        self.watch(cx, r)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let r = Pin::new(&mut self.io).poll_shutdown(cx);
+        self.watch(cx, r)
+    }
+}
+
+/// Raises the soft limit on open files to the hard limit (systemd's default soft limit is
+/// 1024, which a flood of connections to the health port would exhaust, starving the checks'
+/// own sockets). Returns the soft limit in force.
+pub fn raise_open_files_limit() -> std::io::Result<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit read and write the struct we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if lim.rlim_cur < lim.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: lim.rlim_max,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: as above.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            lim.rlim_cur = lim.rlim_max;
+        } else {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(lim.rlim_cur)
+}
+
+/// File descriptors kept free for the checks (probe, sock_diag, /proc, Docker, databases,
+/// alerts) however many HTTP connections are open.
+pub const RESERVED_FDS: u64 = 256;
+
+/// `server.max_connections`, lowered to what the open-files limit allows.
+pub fn connection_cap(configured: usize, open_files: u64) -> usize {
+    let room = open_files.saturating_sub(RESERVED_FDS).max(16);
+    configured.min(usize::try_from(room).unwrap_or(usize::MAX))
 }
 
 /// Runs one HTTP thread per listener, each with its own single-threaded runtime, until
@@ -271,6 +493,7 @@ pub async fn serve(
 ) {
     let Limits {
         slots,
+        clients,
         header_timeout,
     } = limits;
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
@@ -299,6 +522,11 @@ pub async fn serve(
                 }
             },
         };
+        let Some(client) = clients.admit(peer.ip()) else {
+            // Over its address's cap: closed now, before it costs a task or a buffer.
+            drop(stream);
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let router = router.clone();
         let service = hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {
@@ -306,11 +534,11 @@ pub async fn serve(
             let mut router = router.clone();
             async move { router.call(req.map(Body::new)).await }
         });
-        let conn = http.serve_connection(TokioIo::new(stream), service);
-        let conn = graceful.watch(conn);
+        let io = TokioIo::new(WriteDeadline::new(stream, header_timeout));
+        let conn = graceful.watch(http.serve_connection(io, service));
         tokio::spawn(async move {
             let _ = conn.await;
-            drop(permit);
+            drop((permit, client));
         });
     }
     if tokio::time::timeout(Duration::from_secs(5), graceful.shutdown())
@@ -364,6 +592,153 @@ mod tests {
             fleet_token: FleetToken::Required("fl33t".into()),
             host: "web-1".into(),
         })
+    }
+
+    /// The real accept loop on 127.0.0.1, with `per_client` connections per address and
+    /// `timeout` for request heads and stalled writes.
+    async fn served(
+        per_client: u32,
+        timeout: Duration,
+    ) -> (SocketAddr, Arc<Clients>, CancellationToken) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let clients = Arc::new(Clients::new(per_client));
+        let limits = Limits {
+            slots: Arc::new(Semaphore::new(64)),
+            clients: clients.clone(),
+            header_timeout: timeout,
+        };
+        let shutdown = CancellationToken::new();
+        tokio::spawn(serve(
+            listener,
+            router(app(DiskLevel::Ok, Details::Always)),
+            limits,
+            shutdown.clone(),
+        ));
+        (addr, clients, shutdown)
+    }
+
+    /// A blocking client socket bound to `from` (another loopback address is another client).
+    fn connect_from(from: [u8; 4], to: SocketAddr) -> std::net::TcpStream {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        s.bind(&SocketAddr::from((from, 0)).into()).unwrap();
+        s.connect(&to.into()).unwrap();
+        let s: std::net::TcpStream = s.into();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s
+    }
+
+    /// One request on `s`; the status code, or None when the server closed it.
+    fn ask(s: &mut std::net::TcpStream, path: &str) -> Option<u16> {
+        use std::io::{Read as _, Write as _};
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+            .ok()?;
+        let mut buf = [0u8; 512];
+        let n = s.read(&mut buf).ok()?;
+        std::str::from_utf8(buf.get(9..12.min(n))?)
+            .ok()?
+            .parse()
+            .ok()
+    }
+
+    async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        tokio::task::spawn_blocking(f).await.unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_address_cannot_take_every_connection() {
+        let (addr, clients, shutdown) = served(3, Duration::from_secs(30)).await;
+        let (held, extra, other) = blocking(move || {
+            let mut held: Vec<_> = (0..3).map(|_| connect_from([127, 0, 0, 1], addr)).collect();
+            let answered: Vec<_> = held.iter_mut().map(|s| ask(s, "/livez")).collect();
+            let extra = ask(&mut connect_from([127, 0, 0, 1], addr), "/livez");
+            let other = ask(&mut connect_from([127, 0, 0, 2], addr), "/livez");
+            (answered, extra, other)
+        })
+        .await;
+        assert_eq!(held, [Some(200); 3], "the first three are served");
+        assert_eq!(extra, None, "the fourth from the same address is closed");
+        assert_eq!(other, Some(200), "another address is served meanwhile");
+        assert_eq!(clients.refused_total(), 1);
+        shutdown.cancel();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_client_that_never_reads_is_cut_off() {
+        let (addr, clients, shutdown) = served(8, Duration::from_millis(500)).await;
+        // Pipelines /metrics requests and never reads an answer: the server's writes fill both
+        // socket buffers and stall.
+        let flood = std::thread::spawn(move || {
+            use std::io::Write as _;
+            let mut s = connect_from([127, 0, 0, 1], addr);
+            s.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+            let req = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n".repeat(1000);
+            let mut sent = 0;
+            while s.write_all(&req).is_ok() {
+                sent += 1000;
+            }
+            (sent, s)
+        });
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while clients.open_from([127, 0, 0, 1].into()) == 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            clients.open_from([127, 0, 0, 1].into()),
+            1,
+            "the flood connected"
+        );
+        let cut = loop {
+            if clients.open_from([127, 0, 0, 1].into()) == 0 {
+                break Instant::now();
+            }
+            assert!(
+                Instant::now() < deadline + Duration::from_secs(10),
+                "never cut off"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let (sent, _s) = blocking(move || flood.join().unwrap()).await;
+        assert!(sent >= 1000, "it pipelined {sent} requests");
+        // Another client is served the whole time, and after.
+        let other = blocking(move || ask(&mut connect_from([127, 0, 0, 2], addr), "/health")).await;
+        assert_eq!(other, Some(200));
+        assert!(cut.elapsed() < Duration::from_secs(20));
+        shutdown.cancel();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_idle_keep_alive_connection_is_closed() {
+        let (addr, clients, shutdown) = served(8, Duration::from_millis(300)).await;
+        let (first, idle_for) = blocking(move || {
+            use std::io::Read as _;
+            let mut s = connect_from([127, 0, 0, 1], addr);
+            let first = ask(&mut s, "/livez");
+            let t = Instant::now();
+            let mut buf = [0u8; 16];
+            // EOF (Ok(0)) once the server gives up on the next request.
+            let n = s.read(&mut buf).unwrap_or(0);
+            (first.filter(|_| n == 0), t.elapsed())
+        })
+        .await;
+        assert_eq!(
+            first,
+            Some(200),
+            "answered, then closed with nothing more sent"
+        );
+        assert!(
+            idle_for >= Duration::from_millis(250) && idle_for < Duration::from_secs(3),
+            "closed after {idle_for:?} idle"
+        );
+        assert_eq!(clients.open_from([127, 0, 0, 1].into()), 0);
+        shutdown.cancel();
+    }
+
+    #[test]
+    fn the_connection_cap_fits_the_open_files_limit() {
+        assert_eq!(connection_cap(1024, 1_048_576), 1024);
+        assert_eq!(connection_cap(1024, 1024), 1024 - RESERVED_FDS as usize);
+        assert_eq!(connection_cap(1024, 100), 16, "never below a handful");
     }
 
     #[tokio::test]
