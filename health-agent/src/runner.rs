@@ -172,6 +172,7 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
                     error: Some("probe task overran its timeout".into()),
                     timed_out: true,
                     refused: false,
+                    agent_error: false,
                     target: String::new(),
                 })
             },

@@ -40,6 +40,10 @@ pub struct ProbeResult {
     /// view that is the probe's problem (a wrong address), not the backend's.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub refused: bool,
+    /// The agent could not make the probe at all: out of file descriptors, local ports or
+    /// memory. That says nothing about the backend, so it is never evidence against it.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub agent_error: bool,
     /// Where it went, e.g. `127.0.0.1:9000`, `[::1]:9000`.
     pub target: String,
 }
@@ -48,13 +52,14 @@ pub async fn probe(target: &ProbeTarget, path: &str, timeout: Duration) -> Probe
     let start = Instant::now();
     let outcome = tokio::time::timeout(timeout, request(target, path, timeout)).await;
     let latency_ms = start.elapsed().as_secs_f64() * 1000.0;
-    let failed = |error: String, timed_out: bool, refused: bool| ProbeResult {
+    let failed = |error: String, timed_out: bool, refused: bool, agent_error: bool| ProbeResult {
         ok: false,
         status: None,
         latency_ms,
         error: Some(error),
         timed_out,
         refused,
+        agent_error,
         target: target.addr.to_string(),
     };
     match outcome {
@@ -62,11 +67,13 @@ pub async fn probe(target: &ProbeTarget, path: &str, timeout: Duration) -> Probe
             format!("no answer within {}ms", timeout.as_millis()),
             true,
             false,
+            false,
         ),
         Ok(Err(e)) => failed(
             e.to_string(),
             false,
             e.kind() == std::io::ErrorKind::ConnectionRefused,
+            is_agent_error(&e),
         ),
         Ok(Ok(status)) => ProbeResult {
             ok: (200..400).contains(&status),
@@ -75,9 +82,18 @@ pub async fn probe(target: &ProbeTarget, path: &str, timeout: Duration) -> Probe
             error: None,
             timed_out: false,
             refused: false,
+            agent_error: false,
             target: target.addr.to_string(),
         },
     }
+}
+
+/// Errors that are the agent's own: it ran out of something before the backend was asked.
+fn is_agent_error(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM | libc::EADDRNOTAVAIL)
+    )
 }
 
 /// Probes wherever the web monitor last saw the backend listen; None before it has.
@@ -146,6 +162,16 @@ fn parse_status(b: &[u8]) -> Option<u16> {
 mod tests {
     use super::*;
     use tokio::net::TcpListener;
+
+    #[test]
+    fn running_out_of_descriptors_is_the_agents_own_error() {
+        let emfile = std::io::Error::from_raw_os_error(libc::EMFILE);
+        assert!(is_agent_error(&emfile));
+        let refused = std::io::Error::from_raw_os_error(libc::ECONNREFUSED);
+        assert!(!is_agent_error(&refused));
+        let reset = std::io::Error::from_raw_os_error(libc::ECONNRESET);
+        assert!(!is_agent_error(&reset));
+    }
 
     #[test]
     fn status_line() {

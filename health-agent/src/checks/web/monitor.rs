@@ -49,6 +49,9 @@ pub struct WebMonitor {
     queue_busy_since: Option<Instant>,
     probe_failing_since: Option<Instant>,
     last_probe: Option<ProbeResult>,
+    /// The latest probe the agent itself could not make (no descriptors, no local port):
+    /// shown, never evidence.
+    probe_trouble: Option<ProbeResult>,
     drops_baseline: Option<net::ListenDrops>,
     /// Host-wide counters change slowly and only inform: read every DROPS_EVERY, not per tick.
     drops_seen: Option<(Instant, net::ListenDrops)>,
@@ -135,6 +138,7 @@ impl WebMonitor {
             queue_busy_since: None,
             probe_failing_since: None,
             last_probe: None,
+            probe_trouble: None,
             drops_baseline: net::listen_drops().ok(),
             drops_seen: None,
             owner_name: None,
@@ -215,6 +219,19 @@ impl WebMonitor {
 
     /// Takes in a new probe result (the probe runs on its own cadence).
     pub fn record_probe(&mut self, p: ProbeResult, now: Instant) {
+        if p.agent_error {
+            // The agent's own failure: it knows nothing new about the backend, and what it
+            // knew before is no longer current.
+            tracing::warn!(
+                "the probe could not be made: {} (the agent's own error, not the backend's)",
+                p.error.as_deref().unwrap_or("?")
+            );
+            self.last_probe = None;
+            self.probe_failing_since = None;
+            self.probe_trouble = Some(p);
+            return;
+        }
+        self.probe_trouble = None;
         if p.ok {
             self.probe_failing_since = None;
         } else if self.probe_failing_since.is_none() {
@@ -261,7 +278,10 @@ impl WebMonitor {
             detail,
             served: self.served,
             kernel: self.kernel_status.clone(),
-            probe: self.last_probe.clone(),
+            probe: self
+                .last_probe
+                .clone()
+                .or_else(|| self.probe_trouble.clone()),
             ..WebReport::not_configured()
         }
         .with_port(self.cfg.port)
@@ -353,6 +373,11 @@ impl WebMonitor {
         };
         let processes = self.look_at_processes(&mut evidence, now);
         let (verdict, mut detail) = verdict::decide(&evidence, &self.cfg);
+        if let Some(err) = self.probe_trouble.as_ref().and_then(|p| p.error.as_deref()) {
+            detail.push_str(&format!(
+                "; the agent could not probe ({err}: its own error, not the backend's)"
+            ));
+        }
         if !listening && namespace.source == "own" {
             detail.push_str(
                 " in the agent's network namespace (a container: set web.container; another \
@@ -405,7 +430,10 @@ impl WebMonitor {
             kernel: self.kernel_status.clone(),
             disagreement: verdict::disagreement(verdict, &evidence),
             counters,
-            probe: self.last_probe.clone(),
+            probe: self
+                .last_probe
+                .clone()
+                .or_else(|| self.probe_trouble.clone()),
             dependencies: std::mem::take(&mut evidence.dependencies),
             processes,
         }
@@ -515,5 +543,52 @@ impl WebMonitor {
                 .is_some_and(KernelView::accepts_watched),
             latency,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failed(agent_error: bool) -> ProbeResult {
+        ProbeResult {
+            ok: false,
+            status: None,
+            latency_ms: 0.1,
+            error: Some(if agent_error {
+                "Too many open files (os error 24)".into()
+            } else {
+                "connection reset by peer".into()
+            }),
+            timed_out: false,
+            refused: false,
+            agent_error,
+            target: "127.0.0.1:1".into(),
+        }
+    }
+
+    #[test]
+    fn the_agents_own_probe_errors_are_never_a_verdict_on_the_backend() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut m = WebMonitor::new(WebConfig {
+            port: listener.local_addr().unwrap().port(),
+            kernel: false,
+            ..WebConfig::default()
+        });
+        let t0 = Instant::now();
+        // A real failure starts the clock; then the agent runs out of descriptors for a minute.
+        m.record_probe(failed(false), t0);
+        for s in 1..=60 {
+            m.record_probe(failed(true), t0 + Duration::from_secs(s));
+        }
+        let r = m.evaluate(t0 + Duration::from_secs(60));
+        assert_eq!(r.verdict, WebVerdict::Unknown, "{}", r.detail);
+        assert!(r.detail.contains("its own error"), "{}", r.detail);
+        assert!(r.probe.is_some_and(|p| p.agent_error));
+        // The backend's own failures still count once the agent can probe again.
+        let t1 = t0 + Duration::from_secs(61);
+        m.record_probe(failed(false), t1);
+        let r = m.evaluate(t1 + Duration::from_secs(11));
+        assert_eq!(r.verdict, WebVerdict::Unresponsive, "{}", r.detail);
     }
 }

@@ -509,6 +509,7 @@ mod tests {
             error: None,
             timed_out: false,
             refused: false,
+            agent_error: false,
             target: "127.0.0.1:9000".into(),
         }
     }
