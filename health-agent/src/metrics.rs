@@ -59,7 +59,10 @@ impl Out {
     }
 }
 
-pub fn render(s: &Snapshot) -> String {
+/// The whole snapshot as OpenMetrics text. Without `detailed` (a client `server.details` does
+/// not let see diagnostics) the series that name things — mounts, containers, databases — are
+/// left out, and only their aggregates are given.
+pub fn render(s: &Snapshot, detailed: bool) -> String {
     let mut o = Out {
         reg: Registry::with_prefix("health_agent"),
     };
@@ -208,15 +211,27 @@ pub fn render(s: &Snapshot) -> String {
         );
     }
 
-    o.labeled(
-        "disk_used_ratio",
-        "Used fraction of each configured mount",
+    o.gauge(
+        "disk_used_ratio_max",
+        "Used fraction of the fullest configured mount",
         r.disk
             .mounts
             .iter()
-            .map(|m| (vec![("path", m.path.clone())], m.used_percent / 100.0))
-            .collect(),
+            .map(|m| m.used_percent)
+            .fold(0.0, f64::max)
+            / 100.0,
     );
+    if detailed {
+        o.labeled(
+            "disk_used_ratio",
+            "Used fraction of each configured mount",
+            r.disk
+                .mounts
+                .iter()
+                .map(|m| (vec![("path", m.path.clone())], m.used_percent / 100.0))
+                .collect(),
+        );
+    }
     if let Some(sys) = &r.system {
         o.gauge(
             "cpu_ratio",
@@ -230,26 +245,17 @@ pub fn render(s: &Snapshot) -> String {
         );
         o.gauge("load1", "1-minute load average", sys.load1);
     }
-    o.labeled(
-        "container_up",
-        "1 when an expected container is running and not unhealthy",
-        r.containers
-            .containers
-            .iter()
-            .map(|c| {
-                let up = c.state == "running" && c.health != "unhealthy";
-                (vec![("name", c.name.clone())], f64::from(u8::from(up)))
-            })
-            .collect(),
+    let running =
+        |c: &&crate::docker::ContainerInfo| c.state == "running" && c.health != "unhealthy";
+    o.gauge(
+        "containers_expected",
+        "Expected containers found",
+        r.containers.containers.len() as f64,
     );
-    o.labeled(
-        "container_restarts",
-        "Docker's restart count of each expected container",
-        r.containers
-            .containers
-            .iter()
-            .map(|c| (vec![("name", c.name.clone())], c.restart_count as f64))
-            .collect(),
+    o.gauge(
+        "containers_up",
+        "Expected containers running and not unhealthy",
+        r.containers.containers.iter().filter(running).count() as f64,
     );
     o.state(
         "database",
@@ -258,45 +264,68 @@ pub fn render(s: &Snapshot) -> String {
         &DbState::ALL.map(db_state_str),
         r.database.summary(),
     );
-    // Per database: the name label is the URL without its password.
-    let dbs = &r.database.databases;
-    let db_labels = |d: &crate::checks::database::DatabaseEntry| -> Labels {
-        vec![
-            ("database", d.name.clone()),
-            ("kind", d.kind.as_str().to_string()),
-        ]
-    };
-    o.labeled(
-        "database_state",
-        "State of each configured database, 1 for the current one (damped)",
-        dbs.iter()
-            .flat_map(|d| {
-                DbState::ALL[1..]
-                    .iter()
-                    .map(|&st| db_state_str(st))
-                    .map(move |st| {
-                        let mut labels = db_labels(d);
-                        labels.push(("state", st.to_string()));
-                        let current = st == db_state_str(d.state);
-                        (labels, f64::from(u8::from(current)))
-                    })
-            })
-            .collect(),
-    );
-    o.labeled(
-        "database_latency_seconds",
-        "Duration of the last good round trip to each database, connect included",
-        dbs.iter()
-            .filter_map(|d| d.latency_ms.map(|ms| (db_labels(d), ms / 1000.0)))
-            .collect(),
-    );
-    o.labeled(
-        "database_consecutive_failures",
-        "Failed round trips in a row to each database",
-        dbs.iter()
-            .map(|d| (db_labels(d), f64::from(d.consecutive_failures)))
-            .collect(),
-    );
+    if detailed {
+        o.labeled(
+            "container_up",
+            "1 when an expected container is running and not unhealthy",
+            r.containers
+                .containers
+                .iter()
+                .map(|c| {
+                    let up = c.state == "running" && c.health != "unhealthy";
+                    (vec![("name", c.name.clone())], f64::from(u8::from(up)))
+                })
+                .collect(),
+        );
+        o.labeled(
+            "container_restarts",
+            "Docker's restart count of each expected container",
+            r.containers
+                .containers
+                .iter()
+                .map(|c| (vec![("name", c.name.clone())], c.restart_count as f64))
+                .collect(),
+        );
+        // Per database: the name label is the URL without its password.
+        let dbs = &r.database.databases;
+        let db_labels = |d: &crate::checks::database::DatabaseEntry| -> Labels {
+            vec![
+                ("database", d.name.clone()),
+                ("kind", d.kind.as_str().to_string()),
+            ]
+        };
+        o.labeled(
+            "database_state",
+            "State of each configured database, 1 for the current one (damped)",
+            dbs.iter()
+                .flat_map(|d| {
+                    DbState::ALL[1..]
+                        .iter()
+                        .map(|&st| db_state_str(st))
+                        .map(move |st| {
+                            let mut labels = db_labels(d);
+                            labels.push(("state", st.to_string()));
+                            let current = st == db_state_str(d.state);
+                            (labels, f64::from(u8::from(current)))
+                        })
+                })
+                .collect(),
+        );
+        o.labeled(
+            "database_latency_seconds",
+            "Duration of the last good round trip to each database, connect included",
+            dbs.iter()
+                .filter_map(|d| d.latency_ms.map(|ms| (db_labels(d), ms / 1000.0)))
+                .collect(),
+        );
+        o.labeled(
+            "database_consecutive_failures",
+            "Failed round trips in a row to each database",
+            dbs.iter()
+                .map(|d| (db_labels(d), f64::from(d.consecutive_failures)))
+                .collect(),
+        );
+    }
     let h = &s.heal;
     o.counter(
         "heal_attempts",
@@ -404,7 +433,8 @@ mod tests {
             },
         };
         let decision = evaluate(&report.policy_input(false));
-        let text = render(&Snapshot::new(decision, report, HealLog::default(), 1, 1));
+        let snap = Snapshot::new(decision, report, HealLog::default(), 1, 1);
+        let text = render(&snap, true);
         for line in [
             r#"health_agent_database{state="unreachable"} 1.0"#,
             r#"health_agent_database_state{database="postgres://hc@127.0.0.1:5432/app",kind="postgres",state="connected"} 1.0"#,
@@ -419,5 +449,10 @@ mod tests {
             !text.contains(r#"health_agent_database_latency_seconds{database="redis"#),
             "no latency series without a good round trip:\n{text}"
         );
+        // A client without diagnostics gets the aggregate, and no name.
+        let brief = render(&snap, false);
+        assert!(brief.contains(r#"health_agent_database{state="unreachable"} 1.0"#));
+        assert!(!brief.contains("127.0.0.1"), "{brief}");
+        assert!(!brief.contains("database_state"), "{brief}");
     }
 }

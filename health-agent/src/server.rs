@@ -205,9 +205,11 @@ fn stale(age: Duration, ietf: bool) -> Response {
     )
 }
 
-async fn metrics_handler(State(app): State<Arc<App>>) -> Response {
+async fn metrics_handler(State(app): State<Arc<App>>, req: Request) -> Response {
+    let peer = req.extensions().get::<Peer>().copied();
+    let detailed = wants_details(&app, peer, req.headers());
     let snap = app.snapshot.load();
-    let mut r = metrics::render(&snap).into_response();
+    let mut r = metrics::render(&snap, detailed).into_response();
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
@@ -730,7 +732,12 @@ mod tests {
             idle_for >= Duration::from_millis(250) && idle_for < Duration::from_secs(3),
             "closed after {idle_for:?} idle"
         );
-        assert_eq!(clients.open_from([127, 0, 0, 1].into()), 0);
+        // Its place is given back once the connection's task ends (just after the close).
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while clients.open_from([127, 0, 0, 1].into()) != 0 {
+            assert!(Instant::now() < deadline, "the slot was never given back");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         shutdown.cancel();
     }
 
@@ -931,6 +938,50 @@ mod tests {
         .unwrap();
         assert!(text.contains("health_agent_http_status 200"), "{text}");
         assert!(text.ends_with("# EOF\n"));
+        // server.details = "loopback": the mounts' names only for a loopback client.
+        let metrics = |peer: &str| {
+            let mut r = req("/metrics").body(Body::empty()).unwrap();
+            r.extensions_mut().insert(Peer(peer.parse().unwrap()));
+            r
+        };
+        let text = |resp: Response| async {
+            let b = resp.into_body().collect().await.unwrap().to_bytes();
+            String::from_utf8(b.to_vec()).unwrap()
+        };
+        let mut a = app(DiskLevel::Ok, Details::Loopback);
+        Arc::get_mut(&mut a).unwrap().snapshot = {
+            let mut r = report(DiskLevel::Ok);
+            r.disk.mounts.push(crate::checks::disk::MountUsage {
+                path: "/srv/secret-project".into(),
+                used_percent: 42.0,
+                total_bytes: 1,
+                available_bytes: 1,
+                level: DiskLevel::Ok,
+                error: None,
+            });
+            let d = evaluate(&r.policy_input(false));
+            Arc::new(ArcSwap::from_pointee(Snapshot::new(
+                d,
+                r,
+                HealLog::default(),
+                1,
+                1,
+            )))
+        };
+        let local = text(
+            router(a.clone())
+                .oneshot(metrics("127.0.0.1:5000"))
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert!(local.contains("/srv/secret-project"), "{local}");
+        let remote = text(router(a).oneshot(metrics("10.1.2.3:5000")).await.unwrap()).await;
+        assert!(!remote.contains("/srv/secret-project"), "{remote}");
+        assert!(
+            remote.contains("health_agent_disk_used_ratio_max 0.42"),
+            "{remote}"
+        );
         let resp = router(app(DiskLevel::Ok, Details::Always))
             .oneshot(req("/livez").body(Body::empty()).unwrap())
             .await
