@@ -110,8 +110,10 @@ async fn woken(wake: Option<&Notify>) {
 /// The running background half.
 pub struct Agent {
     pub snapshot: SharedSnapshot,
-    /// Ends after shutdown, once the kernel programs are detached.
+    /// Ends after shutdown, once the kernel programs are detached and queued alerts sent.
     pub composer: tokio::task::JoinHandle<()>,
+    /// Stops the check loop itself (what a bug would do): for tests of the supervisor.
+    pub check_loop: tokio::task::AbortHandle,
 }
 
 /// Starts every check and the composer. The first snapshot exists before this returns.
@@ -318,10 +320,9 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
         judge: Judge::new(cfg.fleet.interval, cfg.fleet.timeout),
         alerts: Alerts::start(&cfg.alerts, alerts::hostname(), shutdown.clone()),
     };
-    // The first snapshot should not say "disk unknown" only because the disk check has not
-    // had its first turn yet: give it up to its timeout.
-    let mut first_disk = composer.disk.clone();
-    let _ = tokio::time::timeout(timeout, first_disk.wait_for(Option::is_some)).await;
+    // The first snapshot should not say "unknown" only because a check has not had its first
+    // turn yet: every check gets up to `checks.timeout`, all of them together.
+    let _ = tokio::time::timeout(timeout, composer.first_results()).await;
     let now = Instant::now();
     let first = composer.compose(now);
     if let Some(a) = composer.alerts.as_mut() {
@@ -330,6 +331,7 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
     release_startup_memory();
     let shared: SharedSnapshot = Arc::new(ArcSwap::from_pointee(first));
     let out = shared.clone();
+    let supervisor_shutdown = shutdown.clone();
     let composer = tokio::spawn(async move {
         let mut tick = tokio::time::interval(composer.cfg.web.eval_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -359,10 +361,101 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
             a.closed().await;
         }
     });
+    let check_loop = composer.abort_handle();
+    let supervisor = tokio::spawn(supervise(composer, out.clone(), cfg, supervisor_shutdown));
     Agent {
         snapshot: out,
-        composer,
+        composer: supervisor,
+        check_loop,
     }
+}
+
+/// How often the supervisor looks at the check loop.
+const SUPERVISE_EVERY: Duration = Duration::from_secs(1);
+
+/// Watches the check loop from outside it. Once its snapshot is older than
+/// `checks.stale_after` (the loop is stuck) or its task has ended before shutdown (a panic),
+/// `/health` and `/livez` already answer 503 from the snapshot's age; this says why in the log
+/// and raises an `unhealthy` alert of its own, since the loop's alerting stopped with the loop.
+/// It resolves once a fresh snapshot shows the loop back.
+async fn supervise(
+    mut composer: tokio::task::JoinHandle<()>,
+    shared: SharedSnapshot,
+    cfg: Arc<Config>,
+    shutdown: CancellationToken,
+) {
+    let mut ended: Option<String> = None;
+    let mut alerts: Option<Option<Alerts>> = None;
+    let mut down_since: Option<Instant> = None;
+    let mut tick = tokio::time::interval(SUPERVISE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            r = &mut composer, if ended.is_none() => {
+                if shutdown.is_cancelled() {
+                    return;
+                }
+                let why = match r {
+                    Err(e) if e.is_panic() => format!("panicked: {}", panic_message(e.into_panic())),
+                    Err(_) => "was stopped".to_string(),
+                    Ok(()) => "returned".to_string(),
+                };
+                tracing::error!("the check loop {why}: /health and /livez answer 503 from now on");
+                ended = Some(why);
+            }
+            _ = shutdown.cancelled() => break,
+            _ = tick.tick() => {}
+        }
+        let now = Instant::now();
+        let snap = shared.load_full();
+        let age = now.saturating_duration_since(snap.created);
+        let stopped = match &ended {
+            Some(why) => Some(format!("the agent's check loop {why}")),
+            None if age > cfg.checks.stale_after => Some(format!(
+                "the agent's check loop has not finished a round for {:.0}s",
+                age.as_secs_f64()
+            )),
+            None => None,
+        };
+        match (&stopped, down_since) {
+            (Some(why), None) => {
+                tracing::error!("{why}: the agent can no longer vouch for this instance");
+                down_since = Some(now);
+            }
+            (None, Some(_)) => {
+                tracing::info!("the check loop is running again");
+                down_since = None;
+            }
+            _ => {}
+        }
+        // Alerting starts only once needed; afterwards it sees every look, so the incident
+        // resolves when the loop is back.
+        if stopped.is_none() && alerts.is_none() {
+            continue;
+        }
+        let sink = alerts.get_or_insert_with(|| {
+            Alerts::start(&cfg.alerts, alerts::hostname(), shutdown.clone())
+        });
+        if let Some(a) = sink.as_mut() {
+            match &stopped {
+                Some(why) => a.observe(&snap.as_stopped(why), now),
+                None => a.observe(&snap, now),
+            }
+        }
+    }
+    if ended.is_none() {
+        let _ = composer.await;
+    }
+    if let Some(Some(a)) = alerts {
+        a.closed().await;
+    }
+}
+
+fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
 }
 
 struct Composer {
@@ -390,7 +483,31 @@ struct Composer {
     alerts: Option<Alerts>,
 }
 
+/// Waits for `slot`'s first result, if there is a slot.
+async fn first_result<T>(slot: Option<&Slot<T>>) {
+    if let Some(s) = slot {
+        let _ = s.clone().wait_for(Option::is_some).await;
+    }
+}
+
 impl Composer {
+    /// Waits for every check's first result. The probe goes where the web monitor has seen
+    /// the backend listen, so the monitor takes one look first (in a container's namespace
+    /// once Docker has said where that is).
+    async fn first_results(&mut self) {
+        first_result(self.web_container.as_ref()).await;
+        if let Some(t) = self.web_container.as_ref().and_then(|c| c.borrow().clone()) {
+            self.web.set_container(t.value);
+        }
+        self.web.evaluate(Instant::now());
+        tokio::join!(
+            first_result(Some(&self.disk)),
+            first_result(self.probe.as_ref()),
+            first_result(self.containers.as_ref()),
+            first_result(self.database.as_ref()),
+        );
+    }
+
     fn fresh<T: Clone>(&self, slot: &Slot<T>, now: Instant) -> Option<T> {
         let v = slot.borrow();
         let t = v.as_ref()?;
@@ -724,5 +841,129 @@ mod tests {
             .await
             .expect("composer stops on shutdown")
             .expect("composer task");
+    }
+
+    /// A local webhook receiver: every JSON body POSTed to it.
+    async fn webhook() -> (String, Arc<std::sync::Mutex<Vec<serde_json::Value>>>) {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let store = seen.clone();
+        let app = axum::Router::new().route(
+            "/hook",
+            axum::routing::post(move |axum::Json(v): axum::Json<serde_json::Value>| {
+                let store = store.clone();
+                async move {
+                    store.lock().unwrap().push(v);
+                    "ok"
+                }
+            }),
+        );
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", l.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(l, app).await });
+        (url, seen)
+    }
+
+    async fn get(app: Arc<crate::server::App>, path: &str) -> (u16, String) {
+        use http_body_util::BodyExt as _;
+        use tower::ServiceExt as _;
+        let req = axum::http::Request::builder()
+            .uri(path)
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let resp = crate::server::router(app).oneshot(req).await.unwrap();
+        let code = resp.status().as_u16();
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        (code, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dead_check_loop_fails_livez_and_raises_an_alert() {
+        let (url, hooks) = webhook().await;
+        let mut cfg = Config::default();
+        cfg.checks.boot_grace = Duration::ZERO;
+        cfg.checks.interval = Duration::from_millis(200);
+        cfg.checks.stale_after = Duration::from_secs(1);
+        cfg.disk.warn_percent = 100.0;
+        cfg.disk.fail_percent = 100.0;
+        cfg.alerts.webhook_url = url;
+        let cfg = Arc::new(cfg);
+        let shutdown = CancellationToken::new();
+        let agent = start(cfg.clone(), shutdown.clone()).await;
+        let app = Arc::new(crate::server::App {
+            snapshot: agent.snapshot.clone(),
+            details: crate::config::Details::Always,
+            token: None,
+            stale_after: cfg.checks.stale_after,
+            fleet_token: crate::server::FleetToken::Open,
+            host: "web-1".into(),
+        });
+        assert_eq!(get(app.clone(), "/livez").await, (200, "ok\n".into()));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(hooks.lock().unwrap().is_empty(), "nothing to alert yet");
+
+        agent.check_loop.abort();
+        let deadline = Instant::now() + Duration::from_secs(6);
+        let alert = loop {
+            if let Some(a) = hooks.lock().unwrap().first().cloned() {
+                break a;
+            }
+            assert!(Instant::now() < deadline, "no alert after the loop died");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(alert["event"], "incident.triggered", "{alert}");
+        assert_eq!(
+            alert["payload"]["incident"]["condition"], "unhealthy",
+            "{alert}"
+        );
+        assert!(
+            alert["payload"]["reasons"][0]
+                .as_str()
+                .is_some_and(|r| r.contains("check loop was stopped")),
+            "{alert}"
+        );
+        // Both fail once the last snapshot is older than stale_after.
+        let (code, body) = loop {
+            let (code, body) = get(app.clone(), "/livez").await;
+            if code != 200 || Instant::now() > deadline {
+                break (code, body);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(code, 503, "{body}");
+        assert!(body.contains("check loop"), "{body}");
+        assert_eq!(get(app, "/health").await.0, 503);
+
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(10), agent.composer)
+            .await
+            .expect("the supervisor stops on shutdown")
+            .expect("supervisor task");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_first_snapshot_carries_every_checks_first_result() {
+        // A database that answers after 300 ms, a web backend whose probe path answers.
+        let (redis, _) = fake_redis(redis_ok, Duration::from_millis(300)).await;
+        let web = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = web.local_addr().unwrap().port();
+        let app = axum::Router::new().route("/up", axum::routing::get(|| async { "up" }));
+        tokio::spawn(async move { axum::serve(web, app).await });
+
+        let mut cfg = Config::default();
+        cfg.disk.warn_percent = 100.0;
+        cfg.disk.fail_percent = 100.0;
+        cfg.database.url = format!("redis://{redis}");
+        cfg.web.port = port;
+        cfg.web.kernel = false;
+        let shutdown = CancellationToken::new();
+        let agent = start(Arc::new(cfg), shutdown.clone()).await;
+        let first = agent.snapshot.load_full();
+        assert_eq!(first.report.database.state, DbState::Connected);
+        let probe = first.report.web.probe.as_ref().expect("a probe result");
+        assert_eq!(probe.status, Some(200), "{probe:?}");
+        assert_eq!(first.report.web.verdict, crate::policy::WebVerdict::Up);
+        assert_eq!(first.decision.http, 200, "{:?}", first.decision);
+        shutdown.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(10), agent.composer).await;
     }
 }

@@ -77,7 +77,7 @@ struct Peer(SocketAddr);
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/health", get(health))
-        .route("/livez", get(|| async { "ok\n" }))
+        .route("/livez", get(livez))
         .route("/metrics", get(metrics_handler))
         .route(crate::fleet::VIEW_PATH, get(fleet_view))
         .with_state(app)
@@ -132,6 +132,20 @@ async fn health(State(app): State<Arc<App>>, req: Request) -> Response {
         .clone();
     let code = StatusCode::from_u16(snap.decision.http).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
     respond(code, body, ietf, age)
+}
+
+/// The agent process itself: fine while its check loop keeps publishing snapshots. A loop
+/// that is stuck or gone fails it, so a supervisor (systemd, Kubernetes) restarts the agent.
+async fn livez(State(app): State<Arc<App>>) -> Response {
+    let age = Instant::now().saturating_duration_since(app.snapshot.load().created);
+    if age > app.stale_after {
+        let msg = format!(
+            "the check loop has not published a snapshot for {:.1}s\n",
+            age.as_secs_f64()
+        );
+        return (StatusCode::SERVICE_UNAVAILABLE, msg).into_response();
+    }
+    "ok\n".into_response()
 }
 
 /// The compact peer view: this instance's raw check states, for its peers' judgement.

@@ -108,6 +108,33 @@ impl Snapshot {
         }
     }
 
+    /// What the agent's supervisor reports once the check loop has stopped: the last report,
+    /// with the answer `/health` gives for a stale snapshot (503, the loop named as the
+    /// reason). For the alerts only; never served.
+    pub fn as_stopped(&self, why: &str) -> Self {
+        let decision = Decision {
+            status: crate::policy::Status::Unhealthy,
+            http: 503,
+            recommendation: crate::policy::Recommendation::Stable,
+            reasons: vec![format!(
+                "{why}: the agent can no longer vouch for this instance"
+            )],
+            faults: Vec::new(),
+            shared_dependency: false,
+        };
+        Self {
+            created: self.created,
+            generated_at: rfc3339(SystemTime::now()),
+            decision,
+            report: self.report.clone(),
+            heal: self.heal.clone(),
+            uptime: self.uptime,
+            agent_uptime: self.agent_uptime,
+            fleet: self.fleet.clone(),
+            bodies: Default::default(),
+        }
+    }
+
     pub fn with_fleet(self, fleet: crate::fleet::FleetReport) -> Self {
         Self { fleet, ..self }
     }
