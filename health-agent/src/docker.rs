@@ -40,12 +40,31 @@ pub struct ContainerInfo {
     pub memory_bytes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory_percent: Option<f64>,
+    /// A one-shot job that finished: found by label (not named), exited 0, and not meant to
+    /// be restarted (restart policy other than `always` / `unless-stopped`). Not a fault,
+    /// never restarted.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub completed: bool,
 }
 
 impl ContainerInfo {
     fn faulty(&self) -> bool {
-        self.state != "running" || self.health == "unhealthy"
+        !self.completed && (self.state != "running" || self.health == "unhealthy")
     }
+}
+
+/// Whether a container found by label is a job that has done its work: it exited 0 and
+/// Docker is not told to keep it running. A named container is expected to run, exit 0 or not.
+fn completed_job(
+    by_label_only: bool,
+    status: ContainerStateStatusEnum,
+    exit_code: Option<i64>,
+    restart_policy: Option<&str>,
+) -> bool {
+    by_label_only
+        && status == ContainerStateStatusEnum::EXITED
+        && exit_code == Some(0)
+        && !matches!(restart_policy, Some("always" | "unless-stopped"))
 }
 
 /// Where a container's network lives: its main process (whose network namespace is the
@@ -171,7 +190,9 @@ impl Docker {
     pub async fn check(&self, cfg: &ContainersConfig) -> (ContainersReport, Vec<ContainerInfo>) {
         match self.inspect_expected(cfg).await {
             Ok(infos) => {
-                let running = infos.iter().filter(|c| !c.faulty()).count();
+                let completed = infos.iter().filter(|c| c.completed).count();
+                let expected = infos.len() - completed;
+                let running = infos.iter().filter(|c| !c.completed && !c.faulty()).count();
                 let faulty: Vec<&ContainerInfo> = infos.iter().filter(|c| c.faulty()).collect();
                 let reason = (!faulty.is_empty()).then(|| {
                     faulty
@@ -196,7 +217,11 @@ impl Docker {
                     } else {
                         ContainersState::Faulty
                     },
-                    summary: format!("{running}/{} running", infos.len()),
+                    summary: if completed == 0 {
+                        format!("{running}/{expected} running")
+                    } else {
+                        format!("{running}/{expected} running, {completed} completed")
+                    },
                     reason,
                     faulty: faulty.iter().map(|c| c.name.clone()).collect(),
                     containers: infos.clone(),
@@ -242,12 +267,13 @@ impl Docker {
         }
         let mut out = Vec::with_capacity(expected.len());
         for name in expected {
+            let by_label_only = !cfg.names.contains(&name);
             match self
                 .client
                 .inspect_container(&name, None::<InspectContainerOptions>)
                 .await
             {
-                Ok(inspect) => out.push(self.describe(&name, inspect).await),
+                Ok(inspect) => out.push(self.describe(&name, inspect, by_label_only).await),
                 Err(bollard::errors::Error::DockerResponseServerError {
                     status_code: 404, ..
                 }) => out.push(ContainerInfo {
@@ -259,6 +285,7 @@ impl Docker {
                     cpu_percent: None,
                     memory_bytes: None,
                     memory_percent: None,
+                    completed: false,
                 }),
                 Err(e) => return Err(e),
             }
@@ -266,8 +293,19 @@ impl Docker {
         Ok(out)
     }
 
-    async fn describe(&self, name: &str, inspect: ContainerInspectResponse) -> ContainerInfo {
+    async fn describe(
+        &self,
+        name: &str,
+        inspect: ContainerInspectResponse,
+        by_label_only: bool,
+    ) -> ContainerInfo {
         let state = inspect.state.clone().unwrap_or_default();
+        let restart_policy = inspect
+            .host_config
+            .as_ref()
+            .and_then(|h| h.restart_policy.as_ref())
+            .and_then(|p| p.name)
+            .map(|n| n.to_string());
         let status = state.status.unwrap_or(ContainerStateStatusEnum::EMPTY);
         let health = state
             .health
@@ -285,6 +323,12 @@ impl Docker {
             cpu_percent: None,
             memory_bytes: None,
             memory_percent: None,
+            completed: completed_job(
+                by_label_only,
+                status,
+                state.exit_code,
+                restart_policy.as_deref(),
+            ),
         };
         if status == ContainerStateStatusEnum::RUNNING {
             self.add_stats(&mut info).await;
@@ -335,6 +379,43 @@ impl Docker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_labelled_job_that_exited_0_and_stays_down_is_completed() {
+        use bollard::models::RestartPolicyNameEnum as P;
+        use ContainerStateStatusEnum::{EXITED, RUNNING};
+        let policy = |p: P| Some(p.to_string());
+        assert!(completed_job(
+            true,
+            EXITED,
+            Some(0),
+            policy(P::NO).as_deref()
+        ));
+        assert!(completed_job(
+            true,
+            EXITED,
+            Some(0),
+            policy(P::ON_FAILURE).as_deref()
+        ));
+        assert!(completed_job(true, EXITED, Some(0), None));
+        // Docker is told to keep it running: exiting is not its job.
+        assert!(!completed_job(
+            true,
+            EXITED,
+            Some(0),
+            policy(P::ALWAYS).as_deref()
+        ));
+        assert!(!completed_job(
+            true,
+            EXITED,
+            Some(0),
+            policy(P::UNLESS_STOPPED).as_deref()
+        ));
+        // Failed, still running, or expected by name.
+        assert!(!completed_job(true, EXITED, Some(3), None));
+        assert!(!completed_job(true, RUNNING, None, None));
+        assert!(!completed_job(false, EXITED, Some(0), None));
+    }
 
     #[test]
     fn a_published_host_port_maps_to_the_container_port() {

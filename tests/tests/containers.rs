@@ -304,3 +304,83 @@ fn restart_command_heals_a_plain_process() {
     // SAFETY: cleaning up the process the restart script started.
     unsafe { libc::kill(new_pid, libc::SIGKILL) };
 }
+
+/// Runs the fixture image with `label`, detached; removed on drop.
+fn run_labelled(label: &str, what: &str, args: &[&str]) -> Container {
+    let c = Container {
+        name: format!("ha-test-{what}-{}", std::process::id()),
+        port: health_agent_tests::free_port(),
+    };
+    let listen = format!("127.0.0.1:{}", c.port);
+    let mut cmd = vec![
+        "run",
+        "-d",
+        "--name",
+        &c.name,
+        "--label",
+        label,
+        "--network",
+        "host",
+        health_agent_tests::fixture_image(),
+        "--listen",
+        &listen,
+    ];
+    cmd.extend_from_slice(args);
+    docker(&cmd);
+    c
+}
+
+#[test]
+fn a_finished_job_under_a_watched_label_is_not_a_fault() {
+    require_root();
+    let label = format!("ha.test.group=jobs-{}", std::process::id());
+    let service = run_labelled(&label, "service", &[]);
+    // A one-shot job: it prints its usage and exits 0.
+    let job = run_labelled(&label, "job", &["--help"]);
+    service.wait_serving();
+    wait_until(WAIT, "the job to finish", || {
+        (docker(&[
+            "inspect",
+            "-f",
+            "{{.State.Status}} {{.State.ExitCode}}",
+            &job.name,
+        ]) == "exited 0")
+            .then_some(())
+    });
+    let agent = Agent::start(&format!(
+        "[checks]\ninterval = \"500ms\"\nboot_grace = \"0s\"\n[containers]\nlabels = [\"{label}\"]\n"
+    ));
+    let (code, body) = agent.wait_health(WAIT, "both containers seen", |_, b| {
+        b["details"]["containers"]["containers"]
+            .as_array()
+            .is_some_and(|a| a.len() == 2)
+    });
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["checks"]["containers"], "1/1 running, 1 completed");
+    assert_eq!(
+        body["details"]["containers"]["state"], "all_running",
+        "{body}"
+    );
+    let info = body["details"]["containers"]["containers"]
+        .as_array()
+        .unwrap();
+    let job_info = info
+        .iter()
+        .find(|c| c["name"] == job.name.as_str())
+        .unwrap();
+    assert_eq!(job_info["completed"], true, "{job_info}");
+    // Some rounds later: still fine, and never restarted.
+    std::thread::sleep(Duration::from_secs(3));
+    let (code, body) = agent.health();
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["details"]["heal"]["total_attempts"], 0, "{body}");
+    assert_eq!(
+        docker(&[
+            "inspect",
+            "-f",
+            "{{.RestartCount}} {{.State.Status}}",
+            &job.name
+        ]),
+        "0 exited"
+    );
+}
