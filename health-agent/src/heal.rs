@@ -315,7 +315,8 @@ impl Healer {
         self.update_last(|a| {
             a.outcome = outcome;
             a.error = error;
-            a.duration_ms = now.saturating_duration_since(started).as_millis() as u64;
+            a.duration_ms = u64::try_from(now.saturating_duration_since(started).as_millis())
+                .unwrap_or(u64::MAX);
         });
     }
 }
