@@ -599,7 +599,11 @@ container = ""                   # optional: the backend's container: its networ
                                  # port), and healing restarts it
 netns = ""                       # optional: the backend's network namespace for other runtimes
                                  # (/var/run/netns/NAME, /proc/PID/ns/net)
-restart_command = ""             # optional: heal by running this (non-container backends)
+restart_command = ""             # optional: heal by running this (non-container backends), with
+                                 # sh -c in its own process group and only PATH, HOME, LANG, LC_*,
+                                 # TZ... of the agent's environment (never its secrets); killed
+                                 # with its group after heal.timeout. A server it starts in the
+                                 # background must detach: setsid cmd >/dev/null 2>&1 &
 
 [disk]
 paths = ["/"]
