@@ -292,17 +292,24 @@ pub(super) fn parse_error(text: &str, e: &toml::de::Error) -> String {
     let line_no = before.matches('\n').count() + 1;
     let column = before[line_start..].chars().count() + 1;
     let line = text[line_start..].lines().next().unwrap_or("");
+    let header = line.trim_start().starts_with('[');
     let (key, value_part) = match line.split_once('=') {
-        Some((k, v)) if !k.trim_start().starts_with(['[', '#']) => (Some(k.trim()), v),
+        Some((k, v)) if !header && !k.trim_start().starts_with('#') => (Some(k.trim()), v),
         _ => (None, line),
     };
-    let mut values = literals(value_part);
-    if let Some(spanned) = text.get(span) {
+    // What the error points at is a value unless it is a table header or the key itself (an
+    // unknown field): those are names, and the message needs them.
+    let in_name =
+        header || (key.is_some() && line.find('=').is_some_and(|eq| start - line_start < eq));
+    let mut values = if header {
+        Vec::new()
+    } else {
+        literals(value_part)
+    };
+    if let Some(spanned) = text.get(span).filter(|_| !in_name) {
         let spanned = spanned.trim();
-        if Some(spanned) != key {
-            values.push(spanned.to_string());
-            values.extend(literals(spanned));
-        }
+        values.push(spanned.to_string());
+        values.extend(literals(spanned));
     }
     let full_key = key.map(|k| match section_of(&text[..line_start]) {
         Some(section) => format!("{section}.{k}"),
@@ -512,6 +519,24 @@ mod tests {
                 "918273645546372819",
                 "alerts.pagerduty_routing_key",
                 "line 2",
+            ),
+            (
+                format!("alerts.slack_webhok_url = \"{SLACK}\"\n"),
+                "Xy7sEcReTwEbHoOk",
+                "unknown field `slack_webhok_url`",
+                "line 1",
+            ),
+            (
+                "[alertz]\nx = \"S3cr3tS3cr3t\"\n".into(),
+                "S3cr3tS3cr3t",
+                "unknown field `alertz`",
+                "line 1",
+            ),
+            (
+                "[database]\nurls = [\n  \"postgres://u:Pa55w0rd@h/db\",\n  918273645546372819,\n]\n".into(),
+                "918273645546372819",
+                "invalid type",
+                "line 4",
             ),
             (
                 format!("[alerts]\nslack_webhook_url = [\"{SLACK}\"]\n"),
