@@ -6,6 +6,9 @@ use std::{net::SocketAddr, path::Path, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
+mod validate;
+pub use validate::world_readable_warning;
+
 pub const DEFAULT_PATH: &str = "/etc/health-agent/health-agent.toml";
 
 #[derive(Debug, thiserror::Error)]
@@ -408,16 +411,27 @@ impl Config {
                 })
             }
         };
-        Self::parse(&text, &shown)
+        let cfg = Self::parse(&text, &shown)?;
+        if let Some(warning) = world_readable_warning(path, &cfg) {
+            tracing::warn!("{warning}");
+        }
+        Ok(cfg)
     }
 
     pub fn parse(text: &str, path: &str) -> Result<Self, ConfigError> {
         let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: path.to_string(),
-            // The message quotes the offending line, which may hold a database URL.
-            message: crate::checks::database::redact_urls_in(e.to_string().trim_end()),
+            // toml's own rendering quotes the offending line, which may hold a secret.
+            message: validate::parse_error(text, &e),
         })?;
-        cfg.validate(path)?;
+        cfg.validate(path).map_err(|e| match e {
+            ConfigError::Invalid { path, key, message } => ConfigError::Invalid {
+                path,
+                key,
+                message: validate::secrets(&cfg).replace(&message),
+            },
+            other => other,
+        })?;
         Ok(cfg)
     }
 
@@ -427,41 +441,8 @@ impl Config {
             key,
             message,
         };
-        let pct = |key, v: f64| {
-            if (0.0..=100.0).contains(&v) {
-                Ok(())
-            } else {
-                Err(bad(key, format!("must be between 0 and 100, got {v}")))
-            }
-        };
-        pct("disk.warn_percent", self.disk.warn_percent)?;
-        pct("disk.fail_percent", self.disk.fail_percent)?;
-        pct("scaling.cpu_high_percent", self.scaling.cpu_high_percent)?;
-        pct(
-            "scaling.memory_high_percent",
-            self.scaling.memory_high_percent,
-        )?;
-        pct("scaling.cpu_low_percent", self.scaling.cpu_low_percent)?;
-        pct(
-            "scaling.memory_low_percent",
-            self.scaling.memory_low_percent,
-        )?;
-        if self.disk.warn_percent > self.disk.fail_percent {
-            return Err(bad(
-                "disk.warn_percent",
-                format!(
-                    "({}) must not exceed disk.fail_percent ({})",
-                    self.disk.warn_percent, self.disk.fail_percent
-                ),
-            ));
-        }
-        let positive = |key, d: Duration| {
-            if d.is_zero() {
-                Err(bad(key, "must be greater than 0".into()))
-            } else {
-                Ok(())
-            }
-        };
+        // First: the cross-checks below may multiply these values.
+        validate::bounds(self).map_err(|(key, message)| bad(key, message))?;
         if !matches!(self.checks.boot_status, 200 | 503) {
             return Err(bad(
                 "checks.boot_status",
@@ -483,11 +464,6 @@ impl Config {
                 ),
             ));
         }
-        positive("fleet.interval", self.fleet.interval)?;
-        positive("fleet.timeout", self.fleet.timeout)?;
-        if self.fleet.sample == 0 {
-            return Err(bad("fleet.sample", "must be at least 1".into()));
-        }
         if self.fleet.consul_addr.is_empty() != self.fleet.consul_service.is_empty() {
             return Err(bad(
                 "fleet.consul_service",
@@ -505,21 +481,6 @@ impl Config {
                 ));
             }
         }
-        positive("checks.interval", self.checks.interval)?;
-        positive("checks.timeout", self.checks.timeout)?;
-        positive("checks.stale_after", self.checks.stale_after)?;
-        positive("web.probe_timeout", self.web.probe_timeout)?;
-        positive("web.hung_after", self.web.hung_after)?;
-        positive("web.unanswered_after", self.web.unanswered_after)?;
-        positive("web.eval_interval", self.web.eval_interval)?;
-        positive("database.interval", self.database.interval)?;
-        positive("database.timeout", self.database.timeout)?;
-        if self.database.fail_after == 0 {
-            return Err(bad("database.fail_after", "must be at least 1".into()));
-        }
-        if self.database.recover_after == 0 {
-            return Err(bad("database.recover_after", "must be at least 1".into()));
-        }
         if self.database.urls.iter().any(|u| u.trim().is_empty()) {
             return Err(bad("database.urls", "entries must not be empty".into()));
         }
@@ -533,8 +494,7 @@ impl Config {
                 return Err(bad(key, message));
             }
         }
-        positive("server.request_timeout", self.server.request_timeout)?;
-        if self.checks.stale_after < self.checks.interval * 2 {
+        if self.checks.stale_after < self.checks.interval.saturating_mul(2) {
             return Err(bad(
                 "checks.stale_after",
                 "must be at least twice checks.interval".into(),
@@ -547,21 +507,6 @@ impl Config {
                     "must start with '/' (or be \"\" to disable), got {:?}",
                     self.web.probe_path
                 ),
-            ));
-        }
-        if !(64..=1 << 22).contains(&self.web.max_connections_tracked) {
-            return Err(bad(
-                "web.max_connections_tracked",
-                "must be between 64 and 4194304".into(),
-            ));
-        }
-        if self.server.max_connections == 0 {
-            return Err(bad("server.max_connections", "must be at least 1".into()));
-        }
-        if self.server.max_connections_per_client == 0 {
-            return Err(bad(
-                "server.max_connections_per_client",
-                "must be at least 1".into(),
             ));
         }
         if self.disk.paths.iter().any(|p| !p.starts_with('/')) {
@@ -590,35 +535,21 @@ impl Config {
                 format!("must be owner/name, got {repo:?}"),
             ));
         }
-        // Webhook URLs and keys are secrets: errors name the key, never echo the value.
-        let url = |key, v: &str, optional: bool| {
-            if (optional && v.is_empty()) || v.starts_with("https://") || v.starts_with("http://") {
-                Ok(())
-            } else {
-                Err(bad(
-                    key,
-                    "must be an http:// or https:// URL (value not shown: it may be a secret)"
-                        .into(),
-                ))
+        // Webhook URLs and keys are secrets: errors name the key, never echo the value. Over
+        // plain http:// they would cross the network in clear; loopback stays on the host.
+        for (key, v, optional) in [
+            (
+                "alerts.slack_webhook_url",
+                &self.alerts.slack_webhook_url,
+                true,
+            ),
+            ("alerts.webhook_url", &self.alerts.webhook_url, true),
+            ("alerts.pagerduty_url", &self.alerts.pagerduty_url, false),
+            ("alerts.github_api_url", &self.alerts.github_api_url, false),
+        ] {
+            if !(optional && v.is_empty()) {
+                validate::secret_url(v).map_err(|m| bad(key, m.into()))?;
             }
-        };
-        url(
-            "alerts.slack_webhook_url",
-            &self.alerts.slack_webhook_url,
-            true,
-        )?;
-        url("alerts.webhook_url", &self.alerts.webhook_url, true)?;
-        url("alerts.pagerduty_url", &self.alerts.pagerduty_url, false)?;
-        url("alerts.github_api_url", &self.alerts.github_api_url, false)?;
-        positive("alerts.timeout", self.alerts.timeout)?;
-        if self.alerts.max_retries > 20 {
-            return Err(bad("alerts.max_retries", "must be at most 20".into()));
-        }
-        if !(1..=65536).contains(&self.alerts.queue_size) {
-            return Err(bad(
-                "alerts.queue_size",
-                "must be between 1 and 65536".into(),
-            ));
         }
         Ok(())
     }
@@ -674,7 +605,11 @@ container = ""                   # optional: the backend's container: its networ
                                  # port), and healing restarts it
 netns = ""                       # optional: the backend's network namespace for other runtimes
                                  # (/var/run/netns/NAME, /proc/PID/ns/net)
-restart_command = ""             # optional: heal by running this (non-container backends)
+restart_command = ""             # optional: heal by running this (non-container backends), with
+                                 # sh -c in its own process group and only PATH, HOME, LANG, LC_*,
+                                 # TZ... of the agent's environment (never its secrets); killed
+                                 # with its group after heal.timeout. A server it starts in the
+                                 # background must detach: setsid cmd >/dev/null 2>&1 &
 
 [disk]
 paths = ["/"]

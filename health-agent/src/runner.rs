@@ -151,7 +151,7 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
         );
         spawn_periodic(
             interval,
-            t + Duration::from_secs(2),
+            t.saturating_add(Duration::from_secs(2)),
             shutdown.clone(),
             move || {
                 let (target, path) = (target.clone(), path.clone());
@@ -253,7 +253,10 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
             let on_timeout = monitor.on_timeout();
             let slot = spawn_periodic_or_woken(
                 cfg.database.interval,
-                cfg.database.timeout * 2 + Duration::from_secs(2),
+                cfg.database
+                    .timeout
+                    .saturating_mul(2)
+                    .saturating_add(Duration::from_secs(2)),
                 shutdown.clone(),
                 move || {
                     let mut m = monitor.clone();
@@ -283,7 +286,10 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
                 let exchange = Arc::new(exchange);
                 Some(spawn_periodic(
                     cfg.fleet.interval,
-                    cfg.fleet.timeout * 3 + Duration::from_secs(1),
+                    cfg.fleet
+                        .timeout
+                        .saturating_mul(3)
+                        .saturating_add(Duration::from_secs(1)),
                     shutdown.clone(),
                     move || {
                         let e = exchange.clone();
@@ -519,7 +525,10 @@ impl Composer {
     /// far less often than `stale_after`, so it goes stale only when its task stops reporting.
     fn database_report(&self, slot: &Slot<DatabaseReport>, now: Instant) -> DatabaseReport {
         let db = &self.cfg.database;
-        let stale_after = db.interval + db.timeout * 2 + self.cfg.checks.stale_after;
+        let stale_after = db
+            .interval
+            .saturating_add(db.timeout.saturating_mul(2))
+            .saturating_add(self.cfg.checks.stale_after);
         let v = slot.borrow();
         match v.as_ref() {
             None => self.database_pending.clone(),

@@ -243,6 +243,7 @@ fn restart_command_heals_a_plain_process() {
     let dir = tempfile::tempdir().unwrap();
     let port = health_agent_tests::free_port();
     let pid_file = dir.path().join("backend.pid");
+    let env_file = dir.path().join("restart.env");
     let bin = health_agent_tests::binary("fixture-backend", "health-agent-tests");
     let start = format!(
         "setsid {} --listen 127.0.0.1:{port} >/dev/null 2>&1 & echo $! > {}",
@@ -253,7 +254,8 @@ fn restart_command_heals_a_plain_process() {
     std::fs::write(
         &script,
         format!(
-            "#!/bin/sh\nkill -KILL $(cat {}) 2>/dev/null\nsleep 0.2\n{start}\necho restarted\n",
+            "#!/bin/sh\nenv > {}\nkill -KILL $(cat {}) 2>/dev/null\nsleep 0.2\n{start}\necho restarted\n",
+            env_file.display(),
             pid_file.display()
         ),
     )
@@ -272,10 +274,19 @@ fn restart_command_heals_a_plain_process() {
         get(port, "/up").ok().filter(|(c, _)| *c == 200)
     });
 
-    let agent = Agent::start(&format!(
-        "[checks]\ninterval = \"500ms\"\n[web]\nport = {port}\nhung_after = \"2s\"\nrestart_command = \"{}\"\n[heal]\ntimeout = \"10s\"\n",
-        script.display()
-    ));
+    // The agent's secrets: none of them may reach the restart command.
+    let secrets = [
+        ("HEALTH_AGENT_TOKEN", "agent-t0ken-s3cr3t"),
+        ("GITHUB_TOKEN", "ghp_g1thub-s3cr3t"),
+        ("PGPASSWORD", "pg-passw0rd-s3cr3t"),
+    ];
+    let agent = Agent::start_with_env(
+        &format!(
+            "[checks]\ninterval = \"500ms\"\n[web]\nport = {port}\nhung_after = \"2s\"\nrestart_command = \"{}\"\n[heal]\ntimeout = \"10s\"\n",
+            script.display()
+        ),
+        &secrets,
+    );
     agent.wait_health(WAIT, "healthy", |c, b| {
         c == 200 && b["checks"]["webserver"] == "up"
     });
@@ -301,6 +312,14 @@ fn restart_command_heals_a_plain_process() {
         .parse()
         .unwrap();
     assert_ne!(new_pid, pid, "a new process serves now");
+    let env = std::fs::read_to_string(&env_file).expect("the restart command ran env");
+    assert!(env.contains("PATH="), "{env}");
+    for (name, value) in secrets {
+        assert!(
+            !env.contains(name) && !env.contains(value),
+            "{name} reached restart_command: {env}"
+        );
+    }
     // SAFETY: cleaning up the process the restart script started.
     unsafe { libc::kill(new_pid, libc::SIGKILL) };
 }

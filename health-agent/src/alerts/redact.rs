@@ -42,19 +42,33 @@ impl Secrets {
     pub fn redact(&self, text: &str) -> String {
         redact(text, &self.0)
     }
+
+    /// `text` with every secret replaced by `[redacted]`, other URLs left whole: for messages
+    /// that show a URL already redacted on purpose (a database URL without its password).
+    pub fn replace(&self, text: &str) -> String {
+        replace_secrets(text, &self.0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }
 
 /// Replaces each secret (longest first, so a URL that contains a key goes whole) with
 /// `[redacted]`, then shortens any remaining `http(s)://…` to scheme and host: a URL we were
 /// not told about may still carry a token in its path or query.
 pub fn redact(text: &str, secrets: &[String]) -> String {
+    strip_url_paths(&replace_secrets(text, secrets))
+}
+
+fn replace_secrets(text: &str, secrets: &[String]) -> String {
     let mut sorted: Vec<&String> = secrets.iter().filter(|s| !s.is_empty()).collect();
     sorted.sort_by_key(|s| std::cmp::Reverse(s.len()));
     let mut out = text.to_string();
     for s in sorted {
         out = out.replace(s.as_str(), "[redacted]");
     }
-    strip_url_paths(&out)
+    out
 }
 
 fn strip_url_paths(text: &str) -> String {

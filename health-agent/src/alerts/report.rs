@@ -131,7 +131,7 @@ pub fn collect(interval: Duration) -> Evidence {
         top_cpu,
         top_memory,
         suspicious: suspicious::scan(),
-        sample_ms: interval.as_millis() as u64,
+        sample_ms: u64::try_from(interval.as_millis()).unwrap_or(u64::MAX),
     }
 }
 

@@ -204,6 +204,14 @@ pub fn validate_url(url: &str) -> Result<(), String> {
     Target::parse(url).map(|_| ())
 }
 
+/// The secrets `url` carries (its password, raw and decoded), for redacting text that may quote
+/// it; none if it does not parse.
+pub fn url_secrets(url: &str) -> Vec<String> {
+    Target::parse(url)
+        .map(|t| t.url_secrets)
+        .unwrap_or_default()
+}
+
 fn decode(s: &str) -> String {
     percent_decode_str(s).decode_utf8_lossy().into_owned()
 }

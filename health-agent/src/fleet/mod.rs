@@ -177,8 +177,8 @@ impl Judge {
     pub fn new(interval: Duration, timeout: Duration) -> Self {
         Self {
             onset: HashMap::new(),
-            settle: MIN_SETTLE.max(interval * 2),
-            max_age: (interval + timeout) * 3,
+            settle: MIN_SETTLE.max(interval.saturating_mul(2)),
+            max_age: interval.saturating_add(timeout).saturating_mul(3),
         }
     }
 

@@ -82,10 +82,11 @@ fn freeze_confirm(cfg: &WebConfig) -> Duration {
 /// latency (a pool of threads sleeping 3 s per request answers every 3 s), never past
 /// `unanswered_after`.
 fn quiet_limit(k: &KernelEvidence, cfg: &WebConfig) -> Duration {
-    let p99 = Duration::from_secs_f64(k.latency.p99_ms.max(0.0) / 1000.0);
+    let p99 =
+        Duration::try_from_secs_f64(k.latency.p99_ms.max(0.0) / 1000.0).unwrap_or(Duration::MAX);
     cfg.hung_after
-        .max(k.longest_quiet * 2)
-        .max(p99 * 2)
+        .max(k.longest_quiet.saturating_mul(2))
+        .max(p99.saturating_mul(2))
         .min(cfg.hung_after.max(cfg.unanswered_after))
 }
 
@@ -93,7 +94,7 @@ fn quiet_limit(k: &KernelEvidence, cfg: &WebConfig) -> Duration {
 fn dependency_limit(k: Option<&KernelEvidence>, cfg: &WebConfig) -> Duration {
     let base = cfg.hung_after / 2;
     k.map_or(base, |k| {
-        base.max(k.longest_quiet * 2)
+        base.max(k.longest_quiet.saturating_mul(2))
             .min(base.max(cfg.unanswered_after))
     })
 }
@@ -466,7 +467,8 @@ pub fn next_look(e: &Evidence, cfg: &WebConfig, now: Instant) -> Option<Instant>
         .flatten()
         .filter(|w| !w.is_zero())
         .min()
-        .map(|w| now + w + Duration::from_millis(2))
+        // Checked: a limit past the end of time (a hand-built config) means no early look.
+        .and_then(|w| now.checked_add(w.saturating_add(Duration::from_millis(2))))
 }
 
 /// How the probe and the kernel view differ, if they do.
@@ -823,6 +825,24 @@ mod tests {
         let mut e = waiting(10 * S, Some(10 * S));
         e.queue = 0;
         assert_ne!(decide(&e, &cfg()).0, WebVerdict::Hung);
+    }
+
+    #[test]
+    fn limits_past_the_end_of_time_never_panic() {
+        // Config validation bounds these; a hand-built config must not panic the composer
+        // (a panic there leaves a stale snapshot: 503 for ever).
+        let huge = WebConfig {
+            hung_after: Duration::from_secs(9_000_000_000_000_000_000),
+            unanswered_after: Duration::MAX,
+            ..cfg()
+        };
+        let mut e = waiting(ms(700), Some(ms(1500)));
+        if let Some(k) = e.kernel.as_mut() {
+            k.longest_quiet = Duration::MAX;
+            k.latency.p99_ms = f64::INFINITY;
+        }
+        assert_eq!(next_look(&e, &huge, Instant::now()), None);
+        let _ = decide(&e, &huge);
     }
 
     #[test]
