@@ -16,6 +16,7 @@
 //!    neither is restarted.
 
 mod fleet;
+mod flood;
 mod verdicts;
 
 use std::{
@@ -55,6 +56,9 @@ pub struct Args {
     /// Run only the per-socket-call section (with `--baseline-agent`: the comparison).
     #[arg(long)]
     only_socket_costs: bool,
+    /// Run only the flood section (with `--baseline-agent`: the earlier build first).
+    #[arg(long)]
+    only_flood: bool,
 }
 
 struct Wrk {
@@ -267,6 +271,12 @@ pub fn run(args: &Args) -> Result<()> {
     let backend_bin = target.join("release/fixture-backend");
     let proxy_bin = target.join("release/tcp-proxy");
     let dir = std::env::temp_dir().join(format!("health-agent-bench-{}", std::process::id()));
+    if args.only_flood {
+        let md = flood::run(&agent_bin, args.baseline_agent.as_deref(), &dir, args.quick)?;
+        fs::write(&args.out, &md)?;
+        println!("{md}\nbench: wrote {}", args.out.display());
+        return Ok(());
+    }
     if args.only_socket_costs {
         fs::create_dir_all(&dir)?;
         let md = socket_costs(&agent_bin, args.baseline_agent.as_deref(), &dir, args.quick)?;
@@ -283,7 +293,12 @@ pub fn run(args: &Args) -> Result<()> {
     let _backend_nginx = start_nginx(&dir.join("backend"), web_port, 1)?;
     let agent_port = free_port()?;
     let cfg = dir.join("agent.toml");
-    fs::write(&cfg, agent_config(agent_port, web_port, true))?;
+    // wrk's 200 connections all come from 127.0.0.1: lift the per-client cap.
+    fs::write(
+        &cfg,
+        agent_config(agent_port, web_port, true)
+            .replace("[server]\n", "[server]\nmax_connections_per_client = 1024\n"),
+    )?;
     let agent = start_agent(&agent_bin, &cfg, &dir.join("agent.log"), agent_port)?;
     let agent_pid = agent.0.id();
     thread::sleep(Duration::from_secs(3));
@@ -705,6 +720,14 @@ pub fn run(args: &Args) -> Result<()> {
 
     // ---- 7. what asking the peers costs ---------------------------------------------------
     md.push_str(&fleet::run(&agent_bin, &dir, args.quick)?);
+
+    // ---- 8. the health port under a flood ------------------------------------------------
+    md.push_str(&flood::run(
+        &agent_bin,
+        args.baseline_agent.as_deref(),
+        &dir,
+        args.quick,
+    )?);
 
     // ---- write ---------------------------------------------------------------------------
     let machine = format!(
