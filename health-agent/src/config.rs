@@ -115,6 +115,16 @@ pub struct ServerConfig {
     pub request_timeout: Duration,
     pub max_connections: usize,
     pub threads: usize,
+    /// HAProxy agent-check listener, "ADDR:PORT"; empty: off. Parsed by `agent_check_addr`.
+    pub agent_check_listen: String,
+}
+
+impl ServerConfig {
+    /// The agent-check listen address, or None when it is off. Validation has already refused
+    /// anything that does not parse.
+    pub fn agent_check_addr(&self) -> Option<SocketAddr> {
+        self.agent_check_listen.trim().parse().ok()
+    }
 }
 
 impl Default for ServerConfig {
@@ -126,6 +136,7 @@ impl Default for ServerConfig {
             request_timeout: Duration::from_secs(5),
             max_connections: 1024,
             threads: 0,
+            agent_check_listen: String::new(),
         }
     }
 }
@@ -553,6 +564,35 @@ impl Config {
                 "must be between 64 and 4194304".into(),
             ));
         }
+        let agent_check = self.server.agent_check_listen.trim();
+        if !agent_check.is_empty() {
+            match agent_check.parse::<SocketAddr>() {
+                Ok(a) if a.port() == 0 => {
+                    return Err(bad(
+                        "server.agent_check_listen",
+                        format!("{agent_check:?} needs a port other than 0"),
+                    ))
+                }
+                Ok(a) if a == self.server.listen => {
+                    return Err(bad(
+                        "server.agent_check_listen",
+                        format!(
+                            "{agent_check:?} is server.listen: the agent check needs its own port"
+                        ),
+                    ))
+                }
+                Ok(_) => {}
+                Err(_) => {
+                    return Err(bad(
+                        "server.agent_check_listen",
+                        format!(
+                            "{agent_check:?} must be ADDR:PORT, e.g. \"0.0.0.0:8081\" or \"[::]:8081\" \
+                             (an IP address, not a host name), or \"\" for off"
+                        ),
+                    ))
+                }
+            }
+        }
         if self.server.max_connections == 0 {
             return Err(bad("server.max_connections", "must be at least 1".into()));
         }
@@ -626,6 +666,8 @@ token_env = "HEALTH_AGENT_TOKEN" # with details = "token": env var holding the b
 request_timeout = "5s"           # a client slower than this is cut off
 max_connections = 1024           # concurrent HTTP connections; beyond it new ones wait
 threads = 0                      # HTTP threads, each with its own listener; 0 = one per core
+agent_check_listen = ""          # HAProxy agent-check, "ADDR:PORT" (e.g. "0.0.0.0:8081"); "" = off:
+                                 # one line per connection, "up ready 80%" / "drain" / "down #why"
 
 [checks]
 interval = "2s"                  # snapshot refresh cadence (disk, cpu, memory, probe)
@@ -774,6 +816,36 @@ mod tests {
             Config::parse(DEFAULT_TOML, "dump").unwrap(),
             Config::default()
         );
+    }
+
+    #[test]
+    fn agent_check_listen_is_off_or_an_address_with_its_own_port() {
+        let off = Config::parse("", "x.toml").unwrap();
+        assert_eq!(off.server.agent_check_addr(), None);
+        let on = Config::parse(
+            "[server]\nagent_check_listen = \"127.0.0.1:8081\"\n",
+            "x.toml",
+        )
+        .unwrap();
+        assert_eq!(
+            on.server.agent_check_addr(),
+            Some(SocketAddr::from(([127, 0, 0, 1], 8081)))
+        );
+        for (value, says) in [
+            ("localhost:8081", "ADDR:PORT"),
+            ("8081", "ADDR:PORT"),
+            ("127.0.0.1:0", "port other than 0"),
+            ("0.0.0.0:8080", "its own port"),
+        ] {
+            let err = Config::parse(
+                &format!("[server]\nagent_check_listen = \"{value}\"\n"),
+                "x.toml",
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(err.contains("server.agent_check_listen"), "{err}");
+            assert!(err.contains(says), "{value}: {err}");
+        }
     }
 
     #[test]

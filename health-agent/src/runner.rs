@@ -330,6 +330,8 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
     let shared: SharedSnapshot = Arc::new(ArcSwap::from_pointee(first));
     let out = shared.clone();
     let composer = tokio::spawn(async move {
+        // Pinged once per completed round below: a loop stuck in a round stops the pings.
+        let mut watchdog = crate::sd_notify::Watchdog::from_env();
         let mut tick = tokio::time::interval(composer.cfg.web.eval_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -340,6 +342,9 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
                 _ = sleep_until(look) => {}
             }
             let now = Instant::now();
+            if let Some(w) = watchdog.as_mut() {
+                w.kick(now);
+            }
             composer.web.observe(now);
             if !composer.due(now) {
                 continue;
