@@ -7,6 +7,7 @@ mod bench;
 mod cmd;
 mod demo;
 mod live;
+mod package;
 mod run;
 mod services;
 mod setup;
@@ -43,6 +44,9 @@ enum Command {
     Demo(demo::Args),
     /// Speed and memory targets, measured side by side, written to docs/BENCHMARKS.md.
     Bench(bench::Args),
+    /// The Debian package: target/debian/health-agent_<version>_<arch>.deb (release binary,
+    /// systemd unit, default config as a conffile).
+    Package,
     /// The full check CI runs: setup, fmt, clippy, tests — stops at the first failing stage.
     Test(test::Args),
 }
@@ -53,6 +57,7 @@ fn main() -> ExitCode {
         Command::Services => services::run("services"),
         Command::Build(args) => run::build(&args).map(|_| ()),
         Command::Run(args) => run::run(args),
+        Command::Package => package::run().map(|_| ()),
         Command::Test(args) => test::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Bench(args) => bench::run(&args),
