@@ -437,3 +437,41 @@ fn haproxy_agent_check_takes_a_frozen_backend_out_and_its_tcp_check_does_not() {
         let _ = t.join();
     }
 }
+
+#[test]
+fn the_agent_tells_systemd_it_is_ready_and_pings_the_watchdog_from_its_check_loop() {
+    require_root();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("notify");
+    let socket = std::os::unix::net::UnixDatagram::bind(&path).expect("notify socket");
+    socket
+        .set_read_timeout(Some(Duration::from_secs(1)))
+        .expect("timeout");
+    // systemd's WatchdogSec=1s: a ping every 500 ms.
+    let agent = Agent::start_with_env(
+        "",
+        &[
+            ("NOTIFY_SOCKET", path.to_str().expect("utf-8 path")),
+            ("WATCHDOG_USEC", "1000000"),
+        ],
+    );
+    let started = Instant::now();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 512];
+    while started.elapsed() < Duration::from_secs(3) {
+        if let Ok(n) = socket.recv(&mut buf) {
+            got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+    }
+    assert!(
+        got.iter().any(|m| m.starts_with("READY=1")),
+        "READY=1 sent: {got:?}\n{}",
+        agent.logs()
+    );
+    let pings = got.iter().filter(|m| *m == "WATCHDOG=1").count();
+    assert!(
+        (4..=8).contains(&pings),
+        "about one WATCHDOG=1 per 500 ms over 3 s, got {pings}: {got:?}"
+    );
+    println!("notify socket got: READY=1 and {pings} WATCHDOG=1 in 3 s");
+}

@@ -31,7 +31,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Make this machine ready (run as root; a second run changes nothing): nightly rust-src,
-    /// bpf-linker on the nightly's LLVM, Debian packages, tracefs, dockerd and PostgreSQL.
+    /// bpf-linker on the nightly's LLVM, Debian packages, tracefs, the deploy-file validators,
+    /// dockerd and PostgreSQL.
     Setup(setup::Args),
     /// Start dockerd and PostgreSQL 15 if they are not running.
     Services,
