@@ -119,6 +119,16 @@ pub struct ServerConfig {
     pub max_connections: usize,
     pub max_connections_per_client: u32,
     pub threads: usize,
+    /// HAProxy agent-check listener, "ADDR:PORT"; empty: off. Parsed by `agent_check_addr`.
+    pub agent_check_listen: String,
+}
+
+impl ServerConfig {
+    /// The agent-check listen address, or None when it is off. Validation has already refused
+    /// anything that does not parse.
+    pub fn agent_check_addr(&self) -> Option<SocketAddr> {
+        self.agent_check_listen.trim().parse().ok()
+    }
 }
 
 impl Default for ServerConfig {
@@ -131,6 +141,7 @@ impl Default for ServerConfig {
             max_connections: 1024,
             max_connections_per_client: 64,
             threads: 0,
+            agent_check_listen: String::new(),
         }
     }
 }
@@ -509,6 +520,35 @@ impl Config {
                 ),
             ));
         }
+        let agent_check = self.server.agent_check_listen.trim();
+        if !agent_check.is_empty() {
+            match agent_check.parse::<SocketAddr>() {
+                Ok(a) if a.port() == 0 => {
+                    return Err(bad(
+                        "server.agent_check_listen",
+                        format!("{agent_check:?} needs a port other than 0"),
+                    ))
+                }
+                Ok(a) if a == self.server.listen => {
+                    return Err(bad(
+                        "server.agent_check_listen",
+                        format!(
+                            "{agent_check:?} is server.listen: the agent check needs its own port"
+                        ),
+                    ))
+                }
+                Ok(_) => {}
+                Err(_) => {
+                    return Err(bad(
+                        "server.agent_check_listen",
+                        format!(
+                            "{agent_check:?} must be ADDR:PORT, e.g. \"0.0.0.0:8081\" or \"[::]:8081\" \
+                             (an IP address, not a host name), or \"\" for off"
+                        ),
+                    ))
+                }
+            }
+        }
         if self.disk.paths.iter().any(|p| !p.starts_with('/')) {
             return Err(bad("disk.paths", "entries must be absolute paths".into()));
         }
@@ -569,6 +609,8 @@ max_connections = 1024           # concurrent HTTP connections; beyond it new on
 max_connections_per_client = 64  # per client address; beyond it new ones are closed at once, so
                                  # one address cannot starve the load balancer's probes
 threads = 0                      # HTTP threads, each with its own listener; 0 = one per core
+agent_check_listen = ""          # HAProxy agent-check, "ADDR:PORT" (e.g. "0.0.0.0:8081"); "" = off:
+                                 # one line per connection, "up ready 80%" / "drain" / "down #why"
 
 [checks]
 interval = "2s"                  # snapshot refresh cadence (disk, cpu, memory, probe)
@@ -721,6 +763,36 @@ mod tests {
             Config::parse(DEFAULT_TOML, "dump").unwrap(),
             Config::default()
         );
+    }
+
+    #[test]
+    fn agent_check_listen_is_off_or_an_address_with_its_own_port() {
+        let off = Config::parse("", "x.toml").unwrap();
+        assert_eq!(off.server.agent_check_addr(), None);
+        let on = Config::parse(
+            "[server]\nagent_check_listen = \"127.0.0.1:8081\"\n",
+            "x.toml",
+        )
+        .unwrap();
+        assert_eq!(
+            on.server.agent_check_addr(),
+            Some(SocketAddr::from(([127, 0, 0, 1], 8081)))
+        );
+        for (value, says) in [
+            ("localhost:8081", "ADDR:PORT"),
+            ("8081", "ADDR:PORT"),
+            ("127.0.0.1:0", "port other than 0"),
+            ("0.0.0.0:8080", "its own port"),
+        ] {
+            let err = Config::parse(
+                &format!("[server]\nagent_check_listen = \"{value}\"\n"),
+                "x.toml",
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(err.contains("server.agent_check_listen"), "{err}");
+            assert!(err.contains(says), "{value}: {err}");
+        }
     }
 
     #[test]

@@ -8,8 +8,10 @@
 //! (self-healing), `docker` (Engine API), `runner` (background checks and the composer),
 //! `snapshot` (what /health serves), `server` (HTTP), `metrics` (OpenMetrics), `oneshot`
 //! (`health-agent check`), `alerts` (incidents to Slack, PagerDuty, a webhook and GitHub),
-//! `suspicious` (miner and /tmp-executable detection for incident reports).
+//! `suspicious` (miner and /tmp-executable detection for incident reports), `agent_check`
+//! (HAProxy's agent protocol), `sd_notify` (systemd readiness and watchdog).
 
+pub mod agent_check;
 pub mod alerts;
 pub mod checks;
 pub mod config;
@@ -23,6 +25,7 @@ pub mod netns;
 pub mod oneshot;
 pub mod policy;
 pub mod runner;
+pub mod sd_notify;
 pub mod server;
 pub mod snapshot;
 pub mod suspicious;

@@ -5,9 +5,9 @@ use std::{path::PathBuf, process::ExitCode, sync::Arc};
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use health_agent::{
-    alerts,
+    agent_check, alerts,
     config::{self, Config},
-    oneshot, runner, server,
+    oneshot, runner, sd_notify, server,
 };
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
@@ -180,6 +180,18 @@ async fn serve(cfg: Arc<Config>) -> anyhow::Result<()> {
             cfg.server.listen
         )
     })?;
+    let agent_check_listener = cfg
+        .server
+        .agent_check_addr()
+        .map(|addr| {
+            agent_check::bind(addr).with_context(|| {
+                format!(
+                    "binding the agent check on {addr} failed — is another process using the \
+                     port? Change server.agent_check_listen"
+                )
+            })
+        })
+        .transpose()?;
     let token = match cfg.server.details {
         config::Details::Token => {
             let t = std::env::var(&cfg.server.token_env)
@@ -227,11 +239,30 @@ async fn serve(cfg: Arc<Config>) -> anyhow::Result<()> {
         clients: Arc::new(server::Clients::new(cfg.server.max_connections_per_client)),
         header_timeout: cfg.server.request_timeout,
     };
-    let http = server::run_threads(listeners, server::router(app), limits, shutdown.clone())
+    let mut threads = server::run_threads(listeners, server::router(app), limits, shutdown.clone())
         .context("starting the HTTP threads")?;
+    if let Some(listener) = agent_check_listener {
+        tracing::info!(listen = %cfg.server.agent_check_listen, "serving the HAProxy agent check");
+        threads.push(
+            agent_check::spawn(
+                listener,
+                agent.snapshot.clone(),
+                cfg.checks.stale_after,
+                shutdown.clone(),
+            )
+            .context("starting the agent-check thread")?,
+        );
+    }
+    // The first snapshot exists (runner::start) and both ports answer: ready for systemd.
+    match sd_notify::notify("READY=1\nSTATUS=serving /health") {
+        Ok(true) => tracing::info!("told systemd we are ready"),
+        Ok(false) => {}
+        Err(e) => tracing::warn!("telling systemd we are ready failed: {e}"),
+    }
     shutdown.cancelled().await;
+    let _ = sd_notify::notify("STOPPING=1");
     tokio::task::spawn_blocking(move || {
-        for t in http {
+        for t in threads {
             let _ = t.join();
         }
     })

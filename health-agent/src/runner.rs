@@ -339,6 +339,8 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
     let out = shared.clone();
     let supervisor_shutdown = shutdown.clone();
     let composer = tokio::spawn(async move {
+        // Pinged once per completed round below: a loop stuck in a round stops the pings.
+        let mut watchdog = crate::sd_notify::Watchdog::from_env();
         let mut tick = tokio::time::interval(composer.cfg.web.eval_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -349,6 +351,9 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
                 _ = sleep_until(look) => {}
             }
             let now = Instant::now();
+            if let Some(w) = watchdog.as_mut() {
+                w.kick(now);
+            }
             composer.web.observe(now);
             if !composer.due(now) {
                 continue;

@@ -193,6 +193,12 @@ impl Agent {
     }
 
     pub fn start_with_env(extra: &str, env: &[(&str, &str)]) -> Self {
+        Self::start_under(&[], extra, env)
+    }
+
+    /// Like `start_with_env`, with the agent run by `wrapper` (e.g. `setpriv --bounding-set
+    /// ... --`), which must exec it: `pid` is the wrapper's.
+    pub fn start_under(wrapper: &[&str], extra: &str, env: &[(&str, &str)]) -> Self {
         let port = free_port();
         let dir = tempfile::tempdir().expect("tempdir");
         let config = dir.path().join("health-agent.toml");
@@ -202,7 +208,15 @@ impl Agent {
         std::fs::write(&config, merge_toml(&base, extra)).expect("writing config");
         let log = dir.path().join("agent.log");
         let log_file = std::fs::File::create(&log).expect("log file");
-        let child = Command::new(agent_binary())
+        let mut command = match wrapper.split_first() {
+            None => Command::new(agent_binary()),
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(agent_binary());
+                c
+            }
+        };
+        let child = command
             .arg("--config")
             .arg(&config)
             .arg("serve")

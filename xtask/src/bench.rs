@@ -296,8 +296,10 @@ pub fn run(args: &Args) -> Result<()> {
     // wrk's 200 connections all come from 127.0.0.1: lift the per-client cap.
     fs::write(
         &cfg,
-        agent_config(agent_port, web_port, true)
-            .replace("[server]\n", "[server]\nmax_connections_per_client = 1024\n"),
+        agent_config(agent_port, web_port, true).replace(
+            "[server]\n",
+            "[server]\nmax_connections_per_client = 1024\n",
+        ),
     )?;
     let agent = start_agent(&agent_bin, &cfg, &dir.join("agent.log"), agent_port)?;
     let agent_pid = agent.0.id();

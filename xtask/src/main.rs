@@ -7,6 +7,7 @@ mod bench;
 mod cmd;
 mod demo;
 mod live;
+mod package;
 mod run;
 mod services;
 mod setup;
@@ -30,7 +31,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Make this machine ready (run as root; a second run changes nothing): nightly rust-src,
-    /// bpf-linker on the nightly's LLVM, Debian packages, tracefs, dockerd and PostgreSQL.
+    /// bpf-linker on the nightly's LLVM, Debian packages, tracefs, the deploy-file validators,
+    /// dockerd and PostgreSQL.
     Setup(setup::Args),
     /// Start dockerd and PostgreSQL 15 if they are not running.
     Services,
@@ -43,6 +45,9 @@ enum Command {
     Demo(demo::Args),
     /// Speed and memory targets, measured side by side, written to docs/BENCHMARKS.md.
     Bench(bench::Args),
+    /// The Debian package: target/debian/health-agent_<version>_<arch>.deb (release binary,
+    /// systemd unit, default config as a conffile).
+    Package,
     /// The full check CI runs: setup, fmt, clippy, tests — stops at the first failing stage.
     Test(test::Args),
 }
@@ -53,6 +58,7 @@ fn main() -> ExitCode {
         Command::Services => services::run("services"),
         Command::Build(args) => run::build(&args).map(|_| ()),
         Command::Run(args) => run::run(args),
+        Command::Package => package::run().map(|_| ()),
         Command::Test(args) => test::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Bench(args) => bench::run(&args),

@@ -34,7 +34,12 @@ const PACKAGES: &[&str] = &[
     "haproxy",
     "iproute2",
     "curl",
+    // The service: `systemd-analyze verify` of the unit, a venv for the deploy-file linters.
+    "systemd",
+    "python3-venv",
 ];
+/// The deploy-file validators that come from PyPI, by the command each installs.
+const PIP_TOOLS: &[&str] = &["cfn-lint", "kubernetes-validate"];
 const TRACEFS: &str = "/sys/kernel/tracing";
 
 /// What a step found.
@@ -62,6 +67,7 @@ pub fn run(args: &Args) -> Result<()> {
     })?;
     step("setup", "debian packages", packages)?;
     step("setup", "tracefs", tracefs)?;
+    step("setup", "deploy validators (PyPI)", pip_tools)?;
     services::run("setup")
 }
 
@@ -334,6 +340,53 @@ fn packages() -> Result<Outcome> {
         .context("apt-get update failed — check the network and /etc/apt/sources.list*")?;
     cmd::run(apt_get().args(["install", "-y"]).args(&missing))
         .context("apt-get install failed — see apt's message above")?;
+    Ok(Outcome::Done("installed"))
+}
+
+/// Where setup installs the PyPI validators when they are not on PATH: a venv of its own, so
+/// Debian's externally managed Python is left alone.
+fn tools_venv() -> Result<PathBuf> {
+    Ok(cmd::home()?.join(".local/share/health-agent/deploy-tools"))
+}
+
+/// A PyPI validator: the one on PATH, else the one in setup's venv.
+pub fn pip_tool(name: &str) -> Result<PathBuf> {
+    if let Some(bin) = cmd::on_path(name) {
+        return Ok(bin);
+    }
+    let bin = tools_venv()?.join("bin").join(name);
+    anyhow::ensure!(
+        bin.is_file(),
+        "{name} is not installed — run `cargo xtask setup` (it installs it from PyPI)"
+    );
+    Ok(bin)
+}
+
+fn pip_tools() -> Result<Outcome> {
+    let missing: Vec<&str> = PIP_TOOLS
+        .iter()
+        .copied()
+        .filter(|t| pip_tool(t).is_err())
+        .collect();
+    if missing.is_empty() {
+        return Ok(Outcome::Ok("already present"));
+    }
+    let venv = tools_venv()?;
+    println!(
+        "setup: deploy validators: installing {} into {}",
+        missing.join(" "),
+        venv.display()
+    );
+    if !venv.join("bin/pip").is_file() {
+        cmd::run(Command::new("python3").args(["-m", "venv"]).arg(&venv))
+            .context("python3 -m venv failed — is python3-venv installed?")?;
+    }
+    cmd::run(
+        Command::new(venv.join("bin/pip"))
+            .args(["install", "--quiet"])
+            .args(&missing),
+    )
+    .context("pip install failed — check the network (PyPI) and retry")?;
     Ok(Outcome::Done("installed"))
 }
 

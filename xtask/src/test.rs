@@ -5,7 +5,7 @@ use std::{process::Command, time::Instant};
 
 use anyhow::Result;
 
-use crate::{cmd, setup};
+use crate::{cmd, package, setup};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -22,7 +22,43 @@ pub struct Args {
 
 enum Stage {
     Setup,
+    /// The deploy/ files, each checked by its own tool.
+    Deploy,
+    /// The .deb the service tests install (target/debian/).
+    Package,
     Run(Command),
+}
+
+/// Each deploy/ file through its own validator; warnings fail too.
+fn deploy() -> Result<()> {
+    let deploy = cmd::root().join("deploy");
+    let mut checks: Vec<Command> = Vec::new();
+
+    let mut cfn = Command::new(setup::pip_tool("cfn-lint")?);
+    cfn.arg(deploy.join("aws/cloudformation.yaml"));
+    checks.push(cfn);
+
+    let mut k8s = Command::new(setup::pip_tool("kubernetes-validate")?);
+    k8s.args(["--strict", "--quiet"])
+        .arg(deploy.join("kubernetes/health-agent.yaml"));
+    checks.push(k8s);
+
+    let mut haproxy = Command::new("haproxy");
+    haproxy
+        .args(["-c", "-f"])
+        .arg(deploy.join("haproxy/haproxy.cfg"));
+    checks.push(haproxy);
+
+    let mut caddy = Command::new("caddy");
+    caddy
+        .args(["validate", "--adapter", "caddyfile", "--config"])
+        .arg(deploy.join("caddy/Caddyfile"));
+    checks.push(caddy);
+
+    for mut check in checks {
+        cmd::run(&mut check)?;
+    }
+    Ok(())
 }
 
 pub fn run(args: &Args) -> Result<()> {
@@ -53,8 +89,13 @@ pub fn run(args: &Args) -> Result<()> {
             ebpf_cargo(&["clippy", "--release", "--", "-D", "warnings"]),
         ));
     }
+    stages.push(("deploy", Stage::Deploy));
     // The integration tests run the agent and fixture binaries: build them first.
     stages.push(("build", cargo(&["build", "--bins"])));
+    if !args.unit {
+        // tests/tests/service.rs installs it.
+        stages.push(("package", Stage::Package));
+    }
     let targets: &[&str] = if args.unit {
         &["--lib", "--bins"]
     } else {
@@ -77,6 +118,8 @@ pub fn run(args: &Args) -> Result<()> {
         let stage_start = Instant::now();
         let result = match stage {
             Stage::Setup => setup::run(&setup::Args::default()),
+            Stage::Deploy => deploy(),
+            Stage::Package => package::run().map(|_| ()),
             Stage::Run(mut command) => cmd::run(&mut command),
         };
         timings.push(format!("{name} {} s", cmd::secs(stage_start)));

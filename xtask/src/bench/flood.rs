@@ -322,7 +322,10 @@ fn ask_from(from: [u8; 4], to: SocketAddr) -> std::io::Result<(u16, String)> {
         .get(9..12)
         .and_then(|c| c.parse().ok())
         .ok_or_else(|| std::io::Error::other("no status line"))?;
-    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string();
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
     let total = t0.elapsed().as_secs_f64() * 1000.0;
     if total > 50.0 && std::env::var_os("FLOOD_DEBUG").is_some() {
         eprintln!("slow: connect {connect_ms:.1} ms, total {total:.1} ms");

@@ -1,0 +1,477 @@
+//! The agent run like a real service: the .deb installs and its unit verifies, the unit's
+//! capability set is enough for the kernel view, and real HAProxy (Debian's package) takes a
+//! frozen backend out of rotation through the agent check while its own TCP check keeps it.
+
+use std::{
+    io::{Read, Write},
+    os::unix::net::UnixStream,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use health_agent_tests::{free_port, get, http, require_root, target_dir, Agent, Fixture};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+const UNIT: &str = "deploy/systemd/health-agent.service";
+
+fn run(cmd: &mut Command) -> std::process::Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Purges the package on drop, so a failed assertion leaves nothing installed.
+struct Installed;
+
+impl Drop for Installed {
+    fn drop(&mut self) {
+        let _ = Command::new("dpkg")
+            .args(["--purge", "health-agent"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+fn installed_version() -> Option<String> {
+    let out = Command::new("dpkg-query")
+        .args(["-W", "-f=${Status} ${Version}", "health-agent"])
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.starts_with("install ok installed").then_some(text)
+}
+
+#[test]
+fn the_package_installs_its_unit_verifies_and_its_default_config_validates() {
+    require_root();
+    let debian = target_dir()
+        .parent()
+        .expect("target/<profile> has a parent")
+        .join("debian");
+    let deb = std::fs::read_dir(&debian)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "deb"))
+        .max_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "no .deb in {}: run `cargo xtask package` (cargo xtask test does)",
+                debian.display()
+            )
+        });
+    let unit_mtime = std::fs::metadata(workspace().join(UNIT))
+        .and_then(|m| m.modified())
+        .expect("the unit file");
+    let deb_mtime = std::fs::metadata(&deb)
+        .and_then(|m| m.modified())
+        .expect("the .deb");
+    assert!(
+        deb_mtime >= unit_mtime,
+        "{} is older than {UNIT}: run `cargo xtask package`",
+        deb.display()
+    );
+    if let Some(v) = installed_version() {
+        panic!("health-agent is already installed ({v}): this test would replace and purge it");
+    }
+
+    let _purge = Installed;
+    run(Command::new("dpkg").arg("-i").arg(&deb));
+    for path in [
+        "/usr/bin/health-agent",
+        "/lib/systemd/system/health-agent.service",
+        "/etc/health-agent/health-agent.toml",
+    ] {
+        assert!(Path::new(path).is_file(), "{path} not installed");
+    }
+    let conffiles = run(Command::new("dpkg-query").args(["-W", "-f=${Conffiles}", "health-agent"]));
+    let conffiles = String::from_utf8_lossy(&conffiles.stdout);
+    assert!(
+        conffiles.contains("/etc/health-agent/health-agent.toml"),
+        "the config is a conffile: {conffiles:?}"
+    );
+
+    // systemd-analyze verify prints nothing for a clean unit.
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let verify = run(Command::new("systemd-analyze")
+        .args(["verify", "/lib/systemd/system/health-agent.service"])
+        .current_dir(tmp.path()));
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&verify.stdout),
+        String::from_utf8_lossy(&verify.stderr)
+    );
+    assert!(said.trim().is_empty(), "systemd-analyze verify: {said}");
+    println!("systemd-analyze verify: clean");
+
+    let validate = run(Command::new("/usr/bin/health-agent").args([
+        "config",
+        "--validate",
+        "/etc/health-agent/health-agent.toml",
+    ]));
+    println!("{}", String::from_utf8_lossy(&validate.stdout).trim());
+
+    run(Command::new("dpkg").args(["--purge", "health-agent"]));
+    assert!(!Path::new("/usr/bin/health-agent").exists());
+    assert!(!Path::new("/etc/health-agent/health-agent.toml").exists());
+}
+
+/// Capability numbers (linux/capability.h) of the candidates the issue names.
+const CAPS: &[(&str, u32)] = &[
+    ("CAP_DAC_OVERRIDE", 1),
+    ("CAP_DAC_READ_SEARCH", 2),
+    ("CAP_NET_ADMIN", 12),
+    ("CAP_SYS_PTRACE", 19),
+    ("CAP_SYS_ADMIN", 21),
+    ("CAP_SYS_RESOURCE", 24),
+    ("CAP_PERFMON", 38),
+    ("CAP_BPF", 39),
+];
+
+/// The capabilities in the unit's `CapabilityBoundingSet=`.
+fn unit_capabilities() -> Vec<&'static str> {
+    let unit = std::fs::read_to_string(workspace().join(UNIT)).expect("reading the unit");
+    let line = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("CapabilityBoundingSet="))
+        .expect("the unit sets CapabilityBoundingSet=");
+    line.split_whitespace()
+        .map(|name| {
+            CAPS.iter()
+                .find(|(n, _)| *n == name)
+                .unwrap_or_else(|| panic!("{name} is not in this test's table"))
+                .0
+        })
+        .collect()
+}
+
+fn cap_number(name: &str) -> u32 {
+    CAPS.iter().find(|(n, _)| *n == name).expect("known").1
+}
+
+/// A capability mask line of /proc/PID/status, e.g. "CapEff".
+fn cap_mask(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let hex = status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .expect("the field")
+        .trim();
+    u64::from_str_radix(hex, 16).expect("hex mask")
+}
+
+#[test]
+fn the_units_capabilities_are_enough_for_the_kernel_view_and_the_process_view() {
+    require_root();
+    let caps = unit_capabilities();
+    let want: u64 = caps.iter().map(|c| 1u64 << cap_number(c)).sum();
+    let bounding = format!(
+        "-all,{}",
+        caps.iter()
+            .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase()))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let fixture = Fixture::start_with("normal", &["--backlog", "128"]);
+    // uid 0 whose bounding set is the unit's: after exec its permitted and effective sets are
+    // exactly that, as under systemd's CapabilityBoundingSet=.
+    let agent = Agent::start_under(
+        &["setpriv", "--bounding-set", &bounding, "--inh-caps", "-all", "--"],
+        &format!(
+            "[web]\nport = {}\nprobe_path = \"/\"\n[checks]\ninterval = \"500ms\"\nrecover_after = \"1s\"\n",
+            fixture.port
+        ),
+        &[],
+    );
+    let eff = cap_mask(agent.pid(), "CapEff");
+    let prm = cap_mask(agent.pid(), "CapPrm");
+    println!("unit capabilities {caps:?}: CapEff {eff:016x}, CapPrm {prm:016x}, want {want:016x}");
+    assert_eq!(eff, want, "effective set is the unit's, not full root");
+    assert_eq!(prm, want, "permitted set is the unit's");
+
+    for _ in 0..10 {
+        let _ = get(fixture.port, "/");
+    }
+    let (code, body) = agent.wait_health(WAIT, "200 with the kernel view active", |c, b| {
+        c == 200
+            && b["details"]["web"]["kernel"]["state"] == "active"
+            && b["details"]["web"]["counters"]["answered"].as_u64() > Some(0)
+    });
+    assert_eq!(code, 200, "{body}");
+
+    // CAP_SYS_PTRACE: the server's processes are found and seen stopped.
+    fixture.signal(libc::SIGSTOP);
+    let stuck: Vec<_> = (0..4)
+        .map(|_| {
+            let port = fixture.port;
+            std::thread::spawn(move || {
+                let _ = http(port, "GET", "/", &[], Duration::from_secs(4));
+            })
+        })
+        .collect();
+    let (_, body) = agent.wait_health(WAIT, "the stopped server seen as stopped", |c, b| {
+        c == 503
+            && b["details"]["web"]["processes"]["frozen"]
+                .as_str()
+                .is_some_and(|f| f.contains("stopped"))
+    });
+    println!(
+        "stopped server: {}",
+        body["details"]["web"]["detail"]
+            .as_str()
+            .unwrap_or_default()
+    );
+    fixture.signal(libc::SIGCONT);
+    for t in stuck {
+        let _ = t.join();
+    }
+}
+
+/// HAProxy as a child process on a temporary config, stopped on drop.
+struct Haproxy {
+    child: Child,
+    socket: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Haproxy {
+    fn start(config: &str) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("stats.sock");
+        let cfg = dir.path().join("haproxy.cfg");
+        std::fs::write(
+            &cfg,
+            format!(
+                "global\n    stats socket {} mode 600 level admin\n{config}",
+                socket.display()
+            ),
+        )
+        .expect("writing haproxy.cfg");
+        run(Command::new("haproxy").arg("-c").arg("-f").arg(&cfg));
+        let child = Command::new("haproxy")
+            .arg("-db")
+            .arg("-f")
+            .arg(&cfg)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting haproxy (cargo xtask setup installs it)");
+        let h = Self {
+            child,
+            socket,
+            _dir: dir,
+        };
+        health_agent_tests::wait_until(Duration::from_secs(10), "haproxy's stats socket", || {
+            h.states().ok().filter(|s| !s.is_empty())
+        });
+        h
+    }
+
+    /// (backend, server) → "status weight" from `show stat`.
+    fn states(&self) -> std::io::Result<Vec<(String, String, u32)>> {
+        let mut s = UnixStream::connect(&self.socket)?;
+        s.set_read_timeout(Some(Duration::from_secs(2)))?;
+        s.write_all(b"show stat\n")?;
+        let mut out = String::new();
+        s.read_to_string(&mut out)?;
+        let mut lines = out.lines();
+        let header: Vec<&str> = lines
+            .next()
+            .unwrap_or_default()
+            .trim_start_matches("# ")
+            .split(',')
+            .collect();
+        let col = |name: &str| header.iter().position(|h| *h == name);
+        let (Some(px), Some(sv), Some(st), Some(w)) =
+            (col("pxname"), col("svname"), col("status"), col("weight"))
+        else {
+            return Ok(Vec::new());
+        };
+        Ok(lines
+            .map(|l| l.split(',').collect::<Vec<_>>())
+            .filter(|f| f.len() > st.max(w) && f[sv] == "web")
+            .map(|f| {
+                (
+                    f[px].to_owned(),
+                    f[st].to_owned(),
+                    f[w].parse().unwrap_or(0),
+                )
+            })
+            .collect())
+    }
+
+    fn state(&self, backend: &str) -> (String, u32) {
+        self.states()
+            .expect("haproxy stats")
+            .into_iter()
+            .find(|(b, _, _)| b == backend)
+            .map(|(_, s, w)| (s, w))
+            .unwrap_or_else(|| panic!("no server web in {backend}"))
+    }
+}
+
+impl Drop for Haproxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Out of rotation: down, or drained (weight 0 shows as DRAIN).
+fn out_of_rotation(status: &str, weight: u32) -> bool {
+    !status.starts_with("UP") || weight == 0
+}
+
+#[test]
+fn haproxy_agent_check_takes_a_frozen_backend_out_and_its_tcp_check_does_not() {
+    require_root();
+    let fixture = Fixture::start_with("normal", &["--backlog", "128"]);
+    let agent_check = free_port();
+    let agent = Agent::start(&format!(
+        "[server]\nagent_check_listen = \"127.0.0.1:{agent_check}\"\n\
+         [web]\nport = {}\nprobe_path = \"/\"\n",
+        fixture.port
+    ));
+    let (fe_agent, fe_tcp) = (free_port(), free_port());
+    let haproxy = Haproxy::start(&format!(
+        "defaults\n    mode http\n    timeout connect 2s\n    timeout client 10s\n    \
+         timeout server 10s\n    timeout check 1s\n\
+         frontend fe_agent\n    bind 127.0.0.1:{fe_agent}\n    default_backend be_agent\n\
+         frontend fe_tcp\n    bind 127.0.0.1:{fe_tcp}\n    default_backend be_tcp\n\
+         backend be_agent\n    server web 127.0.0.1:{port} weight 100 check inter 1s \
+         agent-check agent-addr 127.0.0.1 agent-port {agent_check} agent-inter 1s\n\
+         backend be_tcp\n    server web 127.0.0.1:{port} weight 100 check inter 1s\n",
+        port = fixture.port
+    ));
+    health_agent_tests::wait_until(WAIT, "both servers UP, the agent's weight in", || {
+        let (a, w) = haproxy.state("be_agent");
+        let (t, _) = haproxy.state("be_tcp");
+        (a == "UP" && w > 0 && t == "UP").then_some(())
+    });
+
+    // Traffic through both frontends, as a balancer would send it.
+    let stop = Arc::new(AtomicBool::new(false));
+    let load: Vec<_> = [fe_agent, fe_tcp]
+        .into_iter()
+        .map(|port| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = http(port, "GET", "/", &[], Duration::from_secs(1));
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(1));
+
+    fixture.signal(libc::SIGSTOP);
+    let frozen = Instant::now();
+    let mut left = None;
+    let mut tcp_states = Vec::new();
+    while frozen.elapsed() < Duration::from_secs(8) {
+        let (a, w) = haproxy.state("be_agent");
+        let (t, tw) = haproxy.state("be_tcp");
+        if left.is_none() && out_of_rotation(&a, w) {
+            left = Some((frozen.elapsed(), a.clone()));
+        }
+        if tcp_states.last() != Some(&t) {
+            tcp_states.push(t.clone());
+        }
+        assert!(
+            !out_of_rotation(&t, tw),
+            "the TCP check alone took the frozen backend out ({t}, weight {tw}): the kernel \
+             should keep completing handshakes into its 128-deep backlog"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (left_after, how) = left.unwrap_or_else(|| {
+        panic!(
+            "the agent check did not take the frozen backend out in 8 s; agent says {:?}\n{}",
+            agent.health().1["reasons"],
+            agent.logs()
+        )
+    });
+    println!(
+        "SIGSTOP: be_agent {how} after {:.1} s; be_tcp (TCP check only) stayed {tcp_states:?} for 8 s",
+        left_after.as_secs_f64()
+    );
+    assert!(
+        left_after <= Duration::from_secs(5),
+        "out of rotation after {left_after:?}, want within 5 s"
+    );
+
+    fixture.signal(libc::SIGCONT);
+    let thawed = Instant::now();
+    let back = health_agent_tests::wait_until(WAIT, "be_agent back UP after SIGCONT", || {
+        let (a, w) = haproxy.state("be_agent");
+        (a == "UP" && w > 0).then(|| thawed.elapsed())
+    });
+    println!(
+        "SIGCONT: be_agent UP again after {:.1} s",
+        back.as_secs_f64()
+    );
+
+    stop.store(true, Ordering::Relaxed);
+    for t in load {
+        let _ = t.join();
+    }
+}
+
+#[test]
+fn the_agent_tells_systemd_it_is_ready_and_pings_the_watchdog_from_its_check_loop() {
+    require_root();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("notify");
+    let socket = std::os::unix::net::UnixDatagram::bind(&path).expect("notify socket");
+    socket
+        .set_read_timeout(Some(Duration::from_secs(1)))
+        .expect("timeout");
+    // systemd's WatchdogSec=1s: a ping every 500 ms.
+    let agent = Agent::start_with_env(
+        "",
+        &[
+            ("NOTIFY_SOCKET", path.to_str().expect("utf-8 path")),
+            ("WATCHDOG_USEC", "1000000"),
+        ],
+    );
+    let started = Instant::now();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 512];
+    while started.elapsed() < Duration::from_secs(3) {
+        if let Ok(n) = socket.recv(&mut buf) {
+            got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+    }
+    assert!(
+        got.iter().any(|m| m.starts_with("READY=1")),
+        "READY=1 sent: {got:?}\n{}",
+        agent.logs()
+    );
+    let pings = got.iter().filter(|m| *m == "WATCHDOG=1").count();
+    assert!(
+        (4..=8).contains(&pings),
+        "about one WATCHDOG=1 per 500 ms over 3 s, got {pings}: {got:?}"
+    );
+    println!("notify socket got: READY=1 and {pings} WATCHDOG=1 in 3 s");
+}
