@@ -472,7 +472,7 @@ async fn run_command_with_env(
         }
         text.push_str(err_text.trim());
     }
-    let mut text = crate::alerts::incident::truncate(&text, OUTPUT_LIMIT);
+    let mut text = crate::text::truncate(&text, OUTPUT_LIMIT);
     let dropped = out.dropped.saturating_add(err.dropped);
     if dropped > 0 {
         text.push_str(&format!(" [{dropped} more bytes not kept]"));

@@ -9,7 +9,7 @@
 //! `snapshot` (what /health serves), `server` (HTTP), `metrics` (OpenMetrics), `oneshot`
 //! (`health-agent check`), `alerts` (incidents to Slack, PagerDuty, a webhook and GitHub),
 //! `suspicious` (miner and /tmp-executable detection for incident reports), `agent_check`
-//! (HAProxy's agent protocol), `sd_notify` (systemd readiness and watchdog).
+//! (HAProxy's agent protocol), `sd_notify` (systemd readiness and watchdog), `text` (truncation and rounding for display).
 
 pub mod agent_check;
 pub mod alerts;
@@ -29,3 +29,4 @@ pub mod sd_notify;
 pub mod server;
 pub mod snapshot;
 pub mod suspicious;
+pub mod text;

@@ -156,11 +156,7 @@ fn mask_userinfo(a: &str) -> String {
 
 fn truncate(mut s: String, limit: usize) -> String {
     if s.len() > limit {
-        let mut cut = limit;
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        s.truncate(cut);
+        s.truncate(crate::text::cut(&s, limit).len());
         s.push('…');
     }
     s

@@ -21,7 +21,8 @@ use super::{
     http::{Http, Pacer},
     incident::{human, Event, Kind},
     redact::Secrets,
-    report::{self, Pending},
+    evidence::Pending,
+    report,
 };
 use crate::snapshot::rfc3339;
 

@@ -244,7 +244,7 @@ fn snippet(body: &[u8]) -> String {
     if text.is_empty() {
         String::new()
     } else {
-        format!(": {}", super::incident::truncate(&text, SNIPPET))
+        format!(": {}", crate::text::truncate(&text, SNIPPET))
     }
 }
 

@@ -11,7 +11,7 @@ use std::{
 use bytes::Bytes;
 use serde_json::Value;
 
-use super::report::Pending;
+use super::evidence::Pending;
 use crate::{
     policy::{DbState, Fault, HealPhase, Recommendation, Status},
     snapshot::Snapshot,
@@ -89,15 +89,8 @@ impl Condition {
 
 /// Stable per host and condition: PagerDuty's `dedup_key`, GitHub's issue fingerprint.
 pub fn fingerprint(host: &str, condition: Condition) -> String {
-    let mut k = format!("health-agent/{host}/{}", condition.key());
-    if k.len() > KEY_LIMIT {
-        let mut cut = KEY_LIMIT;
-        while !k.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        k.truncate(cut);
-    }
-    k
+    let k = format!("health-agent/{host}/{}", condition.key());
+    crate::text::cut(&k, KEY_LIMIT).to_string()
 }
 
 /// GitHub priority label. P1: the instance is unhealthy and a suspicious process (a miner, an
@@ -308,18 +301,6 @@ impl Event {
     }
 }
 
-/// Truncates to at most `limit` bytes on a character boundary, marking the cut with `…`.
-pub fn truncate(s: &str, limit: usize) -> String {
-    if s.len() <= limit {
-        return s.to_string();
-    }
-    let mut cut = limit.saturating_sub('…'.len_utf8());
-    while !s.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!("{}…", &s[..cut])
-}
-
 /// `5m 3s` style, whole seconds.
 pub fn human(d: Duration) -> String {
     humantime::format_duration(Duration::from_secs(d.as_secs())).to_string()
@@ -404,8 +385,5 @@ mod tests {
         assert_eq!(priority(Condition::HealFailed, false), "p1");
         assert_eq!(priority(Condition::Unhealthy, false), "p2");
         assert_eq!(priority(Condition::InfrastructureIssue, true), "p3");
-        assert_eq!(truncate("ééé", 4), "…");
-        assert_eq!(truncate("abcdef", 5), "ab…");
-        assert_eq!(truncate("abc", 5), "abc");
     }
 }

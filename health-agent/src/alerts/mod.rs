@@ -7,8 +7,9 @@
 //! Files: `incident` (conditions, the per-condition state machine, the event), `queue` (the
 //! bounded queue and its drop rule), `http` (pacing, timeout, retry/backoff), `redact`
 //! (secrets out of logs), `slack`, `pagerduty`, `webhook`, `github` (one destination each),
-//! `report` (the incident report and its process evidence).
+//! `report` (the incident report), `evidence` (its process evidence).
 
+pub mod evidence;
 pub mod github;
 pub mod http;
 pub mod incident;
@@ -37,7 +38,7 @@ use self::{
     pagerduty::PagerDuty,
     queue::{Pushed, Queue},
     redact::{host_of, Secrets},
-    report::Pending,
+    evidence::Pending,
     slack::Slack,
     webhook::Webhook,
 };

@@ -9,10 +9,10 @@ use serde_json::{json, Value};
 
 use super::{
     http::{Http, JsonPost, Pacer},
-    incident::{truncate, Event, Kind},
+    incident::{Event, Kind},
     redact::Secrets,
 };
-use crate::snapshot::rfc3339;
+use crate::{snapshot::rfc3339, text::truncate};
 
 const SUMMARY_LIMIT: usize = 1024;
 

@@ -3,137 +3,20 @@
 //! containers, database, the self-heal log, the top processes by CPU and memory, suspicious
 //! processes, and the fingerprint that deduplicates issues.
 //!
-//! The process evidence is collected on a blocking task started at trigger time (two `/proc`
-//! samples `evidence_interval` apart for CPU), so it shows the box as it was when the incident
-//! opened even if GitHub is slow or rate-limited.
+//! The process evidence itself is collected by `evidence`.
 
-use std::{collections::HashMap, fmt::Write as _, sync::Arc, time::Duration};
+use std::fmt::Write as _;
 
-use serde::Serialize;
 use serde_json::Value;
-use tokio::sync::watch;
 
-use super::incident::{human, priority, truncate, Event, Kind};
-use crate::{
-    snapshot::rfc3339,
-    suspicious::{self, SuspiciousProcess},
+use super::{
+    evidence::{Evidence, TOP},
+    incident::{human, priority, Event, Kind},
 };
+use crate::{snapshot::rfc3339, text::truncate};
 
-const TOP: usize = 10;
 /// GitHub rejects bodies above 65536 characters.
 const BODY_LIMIT: usize = 60_000;
-
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct ProcRow {
-    pub pid: u32,
-    pub name: String,
-    pub cpu_percent: f64,
-    pub rss_bytes: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub exe: Option<String>,
-}
-
-#[derive(Debug, Clone, Serialize, Default)]
-pub struct Evidence {
-    pub top_cpu: Vec<ProcRow>,
-    pub top_memory: Vec<ProcRow>,
-    pub suspicious: Vec<SuspiciousProcess>,
-    pub sample_ms: u64,
-}
-
-/// Evidence being collected in the background.
-#[derive(Clone)]
-pub struct Pending(watch::Receiver<Option<Arc<Evidence>>>);
-
-impl Pending {
-    /// Starts collecting on the blocking pool; `None` outside a tokio runtime.
-    pub fn start(interval: Duration) -> Option<Self> {
-        let rt = tokio::runtime::Handle::try_current().ok()?;
-        let (tx, rx) = watch::channel(None);
-        rt.spawn_blocking(move || {
-            let _ = tx.send(Some(Arc::new(collect(interval))));
-        });
-        Some(Self(rx))
-    }
-
-    pub async fn get(&self, wait: Duration) -> Option<Arc<Evidence>> {
-        let mut rx = self.0.clone();
-        let got = tokio::time::timeout(wait, rx.wait_for(|v| v.is_some()))
-            .await
-            .ok()?
-            .ok()?;
-        got.clone()
-    }
-}
-
-struct Stat {
-    name: String,
-    ticks: u64,
-    rss_pages: u64,
-}
-
-fn read_stat(pid: u32) -> Option<Stat> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let open = s.find('(')?;
-    let close = s.rfind(')')?;
-    let name = s.get(open + 1..close)?.to_string();
-    // Fields after the name, from field 3 (state): utime is 14, stime 15, rss 24.
-    let f: Vec<&str> = s.get(close + 1..)?.split_whitespace().collect();
-    let num = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok());
-    Some(Stat {
-        name,
-        ticks: num(11)? + num(12)?,
-        rss_pages: num(21)?,
-    })
-}
-
-/// Blocking: samples `/proc` twice, `interval` apart, and scans for suspicious processes.
-pub fn collect(interval: Duration) -> Evidence {
-    // SAFETY: sysconf only reads a constant.
-    let (clk, page) = unsafe {
-        (
-            libc::sysconf(libc::_SC_CLK_TCK).max(1) as f64,
-            libc::sysconf(libc::_SC_PAGESIZE).max(1) as u64,
-        )
-    };
-    let t0 = std::time::Instant::now();
-    let first: HashMap<u32, u64> = suspicious::pids()
-        .into_iter()
-        .filter_map(|p| Some((p, read_stat(p)?.ticks)))
-        .collect();
-    std::thread::sleep(interval);
-    let elapsed = t0.elapsed().as_secs_f64().max(0.001);
-    let mut rows: Vec<ProcRow> = suspicious::pids()
-        .into_iter()
-        .filter_map(|pid| {
-            let s = read_stat(pid)?;
-            let before = first.get(&pid).copied().unwrap_or(0);
-            Some(ProcRow {
-                pid,
-                name: s.name,
-                cpu_percent: s.ticks.saturating_sub(before) as f64 / clk / elapsed * 100.0,
-                rss_bytes: s.rss_pages * page,
-                exe: None,
-            })
-        })
-        .collect();
-    let with_exe = |mut r: ProcRow| {
-        r.exe = std::fs::read_link(format!("/proc/{}/exe", r.pid))
-            .ok()
-            .map(|p| p.to_string_lossy().into_owned());
-        r
-    };
-    rows.sort_by(|a, b| b.cpu_percent.total_cmp(&a.cpu_percent));
-    let top_cpu = rows.iter().take(TOP).cloned().map(with_exe).collect();
-    rows.sort_by_key(|r| std::cmp::Reverse(r.rss_bytes));
-    let top_memory = rows.iter().take(TOP).cloned().map(with_exe).collect();
-    Evidence {
-        top_cpu,
-        top_memory,
-        suspicious: suspicious::scan(),
-        sample_ms: u64::try_from(interval.as_millis()).unwrap_or(u64::MAX),
-    }
-}
 
 /// Text inside a table cell: no column breaks, no line breaks.
 fn cell(s: &str) -> String {
@@ -477,7 +360,10 @@ pub fn body(ev: &Event, evidence: Option<&Evidence>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::alerts::{incident::Condition, tests::unhealthy_snapshot};
+    use crate::{
+        alerts::{evidence::ProcRow, incident::Condition, tests::unhealthy_snapshot},
+        suspicious::SuspiciousProcess,
+    };
 
     #[test]
     fn the_report_says_what_the_peers_said() {
@@ -579,13 +465,5 @@ mod tests {
         );
         assert_eq!(labels(&ev, None), vec!["incident", "p2", "health-agent"]);
         assert!(title(&ev).starts_with("[health-agent] web-1: unhealthy (503) — "));
-    }
-
-    #[test]
-    fn collect_sees_this_process() {
-        let e = collect(Duration::from_millis(20));
-        assert_eq!(e.top_cpu.len().min(TOP), e.top_cpu.len());
-        assert!(!e.top_memory.is_empty());
-        assert!(e.top_memory[0].rss_bytes > 0);
     }
 }

@@ -9,7 +9,7 @@ use std::{
 use serde::Serialize;
 use sysinfo::{CpuRefreshKind, MemoryRefreshKind, RefreshKind, System};
 
-use crate::{config::ScalingConfig, policy::Pressure};
+use crate::{config::ScalingConfig, policy::Pressure, text::round1};
 
 /// Points below a threshold needed to leave High (or above to leave Low).
 const HYSTERESIS: f64 = 5.0;
@@ -98,10 +98,6 @@ impl SystemMonitor {
             pressure: self.pressure,
         })
     }
-}
-
-fn round1(v: f64) -> f64 {
-    (v * 10.0).round() / 10.0
 }
 
 /// Sustained means: averaged over at least half the window. Before that, Normal.
