@@ -5,25 +5,86 @@
 //! `heal.max_restarts` per `heal.window` budget) go on in the background. Never two restarts at
 //! once; never during boot grace or for a shared-dependency fault (the policy gives no
 //! healable fault then). Every attempt is kept in a bounded log.
+//!
+//! The composer evaluates the policy once per round; `Healer::step` takes that decision and
+//! returns the phase, and `applied` turns decision and phase into the answer — a pure step.
+//! `command` runs `web.restart_command`.
+
+mod command;
 
 use std::{
     collections::VecDeque,
-    process::Stdio,
+    future::Future as _,
     time::{Duration, Instant, SystemTime},
 };
 
 use serde::Serialize;
-use tokio::{io::AsyncReadExt, task::JoinHandle};
+use tokio::task::JoinHandle;
 
+pub use self::command::{run_command, CommandError};
 use crate::{
     config::{HealConfig, WebConfig},
     docker::Docker,
-    policy::{Decision, Fault, HealPhase},
+    policy::{Decision, Fault, HealPhase, Status},
     snapshot::rfc3339,
 };
 
 const LOG_LEN: usize = 20;
-const OUTPUT_LIMIT: usize = 2048;
+
+/// Why a restart attempt failed. The messages are what the heal log and `/health` show.
+#[derive(Debug, thiserror::Error)]
+pub enum HealError {
+    #[error("Docker is not configured")]
+    NoDocker,
+    /// The Docker client's own message (it reports errors as text).
+    #[error("{0}")]
+    Docker(String),
+    #[error(transparent)]
+    Command(#[from] CommandError),
+    #[error("restart task ended abnormally")]
+    TaskEnded,
+    #[error("restart did not finish within {}s", .0.as_secs())]
+    Overran(Duration),
+    #[error("still faulty ({reasons}) {}s after the restart", .timeout.as_secs())]
+    StillFaulty { reasons: String, timeout: Duration },
+}
+
+/// How an attempt went; serialized as `running`, `waiting`, `recovered`, `failed`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HealOutcome {
+    /// The restart action is running.
+    Running,
+    /// The action finished; waiting for the fault to clear.
+    Waiting,
+    Recovered,
+    Failed,
+}
+
+/// The round's decision with self-healing applied: what `policy::evaluate` answers with
+/// `PolicyInput::heal = phase` for the same input outside boot grace (the healer does not act
+/// within it). A fault self-healing covers answers 200 `recovering` while a restart runs; any
+/// other fault stays 503 and says where healing stands. Without a fault the phase changes
+/// nothing.
+pub fn applied(mut decision: Decision, phase: HealPhase) -> Decision {
+    if decision.faults.is_empty() {
+        return decision;
+    }
+    match phase {
+        HealPhase::Idle => {}
+        HealPhase::Recovering => {
+            decision.reasons.push("self-heal in progress".into());
+            if decision.faults.iter().all(|f| f.healable()) {
+                decision.status = Status::Recovering;
+                decision.http = 200;
+            }
+        }
+        HealPhase::Exhausted => decision
+            .reasons
+            .push("self-heal failed or its budget is spent".into()),
+    }
+    decision
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
@@ -45,8 +106,7 @@ pub struct HealAttempt {
     pub started_at: String,
     pub reason: String,
     pub action: String,
-    /// `running`, `waiting`, `recovered`, `failed`.
-    pub outcome: &'static str,
+    pub outcome: HealOutcome,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -73,7 +133,7 @@ enum State {
     /// The restart action is running.
     Running {
         started: Instant,
-        task: JoinHandle<Result<String, String>>,
+        task: JoinHandle<Result<String, HealError>>,
     },
     /// The action finished; waiting for the fault to clear until `heal.timeout`.
     Waiting {
@@ -172,12 +232,12 @@ impl Healer {
                 let started = *started;
                 let result = match futures_now(task) {
                     Some(r) => r,
-                    None => Err("restart task ended abnormally".into()),
+                    None => Err(HealError::TaskEnded),
                 };
                 match result {
                     Ok(output) => {
                         self.update_last(|a| {
-                            a.outcome = "waiting";
+                            a.outcome = HealOutcome::Waiting;
                             a.output = (!output.is_empty()).then_some(output);
                         });
                         self.state = State::Waiting { started };
@@ -187,11 +247,7 @@ impl Healer {
             } else if now.saturating_duration_since(*started) > self.cfg.timeout {
                 task.abort();
                 let started = *started;
-                let e = format!(
-                    "restart did not finish within {}s",
-                    self.cfg.timeout.as_secs()
-                );
-                self.fail(e, started, now);
+                self.fail(HealError::Overran(self.cfg.timeout), started, now);
             } else {
                 return self.phase();
             }
@@ -199,7 +255,7 @@ impl Healer {
 
         let Some(fault) = fault else {
             if let State::Waiting { started } = self.state {
-                self.finish_last("recovered", None, started, now);
+                self.finish_last(HealOutcome::Recovered, None, started, now);
                 self.log.total_recovered += 1;
                 tracing::info!("self-heal worked: the fault cleared");
             }
@@ -213,11 +269,10 @@ impl Healer {
                 if now.saturating_duration_since(started) <= self.cfg.timeout {
                     return self.phase();
                 }
-                let e = format!(
-                    "still faulty ({}) {}s after the restart",
-                    decision.reasons.join("; "),
-                    self.cfg.timeout.as_secs()
-                );
+                let e = HealError::StillFaulty {
+                    reasons: decision.reasons.join("; "),
+                    timeout: self.cfg.timeout,
+                };
                 self.fail(e, started, now);
                 self.try_start(fault, decision, faulty_containers, now)
             }
@@ -273,7 +328,7 @@ impl Healer {
             started_at: rfc3339(SystemTime::now()),
             reason,
             action: action.describe(),
-            outcome: "running",
+            outcome: HealOutcome::Running,
             error: None,
             output: None,
             duration_ms: 0,
@@ -289,8 +344,8 @@ impl Healer {
     }
 
     /// The current attempt failed: log it, and answer 503 for the rest of this incident.
-    fn fail(&mut self, error: String, started: Instant, now: Instant) {
-        self.finish_last("failed", Some(error), started, now);
+    fn fail(&mut self, error: HealError, started: Instant, now: Instant) {
+        self.finish_last(HealOutcome::Failed, Some(error.to_string()), started, now);
         self.log.total_failed += 1;
         self.incident_failed = true;
         self.state = State::Failed;
@@ -304,7 +359,7 @@ impl Healer {
 
     fn finish_last(
         &mut self,
-        outcome: &'static str,
+        outcome: HealOutcome,
         error: Option<String>,
         started: Instant,
         now: Instant,
@@ -331,168 +386,21 @@ fn futures_now<T>(task: &mut JoinHandle<T>) -> Option<T> {
     }
 }
 
-use std::future::Future as _;
-
-async fn run(action: Action, docker: Option<Docker>, timeout: Duration) -> Result<String, String> {
+async fn run(
+    action: Action,
+    docker: Option<Docker>,
+    timeout: Duration,
+) -> Result<String, HealError> {
     match action {
         Action::RestartContainer(name) => {
-            let docker = docker.ok_or("Docker is not configured")?;
-            docker.restart(&name, timeout).await.map(|()| String::new())
+            let docker = docker.ok_or(HealError::NoDocker)?;
+            docker
+                .restart(&name, timeout)
+                .await
+                .map(|()| String::new())
+                .map_err(HealError::Docker)
         }
-        Action::Command(cmd) => run_command(&cmd, timeout).await,
-    }
-}
-
-/// What a restart command may see of the agent's environment: the variables a shell and the
-/// usual restart tools (`systemctl`, `docker`, `service`) need, nothing else. An allowlist, not
-/// a denylist: the agent's secrets (`server.token_env`, `fleet.token_env`,
-/// `alerts.github_token_env`, `PGPASSWORD`, and whatever the unit file adds) have names only the
-/// operator knows, and a command that needs more can set it itself.
-const ENV_ALLOWLIST: &[&str] = &[
-    "PATH",
-    "HOME",
-    "USER",
-    "LOGNAME",
-    "SHELL",
-    "LANG",
-    "LANGUAGE",
-    "TZ",
-    "TMPDIR",
-    "XDG_RUNTIME_DIR",
-    "DOCKER_HOST",
-];
-
-fn passed_to_command(name: &str) -> bool {
-    ENV_ALLOWLIST.contains(&name) || name.starts_with("LC_")
-}
-
-/// Output kept per stream; the rest is read and counted, so a chatty command never stalls on a
-/// full pipe.
-const CAPTURE_LIMIT: usize = 64 * 1024;
-
-/// Once the shell has exited, how long its output may take to reach end of file. A background
-/// child that kept the pipes open is not waited for: reading stops, and its next write fails.
-const OUTPUT_GRACE: Duration = Duration::from_millis(200);
-
-#[derive(Default)]
-struct Captured {
-    kept: Vec<u8>,
-    dropped: u64,
-}
-
-async fn capture<R: tokio::io::AsyncRead + Unpin>(pipe: Option<R>, into: &mut Captured) {
-    let Some(mut pipe) = pipe else { return };
-    let mut buf = [0u8; 8192];
-    loop {
-        match pipe.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => {
-                let take = n.min(CAPTURE_LIMIT.saturating_sub(into.kept.len()));
-                into.kept.extend_from_slice(&buf[..take]);
-                into.dropped = into.dropped.saturating_add((n - take) as u64);
-            }
-        }
-    }
-}
-
-/// SIGKILLs the command's whole process group when dropped armed: on timeout, and when the
-/// future running the command is dropped (the healer gave up on it), so nothing it started
-/// in the foreground or background outlives it.
-struct GroupKiller(Option<libc::pid_t>);
-
-impl Drop for GroupKiller {
-    fn drop(&mut self) {
-        if let Some(pgid) = self.0.filter(|p| *p > 1) {
-            // SAFETY: kill(2) on our child's own process group; no memory is involved.
-            unsafe {
-                libc::kill(-pgid, libc::SIGKILL);
-            }
-        }
-    }
-}
-
-/// Runs `sh -c cmd` in a process group of its own with a scrubbed environment, capturing
-/// (truncated) stdout and stderr read concurrently; non-zero exit is a failure. On timeout, or
-/// if this future is dropped, the whole group is killed.
-pub async fn run_command(cmd: &str, timeout: Duration) -> Result<String, String> {
-    let env: Vec<_> = std::env::vars_os().collect();
-    run_command_with_env(cmd, timeout, env).await
-}
-
-async fn run_command_with_env(
-    cmd: &str,
-    timeout: Duration,
-    agent_env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
-) -> Result<String, String> {
-    let mut child = tokio::process::Command::new("/bin/sh")
-        .arg("-c")
-        .arg(cmd)
-        .env_clear()
-        .envs(
-            agent_env
-                .into_iter()
-                .filter(|(k, _)| k.to_str().is_some_and(passed_to_command)),
-        )
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| format!("cannot run restart_command: {e}"))?;
-    let mut group = GroupKiller(child.id().and_then(|p| libc::pid_t::try_from(p).ok()));
-    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
-    let (mut out, mut err) = (Captured::default(), Captured::default());
-    let finished = {
-        let reading = async {
-            tokio::join!(capture(stdout, &mut out), capture(stderr, &mut err));
-        };
-        tokio::pin!(reading);
-        let work = async {
-            let mut read_all = false;
-            let status = tokio::select! {
-                s = child.wait() => s,
-                () = &mut reading => {
-                    read_all = true;
-                    child.wait().await
-                }
-            };
-            if !read_all {
-                let _ = tokio::time::timeout(OUTPUT_GRACE, &mut reading).await;
-            }
-            status
-        };
-        tokio::time::timeout(timeout, work).await
-    };
-    let mut text = String::from_utf8_lossy(&out.kept).trim().to_string();
-    let err_text = String::from_utf8_lossy(&err.kept);
-    if !err_text.trim().is_empty() {
-        if !text.is_empty() {
-            text.push('\n');
-        }
-        text.push_str(err_text.trim());
-    }
-    let mut text = crate::text::truncate(&text, OUTPUT_LIMIT);
-    let dropped = out.dropped.saturating_add(err.dropped);
-    if dropped > 0 {
-        text.push_str(&format!(" [{dropped} more bytes not kept]"));
-    }
-    let status = match finished {
-        Ok(status) => status,
-        Err(_) => {
-            // `group` kills the process group as it goes out of scope.
-            return Err(format!(
-                "restart_command did not finish within {}s; its process group was killed: {text}",
-                timeout.as_secs()
-            ));
-        }
-    };
-    // The shell exited: leave alone what it started in the background (a server it restarted).
-    group.0 = None;
-    match status {
-        Ok(s) if s.success() => Ok(text),
-        Ok(s) => Err(format!("restart_command exited with {s}: {text}")),
-        Err(e) => Err(format!("restart_command: {e}")),
+        Action::Command(cmd) => Ok(run_command(&cmd, timeout).await?),
     }
 }
 
@@ -541,6 +449,83 @@ mod tests {
         h.step(d, &[], Instant::now())
     }
 
+    /// `applied` after one evaluation answers what evaluating again with the phase answered
+    /// (the composer's flow before healing became a pure step).
+    #[test]
+    fn applied_matches_evaluating_with_the_phase() {
+        use crate::policy::{ContainersState, DbState, DiskLevel};
+        let inputs = [
+            PolicyInput::default(),
+            PolicyInput {
+                web: WebVerdict::Hung,
+                web_detail: "no answer for 9s".into(),
+                ..PolicyInput::default()
+            },
+            PolicyInput {
+                web: WebVerdict::Down,
+                ..PolicyInput::default()
+            },
+            PolicyInput {
+                containers: ContainersState::Faulty,
+                ..PolicyInput::default()
+            },
+            PolicyInput {
+                web: WebVerdict::Hung,
+                disk: DiskLevel::Fail,
+                ..PolicyInput::default()
+            },
+            PolicyInput {
+                web: WebVerdict::Hung,
+                database: DbState::Unreachable,
+                ..PolicyInput::default()
+            },
+            PolicyInput {
+                web: WebVerdict::Unresponsive,
+                web_served: false,
+                ..PolicyInput::default()
+            },
+            PolicyInput {
+                web: WebVerdict::Slow,
+                disk: DiskLevel::Warn,
+                ..PolicyInput::default()
+            },
+        ];
+        for input in inputs {
+            let raw = evaluate(&input);
+            for phase in [HealPhase::Idle, HealPhase::Recovering, HealPhase::Exhausted] {
+                let with_phase = PolicyInput {
+                    heal: phase,
+                    ..input.clone()
+                };
+                assert_eq!(
+                    applied(raw.clone(), phase),
+                    evaluate(&with_phase),
+                    "{input:?} {phase:?}"
+                );
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn the_answer_is_recovering_while_a_restart_runs_then_503_once_it_fails() {
+        let mut h = healer("sleep 0.3; exit 1", 3);
+        let raw = hung();
+        let phase = h.step(&raw, &[], Instant::now());
+        let d = applied(raw.clone(), phase);
+        assert_eq!((d.status, d.http), (Status::Recovering, 200), "{d:?}");
+        assert_eq!(d.reasons.last().unwrap(), "self-heal in progress");
+        let phase = settle(&mut h, &raw).await;
+        let d = applied(raw.clone(), phase);
+        assert_eq!((d.status, d.http), (Status::Unhealthy, 503), "{d:?}");
+        assert_eq!(
+            d.reasons.last().unwrap(),
+            "self-heal failed or its budget is spent"
+        );
+        // Once the fault clears, healing changes nothing.
+        let phase = h.step(&fine(), &[], Instant::now());
+        assert_eq!(applied(fine(), phase), fine());
+    }
+
     #[tokio::test]
     async fn restart_then_recovered() {
         let mut h = healer("echo restarted", 3);
@@ -549,7 +534,11 @@ mod tests {
         assert_eq!(h.step(&fine(), &[], Instant::now()), HealPhase::Idle);
         let log = h.log();
         assert_eq!((log.total_attempts, log.total_recovered), (1, 1));
-        assert_eq!(log.attempts[0].outcome, "recovered");
+        assert_eq!(log.attempts[0].outcome, HealOutcome::Recovered);
+        assert_eq!(
+            serde_json::to_value(&log.attempts[0]).unwrap()["outcome"],
+            "recovered"
+        );
         assert_eq!(log.attempts[0].output.as_deref(), Some("restarted"));
     }
 
@@ -586,177 +575,5 @@ mod tests {
         });
         assert_eq!(h.step(&guarded, &[], Instant::now()), HealPhase::Idle);
         assert_eq!(h.log().total_attempts, 0);
-    }
-
-    /// Some process of group `pgid` is alive (zombies waiting for a reaper do not count).
-    fn group_alive(pgid: i32) -> bool {
-        std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
-            let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
-                return false;
-            };
-            let Some((_, rest)) = stat.rsplit_once(')') else {
-                return false;
-            };
-            let f: Vec<&str> = rest.split_whitespace().collect();
-            f.first() != Some(&"Z") && f.get(2).and_then(|p| p.parse().ok()) == Some(pgid)
-        })
-    }
-
-    fn alive(pid: i32) -> bool {
-        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-            s.rsplit_once(')')
-                .is_some_and(|(_, r)| !r.trim_start().starts_with('Z'))
-        })
-    }
-
-    async fn read_pid(path: &std::path::Path) -> i32 {
-        for _ in 0..200 {
-            if let Some(pid) = std::fs::read_to_string(path)
-                .ok()
-                .and_then(|s| s.trim().parse().ok())
-            {
-                return pid;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("{} never written", path.display());
-    }
-
-    async fn gone_within(d: Duration, what: impl Fn() -> bool) -> bool {
-        let deadline = Instant::now() + d;
-        while Instant::now() < deadline {
-            if !what() {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        !what()
-    }
-
-    #[tokio::test]
-    async fn restart_command_sees_none_of_the_agents_secrets() {
-        let agent_env = [
-            ("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
-            ("LC_ALL", "C"),
-            ("HEALTH_AGENT_TOKEN", "tok-s3cr3t-1"),
-            ("GITHUB_TOKEN", "ghp_s3cr3t2"),
-            ("PGPASSWORD", "pg-s3cr3t-3"),
-            ("PEER_TOKEN", "fleet-s3cr3t-4"),
-            ("AWS_SECRET_ACCESS_KEY", "aws-s3cr3t-5"),
-        ]
-        .map(|(k, v)| (k.into(), v.into()))
-        .to_vec();
-        let out = run_command_with_env("env", Duration::from_secs(10), agent_env)
-            .await
-            .unwrap();
-        assert!(!out.contains("s3cr3t"), "{out}");
-        assert!(
-            out.contains("PATH=/usr/sbin") && out.contains("LC_ALL=C"),
-            "{out}"
-        );
-        // The real path, with this process's own environment: only allowlisted names pass
-        // (and what the shell itself sets).
-        let out = run_command("env", Duration::from_secs(10)).await.unwrap();
-        for line in out.lines() {
-            let name = line.split_once('=').map_or(line, |(n, _)| n);
-            assert!(
-                passed_to_command(name) || matches!(name, "PWD" | "SHLVL" | "_"),
-                "{name} reached the restart command"
-            );
-        }
-    }
-
-    #[tokio::test]
-    async fn a_megabyte_on_stderr_finishes_normally() {
-        let started = Instant::now();
-        let out = run_command(
-            "head -c 1000000 /dev/zero | tr '\\0' x >&2; echo done",
-            Duration::from_secs(20),
-        )
-        .await
-        .unwrap();
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "{:?}",
-            started.elapsed()
-        );
-        assert!(
-            out.starts_with("done\nxxxx"),
-            "{}",
-            &out[..20.min(out.len())]
-        );
-        assert!(out.len() < OUTPUT_LIMIT + 100, "kept small: {}", out.len());
-        assert!(
-            out.ends_with(&format!(
-                "[{} more bytes not kept]",
-                1_000_000 - CAPTURE_LIMIT
-            )),
-            "{}",
-            &out[out.len() - 60..]
-        );
-    }
-
-    #[tokio::test]
-    async fn a_hanging_command_is_killed_with_its_children() {
-        let dir = tempfile::tempdir().unwrap();
-        let (bg, sh) = (dir.path().join("bg"), dir.path().join("sh"));
-        let cmd = format!(
-            "sleep 300 & echo $! > {}; echo $$ > {}; sleep 300",
-            bg.display(),
-            sh.display()
-        );
-        let started = Instant::now();
-        let err = run_command(&cmd, Duration::from_secs(1)).await.unwrap_err();
-        assert!(
-            started.elapsed() < Duration::from_secs(3),
-            "{:?}",
-            started.elapsed()
-        );
-        assert!(err.contains("did not finish within 1s"), "{err}");
-        let (bg, pgid) = (read_pid(&bg).await, read_pid(&sh).await);
-        assert!(
-            gone_within(Duration::from_secs(3), || alive(bg)).await,
-            "background sleep {bg} survived"
-        );
-        assert!(
-            gone_within(Duration::from_secs(3), || group_alive(pgid)).await,
-            "process group {pgid} survived"
-        );
-    }
-
-    #[tokio::test]
-    async fn a_dropped_restart_kills_the_group() {
-        let dir = tempfile::tempdir().unwrap();
-        let sh = dir.path().join("sh");
-        let cmd = format!("echo $$ > {}; sleep 300 & sleep 300", sh.display());
-        let task = tokio::spawn(async move { run_command(&cmd, Duration::from_secs(600)).await });
-        let pgid = read_pid(&sh).await;
-        assert!(group_alive(pgid));
-        // What the healer does when heal.timeout passes first.
-        task.abort();
-        assert!(
-            gone_within(Duration::from_secs(3), || group_alive(pgid)).await,
-            "process group {pgid} survived"
-        );
-    }
-
-    #[tokio::test]
-    async fn a_background_child_holding_stdout_is_not_waited_for() {
-        let dir = tempfile::tempdir().unwrap();
-        let bg = dir.path().join("bg");
-        let cmd = format!("sleep 300 & echo $! > {}; echo started", bg.display());
-        let started = Instant::now();
-        let out = run_command(&cmd, Duration::from_secs(20)).await.unwrap();
-        assert!(
-            started.elapsed() < Duration::from_secs(3),
-            "{:?}",
-            started.elapsed()
-        );
-        assert_eq!(out, "started");
-        // Left running: it may be the server the command just started.
-        let bg = read_pid(&bg).await;
-        assert!(alive(bg));
-        // SAFETY: cleaning up the sleep this test started.
-        unsafe { libc::kill(bg, libc::SIGKILL) };
     }
 }
