@@ -4,34 +4,33 @@
 use std::time::{Duration, Instant};
 
 use crate::{
-    checks::{
-        database::DatabaseMonitor, disk, probe, system::SystemMonitor, web::WebMonitor,
-        ContainersReport, DatabaseReport, Report,
-    },
-    config::{Config, DatabaseConfig, WebConfig},
-    docker::Docker,
+    checks::{probe, ContainersReport, DatabaseReport, Report},
+    config::Config,
     policy::{evaluate, Decision},
+    runner::checks::{check_disk, containers_wanted, probe_wanted, Checks, Database, Mode},
 };
 
 pub async fn run(cfg: &Config) -> (Decision, Report) {
-    let web_cfg = WebConfig {
-        kernel: false,
-        ..cfg.web.clone()
-    };
-    let mut web = WebMonitor::new(web_cfg);
+    let Checks {
+        mut web,
+        mut system,
+        docker,
+        docker_error,
+        database,
+        ..
+    } = Checks::build(cfg, Mode::Once);
     if !cfg.web.container.is_empty() {
-        let net = match Docker::connect(&cfg.containers.docker_host, cfg.checks.timeout) {
-            Ok(d) => d.network_of(&cfg.web.container).await,
-            Err(e) => Err(e),
+        let net = match (&docker, &docker_error) {
+            (Some(d), _) => d.network_of(&cfg.web.container).await,
+            (None, e) => Err(e.clone().unwrap_or_default()),
         };
         web.set_container(net);
     }
-    let mut system = SystemMonitor::new(cfg.scaling.clone());
     let start = Instant::now();
     system.sample(start);
     // The first look finds the listener, and with it the address to probe.
     web.evaluate(start);
-    let probed = if cfg.web.port != 0 && !cfg.web.probe_path.is_empty() {
+    let probed = if probe_wanted(cfg) {
         probe::probe_shared(
             &web.probe_target(),
             &cfg.web.probe_path,
@@ -47,39 +46,27 @@ pub async fn run(cfg: &Config) -> (Decision, Report) {
         // sysinfo needs two samples some time apart for CPU use.
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    let disk_cfg = cfg.disk.clone();
-    let disk = tokio::time::timeout(
-        cfg.checks.timeout,
-        tokio::task::spawn_blocking(move || disk::check(&disk_cfg)),
-    )
-    .await
-    .ok()
-    .and_then(Result::ok)
-    .unwrap_or_else(Report::disk_unknown);
-    let containers = if cfg.containers.names.is_empty() && cfg.containers.labels.is_empty() {
+    let disk = tokio::time::timeout(cfg.checks.timeout, check_disk(cfg.disk.clone()))
+        .await
+        .unwrap_or_else(|_| Report::disk_unknown());
+    let containers = if !containers_wanted(cfg) {
         ContainersReport::not_configured()
     } else {
-        match Docker::connect(&cfg.containers.docker_host, cfg.checks.timeout) {
-            Ok(d) => d.check(&cfg.containers).await.0,
-            Err(e) => ContainersReport {
+        match (&docker, docker_error) {
+            (Some(d), _) => d.check(&cfg.containers).await.0,
+            (None, e) => ContainersReport {
                 state: crate::policy::ContainersState::Unknown,
                 summary: "unknown".into(),
-                reason: Some(e),
+                reason: e,
                 faulty: Vec::new(),
                 containers: Vec::new(),
             },
         }
     };
-    // One round trip per database decides: there is no history to damp here.
-    let one_round = DatabaseConfig {
-        fail_after: 1,
-        recover_after: 1,
-        ..cfg.database.clone()
-    };
-    let database = match DatabaseMonitor::new(&one_round) {
-        Ok(None) => DatabaseReport::not_configured(),
-        Ok(Some(mut m)) => m.check().await,
-        Err(e) => DatabaseReport {
+    let database = match database {
+        Database::NotConfigured => DatabaseReport::not_configured(),
+        Database::On(mut m) => m.check().await,
+        Database::Broken(e) => DatabaseReport {
             state: crate::policy::DbState::Unknown,
             reason: Some(e),
             databases: Vec::new(),

@@ -1,6 +1,6 @@
 //! Alerting: incidents out of snapshots, to Slack, PagerDuty (Events v2), a generic JSON webhook
-//! and GitHub issues. `Alerts::observe` runs on the composer after every snapshot and only
-//! tracks incidents and queues messages; one sender task per destination drains its own
+//! and GitHub issues. `Alerts::follow` subscribes to the snapshots the runner publishes and
+//! `observe`s each: it only tracks incidents and queues messages; one sender task per destination drains its own
 //! bounded queue, paced, with retries — so a dead or slow receiver delays neither `/health`
 //! nor the other destinations, and one destination's messages stay in order.
 //!
@@ -28,7 +28,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tokio::task::JoinHandle;
+use tokio::{
+    sync::broadcast::{self, error::RecvError},
+    task::JoinHandle,
+};
 use tokio_util::sync::CancellationToken;
 
 use self::{
@@ -219,7 +222,22 @@ impl Alerts {
         })
     }
 
-    /// Called after every snapshot (every ~250 ms). Must be cheap and NEVER block or await:
+    /// Observes every snapshot published on `snapshots` until every publisher is gone, then
+    /// waits for the senders (`closed`).
+    pub async fn follow(mut self, mut snapshots: broadcast::Receiver<Arc<Snapshot>>) {
+        loop {
+            match snapshots.recv().await {
+                Ok(snap) => self.observe(&snap, Instant::now()),
+                Err(RecvError::Lagged(n)) => {
+                    tracing::warn!("alerts fell behind: {n} snapshots not looked at")
+                }
+                Err(RecvError::Closed) => break,
+            }
+        }
+        self.closed().await;
+    }
+
+    /// Called for every snapshot (every ~250 ms). Must be cheap and NEVER block or await:
     /// it tracks incidents and enqueues messages into a bounded queue (drop-oldest-trigger,
     /// but never drop a resolve that follows a sent trigger — the rule is in `queue`).
     pub fn observe(&mut self, snap: &Snapshot, now: Instant) {

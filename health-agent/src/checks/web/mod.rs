@@ -21,18 +21,26 @@ mod verdict;
 use serde::Serialize;
 
 pub use latency::LatencySummary;
-pub use monitor::WebMonitor;
+pub use monitor::{load_kernel, WebMonitor};
 pub use process::DependencyWait;
 pub use target::NamespaceView;
 
 use super::probe::ProbeResult;
 use crate::policy::WebVerdict;
 
+/// Whether the kernel view is running; serialized as `active`, `unavailable`, `disabled`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KernelState {
+    Active,
+    Unavailable,
+    Disabled,
+}
+
 /// Whether the kernel view is running, and why not.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct KernelStatus {
-    /// `active`, `unavailable` or `disabled`.
-    pub state: &'static str,
+    pub state: KernelState,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }
@@ -142,7 +150,7 @@ impl WebReport {
             listen_overflows: 0,
             listen_drops: 0,
             kernel: KernelStatus {
-                state: "disabled",
+                state: KernelState::Disabled,
                 reason: Some("no web port configured".into()),
             },
             counters: None,

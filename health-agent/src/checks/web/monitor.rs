@@ -16,7 +16,7 @@ use super::{
     progress::Progress,
     target::{self, Target, Unresolved},
     verdict::{self, Evidence, KernelEvidence},
-    KernelCounters, KernelStatus, ProcessView, WebReport,
+    KernelCounters, KernelState, KernelStatus, ProcessView, WebReport,
 };
 use crate::{
     checks::probe::{ProbeResult, ProbeTarget, SharedProbeTarget},
@@ -78,49 +78,47 @@ const WATCH_ACCEPTS_AFTER: Duration = Duration::from_millis(200);
 /// … and this long without such a connection detaches them again.
 const UNWATCH_ACCEPTS_AFTER: Duration = Duration::from_secs(30);
 
-impl WebMonitor {
-    /// Loads the kernel programs when configured; a failure leaves the monitor running on
-    /// the probe and the accept queue, and says why.
-    pub fn new(cfg: WebConfig) -> Self {
-        let (kernel, kernel_status) = if cfg.port == 0 {
-            (
-                None,
-                KernelStatus {
-                    state: "disabled",
-                    reason: Some("no web port configured".into()),
-                },
-            )
-        } else if !cfg.kernel {
-            (
-                None,
-                KernelStatus {
-                    state: "disabled",
-                    reason: Some("web.kernel = false: probe and accept queue only".into()),
-                },
-            )
-        } else {
-            let always = cfg.accept_tracing == AcceptTracing::Always;
-            match KernelView::load(cfg.max_connections_tracked, always) {
-                Ok(k) => {
-                    let status = KernelStatus {
-                        state: "active",
-                        reason: k.note.clone(),
-                    };
-                    (Some(k), status)
-                }
-                Err(e) => {
-                    let reason = format!("{e}; deciding from the probe and the accept queue");
-                    tracing::warn!("kernel view unavailable: {reason}");
-                    (
-                        None,
-                        KernelStatus {
-                            state: "unavailable",
-                            reason: Some(reason),
-                        },
-                    )
-                }
-            }
+/// Loads the kernel programs when `cfg` asks for them. A failure is not fatal: the monitor
+/// then decides from the probe and the accept queue, and its report says why.
+pub fn load_kernel(cfg: &WebConfig) -> (Option<KernelView>, KernelStatus) {
+    let disabled = |why: &str| {
+        let status = KernelStatus {
+            state: KernelState::Disabled,
+            reason: Some(why.into()),
         };
+        (None, status)
+    };
+    if cfg.port == 0 {
+        return disabled("no web port configured");
+    }
+    if !cfg.kernel {
+        return disabled("web.kernel = false: probe and accept queue only");
+    }
+    let always = cfg.accept_tracing == AcceptTracing::Always;
+    match KernelView::load(cfg.max_connections_tracked, always) {
+        Ok(k) => {
+            let status = KernelStatus {
+                state: KernelState::Active,
+                reason: k.note.clone(),
+            };
+            (Some(k), status)
+        }
+        Err(e) => {
+            let reason = format!("{e}; deciding from the probe and the accept queue");
+            tracing::warn!("kernel view unavailable: {reason}");
+            let status = KernelStatus {
+                state: KernelState::Unavailable,
+                reason: Some(reason),
+            };
+            (None, status)
+        }
+    }
+}
+
+impl WebMonitor {
+    /// A monitor on `kernel` (loaded by `load_kernel`, or None: probe, accept queue and /proc
+    /// only), whose reports carry `kernel_status`.
+    pub fn new(cfg: WebConfig, kernel: Option<KernelView>, kernel_status: KernelStatus) -> Self {
         Self {
             cfg,
             target: None,
@@ -570,11 +568,14 @@ mod tests {
     #[test]
     fn the_agents_own_probe_errors_are_never_a_verdict_on_the_backend() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut m = WebMonitor::new(WebConfig {
+        let cfg = WebConfig {
             port: listener.local_addr().unwrap().port(),
             kernel: false,
             ..WebConfig::default()
-        });
+        };
+        let (kernel, status) = load_kernel(&cfg);
+        assert_eq!(status.state, KernelState::Disabled);
+        let mut m = WebMonitor::new(cfg, kernel, status);
         let t0 = Instant::now();
         // A real failure starts the clock; then the agent runs out of descriptors for a minute.
         m.record_probe(failed(false), t0);

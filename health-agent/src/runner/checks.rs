@@ -1,0 +1,138 @@
+//! One wiring of every check, used by `serve` (`runner::start` runs them on their cadences)
+//! and by `health-agent check` (`oneshot::run` runs each once): the web monitor on the kernel
+//! view loaded here, the system sampler, the Docker client, the database monitor and the fleet
+//! exchange. A check that cannot be built says why; each caller decides what that means for
+//! its report.
+
+use std::sync::Arc;
+
+use crate::{
+    checks::{
+        database::DatabaseMonitor,
+        disk::{self, DiskReport},
+        system::SystemMonitor,
+        web::{load_kernel, WebMonitor},
+        Report,
+    },
+    config::{Config, DatabaseConfig, DiskConfig, WebConfig},
+    docker::Docker,
+    fleet::exchange::Exchange,
+};
+
+/// How the checks will run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// On their cadences, for as long as the agent runs: the kernel view, damping, peers.
+    Serve,
+    /// Each once (`health-agent check`): no history, so no kernel view, no damping of the
+    /// database's answers, and no peers to ask.
+    Once,
+}
+
+/// The database check as configured.
+pub enum Database {
+    NotConfigured,
+    /// The URLs do not parse (config validation refuses them; only a hand-built `Config`
+    /// gets here).
+    Broken(String),
+    On(DatabaseMonitor),
+}
+
+pub struct Checks {
+    pub web: WebMonitor,
+    pub system: SystemMonitor,
+    /// For the container check, `web.container` and container restarts; None when nothing
+    /// needs Docker or its client could not be made (`docker_error` then says why).
+    pub docker: Option<Docker>,
+    pub docker_error: Option<String>,
+    pub database: Database,
+    /// The peers' views (`fleet`), serve only.
+    pub fleet: Option<Arc<Exchange>>,
+    /// Why the fleet exchange could not be made.
+    pub fleet_error: Option<String>,
+}
+
+impl Checks {
+    /// Builds every check `cfg` configures. In `Mode::Serve` this loads the kernel programs.
+    pub fn build(cfg: &Config, mode: Mode) -> Self {
+        let web_cfg = match mode {
+            Mode::Serve => cfg.web.clone(),
+            // The kernel view needs history.
+            Mode::Once => WebConfig {
+                kernel: false,
+                ..cfg.web.clone()
+            },
+        };
+        let (kernel, kernel_status) = load_kernel(&web_cfg);
+        let web = WebMonitor::new(web_cfg, kernel, kernel_status);
+
+        let (docker, docker_error) = if wants_docker(cfg) {
+            match Docker::connect(&cfg.containers.docker_host, cfg.checks.timeout) {
+                Ok(d) => (Some(d), None),
+                Err(e) => (None, Some(e)),
+            }
+        } else {
+            (None, None)
+        };
+
+        let db_cfg = match mode {
+            Mode::Serve => cfg.database.clone(),
+            // One round trip per database decides: there is no history to damp here.
+            Mode::Once => DatabaseConfig {
+                fail_after: 1,
+                recover_after: 1,
+                ..cfg.database.clone()
+            },
+        };
+        let database = match DatabaseMonitor::new(&db_cfg) {
+            Ok(Some(m)) => Database::On(m),
+            Ok(None) => Database::NotConfigured,
+            Err(e) => Database::Broken(e.to_string()),
+        };
+
+        let (fleet, fleet_error) = if mode == Mode::Serve && cfg.fleet.enabled() {
+            let token = (!cfg.fleet.token_env.is_empty())
+                .then(|| std::env::var(&cfg.fleet.token_env).ok())
+                .flatten()
+                .filter(|t| !t.is_empty());
+            match Exchange::new(&cfg.fleet, cfg.server.listen, token) {
+                Ok(e) => (Some(Arc::new(e)), None),
+                Err(e) => (None, Some(e)),
+            }
+        } else {
+            (None, None)
+        };
+
+        Self {
+            web,
+            system: SystemMonitor::new(cfg.scaling.clone()),
+            docker,
+            docker_error,
+            database,
+            fleet,
+            fleet_error,
+        }
+    }
+}
+
+/// Whether any check or restart needs the Docker client.
+fn wants_docker(cfg: &Config) -> bool {
+    containers_wanted(cfg) || !cfg.web.container.is_empty()
+}
+
+/// Whether the container check is configured.
+pub fn containers_wanted(cfg: &Config) -> bool {
+    !cfg.containers.names.is_empty() || !cfg.containers.labels.is_empty()
+}
+
+/// Whether the probe is configured.
+pub fn probe_wanted(cfg: &Config) -> bool {
+    cfg.web.port != 0 && !cfg.web.probe_path.is_empty()
+}
+
+/// One disk round, off the async threads (a dead NFS mount blocks its thread, not them).
+pub async fn check_disk(cfg: DiskConfig) -> DiskReport {
+    tokio::task::spawn_blocking(move || disk::check(&cfg))
+        .await
+        .unwrap_or_else(|_| Report::disk_unknown())
+}

@@ -1,0 +1,331 @@
+//! The composer: every `web.eval_interval` (or when the web monitor asks for an earlier look)
+//! it reads the kernel view, and when a round is due merges the checks' latest results into
+//! one report, evaluates the policy once, applies self-healing and the flap guard to that
+//! decision, and makes the snapshot `/health` serves.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use tokio::sync::Notify;
+
+use super::periodic::{first_result, DatabaseWiring, Slot, Slots, Timed};
+use crate::{
+    checks::{
+        disk, system::SystemMonitor, web::WebMonitor, ContainersReport, DatabaseReport, Report,
+    },
+    config::Config,
+    fleet::{classes_of, Judge},
+    heal::{self, Healer},
+    policy::{evaluate, DiskLevel, FlapGuard, HealPhase},
+    snapshot::Snapshot,
+};
+
+pub(super) struct Composer {
+    cfg: Arc<Config>,
+    started: Instant,
+    pub web: WebMonitor,
+    system: SystemMonitor,
+    healer: Healer,
+    guard: FlapGuard,
+    slots: Slots,
+    /// What the database slot shows before its first round trip: every database `unknown`.
+    database_pending: DatabaseReport,
+    last_system: Option<(Instant, Option<crate::checks::system::SystemReport>)>,
+    /// When the last full round ran.
+    last_full: Instant,
+    judge: Judge,
+    /// Wakes the database check for a round now, off its own cadence.
+    recheck_database: Arc<Notify>,
+    last_recheck: Option<Instant>,
+}
+
+impl Composer {
+    pub fn new(
+        cfg: Arc<Config>,
+        started: Instant,
+        web: WebMonitor,
+        system: SystemMonitor,
+        healer: Healer,
+        (slots, database): (Slots, DatabaseWiring),
+    ) -> Self {
+        Self {
+            guard: FlapGuard::new(cfg.checks.fail_after, cfg.checks.recover_after),
+            judge: Judge::new(cfg.fleet.interval, cfg.fleet.timeout),
+            cfg,
+            started,
+            web,
+            system,
+            healer,
+            slots,
+            database_pending: database.pending,
+            last_system: None,
+            last_full: started,
+            recheck_database: database.recheck,
+            last_recheck: None,
+        }
+    }
+
+    /// The interval between ticks.
+    pub fn tick(&self) -> Duration {
+        self.cfg.web.eval_interval
+    }
+
+    /// Waits for every check's first result. The probe goes where the web monitor has seen
+    /// the backend listen, so the monitor takes one look first (in a container's namespace
+    /// once Docker has said where that is).
+    pub async fn first_results(&mut self) {
+        let slots = &self.slots;
+        first_result(slots.web_container.as_ref()).await;
+        if let Some(t) = slots.web_container.as_ref().and_then(|c| c.borrow().clone()) {
+            self.web.set_container(t.value);
+        }
+        self.web.evaluate(Instant::now());
+        tokio::join!(
+            first_result(Some(&slots.disk)),
+            first_result(slots.probe.as_ref()),
+            first_result(slots.containers.as_ref()),
+            first_result(slots.database.as_ref()),
+        );
+    }
+
+    fn fresh<T: Clone>(&self, slot: &Slot<T>, now: Instant) -> Option<T> {
+        let v = slot.borrow();
+        let t = v.as_ref()?;
+        (now.saturating_duration_since(t.at) <= self.cfg.checks.stale_after)
+            .then(|| t.value.clone())
+    }
+
+    /// The database slot's latest (cached) report. It is refreshed every `database.interval`,
+    /// far less often than `stale_after`, so it goes stale only when its task stops reporting.
+    fn database_report(&self, slot: &Slot<DatabaseReport>, now: Instant) -> DatabaseReport {
+        let db = &self.cfg.database;
+        let stale_after = db
+            .interval
+            .saturating_add(db.timeout.saturating_mul(2))
+            .saturating_add(self.cfg.checks.stale_after);
+        let v = slot.borrow();
+        match v.as_ref() {
+            None => self.database_pending.clone(),
+            Some(t) if now.saturating_duration_since(t.at) <= stale_after => t.value.clone(),
+            Some(t) => {
+                let mut r = t.value.clone();
+                r.state = crate::policy::DbState::Unknown;
+                r.reason = Some(format!(
+                    "the database check has not reported for {}s",
+                    now.saturating_duration_since(t.at).as_secs()
+                ));
+                r
+            }
+        }
+    }
+
+    /// Whether this tick needs a full round. The kernel view is read every tick (one map read);
+    /// the full round — listeners, report, policy, snapshot — runs every tick only while
+    /// something is in flight or wrong, else on `checks.interval` or when a check reports.
+    /// Only reads: the round itself (`compose`) takes the new results.
+    pub fn due(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.last_full) >= self.cfg.checks.interval
+            || self.web.hot()
+            || self.healer.busy()
+            || self.guard.pending()
+            || self.slots.changed()
+    }
+
+    /// Takes the results the checks reported since the last round: the probe and the web
+    /// container's namespace go into the web monitor, the others are read from their slots
+    /// as the round needs them.
+    fn take_new_results(&mut self) {
+        let slots = &mut self.slots;
+        slots.disk.mark_unchanged();
+        for s in slots.containers.iter_mut() {
+            s.mark_unchanged();
+        }
+        for s in slots.database.iter_mut() {
+            s.mark_unchanged();
+        }
+        for s in slots.fleet.iter_mut() {
+            s.mark_unchanged();
+        }
+        if let Some(p) = &mut slots.probe {
+            if p.has_changed().unwrap_or(false) {
+                if let Some(Timed { at, value: Some(r) }) = p.borrow_and_update().clone() {
+                    self.web.record_probe(r, at);
+                }
+            }
+        }
+        if let Some(c) = &mut slots.web_container {
+            if c.has_changed().unwrap_or(false) {
+                if let Some(t) = c.borrow_and_update().clone() {
+                    self.web.set_container(t.value);
+                }
+            }
+        }
+    }
+
+    /// One full round: the checks' latest results, one policy evaluation, self-healing
+    /// applied to its decision, the flap guard, and the snapshot that serves.
+    pub fn compose(&mut self, now: Instant) -> Snapshot {
+        self.last_full = now;
+        self.take_new_results();
+        let system_due = self
+            .last_system
+            .as_ref()
+            .is_none_or(|(t, _)| now.saturating_duration_since(*t) >= self.cfg.checks.interval);
+        if system_due {
+            self.last_system = Some((now, self.system.sample(now)));
+        }
+        let disk = self.fresh(&self.slots.disk, now).unwrap_or_else(|| {
+            // Not run yet, or hung past stale_after (a dead NFS mount, say).
+            let mut d = Report::disk_unknown();
+            if now.saturating_duration_since(self.started) > self.cfg.checks.stale_after {
+                d.mounts = self
+                    .cfg
+                    .disk
+                    .paths
+                    .iter()
+                    .map(|p| disk::MountUsage {
+                        path: p.clone(),
+                        used_percent: 0.0,
+                        total_bytes: 0,
+                        available_bytes: 0,
+                        level: DiskLevel::Unknown,
+                        error: Some("disk check did not finish".into()),
+                    })
+                    .collect();
+            }
+            d
+        });
+        let containers = match &self.slots.containers {
+            None => ContainersReport::not_configured(),
+            Some(slot) => self.fresh(slot, now).unwrap_or_else(|| ContainersReport {
+                state: crate::policy::ContainersState::Unknown,
+                summary: "unknown".into(),
+                reason: Some("container check has not answered yet".into()),
+                faulty: Vec::new(),
+                containers: Vec::new(),
+            }),
+        };
+        let database = match &self.slots.database {
+            None => DatabaseReport::not_configured(),
+            Some(slot) => self.database_report(slot, now),
+        };
+        let report = Report {
+            web: self.web.evaluate(now),
+            disk,
+            system: self.last_system.as_ref().and_then(|(_, s)| s.clone()),
+            containers,
+            database,
+        };
+        self.recheck_database_when_stuck(&report, now);
+        let served = report.web.served || self.cfg.web.port == 0;
+        let warming_up = self.warming_up(&report);
+        // Until the first evidence is in, every instance is still booting, grace or not.
+        let in_grace = now.saturating_duration_since(self.started) < self.cfg.checks.boot_grace
+            || (!served && warming_up);
+        let mut input = report.policy_input(in_grace);
+        input.web_served = served;
+        input.warming_up = warming_up;
+        input.boot_status = self.cfg.checks.boot_status;
+        let fleet = self.slots.fleet.as_ref().map(|slot| {
+            let own = classes_of(
+                report.web.verdict,
+                report.database.state,
+                report.containers.state,
+            );
+            let round = slot.borrow();
+            self.judge
+                .judge(&own, round.as_ref().map(|t| &t.value), now)
+        });
+        input.fleet = fleet
+            .as_ref()
+            .map(|f| f.judgements.clone())
+            .unwrap_or_default();
+        let raw = evaluate(&input);
+        // No restarts within boot grace: an app may take its time to come up.
+        let phase = if in_grace {
+            HealPhase::Idle
+        } else {
+            self.healer.step(&raw, &report.containers.faulty, now)
+        };
+        let decision = self.guard.apply(heal::applied(raw, phase), now);
+        Snapshot::new(
+            decision,
+            report,
+            self.healer.log(),
+            host_uptime(),
+            now.saturating_duration_since(self.started).as_secs(),
+        )
+        .with_fleet(fleet.unwrap_or_default())
+    }
+
+    /// When the web backend looks stuck, the database check runs now rather than on its
+    /// slower cadence, so a database outage is named within seconds, not after
+    /// `database.interval × fail_after`; while the database is unreachable or slow it is asked
+    /// again every RECHECK_DOWN_EVERY, so its recovery shows as soon as it happens. A round still
+    /// running takes the wake-up as soon as it ends.
+    fn recheck_database_when_stuck(&mut self, report: &Report, now: Instant) {
+        if self.slots.database.is_none() {
+            return;
+        }
+        let every = if matches!(
+            report.web.verdict,
+            crate::policy::WebVerdict::Waiting
+                | crate::policy::WebVerdict::Hung
+                | crate::policy::WebVerdict::Unresponsive
+        ) {
+            RECHECK_STUCK_EVERY
+        } else if matches!(
+            report.database.state,
+            crate::policy::DbState::Unreachable | crate::policy::DbState::Slow
+        ) {
+            RECHECK_DOWN_EVERY
+        } else {
+            return;
+        };
+        if self
+            .last_recheck
+            .is_none_or(|t| now.saturating_duration_since(t) >= every)
+        {
+            self.last_recheck = Some(now);
+            self.recheck_database.notify_one();
+        }
+    }
+
+    /// Whether a configured check has not reported its first result yet.
+    fn warming_up(&self, report: &Report) -> bool {
+        // A probe round that found no listener to probe has reported too: nothing to wait for.
+        let slots = &self.slots;
+        let probe = slots.probe.as_ref().is_some_and(|p| p.borrow().is_none());
+        let web_container = slots
+            .web_container
+            .as_ref()
+            .is_some_and(|c| c.borrow().is_none());
+        let containers = slots
+            .containers
+            .as_ref()
+            .is_some_and(|c| c.borrow().is_none());
+        let database = slots.database.as_ref().is_some_and(|d| d.borrow().is_none())
+            || report
+                .database
+                .databases
+                .iter()
+                .any(|d| d.last_checked.is_none());
+        probe || web_container || containers || database
+    }
+}
+
+const RECHECK_STUCK_EVERY: Duration = Duration::from_secs(1);
+const RECHECK_DOWN_EVERY: Duration = Duration::from_secs(5);
+
+/// Seconds since the host booted (CLOCK_BOOTTIME: no file read on every tick).
+fn host_uptime() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the struct we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    ts.tv_sec.max(0) as u64
+}

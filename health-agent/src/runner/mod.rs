@@ -1,0 +1,178 @@
+//! The background half of the agent. `checks` wires every check once (shared with
+//! `health-agent check`); `periodic` runs each slow or fallible check in its own task on its
+//! own cadence and keeps its latest result in a slot; `composer` merges the latest results
+//! every `web.eval_interval`, applies the policy, self-healing and the flap guard, and
+//! publishes one immutable snapshot — to the cell `/health` reads and to the alerts, which
+//! subscribe; `supervise` watches the loop from outside. A check that hangs shows up as a
+//! stale result; it never blocks the others or the HTTP server.
+
+pub mod checks;
+mod composer;
+mod periodic;
+mod supervise;
+#[cfg(test)]
+mod tests;
+
+use std::{sync::Arc, time::Instant};
+
+use arc_swap::ArcSwap;
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+pub use self::periodic::Timed;
+use self::{
+    checks::{Checks, Database, Mode},
+    composer::Composer,
+    periodic::Slots,
+    supervise::supervise,
+};
+use crate::{
+    alerts::{self, Alerts},
+    config::Config,
+    heal::Healer,
+    snapshot::{SharedSnapshot, Snapshot},
+};
+
+/// Snapshots the alerts may fall behind by before they skip some (they only track incidents
+/// and queue messages, so they keep up unless the runtime is starved).
+const ALERT_BACKLOG: usize = 64;
+
+/// The running background half.
+pub struct Agent {
+    pub snapshot: SharedSnapshot,
+    /// Ends after shutdown, once the kernel programs are detached and queued alerts sent.
+    pub composer: tokio::task::JoinHandle<()>,
+    /// Stops the check loop itself (what a bug would do): for tests of the supervisor.
+    pub check_loop: tokio::task::AbortHandle,
+}
+
+/// Where every snapshot goes: the cell `/health` reads, and the alerts' subscription.
+#[derive(Clone)]
+struct Publisher {
+    shared: SharedSnapshot,
+    alerts: Option<broadcast::Sender<Arc<Snapshot>>>,
+}
+
+impl Publisher {
+    fn publish(&self, snap: Snapshot) {
+        let snap = Arc::new(snap);
+        self.shared.store(snap.clone());
+        if let Some(tx) = &self.alerts {
+            let _ = tx.send(snap);
+        }
+    }
+
+    /// To the alerts only (the supervisor's view of a stopped loop).
+    fn alert(&self, snap: Snapshot) {
+        if let Some(tx) = &self.alerts {
+            let _ = tx.send(Arc::new(snap));
+        }
+    }
+
+    fn latest(&self) -> Arc<Snapshot> {
+        self.shared.load_full()
+    }
+}
+
+/// Starts every check and the composer. The first snapshot exists before this returns.
+pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
+    let started = Instant::now();
+    // Loads the kernel programs; the probe goes wherever the web monitor sees the backend.
+    let checks = Checks::build(&cfg, Mode::Serve);
+    if let Some(e) = &checks.docker_error {
+        tracing::error!("{e}; container checks and container restarts are off");
+    }
+    if let Some(e) = &checks.fleet_error {
+        tracing::error!("{e}; judging alone");
+    }
+    if let Database::Broken(e) = &checks.database {
+        // Config validation refuses such URLs; this only guards a hand-built Config.
+        tracing::error!("{e}; the database check is off");
+    }
+    let slots = Slots::spawn(&cfg, &checks, &shutdown);
+    let Checks {
+        web,
+        system,
+        docker,
+        ..
+    } = checks;
+    let healer = Healer::new(cfg.heal.clone(), cfg.web.clone(), docker);
+    let mut composer = Composer::new(cfg.clone(), started, web, system, healer, slots);
+
+    // The alerts follow the snapshots on their own task.
+    let (alerts_tx, alerts_task) =
+        match Alerts::start(&cfg.alerts, alerts::hostname(), shutdown.clone()) {
+            Some(a) => {
+                let (tx, rx) = broadcast::channel(ALERT_BACKLOG);
+                (Some(tx), Some(tokio::spawn(a.follow(rx))))
+            }
+            None => (None, None),
+        };
+
+    // The first snapshot should not say "unknown" only because a check has not had its first
+    // turn yet: every check gets up to `checks.timeout`, all of them together.
+    let _ = tokio::time::timeout(cfg.checks.timeout, composer.first_results()).await;
+    let first = Arc::new(composer.compose(Instant::now()));
+    if let Some(tx) = &alerts_tx {
+        let _ = tx.send(first.clone());
+    }
+    release_startup_memory();
+    let publisher = Publisher {
+        shared: Arc::new(ArcSwap::new(first)),
+        alerts: alerts_tx,
+    };
+    let out = publisher.shared.clone();
+    let loop_publisher = publisher.clone();
+    let loop_shutdown = shutdown.clone();
+    let composer = tokio::spawn(async move {
+        let publisher = loop_publisher;
+        // Pinged once per completed round below: a loop stuck in a round stops the pings.
+        let mut watchdog = crate::sd_notify::Watchdog::from_env();
+        let mut tick = tokio::time::interval(composer.tick());
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let look = composer.web.next_look(Instant::now());
+            tokio::select! {
+                _ = loop_shutdown.cancelled() => break,
+                _ = tick.tick() => {}
+                _ = sleep_until(look) => {}
+            }
+            let now = Instant::now();
+            if let Some(w) = watchdog.as_mut() {
+                w.kick(now);
+            }
+            composer.web.observe(now);
+            if composer.due(now) {
+                publisher.publish(composer.compose(now));
+            }
+        }
+        // Dropping the composer detaches the kernel programs.
+        drop(composer);
+    });
+    let check_loop = composer.abort_handle();
+    let supervisor = tokio::spawn(supervise(composer, publisher, alerts_task, cfg, shutdown));
+    Agent {
+        snapshot: out,
+        composer: supervisor,
+        check_loop,
+    }
+}
+
+/// Loading the kernel programs parsed the running kernel's BTF twice (aya's loader and
+/// `ebpf::btf`), several megabytes each, all freed since. glibc keeps freed heap pages mapped;
+/// hand them back so the resident set is the agent's steady state, not its start-up peak.
+fn release_startup_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only returns free pages to the kernel; nothing in use moves.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// Sleeps until `at`, or forever without one.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
