@@ -1,0 +1,226 @@
+//! The HTTP side: `GET|HEAD /health` from the cached snapshot (nothing is computed per
+//! request), `/metrics`, `/livez`, the fleet's peer view — the routes and handlers here, the
+//! accept loop and its limits in `conn`. A hand-rolled hyper accept loop gives what the load
+//! balancer's probes need from a port anyone may reach: a connection cap, a cap per client
+//! address, a deadline on reading a request's head (which also ends idle keep-alive
+//! connections), a deadline on a stalled write (a client that pipelines requests and never
+//! reads the answers), a small header buffer, and graceful shutdown. Like nginx's workers, each HTTP thread runs its own
+//! single-threaded runtime on its own SO_REUSEPORT listener: no cross-thread wakeups per request,
+//! and the background checks (on the main runtime) never share a queue with the probes.
+
+mod conn;
+#[cfg(test)]
+mod tests;
+
+use std::{
+    net::{IpAddr, SocketAddr},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use axum::{
+    body::Body,
+    extract::{Request, State},
+    http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode},
+    response::{IntoResponse, Response},
+    routing::get,
+    Router,
+};
+use bytes::Bytes;
+
+pub use self::conn::{
+    bind, connection_cap, raise_open_files_limit, run_threads, serve, Clients, Limits,
+    RESERVED_FDS,
+};
+use crate::{
+    config::Details,
+    metrics,
+    snapshot::{Rendering, SharedSnapshot},
+};
+
+pub const HEALTH_JSON: &str = "application/health+json";
+
+/// What the handlers share.
+pub struct App {
+    pub snapshot: SharedSnapshot,
+    pub details: Details,
+    /// The bearer token for `details = "token"`, read once at start.
+    pub token: Option<String>,
+    pub stale_after: Duration,
+    /// Who may read the peer view.
+    pub fleet_token: FleetToken,
+    /// This host's name, in the peer view.
+    pub host: String,
+}
+
+/// The peer endpoint's access rule (`fleet.token_env`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FleetToken {
+    /// No token configured: anyone who reaches the health port may read it.
+    Open,
+    /// `Authorization: Bearer <token>` required.
+    Required(String),
+    /// A token is configured but its variable is empty: nobody may read it.
+    Unset(String),
+}
+
+#[derive(Clone, Copy)]
+struct Peer(SocketAddr);
+
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/livez", get(livez))
+        .route("/metrics", get(metrics_handler))
+        .route(crate::fleet::VIEW_PATH, get(fleet_view))
+        .with_state(app)
+}
+
+fn wants_details(app: &App, peer: Option<Peer>, headers: &HeaderMap) -> bool {
+    match app.details {
+        Details::Always => true,
+        Details::Loopback => peer.is_some_and(|Peer(a)| is_loopback(a.ip())),
+        Details::Token => {
+            let Some(expected) = app.token.as_deref() else {
+                return false;
+            };
+            headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .is_some_and(|given| constant_time_eq(given.as_bytes(), expected.as_bytes()))
+        }
+    }
+}
+
+fn is_loopback(ip: IpAddr) -> bool {
+    ip.to_canonical().is_loopback()
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+// Takes the request itself: an extracted HeaderMap would be a copy of every header, per probe.
+async fn health(State(app): State<Arc<App>>, req: Request) -> Response {
+    let headers = req.headers();
+    let peer = req.extensions().get::<Peer>().copied();
+    let snap = app.snapshot.load();
+    let age = Instant::now().saturating_duration_since(snap.created);
+    let ietf = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains(HEALTH_JSON));
+    if age > app.stale_after {
+        return stale(age, ietf);
+    }
+    let details = wants_details(&app, peer, headers);
+    let body = snap
+        .body(match (ietf, details) {
+            (false, true) => Rendering::Full,
+            (false, false) => Rendering::Brief,
+            (true, true) => Rendering::IetfFull,
+            (true, false) => Rendering::IetfBrief,
+        })
+        .clone();
+    let code = StatusCode::from_u16(snap.decision.http).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+    respond(code, body, ietf, age)
+}
+
+/// The agent process itself: fine while its check loop keeps publishing snapshots. A loop
+/// that is stuck or gone fails it, so a supervisor (systemd, Kubernetes) restarts the agent.
+async fn livez(State(app): State<Arc<App>>) -> Response {
+    let age = Instant::now().saturating_duration_since(app.snapshot.load().created);
+    if age > app.stale_after {
+        let msg = format!(
+            "the check loop has not published a snapshot for {:.1}s\n",
+            age.as_secs_f64()
+        );
+        return (StatusCode::SERVICE_UNAVAILABLE, msg).into_response();
+    }
+    "ok\n".into_response()
+}
+
+/// The compact peer view: this instance's raw check states, for its peers' judgement.
+async fn fleet_view(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match &app.fleet_token {
+        FleetToken::Open => {}
+        FleetToken::Required(t)
+            if given.is_some_and(|g| constant_time_eq(g.as_bytes(), t.as_bytes())) => {}
+        FleetToken::Required(_) => {
+            return (
+                StatusCode::UNAUTHORIZED,
+                "a valid fleet bearer token is required\n",
+            )
+                .into_response()
+        }
+        FleetToken::Unset(var) => {
+            return (
+                StatusCode::FORBIDDEN,
+                format!("fleet.token_env names {var}, which is empty: the peer view is closed\n"),
+            )
+                .into_response()
+        }
+    }
+    let snap = app.snapshot.load();
+    let view = crate::fleet::PeerView::of(&snap.report, &app.host);
+    let mut r = axum::Json(view).into_response();
+    r.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}
+
+fn respond(code: StatusCode, body: Bytes, ietf: bool, age: Duration) -> Response {
+    let mut r = (code, Body::from(body)).into_response();
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(if ietf {
+            HEALTH_JSON
+        } else {
+            "application/json"
+        }),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(
+        HeaderName::from_static("x-snapshot-age-ms"),
+        HeaderValue::from(age.as_millis() as u64),
+    );
+    r
+}
+
+/// The check loop stopped: the agent can no longer vouch for the box.
+fn stale(age: Duration, ietf: bool) -> Response {
+    let reason = format!(
+        "health snapshot is {:.1}s old: the agent's check loop has stopped",
+        age.as_secs_f64()
+    );
+    let body = if ietf {
+        serde_json::json!({"status": "fail", "notes": [reason]})
+    } else {
+        serde_json::json!({"status": "unhealthy", "recommendation": "stable", "reasons": [reason]})
+    };
+    respond(
+        StatusCode::SERVICE_UNAVAILABLE,
+        Bytes::from(body.to_string()),
+        ietf,
+        age,
+    )
+}
+
+async fn metrics_handler(State(app): State<Arc<App>>, req: Request) -> Response {
+    let peer = req.extensions().get::<Peer>().copied();
+    let detailed = wants_details(&app, peer, req.headers());
+    let snap = app.snapshot.load();
+    let mut r = metrics::render(&snap, detailed).into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+    );
+    r
+}
+
