@@ -110,7 +110,9 @@ pub fn render(s: &Snapshot, detailed: bool) -> String {
     o.gauge(
         "web_kernel_view_active",
         "1 when the eBPF programs are attached",
-        f64::from(u8::from(w.kernel.state == crate::checks::web::KernelState::Active)),
+        f64::from(u8::from(
+            w.kernel.state == crate::checks::web::KernelState::Active,
+        )),
     );
     o.gauge(
         "web_accept_queue",

@@ -18,10 +18,11 @@ use reqwest::{header::ACCEPT, Method, RequestBuilder};
 use serde_json::{json, Value};
 
 use super::{
+    error::AlertError,
+    evidence::Pending,
     http::{Http, Pacer},
     incident::{human, Event, Kind},
     redact::Secrets,
-    evidence::Pending,
     report,
 };
 use crate::snapshot::rfc3339;
@@ -93,7 +94,7 @@ impl GitHub {
         method: Method,
         path: &str,
         body: Option<&Value>,
-    ) -> Result<Value, String> {
+    ) -> Result<Value, AlertError> {
         let api = &self.api;
         http.send(&mut self.pacer, &self.secrets, |c| {
             let r = api.req(c, method.clone(), path);
@@ -107,7 +108,11 @@ impl GitHub {
     }
 
     /// The open issue carrying `fingerprint`, if any.
-    async fn find_open(&mut self, http: &Http, fingerprint: &str) -> Result<Option<u64>, String> {
+    async fn find_open(
+        &mut self,
+        http: &Http,
+        fingerprint: &str,
+    ) -> Result<Option<u64>, AlertError> {
         for page in 1..=MAX_PAGES {
             let path =
                 format!("/issues?state=open&labels=health-agent&per_page={PER_PAGE}&page={page}");
@@ -129,23 +134,21 @@ impl GitHub {
         Ok(None)
     }
 
-    async fn comment(&mut self, http: &Http, number: u64, body: String) -> Result<(), String> {
+    async fn comment(&mut self, http: &Http, number: u64, body: String) -> Result<(), AlertError> {
         let path = format!("/issues/{number}/comments");
         self.call(http, Method::POST, &path, Some(&json!({ "body": body })))
             .await
             .map(drop)
     }
 
-    async fn create(&mut self, http: &Http, issue: &Value) -> Result<u64, String> {
+    async fn create(&mut self, http: &Http, issue: &Value) -> Result<u64, AlertError> {
         let created = self
             .call(http, Method::POST, "/issues", Some(issue))
             .await?;
-        created["number"]
-            .as_u64()
-            .ok_or_else(|| "GitHub created the issue but its answer has no number".to_string())
+        created["number"].as_u64().ok_or(AlertError::NoIssueNumber)
     }
 
-    pub async fn deliver(&mut self, http: &Http, ev: &Event) -> Result<(), String> {
+    pub async fn deliver(&mut self, http: &Http, ev: &Event) -> Result<(), AlertError> {
         let fp = ev.fingerprint();
         match ev.kind {
             Kind::Trigger => {
@@ -199,7 +202,7 @@ impl GitHub {
     }
 
     /// Opens a test issue and closes it again: proves the token may create issues in the repo.
-    pub async fn send_test(&mut self, http: &Http, host: &str) -> Result<(), String> {
+    pub async fn send_test(&mut self, http: &Http, host: &str) -> Result<(), AlertError> {
         let issue = json!({
             "title": format!("[health-agent] test alert from {host}"),
             "body": format!(

@@ -9,7 +9,10 @@ use std::time::{Duration, Instant, SystemTime};
 use bytes::Bytes;
 use reqwest::{header::HeaderMap, RequestBuilder, StatusCode};
 
-use super::redact::{describe_error, Secrets};
+use super::{
+    error::AlertError,
+    redact::{describe_error, Secrets},
+};
 use crate::config::AlertsConfig;
 
 /// A `Retry-After` longer than this is cut: the flap guard and the next incident will not wait.
@@ -107,7 +110,7 @@ pub struct Http {
 }
 
 impl Http {
-    pub fn new(cfg: &AlertsConfig, tuning: &Tuning) -> Result<Self, String> {
+    pub fn new(cfg: &AlertsConfig, tuning: &Tuning) -> Result<Self, AlertError> {
         let mut b = reqwest::Client::builder()
             .timeout(cfg.timeout)
             .connect_timeout(cfg.timeout.min(Duration::from_secs(5)))
@@ -119,7 +122,7 @@ impl Http {
         }
         let client = b
             .build()
-            .map_err(|e| format!("cannot build the HTTP client: {}", describe_error(e)))?;
+            .map_err(|e| AlertError::Client(describe_error(e)))?;
         Ok(Self {
             client,
             max_retries: cfg.max_retries,
@@ -153,7 +156,7 @@ impl Http {
         pacer: &mut Pacer,
         secrets: &Secrets,
         build: impl Fn(&reqwest::Client) -> RequestBuilder,
-    ) -> Result<Reply, String> {
+    ) -> Result<Reply, AlertError> {
         let mut attempt = 0u32;
         loop {
             pacer.wait().await;
@@ -168,22 +171,19 @@ impl Http {
                     let error = format!("{status}{}", snippet(&body));
                     match retry_policy(status, &headers) {
                         Some(after) => (error, after),
-                        None => {
-                            return Err(secrets.redact(&format!(
-                                "rejected with {error} (not retried: fix the configuration)"
-                            )))
-                        }
+                        None => return Err(AlertError::Rejected(secrets.redact(&error))),
                     }
                 }
-                Err(e) if e.is_builder() => return Err(secrets.redact(&describe_error(e))),
+                Err(e) if e.is_builder() => {
+                    return Err(AlertError::Request(secrets.redact(&describe_error(e))))
+                }
                 Err(e) => (describe_error(e), None),
             };
             if attempt >= self.max_retries {
-                return Err(secrets.redact(&format!(
-                    "gave up after {} attempt{}: {error}",
-                    attempt + 1,
-                    if attempt == 0 { "" } else { "s" }
-                )));
+                return Err(AlertError::GaveUp {
+                    attempts: attempt + 1,
+                    last: secrets.redact(&error),
+                });
             }
             let wait = retry_after.unwrap_or_else(|| self.backoff(attempt));
             tracing::debug!(
@@ -245,35 +245,6 @@ fn snippet(body: &[u8]) -> String {
         String::new()
     } else {
         format!(": {}", crate::text::truncate(&text, SNIPPET))
-    }
-}
-
-/// A destination that takes each message as one JSON POST to a fixed URL (Slack, PagerDuty,
-/// the generic webhook), paced and with its secrets kept out of errors.
-pub struct JsonPost {
-    url: String,
-    pacer: Pacer,
-    secrets: super::redact::Secrets,
-}
-
-impl JsonPost {
-    pub fn new(url: &str, pacer: Pacer, secrets: super::redact::Secrets) -> Self {
-        Self {
-            url: url.to_string(),
-            pacer,
-            secrets,
-        }
-    }
-
-    pub fn secrets(&self) -> &super::redact::Secrets {
-        &self.secrets
-    }
-
-    pub async fn post(&mut self, http: &Http, body: &serde_json::Value) -> Result<(), String> {
-        let url = &self.url;
-        http.send(&mut self.pacer, &self.secrets, |c| c.post(url).json(body))
-            .await
-            .map(drop)
     }
 }
 

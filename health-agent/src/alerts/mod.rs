@@ -1,14 +1,17 @@
 //! Alerting: incidents out of snapshots, to Slack, PagerDuty (Events v2), a generic JSON webhook
 //! and GitHub issues. `Alerts::follow` subscribes to the snapshots the runner publishes and
-//! `observe`s each: it only tracks incidents and queues messages; one sender task per destination drains its own
-//! bounded queue, paced, with retries — so a dead or slow receiver delays neither `/health`
-//! nor the other destinations, and one destination's messages stay in order.
+//! `observe`s each: it only tracks incidents and queues messages; one sender task per
+//! destination drains its own bounded queue, paced, with retries — so a dead or slow receiver
+//! delays neither `/health` nor the other destinations, and one destination's messages stay in
+//! order.
 //!
 //! Files: `incident` (conditions, the per-condition state machine, the event), `queue` (the
 //! bounded queue and its drop rule), `http` (pacing, timeout, retry/backoff), `redact`
-//! (secrets out of logs), `slack`, `pagerduty`, `webhook`, `github` (one destination each),
+//! (secrets out of logs), `error` (why a message did not go out), `sink` (one JSON POST per
+//! message, told what to send by `slack`, `pagerduty` and `webhook`), `github`,
 //! `report` (the incident report), `evidence` (its process evidence).
 
+pub mod error;
 pub mod evidence;
 pub mod github;
 pub mod http;
@@ -17,6 +20,7 @@ pub mod pagerduty;
 pub mod queue;
 pub mod redact;
 pub mod report;
+pub mod sink;
 pub mod slack;
 pub mod webhook;
 
@@ -34,16 +38,15 @@ use tokio::{
 };
 use tokio_util::sync::CancellationToken;
 
+pub use self::error::AlertError;
 use self::{
+    evidence::Pending,
     github::GitHub,
     http::{Http, Pacer, Tuning},
     incident::{Condition, Event, Kind, Tracker},
-    pagerduty::PagerDuty,
     queue::{Pushed, Queue},
     redact::{host_of, Secrets},
-    evidence::Pending,
-    slack::Slack,
-    webhook::Webhook,
+    sink::JsonSink,
 };
 use crate::{config::AlertsConfig, snapshot::Snapshot};
 
@@ -51,9 +54,8 @@ use crate::{config::AlertsConfig, snapshot::Snapshot};
 const TEST_MAX_RETRIES: u32 = 1;
 
 enum Sink {
-    Slack(Slack),
-    PagerDuty(PagerDuty),
-    Webhook(Webhook),
+    /// Slack, PagerDuty, the webhook: one JSON POST per message.
+    Json(JsonSink),
     GitHub(Box<GitHub>),
 }
 
@@ -64,29 +66,23 @@ struct Destination {
 }
 
 impl Destination {
-    async fn deliver(&mut self, http: &Http, ev: &Event) -> Result<(), String> {
+    async fn deliver(&mut self, http: &Http, ev: &Event) -> Result<(), AlertError> {
         match &mut self.sink {
-            Sink::Slack(s) => s.deliver(http, ev).await,
-            Sink::PagerDuty(s) => s.deliver(http, ev).await,
-            Sink::Webhook(s) => s.deliver(http, ev).await,
+            Sink::Json(s) => s.deliver(http, ev).await,
             Sink::GitHub(s) => s.deliver(http, ev).await,
         }
     }
 
-    async fn send_test(&mut self, http: &Http, host: &str) -> Result<(), String> {
+    async fn send_test(&mut self, http: &Http, host: &str) -> Result<(), AlertError> {
         match &mut self.sink {
-            Sink::Slack(s) => s.send_test(http, host).await,
-            Sink::PagerDuty(s) => s.send_test(http, host).await,
-            Sink::Webhook(s) => s.send_test(http, host).await,
+            Sink::Json(s) => s.send_test(http, host).await,
             Sink::GitHub(s) => s.send_test(http, host).await,
         }
     }
 
     fn secrets(&self) -> &Secrets {
         match &self.sink {
-            Sink::Slack(s) => s.secrets(),
-            Sink::PagerDuty(s) => s.secrets(),
-            Sink::Webhook(s) => s.secrets(),
+            Sink::Json(s) => s.secrets(),
             Sink::GitHub(s) => s.secrets(),
         }
     }
@@ -94,13 +90,16 @@ impl Destination {
 
 /// The configured destinations, plus the name and reason of each configured one that cannot
 /// work (a GitHub repo without a token).
-fn destinations(cfg: &AlertsConfig, tuning: &Tuning) -> (Vec<Destination>, Vec<(String, String)>) {
+fn destinations(
+    cfg: &AlertsConfig,
+    tuning: &Tuning,
+) -> (Vec<Destination>, Vec<(String, AlertError)>) {
     let mut out = Vec::new();
     let mut unusable = Vec::new();
     if !cfg.slack_webhook_url.is_empty() {
         out.push(Destination {
             name: "slack".into(),
-            sink: Sink::Slack(Slack::new(
+            sink: Sink::Json(slack::sink(
                 &cfg.slack_webhook_url,
                 Pacer::new(tuning.pace_slack),
             )),
@@ -109,7 +108,7 @@ fn destinations(cfg: &AlertsConfig, tuning: &Tuning) -> (Vec<Destination>, Vec<(
     if !cfg.pagerduty_routing_key.is_empty() {
         out.push(Destination {
             name: "pagerduty".into(),
-            sink: Sink::PagerDuty(PagerDuty::new(
+            sink: Sink::Json(pagerduty::sink(
                 &cfg.pagerduty_url,
                 &cfg.pagerduty_routing_key,
                 Pacer::new(tuning.pace_pagerduty),
@@ -119,7 +118,7 @@ fn destinations(cfg: &AlertsConfig, tuning: &Tuning) -> (Vec<Destination>, Vec<(
     if !cfg.webhook_url.is_empty() {
         out.push(Destination {
             name: format!("webhook {}", host_of(&cfg.webhook_url)),
-            sink: Sink::Webhook(Webhook::new(
+            sink: Sink::Json(webhook::sink(
                 &cfg.webhook_url,
                 Pacer::new(tuning.pace_webhook),
             )),
@@ -138,13 +137,7 @@ fn destinations(cfg: &AlertsConfig, tuning: &Tuning) -> (Vec<Destination>, Vec<(
                     tuning.evidence_interval,
                 ))),
             }),
-            None => unusable.push((
-                name,
-                format!(
-                    "the token variable {} is empty or unset (alerts.github_token_env)",
-                    cfg.github_token_env
-                ),
-            )),
+            None => unusable.push((name, AlertError::NoToken(cfg.github_token_env.clone()))),
         }
     }
     (out, unusable)
@@ -293,7 +286,7 @@ async fn run_sender(
                     destination = %name,
                     incident = %ev.describe(),
                     "alert not delivered: {}",
-                    dest.secrets().redact(&e)
+                    dest.secrets().redact(&e.to_string())
                 ),
             }
         }
@@ -318,7 +311,7 @@ async fn run_sender(
 pub async fn send_test(
     cfg: &AlertsConfig,
     hostname: &str,
-) -> Vec<(String /*destination*/, Result<(), String>)> {
+) -> Vec<(String /*destination*/, Result<(), AlertError>)> {
     send_test_tuned(cfg, hostname, &Tuning::default()).await
 }
 
@@ -326,9 +319,9 @@ pub(crate) async fn send_test_tuned(
     cfg: &AlertsConfig,
     hostname: &str,
     tuning: &Tuning,
-) -> Vec<(String, Result<(), String>)> {
+) -> Vec<(String, Result<(), AlertError>)> {
     let (dests, unusable) = destinations(cfg, tuning);
-    let mut results: Vec<(String, Result<(), String>)> = Vec::new();
+    let mut results: Vec<(String, Result<(), AlertError>)> = Vec::new();
     if !dests.is_empty() {
         match Http::new(cfg, tuning) {
             Ok(http) => {
@@ -336,8 +329,8 @@ pub(crate) async fn send_test_tuned(
                 let sends = dests.into_iter().map(|mut d| {
                     let http = http.clone();
                     async move {
+                        // Already redacted: `AlertError` carries only redacted text.
                         let r = d.send_test(&http, hostname).await;
-                        let r = r.map_err(|e| d.secrets().redact(&e));
                         (d.name, r)
                     }
                 });

@@ -8,18 +8,14 @@ use std::time::SystemTime;
 use serde_json::{json, Value};
 
 use super::{
-    http::{Http, JsonPost, Pacer},
+    http::Pacer,
     incident::{Event, Kind},
     redact::Secrets,
+    sink::JsonSink,
 };
 use crate::{snapshot::rfc3339, text::truncate};
 
 const SUMMARY_LIMIT: usize = 1024;
-
-pub struct PagerDuty {
-    routing_key: String,
-    endpoint: JsonPost,
-}
 
 pub fn payload(ev: &Event, routing_key: &str) -> Value {
     match ev.kind {
@@ -57,47 +53,41 @@ fn test_key(host: &str) -> String {
     truncate(&format!("health-agent/{host}/test"), 255)
 }
 
-impl PagerDuty {
-    pub fn new(url: &str, routing_key: &str, pacer: Pacer) -> Self {
-        Self {
-            routing_key: routing_key.to_string(),
-            endpoint: JsonPost::new(url, pacer, Secrets::new().with(routing_key).with_url(url)),
-        }
-    }
+/// The PagerDuty destination: the routing key goes into every body and is its secret.
+pub fn sink(url: &str, routing_key: &str, pacer: Pacer) -> JsonSink {
+    let secrets = Secrets::new().with(routing_key).with_url(url);
+    let (key, test_key) = (routing_key.to_string(), routing_key.to_string());
+    JsonSink::new(
+        url,
+        pacer,
+        secrets,
+        move |ev| payload(ev, &key),
+        move |host| test_payloads(&test_key, host),
+    )
+}
 
-    pub fn secrets(&self) -> &Secrets {
-        self.endpoint.secrets()
-    }
-
-    pub async fn deliver(&mut self, http: &Http, ev: &Event) -> Result<(), String> {
-        let body = payload(ev, &self.routing_key);
-        self.endpoint.post(http, &body).await
-    }
-
-    /// An `info` trigger and, at once, its resolve: proves the key works and leaves nothing
-    /// open on the service.
-    pub async fn send_test(&mut self, http: &Http, host: &str) -> Result<(), String> {
-        let trigger = json!({
-            "routing_key": self.routing_key,
-            "event_action": "trigger",
-            "dedup_key": test_key(host),
-            "client": "health-agent",
-            "payload": {
-                "summary": truncate(&format!("health-agent test alert from {host}"), SUMMARY_LIMIT),
-                "source": host,
-                "severity": "info",
-                "timestamp": rfc3339(SystemTime::now()),
-                "component": "health-agent",
-                "group": "health-agent",
-                "class": "test",
-            },
-        });
-        self.endpoint.post(http, &trigger).await?;
-        let resolve = json!({
-            "routing_key": self.routing_key,
-            "event_action": "resolve",
-            "dedup_key": test_key(host),
-        });
-        self.endpoint.post(http, &resolve).await
-    }
+/// An `info` trigger and, at once, its resolve: proves the key works and leaves nothing open
+/// on the service.
+fn test_payloads(routing_key: &str, host: &str) -> Vec<Value> {
+    let trigger = json!({
+        "routing_key": routing_key,
+        "event_action": "trigger",
+        "dedup_key": test_key(host),
+        "client": "health-agent",
+        "payload": {
+            "summary": truncate(&format!("health-agent test alert from {host}"), SUMMARY_LIMIT),
+            "source": host,
+            "severity": "info",
+            "timestamp": rfc3339(SystemTime::now()),
+            "component": "health-agent",
+            "group": "health-agent",
+            "class": "test",
+        },
+    });
+    let resolve = json!({
+        "routing_key": routing_key,
+        "event_action": "resolve",
+        "dedup_key": test_key(host),
+    });
+    vec![trigger, resolve]
 }

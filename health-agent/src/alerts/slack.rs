@@ -5,13 +5,18 @@
 use serde_json::{json, Value};
 
 use super::{
-    http::{Http, JsonPost, Pacer},
+    http::Pacer,
     incident::{human, Event, Kind},
     redact::Secrets,
+    sink::JsonSink,
 };
 
-pub struct Slack {
-    endpoint: JsonPost,
+/// The Slack destination: the URL is its only secret.
+pub fn sink(url: &str, pacer: Pacer) -> JsonSink {
+    let secrets = Secrets::new().with_url(url);
+    JsonSink::new(url, pacer, secrets, payload, |host| {
+        vec![test_payload(host)]
+    })
 }
 
 /// Slack's mrkdwn control characters.
@@ -57,24 +62,4 @@ pub fn test_payload(host: &str) -> Value {
             esc(host)
         )
     })
-}
-
-impl Slack {
-    pub fn new(url: &str, pacer: Pacer) -> Self {
-        Self {
-            endpoint: JsonPost::new(url, pacer, Secrets::new().with_url(url)),
-        }
-    }
-
-    pub fn secrets(&self) -> &Secrets {
-        self.endpoint.secrets()
-    }
-
-    pub async fn deliver(&mut self, http: &Http, ev: &Event) -> Result<(), String> {
-        self.endpoint.post(http, &payload(ev)).await
-    }
-
-    pub async fn send_test(&mut self, http: &Http, host: &str) -> Result<(), String> {
-        self.endpoint.post(http, &test_payload(host)).await
-    }
 }

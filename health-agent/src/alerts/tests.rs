@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use super::{
     http::Tuning,
     incident::{fingerprint, Condition, Event, Kind, Transition},
-    report, send_test_tuned, Alerts,
+    report, send_test_tuned, AlertError, Alerts,
 };
 use crate::{
     checks::{
@@ -889,6 +889,8 @@ async fn send_test_reports_failures_and_nothing_configured() {
     assert_eq!(results.len(), 2);
     let (name, err) = (&results[0].0, results[0].1.as_ref().unwrap_err());
     assert_eq!(name, "pagerduty");
+    assert!(matches!(err, AlertError::Rejected(_)), "{err:?}");
+    let err = err.to_string();
     assert!(err.contains("400") && err.contains("not retried"), "{err}");
     assert!(
         !err.contains(ROUTING_KEY) && err.contains("[redacted]"),
@@ -897,7 +899,8 @@ async fn send_test_reports_failures_and_nothing_configured() {
     assert_eq!(pd.hits().len(), 1, "a 400 is not retried");
     let (name, err) = (&results[1].0, results[1].1.as_ref().unwrap_err());
     assert_eq!(name, "github acme/web");
-    assert!(err.contains("HA_TEST_NO_SUCH_TOKEN"), "{err}");
+    assert_eq!(err, &AlertError::NoToken("HA_TEST_NO_SUCH_TOKEN".into()));
+    assert!(err.to_string().contains("HA_TEST_NO_SUCH_TOKEN"), "{err}");
 }
 
 // ---------------------------------------------------------------- 6. secrets

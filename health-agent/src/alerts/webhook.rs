@@ -8,14 +8,19 @@ use std::time::SystemTime;
 use serde_json::{json, Value};
 
 use super::{
-    http::{Http, JsonPost, Pacer},
+    http::Pacer,
     incident::{Event, Kind},
     redact::Secrets,
+    sink::JsonSink,
 };
 use crate::snapshot::rfc3339;
 
-pub struct Webhook {
-    endpoint: JsonPost,
+/// The webhook destination: the URL is its only secret.
+pub fn sink(url: &str, pacer: Pacer) -> JsonSink {
+    let secrets = Secrets::new().with_url(url);
+    JsonSink::new(url, pacer, secrets, payload, |host| {
+        vec![test_payload(host)]
+    })
 }
 
 pub fn payload(ev: &Event) -> Value {
@@ -54,24 +59,4 @@ pub fn test_payload(host: &str) -> Value {
         "hostname": host,
         "payload": { "message": format!("health-agent test message from {host}") },
     })
-}
-
-impl Webhook {
-    pub fn new(url: &str, pacer: Pacer) -> Self {
-        Self {
-            endpoint: JsonPost::new(url, pacer, Secrets::new().with_url(url)),
-        }
-    }
-
-    pub fn secrets(&self) -> &Secrets {
-        self.endpoint.secrets()
-    }
-
-    pub async fn deliver(&mut self, http: &Http, ev: &Event) -> Result<(), String> {
-        self.endpoint.post(http, &payload(ev)).await
-    }
-
-    pub async fn send_test(&mut self, http: &Http, host: &str) -> Result<(), String> {
-        self.endpoint.post(http, &test_payload(host)).await
-    }
 }

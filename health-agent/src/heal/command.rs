@@ -317,7 +317,10 @@ mod tests {
             "{:?}",
             started.elapsed()
         );
-        assert!(err.to_string().contains("did not finish within 1s"), "{err}");
+        assert!(
+            err.to_string().contains("did not finish within 1s"),
+            "{err}"
+        );
         let (bg, pgid) = (read_pid(&bg).await, read_pid(&sh).await);
         assert!(
             gone_within(Duration::from_secs(3), || alive(bg)).await,
@@ -365,4 +368,3 @@ mod tests {
         unsafe { libc::kill(bg, libc::SIGKILL) };
     }
 }
-

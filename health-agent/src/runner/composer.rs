@@ -78,7 +78,11 @@ impl Composer {
     pub async fn first_results(&mut self) {
         let slots = &self.slots;
         first_result(slots.web_container.as_ref()).await;
-        if let Some(t) = slots.web_container.as_ref().and_then(|c| c.borrow().clone()) {
+        if let Some(t) = slots
+            .web_container
+            .as_ref()
+            .and_then(|c| c.borrow().clone())
+        {
             self.web.set_container(t.value);
         }
         self.web.evaluate(Instant::now());
@@ -306,7 +310,10 @@ impl Composer {
             .containers
             .as_ref()
             .is_some_and(|c| c.borrow().is_none());
-        let database = slots.database.as_ref().is_some_and(|d| d.borrow().is_none())
+        let database = slots
+            .database
+            .as_ref()
+            .is_some_and(|d| d.borrow().is_none())
             || report
                 .database
                 .databases

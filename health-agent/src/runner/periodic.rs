@@ -300,4 +300,3 @@ pub(super) async fn first_result<T>(slot: Option<&Slot<T>>) {
         let _ = s.clone().wait_for(Option::is_some).await;
     }
 }
-

@@ -92,4 +92,3 @@ fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
         .or_else(|| p.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a panic without a message".into())
 }
-

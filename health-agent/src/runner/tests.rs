@@ -7,7 +7,11 @@ use super::{
     *,
 };
 use crate::{
-    checks::{database::test_support::{fake_redis, free_port, redis_ok}, disk::DiskReport, DatabaseReport},
+    checks::{
+        database::test_support::{fake_redis, free_port, redis_ok},
+        disk::DiskReport,
+        DatabaseReport,
+    },
     policy::{DbState, DiskLevel, Recommendation, Status},
 };
 
@@ -110,13 +114,21 @@ async fn a_restart_answers_recovering_then_503_once_it_fails() {
             break snap;
         }
     };
-    assert_eq!(snap.decision.status, Status::Unhealthy, "{:?}", snap.decision);
+    assert_eq!(
+        snap.decision.status,
+        Status::Unhealthy,
+        "{:?}",
+        snap.decision
+    );
     assert_eq!(snap.decision.http, 503);
     assert_eq!(
         snap.decision.reasons.last().map(String::as_str),
         Some("self-heal failed or its budget is spent")
     );
-    assert_eq!(snap.heal.attempts[0].outcome, crate::heal::HealOutcome::Failed);
+    assert_eq!(
+        snap.heal.attempts[0].outcome,
+        crate::heal::HealOutcome::Failed
+    );
 }
 
 #[tokio::test]
@@ -175,8 +187,7 @@ async fn database_check_runs_on_its_own_cadence_and_feeds_the_policy() {
     let dbs = &snap.report.database.databases;
     assert_eq!(dbs[0].state, DbState::Connected, "{dbs:?}");
     assert_eq!(dbs[1].name, format!("redis://127.0.0.1:{down}"));
-    let full =
-        String::from_utf8_lossy(snap.body(crate::snapshot::Rendering::Full)).into_owned();
+    let full = String::from_utf8_lossy(snap.body(crate::snapshot::Rendering::Full)).into_owned();
     assert!(full.contains(&format!("redis://{redis}")), "{full}");
     assert!(!full.contains("Sekr1t"), "{full}");
 

@@ -29,8 +29,7 @@ use axum::{
 use bytes::Bytes;
 
 pub use self::conn::{
-    bind, connection_cap, raise_open_files_limit, run_threads, serve, Clients, Limits,
-    RESERVED_FDS,
+    bind, connection_cap, raise_open_files_limit, run_threads, serve, Clients, Limits, RESERVED_FDS,
 };
 use crate::{
     config::Details,
@@ -223,4 +222,3 @@ async fn metrics_handler(State(app): State<Arc<App>>, req: Request) -> Response 
     );
     r
 }
-

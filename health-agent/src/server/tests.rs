@@ -6,9 +6,9 @@ use crate::{
     snapshot::Snapshot,
 };
 use arc_swap::ArcSwap;
+use http_body_util::BodyExt as _;
 use tokio::{net::TcpListener, sync::Semaphore};
 use tokio_util::sync::CancellationToken;
-use http_body_util::BodyExt as _;
 use tower::ServiceExt as _;
 
 fn report(disk: DiskLevel) -> Report {
