@@ -5,11 +5,12 @@
 //!
 //! Module map: `config` (TOML), `ebpf` (loader and map reads), `net` (listen sockets without
 //! eBPF), `checks` (one module per check), `policy` (the status table, pure), `heal`
-//! (self-healing), `docker` (Engine API), `runner` (background checks and the composer),
-//! `snapshot` (what /health serves), `server` (HTTP), `metrics` (OpenMetrics), `oneshot`
-//! (`health-agent check`), `alerts` (incidents to Slack, PagerDuty, a webhook and GitHub),
-//! `suspicious` (miner and /tmp-executable detection for incident reports), `agent_check`
-//! (HAProxy's agent protocol), `sd_notify` (systemd readiness and watchdog), `text` (truncation and rounding for display).
+//! (self-healing), `docker` (Engine API), `runner` (`Checks::build`, the one wiring of every
+//! check; background checks, the composer, the supervisor), `snapshot` (what /health serves),
+//! `server` (HTTP), `metrics` (OpenMetrics), `oneshot` (`health-agent check`), `alerts`
+//! (incidents to Slack, PagerDuty, a webhook and GitHub), `suspicious` (miner and
+//! /tmp-executable detection for incident reports), `agent_check` (HAProxy's agent protocol),
+//! `sd_notify` (systemd readiness and watchdog), `text` (truncation and rounding for display).
 
 pub mod agent_check;
 pub mod alerts;

@@ -31,7 +31,8 @@ pub struct WebMonitor {
     cfg: WebConfig,
     /// Where the backend listens, once known.
     target: Option<Target>,
-    /// The latest Docker report on `web.container`'s network.
+    /// The latest Docker report on `web.container`'s network (`String`: the Docker client's
+    /// errors are text, see `docker.rs`).
     container_net: Option<Result<ContainerNet, String>>,
     /// Where the probe task connects: set from the listeners seen.
     probe_target: SharedProbeTarget,
