@@ -545,6 +545,49 @@ pub mod sample {
         b.kernel_like();
         b.blob()
     }
+
+    /// One record of every kind 1..=19 with vlen 2 and its documented trailing data (0xff
+    /// bytes: a wrong size misreads the next header), then [`Builder::kernel_like`].
+    pub fn every_known_kind() -> Vec<u8> {
+        let mut b = Builder::new();
+        for kind in 1..=19 {
+            let trailing = super::known_trailing(kind, 2).unwrap_or_default();
+            b.raw("x", kind, 2, false, 0, &vec![0xff; trailing]);
+        }
+        b.kernel_like();
+        b.blob()
+    }
+
+    /// A kind-25 record (4-byte info, two 8-byte elements) before [`Builder::kernel_like`],
+    /// with or without the layout section that says how to skip it.
+    pub fn future_kind(with_layout: bool) -> Vec<u8> {
+        let mut b = Builder::new();
+        if with_layout {
+            let mut layout: Vec<(u8, u8)> = (0..=19)
+                .map(
+                    |kind| match super::known_trailing(kind, 1).unwrap_or(0) as u8 {
+                        n if matches!(
+                            kind,
+                            super::KIND_INT
+                                | super::KIND_VAR
+                                | super::KIND_DECL_TAG
+                                | super::KIND_ARRAY
+                        ) =>
+                        {
+                            (n, 0)
+                        }
+                        n => (0, n),
+                    },
+                )
+                .collect();
+            layout.extend([(0, 0); 5]);
+            layout.push((4, 8));
+            b.layout = Some(layout);
+        }
+        b.raw("future", 25, 2, false, 0, &[0xff; 4 + 2 * 8]);
+        b.kernel_like();
+        b.blob()
+    }
 }
 
 #[cfg(test)]
@@ -601,18 +644,9 @@ mod tests {
         assert_eq!(Btf::parse(&blob).unwrap().stopped(), None);
     }
 
-    /// One record of every kind 1..=19 with vlen 2, each followed by its documented trailing
-    /// data, then the needed types: all of them must be stepped over exactly.
     #[test]
     fn every_known_kind_is_skipped_by_its_documented_size() {
-        let mut b = Builder::new();
-        for kind in 1..=19 {
-            let trailing = known_trailing(kind, 2).unwrap();
-            // 0xff bytes: a wrong size would misread the next record's header as garbage.
-            b.raw("x", kind, 2, false, 0, &vec![0xff; trailing]);
-        }
-        b.kernel_like();
-        let blob = b.blob();
+        let blob = sample::every_known_kind();
         let btf = Btf::parse(&blob).unwrap();
         assert_eq!(btf.stopped(), None);
         assert_eq!(btf.starts.len(), 19 + 11);
@@ -666,24 +700,12 @@ mod tests {
 
     #[test]
     fn an_unknown_kind_is_skipped_by_the_layout_section() {
-        let mut b = Builder::new();
-        let mut layout: Vec<(u8, u8)> = (0..=19)
-            .map(|k| match known_trailing(k, 1) {
-                Some(n) if k != KIND_ARRAY && k != KIND_INT && k != KIND_VAR => (0, n as u8),
-                Some(n) => (n as u8, 0),
-                None => (0, 0),
-            })
-            .collect();
-        // Kinds 20..=24 unused; 25: a 4-byte info and 8-byte elements.
-        layout.extend([(0, 0); 5]);
-        layout.push((4, 8));
-        b.layout = Some(layout);
-        b.raw("future", 25, 2, false, 0, &[0xff; 4 + 2 * 8]);
-        b.kernel_like();
-        let blob = b.blob();
+        let blob = sample::future_kind(true);
         let btf = Btf::parse(&blob).unwrap();
         assert_eq!(btf.stopped(), None);
         assert_eq!(sock_offsets_in(&blob), Ok(expected()));
+        let err = sock_offsets_in(&sample::future_kind(false)).unwrap_err();
+        assert!(err.contains("unknown BTF kind 25 at type 1"), "{err}");
     }
 
     #[test]
