@@ -197,7 +197,7 @@ pub fn smoke(target: &Target, seeds: &[Vec<u8>], budget: Budget, seed: u64) -> S
             let saved = save_failure(target.name, &input);
             panic!(
                 "fuzz target {} failed on case {cases} (HEALTH_AGENT_FUZZ_SEED={seed}); input \
-                 saved to {saved}; reproduce with `cargo xtask fuzz --target {} -- {saved}` \
+                 saved to {saved}; reproduce with `cargo xtask fuzz --target {} --input {saved}` \
                  or rerun this test with the same seed. First bytes: {:02x?}",
                 target.name,
                 target.name,
