@@ -3,7 +3,8 @@
 //! tracepoints get these offsets from user space at start-up instead of compiling them in.
 //!
 //! Format: include/uapi/linux/btf.h and Documentation/bpf/btf.rst. A header, then a type
-//! section of variable-length records (type ids count from 1), then a string section.
+//! section of variable-length records (type ids count from 1), then a string section; since 2026
+//! the header may also point at a layout section giving each kind's record size.
 
 use std::path::Path;
 
@@ -24,8 +25,9 @@ const MAGIC: u16 = 0xeb9f;
 /// The header every BTF since Linux 4.18 has: magic, version, flags, hdr_len, and the offsets
 /// and lengths of the type and string sections.
 const HEADER_V1: usize = 24;
-/// Linux 7.1 appends `layout_off`/`layout_len`: a table of `struct btf_layout` (info_sz u8,
-/// elem_sz u8, flags u16) indexed by kind, so that a reader can skip kinds newer than itself.
+/// Newer kernels (uapi btf.h, 2026) append `layout_off`/`layout_len`: a table of `struct
+/// btf_layout` (info_sz u8, elem_sz u8, flags u16) indexed by kind, so that a reader can skip
+/// kinds newer than itself.
 const HEADER_WITH_LAYOUT: usize = 32;
 const LAYOUT_ENTRY: usize = 4;
 
@@ -94,7 +96,7 @@ struct Type {
 /// handful are wanted, so the index is all that is kept.
 ///
 /// A kind newer than this reader is skipped by the size the blob's own layout section gives
-/// it (Linux 7.1+). Without one its size is unknowable, so the index stops there and keeps the
+/// it (kernels since 2026). Without one its size is unknowable, so the index stops there and keeps the
 /// types before it: type ids are positions, so nothing after an unskippable record can be
 /// numbered. The structs this module needs are core types that usually come early, and every
 /// lookup that fails says indexing stopped and why — so a newer kernel costs the fast path only
@@ -114,8 +116,8 @@ fn decode(type_data: &[u8], layout: &[u8], at: usize, id: usize) -> Result<(Type
     let name_off = u32_at(type_data, at)?;
     let info = u32_at(type_data, at + 4)?;
     let size_or_type = u32_at(type_data, at + 8)?;
-    // Linux 7.1 widened vlen to bits 0-23 and kind to bits 24-30; older BTF leaves those bits
-    // zero, so reading the wide fields is right for both.
+    // btf.h (2026) widened vlen to bits 0-23 and kind to bits 24-30; older BTF leaves those
+    // bits zero, so reading the wide fields is right for both.
     let vlen = (info & 0x00ff_ffff) as usize;
     let kind = (info >> 24) & 0x7f;
     let body = at + 12;
