@@ -4,7 +4,7 @@
 
 use std::{process::Command, time::Instant};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 
 use crate::{cmd, setup};
 
@@ -35,6 +35,9 @@ pub fn run(args: &Args) -> Result<()> {
         c
     };
     if let (Some(target), Some(input)) = (&args.target, &args.input) {
+        // cargo-fuzz runs in fuzz/: a relative path must not change meaning on the way.
+        let input =
+            std::fs::canonicalize(input).with_context(|| format!("--input {}", input.display()))?;
         return cmd::run(cargo_fuzz(target).arg(input));
     }
     let targets: Vec<&str> = match &args.target {
