@@ -980,7 +980,7 @@ pub(crate) fn parse_mysql_packet(bytes: &[u8]) -> Result<String, String> {
 }
 
 /// The server version from an initial handshake packet's payload, or the server's error.
-pub(crate) fn parse_mysql_greeting(payload: &[u8]) -> Result<String, String> {
+fn parse_mysql_greeting(payload: &[u8]) -> Result<String, String> {
     match payload.first() {
         Some(10) => {
             let rest = &payload[1..];
