@@ -18,6 +18,8 @@ pub mod config;
 pub mod docker;
 pub mod ebpf;
 pub mod fleet;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 pub mod heal;
 pub mod metrics;
 pub mod net;

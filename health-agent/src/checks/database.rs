@@ -484,7 +484,7 @@ struct Outcome {
 /// Why a round trip failed: the database did not answer (an outage, damped), or it answered
 /// and refused us (a configuration error: credentials, database name — reported at once).
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Failure {
+pub(crate) enum Failure {
     Outage(String),
     Refused(String),
 }
@@ -870,16 +870,38 @@ async fn resp_call(
         .await
         .map_err(|e| format!("{shown}: {e}"))?;
     let mut line = Vec::new();
-    // A reply line longer than this is not one of the few we expect.
     (&mut *conn)
-        .take(512)
+        .take(RESP_LINE_MAX)
         .read_until(b'\n', &mut line)
         .await
         .map_err(|e| format!("{shown}: {e}"))?;
+    parse_resp_line(&line).map_err(|e| format!("{shown}: {e}"))
+}
+
+/// A reply line longer than this is not one of the few we expect.
+pub(crate) const RESP_LINE_MAX: u64 = 512;
+
+/// One reply line as read (up to and including its `\n`, at most [`RESP_LINE_MAX`] bytes): the
+/// text without the line end (`+OK`, `-NOAUTH ...`), or why there is none.
+pub(crate) fn parse_resp_line(line: &[u8]) -> Result<String, String> {
     if line.is_empty() {
-        return Err(format!("{shown}: connection closed by the server"));
+        return Err("connection closed by the server".into());
     }
-    Ok(String::from_utf8_lossy(&line).trim_end().to_string())
+    Ok(String::from_utf8_lossy(line).trim_end().to_string())
+}
+
+/// What the answer to `PING` says about the server.
+pub(crate) fn ping_verdict(reply: &str) -> Result<(), Failure> {
+    if reply == "+PONG" {
+        Ok(())
+    } else if reply.starts_with("-NOAUTH") {
+        // It wants a password we were not given.
+        Err(Failure::Refused(format!("PING refused: {reply}")))
+    } else {
+        Err(Failure::Outage(format!(
+            "PING answered {reply:?}, expected +PONG"
+        )))
+    }
 }
 
 async fn redis(t: &Target, password: Option<&str>, timeout: Duration) -> Result<Good, Failure> {
@@ -903,16 +925,7 @@ async fn redis(t: &Target, password: Option<&str>, timeout: Duration) -> Result<
             }
         }
         let reply = resp_call(&mut conn, &["PING"], "PING").await?;
-        if reply == "+PONG" {
-            Ok(())
-        } else if reply.starts_with("-NOAUTH") {
-            // It wants a password we were not given.
-            Err(Failure::Refused(format!("PING refused: {reply}")))
-        } else {
-            Err(Failure::Outage(format!(
-                "PING answered {reply:?}, expected +PONG"
-            )))
-        }
+        ping_verdict(&reply)
     };
     tokio::time::timeout(timeout, exchange)
         .await
@@ -932,16 +945,13 @@ async fn mysql(t: &Target, timeout: Duration) -> Result<Good, String> {
             .read_exact(&mut header)
             .await
             .map_err(|e| format!("handshake: {e}"))?;
-        let len = u32::from_le_bytes([header[0], header[1], header[2], 0]) as usize;
-        if !(1..=64 * 1024).contains(&len) {
-            return Err(format!("handshake: implausible packet length {len}"));
-        }
+        let len = mysql_packet_len(header)?;
         let mut payload = vec![0u8; len];
         stream
             .read_exact(&mut payload)
             .await
             .map_err(|e| format!("handshake: {e}"))?;
-        Ok(payload)
+        Ok::<_, String>(payload)
     };
     let payload = tokio::time::timeout(timeout, read)
         .await
@@ -954,6 +964,27 @@ async fn mysql(t: &Target, timeout: Duration) -> Result<Good, String> {
             "server version {version} (handshake only, not authenticated)"
         )),
     })
+}
+
+/// The payload length a packet header announces, if it is one a greeting can have.
+fn mysql_packet_len(header: [u8; 4]) -> Result<usize, String> {
+    let len = u32::from_le_bytes([header[0], header[1], header[2], 0]) as usize;
+    if !(1..=64 * 1024).contains(&len) {
+        return Err(format!("handshake: implausible packet length {len}"));
+    }
+    Ok(len)
+}
+
+/// [`mysql`]'s reading of the first packet, on bytes in memory: header, payload, greeting.
+/// For the fuzz targets; bytes past the packet are left alone, as the check leaves them unread.
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) fn parse_mysql_packet(bytes: &[u8]) -> Result<String, String> {
+    let header = bytes
+        .first_chunk::<4>()
+        .ok_or("handshake: packet header cut short")?;
+    let len = mysql_packet_len(*header)?;
+    let payload = bytes.get(4..4 + len).ok_or("handshake: packet cut short")?;
+    parse_mysql_greeting(payload)
 }
 
 /// The server version from an initial handshake packet's payload, or the server's error.
