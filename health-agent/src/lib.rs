@@ -28,4 +28,5 @@ pub mod runner;
 pub mod sd_notify;
 pub mod server;
 pub mod snapshot;
+pub mod status;
 pub mod suspicious;

@@ -17,7 +17,7 @@ use super::{
     latency::LatencySummary,
     process::{DependencyWait, BUSY_PERCENT},
 };
-use crate::{checks::probe::ProbeResult, config::WebConfig, policy::WebVerdict};
+use crate::{checks::probe::ProbeResult, config::WebConfig, status::WebVerdict};
 
 /// The facts one verdict is drawn from.
 #[derive(Debug, Clone, Default)]
