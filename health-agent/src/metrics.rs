@@ -245,7 +245,7 @@ pub fn render(s: &Snapshot, detailed: bool) -> String {
         o.gauge("load1", "1-minute load average", sys.load1);
     }
     let running =
-        |c: &&crate::checks::containers::ContainerInfo| c.state == "running" && c.health != "unhealthy";
+        |c: &&crate::checks::ContainerInfo| c.state == "running" && c.health != "unhealthy";
     o.gauge(
         "containers_expected",
         "Expected containers found",

@@ -203,7 +203,11 @@ mod tests {
     {
         for v in all {
             let s = as_str(v);
-            assert_eq!(s, snake(&format!("{v:?}")), "{v:?}: the JSON name is unchanged");
+            assert_eq!(
+                s,
+                snake(&format!("{v:?}")),
+                "{v:?}: the JSON name is unchanged"
+            );
             assert_eq!(serde_json::to_value(v).unwrap(), s, "{v:?}");
             let back: T = serde_json::from_value(serde_json::Value::from(s)).unwrap();
             assert_eq!(&back, v);

@@ -10,7 +10,7 @@ pub mod web;
 
 use serde::Serialize;
 
-pub use containers::ContainersReport;
+pub use containers::{ContainerInfo, ContainersReport};
 
 use crate::{
     policy::PolicyInput,

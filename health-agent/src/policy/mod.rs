@@ -12,11 +12,11 @@ mod flap;
 #[cfg(test)]
 mod tests;
 
-pub use flap::FlapGuard;
 pub use crate::status::{
     ContainersState, DbState, DiskLevel, FaultClass, HealPhase, Pressure, Recommendation, Scope,
     Status, WebVerdict,
 };
+pub use flap::FlapGuard;
 
 /// The peers' judgement of one kind of fault of this instance.
 #[derive(Debug, Clone, PartialEq, Serialize)]
