@@ -3,9 +3,10 @@
 //! and connections; user space merges that with disk, container, database, CPU and memory
 //! checks into one cached snapshot served as `GET /health`.
 //!
-//! Module map: `config` (TOML), `ebpf` (loader and map reads), `net` (listen sockets without
-//! eBPF), `checks` (one module per check), `policy` (the status table, pure), `heal`
-//! (self-healing), `docker` (Engine API), `runner` (background checks and the composer),
+//! Module map: `config` (TOML), `status` (every state enum: the shared vocabulary, a leaf),
+//! `ebpf` (loader and map reads), `net` (listen sockets without eBPF), `checks` (one module per
+//! check), `policy` (the status table, pure), `heal` (self-healing), `docker` (the Engine API
+//! client), `runner` (background checks and the composer),
 //! `snapshot` (what /health serves), `server` (HTTP), `metrics` (OpenMetrics), `oneshot`
 //! (`health-agent check`), `alerts` (incidents to Slack, PagerDuty, a webhook and GitHub),
 //! `suspicious` (miner and /tmp-executable detection for incident reports), `agent_check`
@@ -30,4 +31,5 @@ pub mod runner;
 pub mod sd_notify;
 pub mod server;
 pub mod snapshot;
+pub mod status;
 pub mod suspicious;

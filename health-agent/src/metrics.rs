@@ -11,7 +11,6 @@ use prometheus_client::{
 };
 
 use crate::{
-    checks::db_state_str,
     policy::{DbState, WebVerdict},
     snapshot::Snapshot,
 };
@@ -246,7 +245,7 @@ pub fn render(s: &Snapshot, detailed: bool) -> String {
         o.gauge("load1", "1-minute load average", sys.load1);
     }
     let running =
-        |c: &&crate::docker::ContainerInfo| c.state == "running" && c.health != "unhealthy";
+        |c: &&crate::checks::ContainerInfo| c.state == "running" && c.health != "unhealthy";
     o.gauge(
         "containers_expected",
         "Expected containers found",
@@ -261,7 +260,7 @@ pub fn render(s: &Snapshot, detailed: bool) -> String {
         "database",
         "Database state",
         "state",
-        &DbState::ALL.map(db_state_str),
+        &DbState::ALL.map(DbState::as_str),
         r.database.summary(),
     );
     if detailed {
@@ -301,11 +300,11 @@ pub fn render(s: &Snapshot, detailed: bool) -> String {
                 .flat_map(|d| {
                     DbState::ALL[1..]
                         .iter()
-                        .map(|&st| db_state_str(st))
+                        .map(|&st| st.as_str())
                         .map(move |st| {
                             let mut labels = db_labels(d);
                             labels.push(("state", st.to_string()));
-                            let current = st == db_state_str(d.state);
+                            let current = st == d.state.as_str();
                             (labels, f64::from(u8::from(current)))
                         })
                 })

@@ -60,7 +60,7 @@ pub async fn run(cfg: &Config) -> (Decision, Report) {
         ContainersReport::not_configured()
     } else {
         match Docker::connect(&cfg.containers.docker_host, cfg.checks.timeout) {
-            Ok(d) => d.check(&cfg.containers).await.0,
+            Ok(d) => crate::checks::containers::check(&d, &cfg.containers).await,
             Err(e) => ContainersReport {
                 state: crate::policy::ContainersState::Unknown,
                 summary: "unknown".into(),
@@ -145,7 +145,7 @@ pub fn table(d: &Decision, r: &Report) -> String {
         ),
     );
     for db in &r.database.databases {
-        let state = crate::checks::db_state_str(db.state);
+        let state = db.state.as_str();
         let how = match (&db.error, db.latency_ms) {
             (Some(e), _) => e.clone(),
             (None, Some(ms)) => format!(

@@ -228,7 +228,7 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
                 shutdown.clone(),
                 move || {
                     let (d, c) = (d.clone(), ccfg.clone());
-                    async move { d.check(&c).await.0 }
+                    async move { crate::checks::containers::check(&d, &c).await }
                 },
                 move || ContainersReport {
                     state: crate::policy::ContainersState::Unknown,

@@ -26,7 +26,7 @@ pub use process::DependencyWait;
 pub use target::NamespaceView;
 
 use super::probe::ProbeResult;
-use crate::policy::WebVerdict;
+use crate::status::WebVerdict;
 
 /// Whether the kernel view is running, and why not.
 #[derive(Debug, Clone, Serialize, PartialEq)]
