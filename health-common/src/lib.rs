@@ -34,9 +34,9 @@ pub mod maps {
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MapErrorKind {
-    /// Inserting into the connection table (`CONNS`) failed: the connection goes untracked
-    /// (it is an LRU map, so a full table evicts rather than fails; this is the kernel running
-    /// out of free entries, e.g. a table too small for the number of CPUs).
+    /// Inserting into the connection table (`CONNS`) failed: the connection goes untracked.
+    /// It is an LRU map, so a full table evicts rather than fails (even at one entry shared
+    /// by two CPUs, tried on 6.18); a failure is the kernel refusing the update (ENOMEM).
     ConnInsert = 0,
     /// A watched port's counter or histogram slot could not be looked up: the event is not
     /// counted.
