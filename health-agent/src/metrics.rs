@@ -35,6 +35,14 @@ impl Out {
         self.reg.register(name, help, c);
     }
 
+    fn labeled_counter(&mut self, name: &str, help: &str, values: Vec<(Labels, u64)>) {
+        let f = Family::<Labels, Counter>::default();
+        for (labels, v) in values {
+            f.get_or_create(&labels).inc_by(v);
+        }
+        self.reg.register(name, help, f);
+    }
+
     fn labeled(&mut self, name: &str, help: &str, values: Vec<(Labels, f64)>) {
         let f = Family::<Labels, FGauge>::default();
         for (labels, v) in values {
@@ -186,6 +194,14 @@ pub fn render(s: &Snapshot, detailed: bool) -> String {
             "web_oldest_pending_seconds",
             "Age of the oldest unanswered request",
             c.oldest_pending_ms.unwrap_or(0) as f64 / 1000.0,
+        );
+        o.labeled_counter(
+            "kernel_map_errors",
+            "Map updates the kernel programs could not make (observations lost), by kind",
+            c.map_errors
+                .iter()
+                .map(|(kind, n)| (vec![("kind", kind.as_str().to_string())], n))
+                .collect(),
         );
         o.labeled(
             "web_latency_seconds",
@@ -453,5 +469,35 @@ mod tests {
         assert!(brief.contains(r#"health_agent_database{state="unreachable"} 1.0"#));
         assert!(!brief.contains("127.0.0.1"), "{brief}");
         assert!(!brief.contains("database_state"), "{brief}");
+    }
+
+    #[test]
+    fn kernel_map_errors_are_counters_by_kind_zeros_included() {
+        use health_common::MapErrorKind;
+        let mut web = crate::checks::web::WebReport::not_configured();
+        web.counters = Some(crate::checks::web::KernelCounters {
+            map_errors: crate::ebpf::MapErrors::sum([(MapErrorKind::ConnInsert, &[2, 1][..])]),
+            ..Default::default()
+        });
+        let report = Report {
+            web,
+            disk: Report::disk_unknown(),
+            system: None,
+            containers: ContainersReport::not_configured(),
+            database: DatabaseReport::not_configured(),
+        };
+        let decision = evaluate(&report.policy_input(false));
+        let text = render(
+            &Snapshot::new(decision, report, HealLog::default(), 1, 1),
+            false,
+        );
+        for line in [
+            "# TYPE health_agent_kernel_map_errors counter",
+            r#"health_agent_kernel_map_errors_total{kind="conn_insert"} 3"#,
+            r#"health_agent_kernel_map_errors_total{kind="port_counters"} 0"#,
+            r#"health_agent_kernel_map_errors_total{kind="other"} 0"#,
+        ] {
+            assert!(text.contains(line), "missing {line} in:\n{text}");
+        }
     }
 }

@@ -73,6 +73,8 @@ pub struct KernelCounters {
     pub accepts_traced: bool,
     /// Server-side latency (request read → first response byte) over `web.latency_window`.
     pub latency: LatencySummary,
+    /// Map updates the kernel programs could not make since they loaded, by kind (all ports).
+    pub map_errors: crate::ebpf::MapErrors,
 }
 
 /// What the server's processes were seen doing while its work was stuck (read only then).
