@@ -12,7 +12,9 @@ use std::{
     time::Duration,
 };
 
-use crate::{free_port, get, get_at, netns::left_by_dead_process, netns_inode, target_dir, wait_until};
+use crate::{
+    free_port, get, get_at, netns::left_by_dead_process, netns_inode, target_dir, wait_until,
+};
 
 /// The `FROM scratch` image holding a statically linked fixture backend, built once per test
 /// process. Images cannot be pulled here, so it is imported from a tarball of the one binary.
@@ -133,7 +135,6 @@ impl Drop for Container {
             .status();
     }
 }
-
 
 /// Prefix of every container [`BridgeContainer`] runs: `ha-test-bridge-<pid>-<n>-<label>`.
 const CONTAINER_PREFIX: &str = "ha-test-bridge-";

@@ -16,12 +16,12 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crate::load::MAX_RUN;
 pub use crate::{
     http::request_at,
     net::{free_port_on_all, loopback},
     poller::Timed,
 };
-use crate::load::MAX_RUN;
 
 /// The value of an unlabelled gauge in a Prometheus text exposition.
 pub fn gauge(metrics: &str, name: &str) -> Option<f64> {

@@ -75,11 +75,13 @@ impl Nginx {
 
     /// `extra` goes into the `http` block.
     pub fn start_with(body: &[u8], extra: &str) -> Self {
-        Self::launch(NginxOptions {
-            http_extra: extra.to_string(),
-            ..NginxOptions::default()
-        }
-        .file("index.html", body))
+        Self::launch(
+            NginxOptions {
+                http_extra: extra.to_string(),
+                ..NginxOptions::default()
+            }
+            .file("index.html", body),
+        )
     }
 
     /// Writes the files and nginx.conf to a temp dir, starts nginx on a free loopback port and

@@ -80,9 +80,10 @@ fn closed_listener_turns_503_webserver_down() {
     );
 
     drop(listener);
-    let (code, body) = agent.wait_health(WAIT, "the web server down once nothing listens", |_, b| {
-        b["checks"]["webserver"] == "down"
-    });
+    let (code, body) =
+        agent.wait_health(WAIT, "the web server down once nothing listens", |_, b| {
+            b["checks"]["webserver"] == "down"
+        });
     assert_eq!(code, 503, "{body}");
     assert_eq!(body["status"], "unhealthy");
     assert!(

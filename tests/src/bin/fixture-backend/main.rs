@@ -35,7 +35,6 @@
 //! * `GET /stats` → `{"accepted":N,"requests":N,"responses":N,"mode":"..."}`
 //!   (web port counters since start)
 
-
 mod control;
 mod http;
 mod mode;
@@ -55,7 +54,6 @@ use web::accept_loop;
 
 const USAGE: &str = "usage: fixture-backend --listen IP:PORT [--control IP:PORT] \
 [--mode normal|slow|stop-accepting|no-respond|exit|error] [--delay-ms N] [--backlog N] [--workers N]";
-
 
 struct Config {
     listen: SocketAddr,
@@ -154,7 +152,6 @@ fn parse_args() -> Config {
         workers,
     }
 }
-
 
 fn main() {
     let cfg = parse_args();

@@ -85,4 +85,3 @@ impl Shared {
         self.mode.store(mode as u8, Ordering::SeqCst);
     }
 }
-

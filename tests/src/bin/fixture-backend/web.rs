@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use crate::mode::{Mode, Shared, EXIT_MODE_CODE, MODE_POLL};
 use crate::http::{read_request, write_response, ReadOutcome};
+use crate::mode::{Mode, Shared, EXIT_MODE_CODE, MODE_POLL};
 use crate::socket::poll_fd;
 
 /// The web port's accept loop.
@@ -76,7 +76,6 @@ pub(crate) fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
         }
     }
 }
-
 
 enum Parked {
     PeerGone,
@@ -170,4 +169,3 @@ fn serve_web_connection(mut stream: TcpStream, shared: &Shared) {
         }
     }
 }
-
