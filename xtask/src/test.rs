@@ -110,6 +110,14 @@ pub fn run(args: &Args) -> Result<()> {
         if args.unit { "test-unit" } else { "test" },
         Stage::Run(test),
     ));
+    if !args.unit {
+        // Library tests marked #[ignore] need root and the real kernel (they load the eBPF
+        // programs): `cargo test -p health-agent --lib` stays runnable without either.
+        stages.push((
+            "test-kernel",
+            cargo(&["test", "-p", "health-agent", "--lib", "--", "--ignored"]),
+        ));
+    }
     stages.push(("fuzz-smoke", fuzz_smoke()));
 
     let start = Instant::now();
