@@ -496,13 +496,13 @@ impl Config {
             return Err(bad("database.urls", "entries must not be empty".into()));
         }
         for (key, url) in self.database.all_urls() {
-            if let Err(message) = crate::checks::database::validate_url(url) {
+            if let Err(message) = crate::dburl::validate_url(url) {
                 let key = if key == "database.url" {
                     "database.url"
                 } else {
                     "database.urls"
                 };
-                return Err(bad(key, message));
+                return Err(bad(key, message.to_string()));
             }
         }
         if self.checks.stale_after < self.checks.interval.saturating_mul(2) {

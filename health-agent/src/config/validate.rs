@@ -6,7 +6,7 @@
 use std::{path::Path, time::Duration};
 
 use super::Config;
-use crate::{alerts::redact::Secrets, checks::database};
+use crate::{alerts::redact::Secrets, dburl as database};
 
 const MS: Duration = Duration::from_millis(1);
 const SEC: Duration = Duration::from_secs(1);
