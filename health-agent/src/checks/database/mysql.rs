@@ -13,6 +13,7 @@ use super::{connect_tcp, no_answer, target::Target, Failure, Good};
 pub(crate) enum MysqlError {
     #[error("handshake: implausible packet length {0}")]
     PacketLength(usize),
+    // These two only the in-memory reading meets (`read_exact` reports a short read itself).
     #[cfg_attr(not(any(test, feature = "fuzzing")), allow(dead_code))]
     #[error("handshake: packet header cut short")]
     HeaderCutShort,

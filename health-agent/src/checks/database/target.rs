@@ -40,15 +40,15 @@ pub(super) fn targets(cfg: &DatabaseConfig) -> Result<Vec<Target>, DatabaseError
 pub(super) struct Passwords {
     /// `PGPASSWORD`, when set and not blank.
     env: Option<String>,
-    /// The password file's first line; the error (shown, it names no secret) if unreadable.
-    file: Result<Option<String>, String>,
+    /// The password file's first line, or why it cannot be read (that names no secret).
+    file: Result<Option<String>, DatabaseError>,
 }
 
 impl Passwords {
     pub(super) fn read(password_file: Option<&PathBuf>) -> Self {
         Self {
             env: std::env::var("PGPASSWORD").ok().filter(|p| !p.is_empty()),
-            file: read_password_file(password_file).map_err(|e| e.to_string()),
+            file: read_password_file(password_file),
         }
     }
 
@@ -68,7 +68,7 @@ impl Passwords {
             (None, DbKind::Postgres, Some(p), _) => Ok(Some(p.clone())),
             (None, _, _, Ok(p)) => Ok(p.clone()),
             // An unreadable password file is ours to fix, not the database's outage.
-            (None, _, _, Err(e)) => Err(Failure::Refused(e.clone())),
+            (None, _, _, Err(e)) => Err(Failure::Refused(e.to_string())),
         }
     }
 }
