@@ -11,11 +11,14 @@
 //! (`health-agent check`), `alerts` (incidents to Slack, PagerDuty, a webhook and GitHub),
 //! `suspicious` (miner and /tmp-executable detection for incident reports), `agent_check`
 //! (HAProxy's agent protocol), `sd_notify` (systemd readiness and watchdog).
+//! `dburl` (database URLs: parsing and redaction; a leaf shared by `config` and the database
+//! check).
 
 pub mod agent_check;
 pub mod alerts;
 pub mod checks;
 pub mod config;
+pub mod dburl;
 pub mod docker;
 pub mod ebpf;
 pub mod fleet;

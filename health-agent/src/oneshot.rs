@@ -81,7 +81,7 @@ pub async fn run(cfg: &Config) -> (Decision, Report) {
         Ok(Some(mut m)) => m.check().await,
         Err(e) => DatabaseReport {
             state: crate::policy::DbState::Unknown,
-            reason: Some(e),
+            reason: Some(e.to_string()),
             databases: Vec::new(),
         },
     };

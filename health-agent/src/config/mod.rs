@@ -23,9 +23,8 @@ pub use sections::{
     DiskConfig, FleetConfig, HealConfig, ScalingConfig, ServerConfig, WebConfig,
 };
 
-// The one place config reaches into a check: database URL parsing and redaction still live
-// with the database check. When they move to their own leaf module, only this line changes.
-use crate::checks::database::{redact_urls_in, url_secrets, validate_url};
+// Database URLs are checked and redacted by a leaf module shared with the database check.
+use crate::dburl::{redact_urls_in, url_secrets, validate_url};
 
 pub const DEFAULT_PATH: &str = "/etc/health-agent/health-agent.toml";
 

@@ -65,7 +65,7 @@ impl Config {
                 } else {
                     "database.urls"
                 };
-                return Err(bad(key, message));
+                return Err(bad(key, message.to_string()));
             }
         }
         if self.checks.stale_after < self.checks.interval.saturating_mul(2) {
