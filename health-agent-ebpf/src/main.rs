@@ -1,21 +1,36 @@
 //! Kernel side of health-agent: tracepoints that follow the web backend's server-side TCP
 //! connections from handshake to first response byte. Tracepoints only: kprobes and
 //! fentry/fexit do not load on the kernels this runs on (see shared notes/ebpf.md).
+//!
+//! - `tcp_state`: `inet_sock_set_state`, connections in and out of the table;
+//! - `send_recv`: `sock_{send,recv}_length`, claims, first request and response, latency;
+//! - `accept`: the accept syscalls, listen fd by listen fd;
+//! - `conn`: what `tcp_state` and `send_recv` share (port filter, table, counters).
+//!
+//! This root holds what every area uses: the record offsets and the map-error counters.
 #![no_std]
 #![no_main]
 
 mod accept;
+mod conn;
 mod send_recv;
 mod tcp_state;
 
 use aya_ebpf::{
-    helpers::bpf_probe_read_kernel, macros::map, maps::Array, programs::TracePointContext,
+    macros::map,
+    maps::{Array, PerCpuArray},
+    programs::TracePointContext,
 };
-use health_common::{port_bit, TracepointOffsets, PORT_BITMAP_WORDS};
+use health_common::{MapErrorKind, TracepointOffsets};
 
 /// Record offsets read by user space from tracefs `format` files before anything attaches.
 #[map]
 static OFFSETS: Array<TracepointOffsets> = Array::with_max_entries(1, 0);
+
+/// Map updates that failed, by [`MapErrorKind`]: without them a failure would only show as
+/// figures that read low.
+#[map]
+static MAP_ERRORS: PerCpuArray<u64> = PerCpuArray::with_max_entries(MapErrorKind::COUNT, 0);
 
 /// The offsets, or `None` until user space has filled them in.
 #[inline(always)]
@@ -28,42 +43,31 @@ fn offsets() -> Option<&'static TracepointOffsets> {
     }
 }
 
-/// Bit `port` set for every watched port: the first, cheapest test on the hottest paths.
-#[map]
-static PORT_BITMAP: Array<u64> = Array::with_max_entries(PORT_BITMAP_WORDS, 0);
-
+/// Counts one failed map update of `kind`.
 #[inline(always)]
-fn port_watched(port: u16) -> bool {
-    let (word, mask) = port_bit(port);
-    PORT_BITMAP.get(word).is_some_and(|w| w & mask != 0)
-}
-
-/// The local port of `struct sock *sk`, when user space found its offset in the kernel's BTF.
-#[inline(always)]
-fn sock_port(off: &TracepointOffsets, sk: u64) -> Option<u16> {
-    sock_u16(off, sk, off.sock_num)
-}
-
-/// A `u16` field of `struct sock *sk` at a BTF-resolved offset.
-#[inline(always)]
-fn sock_u16(off: &TracepointOffsets, sk: u64, field: u32) -> Option<u16> {
-    if off.sock_known != 1 {
-        return None;
+fn map_error(kind: MapErrorKind) {
+    if let Some(n) = MAP_ERRORS.get_ptr_mut(kind as u32) {
+        // SAFETY: every MapErrorKind indexes inside the array (COUNT entries), array entries
+        // are never freed, and this CPU's copy is touched only by programs on this CPU, which
+        // do not preempt one another.
+        unsafe { *n += 1 }
     }
-    // SAFETY: bpf_probe_read_kernel copes with any address.
-    unsafe { bpf_probe_read_kernel((sk + field as u64) as *const u16).ok() }
 }
 
 /// Reads a record field at an offset known only at run time.
 #[inline(always)]
 fn field<T>(ctx: &TracePointContext, offset: u32) -> Option<T> {
-    // SAFETY: bpf_probe_read_kernel copes with any address; a bad offset reads garbage, not UB.
+    // SAFETY: `read_at` is bpf_probe_read_kernel from the record the tracepoint handed us plus
+    // `offset`, which user space read from this tracepoint's tracefs `format` file (and checked
+    // against the field's size). The helper copies into our stack and never faults: a bad
+    // offset reads garbage or an error, never memory we do not own. Every `T` read here is a
+    // plain integer, valid for any bit pattern.
     unsafe { ctx.read_at::<T>(offset as usize).ok() }
 }
 
 #[inline(always)]
 fn now_ns() -> u64 {
-    // SAFETY: plain helper call without arguments.
+    // SAFETY: bpf_ktime_get_ns takes no arguments and touches no memory of ours.
     unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() }
 }
 

@@ -1,21 +1,21 @@
 //! `sock_recv_length` / `sock_send_length` as raw tracepoints (6.3+; `TP_PROTO(struct sock *sk,
 //! int ret, int flags)`, read against 6.18). They fire for every socket read and write on the
 //! box, so they take the raw form: the kernel hands over the prototype's arguments without
-//! building a trace record, and no field offsets are needed. They run in the calling process's
-//! context, so they say who claimed a connection, when its first request byte was read and when
-//! its first response byte left. This area owns the server-latency histogram.
+//! building a trace record, and no field offsets are needed. A process's first read or write
+//! on a connection is its claim; they also say when its first request byte was read and when
+//! its first response byte left. They update the shared connection table (`conn`) in place;
+//! this area owns the server-latency histogram.
 
 use aya_ebpf::{
-    helpers::bpf_get_current_pid_tgid,
     macros::{map, raw_tracepoint},
     maps::PerCpuArray,
     programs::RawTracePointContext,
 };
-use health_common::{latency_bucket, LatencyHist, LATENCY_BUCKETS, MAX_PORTS};
+use health_common::{latency_bucket, LatencyHist, MapErrorKind, LATENCY_BUCKETS, MAX_PORTS};
 
 use crate::{
-    now_ns, offsets, port_watched, sock_port,
-    tcp_state::{counters, CONNS},
+    conn::{self, counters, port_watched, sock_port},
+    map_error, now_ns, offsets,
 };
 
 #[map]
@@ -49,9 +49,7 @@ fn try_io(ctx: &RawTracePointContext, send: bool) -> Option<()> {
     if off.sock_known == 1 && !port_watched(sock_port(off, sk)?) {
         return None;
     }
-    // SAFETY: the entry belongs to this socket; a racing update of the same connection on
-    // another CPU can only lose a timestamp, never corrupt memory.
-    let conn = unsafe { &mut *CONNS.get_ptr_mut(sk)? };
+    let conn = conn::get_mut(sk)?;
     // Every byte in or out is movement, keep-alive exchanges included: one per-CPU add (the
     // array lookup is inlined by the verifier), no clock read.
     let c = counters(conn.slot)?;
@@ -72,7 +70,6 @@ fn try_io(ctx: &RawTracePointContext, send: bool) -> Option<()> {
     let now = now_ns();
     if conn.claimed_ns == 0 {
         conn.claimed_ns = now;
-        conn.pid = (bpf_get_current_pid_tgid() >> 32) as u32;
         c.claimed += 1;
         c.last_claim_ns = now;
     }
@@ -89,7 +86,13 @@ fn try_io(ctx: &RawTracePointContext, send: bool) -> Option<()> {
     if conn.first_request_ns != 0 {
         let us = now.saturating_sub(conn.first_request_ns) / 1000;
         let bucket = latency_bucket(us);
-        let hist = unsafe { &mut *LATENCY.get_ptr_mut(conn.slot)? };
+        let Some(hist) = LATENCY.get_ptr_mut(conn.slot) else {
+            map_error(MapErrorKind::PortCounters);
+            return None;
+        };
+        // SAFETY: a per-CPU array value, valid for the map's lifetime and touched only by
+        // programs on this CPU, which do not preempt one another.
+        let hist = unsafe { &mut *hist };
         // Redundant for correctness; it gives the verifier a bound it can see.
         if bucket < LATENCY_BUCKETS {
             hist.buckets[bucket] += 1;

@@ -4,39 +4,43 @@
 //! against 6.18) when user space found the `struct sock` offsets in BTF, else the classic one
 //! (record layout read from tracefs). The raw form skips building a record for the ten or so
 //! state changes every connection on the box goes through, nine of which concern nobody here.
-//! This area owns the watched-port table, the per-port counters and the connection table.
+//! This area owns the watched-port table; it puts connections into the shared table (`conn`)
+//! and takes them out.
+//!
+//! The classic record as 6.18 lays it out (`events/sock/inet_sock_set_state/format`; the
+//! offsets the program uses come from that file at start-up, these are for reading):
+//!
+//! ```text
+//! const void * skaddr;   offset:8;  size:8
+//! int oldstate;          offset:16; size:4
+//! int newstate;          offset:20; size:4
+//! __u16 sport;           offset:24; size:2   (host byte order)
+//! __u16 dport;           offset:26; size:2
+//! __u16 family;          offset:28; size:2
+//! __u16 protocol;        offset:30; size:2
+//! saddr[4], daddr[4], saddr_v6[16], daddr_v6[16] follow, unread
+//! ```
 
 use aya_ebpf::{
+    helpers::bpf_probe_read_kernel,
     macros::{map, raw_tracepoint, tracepoint},
-    maps::{HashMap, LruHashMap, PerCpuArray},
+    maps::HashMap,
     programs::{RawTracePointContext, TracePointContext},
     EbpfContext,
 };
 use aya_log_ebpf::warn;
 use health_common::{
     kernel::{IPPROTO_TCP, TCP_CLOSE, TCP_ESTABLISHED, TCP_SYN_RECV},
-    ConnState, PortCounters, TracepointOffsets, WatchKey, DEFAULT_MAX_CONNS, MAX_PORTS,
+    ConnState, TracepointOffsets, WatchKey, MAX_PORTS,
 };
 
-use crate::{field, now_ns, offsets, port_watched, sock_port, sock_u16};
-use aya_ebpf::helpers::bpf_probe_read_kernel;
+use crate::{
+    conn::{self, counters, port_watched, sock_port, sock_u16},
+    field, now_ns, offsets,
+};
 
 #[map]
-pub static WATCHED_PORTS: HashMap<WatchKey, u32> = HashMap::with_max_entries(MAX_PORTS, 0);
-
-#[map]
-pub static PORT_COUNTERS: PerCpuArray<PortCounters> = PerCpuArray::with_max_entries(MAX_PORTS, 0);
-
-// LRU: a connection flood evicts the oldest entries instead of failing inserts. User space
-// resizes it from the config at load time.
-#[map]
-pub static CONNS: LruHashMap<u64, ConnState> = LruHashMap::with_max_entries(DEFAULT_MAX_CONNS, 0);
-
-#[inline(always)]
-pub fn counters(slot: u32) -> Option<&'static mut PortCounters> {
-    // SAFETY: per-CPU value; no other program touches this CPU's copy while we run.
-    PORT_COUNTERS.get_ptr_mut(slot).map(|p| unsafe { &mut *p })
-}
+static WATCHED_PORTS: HashMap<WatchKey, u32> = HashMap::with_max_entries(MAX_PORTS, 0);
 
 #[raw_tracepoint(tracepoint = "inet_sock_set_state")]
 pub fn inet_sock_set_state_raw(ctx: RawTracePointContext) -> i32 {
@@ -105,19 +109,25 @@ fn netns(off: &TracepointOffsets, sk: u64) -> u32 {
     if off.net_known != 1 {
         return 0;
     }
-    // SAFETY: bpf_probe_read_kernel copes with any address; a bad one reads as an error.
+    // SAFETY: `sk` is the `struct sock *` this hook was handed and `sock_net` the offset of
+    // `skc_net` from this kernel's BTF (`net_known` says user space found it).
+    // bpf_probe_read_kernel copies into our stack and never faults: an unmapped address
+    // returns an error, handled below.
     let net: u64 = match unsafe { bpf_probe_read_kernel((sk + off.sock_net as u64) as *const u64) }
     {
         Ok(p) => p,
         Err(_) => return 0,
     };
-    // SAFETY: as above.
+    // SAFETY: `net` is the `struct net *` just read and `net_inum` the BTF offset of
+    // `ns.inum` in it; the same helper, the same guarantee (an error reads as 0, any namespace).
     unsafe { bpf_probe_read_kernel((net + off.net_inum as u64) as *const u32) }.unwrap_or(0)
 }
 
 /// A passive handshake on a watched port completed: the connection waits in the accept queue.
 fn on_established<C: EbpfContext>(ctx: &C, sk: u64, key: WatchKey) -> Option<()> {
     // The exit for every other port, and for the same port in another namespace.
+    // SAFETY: the value is copied out at once (a u32); user space replacing the entry
+    // meanwhile can only hand us the old or the new slot, both plain integers.
     let slot = *unsafe { WATCHED_PORTS.get(key) }?;
     let sport = key.port;
 
@@ -126,7 +136,7 @@ fn on_established<C: EbpfContext>(ctx: &C, sk: u64, key: WatchKey) -> Option<()>
         slot,
         ..ConnState::default()
     };
-    if let Err(err) = CONNS.insert(sk, conn, 0) {
+    if let Err(err) = conn::insert(sk, &conn) {
         warn!(ctx, "conns insert failed on port {}: {}", sport, err);
     }
     counters(slot)?.established += 1;
@@ -134,9 +144,7 @@ fn on_established<C: EbpfContext>(ctx: &C, sk: u64, key: WatchKey) -> Option<()>
 }
 
 fn on_close(sk: u64) -> Option<()> {
-    // SAFETY: the entry is read once and removed right after; a racing update is harmless.
-    let conn = *unsafe { CONNS.get(sk) }?;
-    let _ = CONNS.remove(sk);
+    let conn = conn::take(sk)?;
     let c = counters(conn.slot)?;
     if conn.claimed_ns == 0 {
         c.closed_unclaimed += 1;

@@ -1,7 +1,6 @@
-//! The Docker Engine API (bollard): the expected-containers check ("N/M running", state, own
-//! HEALTHCHECK, restart count, CPU and memory — the old `docker:status`) and container restarts
-//! for self-healing. A daemon that does not answer is `unknown` with the reason: a warning,
-//! never a 503 storm.
+//! The Docker Engine API client (bollard): connecting, where a container's network lives,
+//! restarts for self-healing, and the calls the containers check (`checks::containers`) is made
+//! of — list, inspect and one-shot stats with the CPU % bookkeeping between two of them.
 
 use std::{
     collections::HashMap,
@@ -10,62 +9,16 @@ use std::{
 };
 
 use bollard::{
-    models::{ContainerInspectResponse, ContainerStateStatusEnum, HealthStatusEnum},
+    models::{ContainerInspectResponse, ContainerSummary},
     query_parameters::{
         InspectContainerOptions, ListContainersOptionsBuilder, RestartContainerOptionsBuilder,
         StatsOptionsBuilder,
     },
 };
 use futures_util::StreamExt as _;
-use serde::Serialize;
-
-use crate::{checks::ContainersReport, config::ContainersConfig, policy::ContainersState};
 
 /// Seconds between SIGTERM and SIGKILL when self-healing restarts a container.
 const RESTART_GRACE_SECS: i32 = 2;
-
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct ContainerInfo {
-    pub name: String,
-    /// created, running, paused, restarting, removing, exited, dead, or missing.
-    pub state: String,
-    /// The container's own HEALTHCHECK: healthy, unhealthy, starting, or none.
-    pub health: String,
-    pub restart_count: i64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub exit_code: Option<i64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cpu_percent: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub memory_bytes: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub memory_percent: Option<f64>,
-    /// A one-shot job that finished: found by label (not named), exited 0, and not meant to
-    /// be restarted (restart policy other than `always` / `unless-stopped`). Not a fault,
-    /// never restarted.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub completed: bool,
-}
-
-impl ContainerInfo {
-    fn faulty(&self) -> bool {
-        !self.completed && (self.state != "running" || self.health == "unhealthy")
-    }
-}
-
-/// Whether a container found by label is a job that has done its work: it exited 0 and
-/// Docker is not told to keep it running. A named container is expected to run, exit 0 or not.
-fn completed_job(
-    by_label_only: bool,
-    status: ContainerStateStatusEnum,
-    exit_code: Option<i64>,
-    restart_policy: Option<&str>,
-) -> bool {
-    by_label_only
-        && status == ContainerStateStatusEnum::EXITED
-        && exit_code == Some(0)
-        && !matches!(restart_policy, Some("always" | "unless-stopped"))
-}
 
 /// Where a container's network lives: its main process (whose network namespace is the
 /// container's) and the ports it publishes on the host.
@@ -186,236 +139,78 @@ impl Docker {
         })
     }
 
-    /// Checks the expected containers. Never fails: an unreachable daemon is `unknown`.
-    pub async fn check(&self, cfg: &ContainersConfig) -> (ContainersReport, Vec<ContainerInfo>) {
-        match self.inspect_expected(cfg).await {
-            Ok(infos) => {
-                let completed = infos.iter().filter(|c| c.completed).count();
-                let expected = infos.len() - completed;
-                let running = infos.iter().filter(|c| !c.completed && !c.faulty()).count();
-                let faulty: Vec<&ContainerInfo> = infos.iter().filter(|c| c.faulty()).collect();
-                let reason = (!faulty.is_empty()).then(|| {
-                    faulty
-                        .iter()
-                        .map(|c| {
-                            format!(
-                                "{} {}",
-                                c.name,
-                                if c.state == "running" {
-                                    &c.health
-                                } else {
-                                    &c.state
-                                }
-                            )
-                        })
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                });
-                let report = ContainersReport {
-                    state: if faulty.is_empty() {
-                        ContainersState::AllRunning
-                    } else {
-                        ContainersState::Faulty
-                    },
-                    summary: if completed == 0 {
-                        format!("{running}/{expected} running")
-                    } else {
-                        format!("{running}/{expected} running, {completed} completed")
-                    },
-                    reason,
-                    faulty: faulty.iter().map(|c| c.name.clone()).collect(),
-                    containers: infos.clone(),
-                };
-                (report, infos)
-            }
-            Err(e) => (
-                ContainersReport {
-                    state: ContainersState::Unknown,
-                    summary: "unknown".into(),
-                    reason: Some(format!("Docker did not answer: {e}")),
-                    faulty: Vec::new(),
-                    containers: Vec::new(),
-                },
-                Vec::new(),
-            ),
-        }
-    }
-
-    async fn inspect_expected(
-        &self,
-        cfg: &ContainersConfig,
-    ) -> Result<Vec<ContainerInfo>, bollard::errors::Error> {
-        let all = self
-            .client
+    /// Every container, running or not.
+    pub async fn list_all(&self) -> Result<Vec<ContainerSummary>, bollard::errors::Error> {
+        self.client
             .list_containers(Some(ListContainersOptionsBuilder::new().all(true).build()))
-            .await?;
-        let mut expected: Vec<String> = cfg.names.clone();
-        for c in &all {
-            let labels = c.labels.clone().unwrap_or_default();
-            let matches = cfg.labels.iter().any(|want| match want.split_once('=') {
-                Some((k, v)) => labels.get(k).is_some_and(|have| have == v),
-                None => labels.contains_key(want),
-            });
-            if matches {
-                if let Some(name) = c.names.as_ref().and_then(|n| n.first()) {
-                    let name = name.trim_start_matches('/').to_string();
-                    if !expected.contains(&name) {
-                        expected.push(name);
-                    }
-                }
-            }
-        }
-        let mut out = Vec::with_capacity(expected.len());
-        for name in expected {
-            let by_label_only = !cfg.names.contains(&name);
-            match self
-                .client
-                .inspect_container(&name, None::<InspectContainerOptions>)
-                .await
-            {
-                Ok(inspect) => out.push(self.describe(&name, inspect, by_label_only).await),
-                Err(bollard::errors::Error::DockerResponseServerError {
-                    status_code: 404, ..
-                }) => out.push(ContainerInfo {
-                    name,
-                    state: "missing".into(),
-                    health: "none".into(),
-                    restart_count: 0,
-                    exit_code: None,
-                    cpu_percent: None,
-                    memory_bytes: None,
-                    memory_percent: None,
-                    completed: false,
-                }),
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(out)
+            .await
     }
 
-    async fn describe(
+    pub async fn inspect(
         &self,
         name: &str,
-        inspect: ContainerInspectResponse,
-        by_label_only: bool,
-    ) -> ContainerInfo {
-        let state = inspect.state.clone().unwrap_or_default();
-        let restart_policy = inspect
-            .host_config
-            .as_ref()
-            .and_then(|h| h.restart_policy.as_ref())
-            .and_then(|p| p.name)
-            .map(|n| n.to_string());
-        let status = state.status.unwrap_or(ContainerStateStatusEnum::EMPTY);
-        let health = state
-            .health
-            .and_then(|h| h.status)
-            .filter(|s| *s != HealthStatusEnum::EMPTY)
-            .map_or("none".to_string(), |s| s.to_string());
-        let mut info = ContainerInfo {
-            name: name.to_string(),
-            state: status.to_string(),
-            health,
-            restart_count: inspect.restart_count.unwrap_or(0),
-            exit_code: (status != ContainerStateStatusEnum::RUNNING)
-                .then_some(state.exit_code)
-                .flatten(),
-            cpu_percent: None,
-            memory_bytes: None,
-            memory_percent: None,
-            completed: completed_job(
-                by_label_only,
-                status,
-                state.exit_code,
-                restart_policy.as_deref(),
-            ),
-        };
-        if status == ContainerStateStatusEnum::RUNNING {
-            self.add_stats(&mut info).await;
-        }
-        info
+    ) -> Result<ContainerInspectResponse, bollard::errors::Error> {
+        self.client
+            .inspect_container(name, None::<InspectContainerOptions>)
+            .await
     }
 
-    /// One-shot stats; CPU % comes from the change since this container's previous check.
-    async fn add_stats(&self, info: &mut ContainerInfo) {
+    /// One-shot stats of a running container; CPU % comes from the change since this
+    /// container's previous call, so the first call has none. Nothing when Docker gives none.
+    pub async fn usage(&self, name: &str) -> Usage {
+        let mut usage = Usage::default();
         let opts = StatsOptionsBuilder::new()
             .stream(false)
             .one_shot(true)
             .build();
-        let Some(Ok(stats)) = self.client.stats(&info.name, Some(opts)).next().await else {
-            return;
+        let Some(Ok(stats)) = self.client.stats(name, Some(opts)).next().await else {
+            return usage;
         };
         if let Some(mem) = &stats.memory_stats {
-            info.memory_bytes = mem.usage;
+            usage.memory_bytes = mem.usage;
             if let (Some(u), Some(l)) = (mem.usage, mem.limit) {
                 if l > 0 {
-                    info.memory_percent = Some((u as f64 * 1000.0 / l as f64).round() / 10.0);
+                    usage.memory_percent = Some((u as f64 * 1000.0 / l as f64).round() / 10.0);
                 }
             }
         }
-        let Some(cpu) = &stats.cpu_stats else { return };
+        let Some(cpu) = &stats.cpu_stats else {
+            return usage;
+        };
         let (Some(total), Some(system)) = (
             cpu.cpu_usage.as_ref().and_then(|u| u.total_usage),
             cpu.system_cpu_usage,
         ) else {
-            return;
+            return usage;
         };
         let online = cpu.online_cpus.unwrap_or(1).max(1) as f64;
         let prev = self
             .cpu
             .lock()
             .ok()
-            .and_then(|mut m| m.insert(info.name.clone(), (total, system)));
+            .and_then(|mut m| m.insert(name.to_string(), (total, system)));
         if let Some((pt, ps)) = prev {
             let dt = total.saturating_sub(pt) as f64;
             let ds = system.saturating_sub(ps) as f64;
             if ds > 0.0 {
-                info.cpu_percent = Some((dt / ds * online * 1000.0).round() / 10.0);
+                usage.cpu_percent = Some((dt / ds * online * 1000.0).round() / 10.0);
             }
         }
+        usage
     }
+}
+
+/// A container's resource use from one stats call.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Usage {
+    pub cpu_percent: Option<f64>,
+    pub memory_bytes: Option<u64>,
+    pub memory_percent: Option<f64>,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_a_labelled_job_that_exited_0_and_stays_down_is_completed() {
-        use bollard::models::RestartPolicyNameEnum as P;
-        use ContainerStateStatusEnum::{EXITED, RUNNING};
-        let policy = |p: P| Some(p.to_string());
-        assert!(completed_job(
-            true,
-            EXITED,
-            Some(0),
-            policy(P::NO).as_deref()
-        ));
-        assert!(completed_job(
-            true,
-            EXITED,
-            Some(0),
-            policy(P::ON_FAILURE).as_deref()
-        ));
-        assert!(completed_job(true, EXITED, Some(0), None));
-        // Docker is told to keep it running: exiting is not its job.
-        assert!(!completed_job(
-            true,
-            EXITED,
-            Some(0),
-            policy(P::ALWAYS).as_deref()
-        ));
-        assert!(!completed_job(
-            true,
-            EXITED,
-            Some(0),
-            policy(P::UNLESS_STOPPED).as_deref()
-        ));
-        // Failed, still running, or expected by name.
-        assert!(!completed_job(true, EXITED, Some(3), None));
-        assert!(!completed_job(true, RUNNING, None, None));
-        assert!(!completed_job(false, EXITED, Some(0), None));
-    }
 
     #[test]
     fn a_published_host_port_maps_to_the_container_port() {

@@ -3,22 +3,27 @@
 //! and connections; user space merges that with disk, container, database, CPU and memory
 //! checks into one cached snapshot served as `GET /health`.
 //!
-//! Module map: `config` (TOML), `ebpf` (loader and map reads), `net` (listen sockets without
-//! eBPF), `checks` (one module per check), `policy` (the status table, pure), `heal`
-//! (self-healing), `docker` (Engine API), `runner` (`Checks::build`, the one wiring of every
-//! check; background checks, the composer, the supervisor), `snapshot` (what /health serves),
-//! `server` (HTTP), `metrics` (OpenMetrics), `oneshot` (`health-agent check`), `alerts`
-//! (incidents to Slack, PagerDuty, a webhook and GitHub), `suspicious` (miner and
-//! /tmp-executable detection for incident reports), `agent_check` (HAProxy's agent protocol),
-//! `sd_notify` (systemd readiness and watchdog), `text` (truncation and rounding for display).
+//! Module map: `config` (TOML), `status` (every state enum: the shared vocabulary, a leaf),
+//! `dburl` (database URLs: parsing and redaction; a leaf shared by `config` and the database
+//! check), `text` (truncation and rounding for display, a leaf), `ebpf` (loader and map reads),
+//! `net` (listen sockets without eBPF), `checks` (one module per check), `policy` (the status
+//! table, pure), `heal` (self-healing), `docker` (the Engine API client), `runner`
+//! (`Checks::build`, the one wiring of every check; background checks, the composer, the
+//! supervisor), `snapshot` (what /health serves), `server` (HTTP), `metrics` (OpenMetrics),
+//! `oneshot` (`health-agent check`), `alerts` (incidents to Slack, PagerDuty, a webhook and
+//! GitHub), `suspicious` (miner and /tmp-executable detection for incident reports),
+//! `agent_check` (HAProxy's agent protocol), `sd_notify` (systemd readiness and watchdog).
 
 pub mod agent_check;
 pub mod alerts;
 pub mod checks;
 pub mod config;
+pub mod dburl;
 pub mod docker;
 pub mod ebpf;
 pub mod fleet;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 pub mod heal;
 pub mod metrics;
 pub mod net;
@@ -29,5 +34,6 @@ pub mod runner;
 pub mod sd_notify;
 pub mod server;
 pub mod snapshot;
+pub mod status;
 pub mod suspicious;
 pub mod text;

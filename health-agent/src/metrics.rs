@@ -11,7 +11,6 @@ use prometheus_client::{
 };
 
 use crate::{
-    checks::db_state_str,
     policy::{DbState, WebVerdict},
     snapshot::Snapshot,
 };
@@ -34,6 +33,14 @@ impl Out {
         let c: Counter = Counter::default();
         c.inc_by(v);
         self.reg.register(name, help, c);
+    }
+
+    fn labeled_counter(&mut self, name: &str, help: &str, values: Vec<(Labels, u64)>) {
+        let f = Family::<Labels, Counter>::default();
+        for (labels, v) in values {
+            f.get_or_create(&labels).inc_by(v);
+        }
+        self.reg.register(name, help, f);
     }
 
     fn labeled(&mut self, name: &str, help: &str, values: Vec<(Labels, f64)>) {
@@ -190,6 +197,14 @@ pub fn render(s: &Snapshot, detailed: bool) -> String {
             "Age of the oldest unanswered request",
             c.oldest_pending_ms.unwrap_or(0) as f64 / 1000.0,
         );
+        o.labeled_counter(
+            "kernel_map_errors",
+            "Map updates the kernel programs could not make (observations lost), by kind",
+            c.map_errors
+                .iter()
+                .map(|(kind, n)| (vec![("kind", kind.as_str().to_string())], n))
+                .collect(),
+        );
         o.labeled(
             "web_latency_seconds",
             "Server latency, request read to first response byte, over the window",
@@ -248,7 +263,7 @@ pub fn render(s: &Snapshot, detailed: bool) -> String {
         o.gauge("load1", "1-minute load average", sys.load1);
     }
     let running =
-        |c: &&crate::docker::ContainerInfo| c.state == "running" && c.health != "unhealthy";
+        |c: &&crate::checks::ContainerInfo| c.state == "running" && c.health != "unhealthy";
     o.gauge(
         "containers_expected",
         "Expected containers found",
@@ -263,7 +278,7 @@ pub fn render(s: &Snapshot, detailed: bool) -> String {
         "database",
         "Database state",
         "state",
-        &DbState::ALL.map(db_state_str),
+        &DbState::ALL.map(DbState::as_str),
         r.database.summary(),
     );
     if detailed {
@@ -303,11 +318,11 @@ pub fn render(s: &Snapshot, detailed: bool) -> String {
                 .flat_map(|d| {
                     DbState::ALL[1..]
                         .iter()
-                        .map(|&st| db_state_str(st))
+                        .map(|&st| st.as_str())
                         .map(move |st| {
                             let mut labels = db_labels(d);
                             labels.push(("state", st.to_string()));
-                            let current = st == db_state_str(d.state);
+                            let current = st == d.state.as_str();
                             (labels, f64::from(u8::from(current)))
                         })
                 })
@@ -456,5 +471,35 @@ mod tests {
         assert!(brief.contains(r#"health_agent_database{state="unreachable"} 1.0"#));
         assert!(!brief.contains("127.0.0.1"), "{brief}");
         assert!(!brief.contains("database_state"), "{brief}");
+    }
+
+    #[test]
+    fn kernel_map_errors_are_counters_by_kind_zeros_included() {
+        use health_common::MapErrorKind;
+        let mut web = crate::checks::web::WebReport::not_configured();
+        web.counters = Some(crate::checks::web::KernelCounters {
+            map_errors: crate::ebpf::MapErrors::sum([(MapErrorKind::ConnInsert, &[2, 1][..])]),
+            ..Default::default()
+        });
+        let report = Report {
+            web,
+            disk: Report::disk_unknown(),
+            system: None,
+            containers: ContainersReport::not_configured(),
+            database: DatabaseReport::not_configured(),
+        };
+        let decision = evaluate(&report.policy_input(false));
+        let text = render(
+            &Snapshot::new(decision, report, HealLog::default(), 1, 1),
+            false,
+        );
+        for line in [
+            "# TYPE health_agent_kernel_map_errors counter",
+            r#"health_agent_kernel_map_errors_total{kind="conn_insert"} 3"#,
+            r#"health_agent_kernel_map_errors_total{kind="port_counters"} 0"#,
+            r#"health_agent_kernel_map_errors_total{kind="other"} 0"#,
+        ] {
+            assert!(text.contains(line), "missing {line} in:\n{text}");
+        }
     }
 }

@@ -183,43 +183,59 @@ fn dump(
             }
             return Err(e);
         }
-        let mut msgs = &buf[..n as usize];
-        while msgs.len() >= NLMSG_HDR {
-            let len = u32::from_ne_bytes(msgs[0..4].try_into().unwrap_or_default()) as usize;
-            let ty = u16::from_ne_bytes(msgs[4..6].try_into().unwrap_or_default());
-            if len < NLMSG_HDR || len > msgs.len() {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    "truncated netlink message",
-                ));
-            }
-            match ty as i32 {
-                libc::NLMSG_DONE => return Ok(()),
-                libc::NLMSG_ERROR => {
-                    let errno = i32::from_ne_bytes(
-                        msgs[NLMSG_HDR..NLMSG_HDR + 4]
-                            .try_into()
-                            .unwrap_or_default(),
-                    );
-                    return Err(io::Error::from_raw_os_error(-errno));
-                }
-                _ if ty == SOCK_DIAG_BY_FAMILY && len >= NLMSG_HDR + MSG_LEN => {
-                    each(
-                        &msgs[NLMSG_HDR..NLMSG_HDR + MSG_LEN],
-                        &msgs[NLMSG_HDR + MSG_LEN..len],
-                    );
-                }
-                _ => {}
-            }
-            let aligned = (len + 3) & !3;
-            msgs = &msgs[aligned.min(msgs.len())..];
+        if parse_reply(&buf[..n as usize], each)? {
+            return Ok(());
         }
     }
 }
 
+/// One `recv` worth of a sock_diag dump: hands each `inet_diag_msg` and its attributes to
+/// `each`. True once the dump is done (NLMSG_DONE), an error for NLMSG_ERROR or a message that
+/// does not fit in the buffer.
+pub(crate) fn parse_reply(
+    mut msgs: &[u8],
+    each: &mut impl FnMut(&[u8], &[u8]),
+) -> io::Result<bool> {
+    while msgs.len() >= NLMSG_HDR {
+        let len = u32::from_ne_bytes([msgs[0], msgs[1], msgs[2], msgs[3]]) as usize;
+        let ty = u16::from_ne_bytes([msgs[4], msgs[5]]);
+        if len < NLMSG_HDR || len > msgs.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "truncated netlink message",
+            ));
+        }
+        match ty as i32 {
+            libc::NLMSG_DONE => return Ok(true),
+            libc::NLMSG_ERROR => {
+                // struct nlmsgerr starts with the negative errno, inside this message.
+                let errno = msgs
+                    .get(NLMSG_HDR..NLMSG_HDR + 4)
+                    .filter(|_| len >= NLMSG_HDR + 4)
+                    .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+                    .ok_or_else(|| {
+                        io::Error::new(io::ErrorKind::InvalidData, "truncated netlink error")
+                    })?;
+                // wrapping: i32::MIN has no positive counterpart (negating it panics).
+                return Err(io::Error::from_raw_os_error(errno.wrapping_neg()));
+            }
+            _ if ty == SOCK_DIAG_BY_FAMILY && len >= NLMSG_HDR + MSG_LEN => {
+                each(
+                    &msgs[NLMSG_HDR..NLMSG_HDR + MSG_LEN],
+                    &msgs[NLMSG_HDR + MSG_LEN..len],
+                );
+            }
+            _ => {}
+        }
+        let aligned = (len + 3) & !3;
+        msgs = &msgs[aligned.min(msgs.len())..];
+    }
+    Ok(false)
+}
+
 /// struct inet_diag_msg: family, state, timer, retrans, sockid (sport/dport big-endian,
 /// addresses, interface, cookie: 48 bytes), expires, rqueue, wqueue, uid, inode.
-fn parse_msg(m: &[u8]) -> Listener {
+pub(crate) fn parse_msg(m: &[u8]) -> Listener {
     let u32_at = |o: usize| u32::from_ne_bytes([m[o], m[o + 1], m[o + 2], m[o + 3]]);
     Listener {
         addr: addresses(m).0.ip(),
@@ -249,7 +265,7 @@ fn addresses(m: &[u8]) -> (SocketAddr, SocketAddr) {
     )
 }
 
-fn parse_conn(m: &[u8], mut attrs: &[u8]) -> TcpConn {
+pub(crate) fn parse_conn(m: &[u8], mut attrs: &[u8]) -> TcpConn {
     let (local, remote) = addresses(m);
     let mut conn = TcpConn {
         state: m[1],
@@ -384,6 +400,31 @@ fn parse_netstat(text: &str) -> ListenDrops {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Inputs the fuzz smoke found panicking (`fuzz/corpus/sock_diag/regression_*`).
+    #[test]
+    fn malformed_netlink_errors_are_errors_not_panics() {
+        let header = |len: u32, ty: u16| {
+            let mut m = len.to_ne_bytes().to_vec();
+            m.extend_from_slice(&ty.to_ne_bytes());
+            m.extend_from_slice(&[0; 10]);
+            m
+        };
+        let mut never = |_: &[u8], _: &[u8]| panic!("no inet_diag_msg here");
+        // An NLMSG_ERROR of header only: its errno would be read past the buffer.
+        let short = header(16, libc::NLMSG_ERROR as u16);
+        let err = parse_reply(&short, &mut never).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        // errno i32::MIN: negating it overflowed.
+        let mut min = header(20, libc::NLMSG_ERROR as u16);
+        min.extend_from_slice(&i32::MIN.to_ne_bytes());
+        assert!(parse_reply(&min, &mut never).is_err());
+        // The usual: -EINVAL.
+        let mut einval = header(20, libc::NLMSG_ERROR as u16);
+        einval.extend_from_slice(&(-libc::EINVAL).to_ne_bytes());
+        let err = parse_reply(&einval, &mut never).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EINVAL));
+    }
 
     #[test]
     fn netstat_counters() {

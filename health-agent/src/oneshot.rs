@@ -53,7 +53,7 @@ pub async fn run(cfg: &Config) -> (Decision, Report) {
         ContainersReport::not_configured()
     } else {
         match (&docker, docker_error) {
-            (Some(d), _) => d.check(&cfg.containers).await.0,
+            (Some(d), _) => crate::checks::containers::check(d, &cfg.containers).await,
             (None, e) => ContainersReport {
                 state: crate::policy::ContainersState::Unknown,
                 summary: "unknown".into(),
@@ -68,7 +68,7 @@ pub async fn run(cfg: &Config) -> (Decision, Report) {
         Database::On(mut m) => m.check().await,
         Database::Broken(e) => DatabaseReport {
             state: crate::policy::DbState::Unknown,
-            reason: Some(e),
+            reason: Some(e.to_string()),
             databases: Vec::new(),
         },
     };
@@ -132,7 +132,7 @@ pub fn table(d: &Decision, r: &Report) -> String {
         ),
     );
     for db in &r.database.databases {
-        let state = crate::checks::db_state_str(db.state);
+        let state = db.state.as_str();
         let how = match (&db.error, db.latency_ms) {
             (Some(e), _) => e.clone(),
             (None, Some(ms)) => format!(

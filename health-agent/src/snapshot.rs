@@ -299,7 +299,7 @@ fn ietf(decision: &Decision, report: &Report, time: &str, details: bool) -> Valu
                 json!({
                     "componentId": d.name,
                     "componentType": "datastore",
-                    "observedValue": crate::checks::db_state_str(d.state),
+                    "observedValue": d.state.as_str(),
                     "status": level(false, db_warn(d.state)),
                     "time": d.last_checked.as_deref().unwrap_or(time),
                     "output": d.error.clone().unwrap_or_default(),

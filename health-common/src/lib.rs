@@ -23,6 +23,41 @@ pub mod maps {
     /// `Array<u64>` of `PORT_BITMAP_WORDS` words: bit `port` set for every watched port. The
     /// send/receive hooks test it before any hash lookup.
     pub const PORT_BITMAP: &str = "PORT_BITMAP";
+    /// `PerCpuArray<u64>` of `MapErrorKind::COUNT` entries, indexed by [`MapErrorKind`]: map
+    /// updates the programs could not make. User space sums the CPUs.
+    pub const MAP_ERRORS: &str = "MAP_ERRORS";
+}
+
+/// Index of [`maps::MAP_ERRORS`]: which kind of map update failed in the kernel. Each failure
+/// loses an observation (a connection not followed, an event not counted), so the figures that
+/// depend on it read low; a non-zero counter says so instead of the loss staying silent.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MapErrorKind {
+    /// Inserting into the connection table (`CONNS`) failed: the connection goes untracked.
+    /// It is an LRU map, so a full table evicts rather than fails (even at one entry shared
+    /// by two CPUs, tried on 6.18); a failure is the kernel refusing the update (ENOMEM).
+    ConnInsert = 0,
+    /// A watched port's counter or histogram slot could not be looked up: the event is not
+    /// counted.
+    PortCounters = 1,
+    /// Any other map update (the accept maps): an accept goes uncounted.
+    Other = 2,
+}
+
+impl MapErrorKind {
+    pub const ALL: [Self; 3] = [Self::ConnInsert, Self::PortCounters, Self::Other];
+    /// Entries of [`maps::MAP_ERRORS`].
+    pub const COUNT: u32 = Self::ALL.len() as u32;
+
+    /// The `kind` label of `health_agent_kernel_map_errors_total`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::ConnInsert => "conn_insert",
+            Self::PortCounters => "port_counters",
+            Self::Other => "other",
+        }
+    }
 }
 
 /// 65,536 ports, one bit each.
@@ -144,8 +179,8 @@ pub struct ConnState {
     pub first_response_ns: u64,
     /// Counter slot of the listen port.
     pub slot: u32,
-    /// tgid of the process that claimed it.
-    pub pid: u32,
+    /// Explicit padding, always 0: keeps the value free of padding holes (`aya::Pod`).
+    pub _pad: u32,
 }
 
 /// Buckets of the server-latency histogram (request read → first response byte).
@@ -308,6 +343,18 @@ mod tests {
             assert_eq!(latency_bucket(latency_bucket_floor(b)), b);
         }
         assert_eq!(latency_bucket(u64::MAX), LATENCY_BUCKETS - 1);
+    }
+
+    #[test]
+    fn map_error_kinds_index_their_own_slot() {
+        // User space reads slot i as ALL[i]: the order must follow the discriminants.
+        for (i, kind) in MapErrorKind::ALL.into_iter().enumerate() {
+            assert_eq!(kind as usize, i, "{kind:?}");
+        }
+        let labels = MapErrorKind::ALL.map(MapErrorKind::as_str);
+        for (i, l) in labels.iter().enumerate() {
+            assert!(!labels[..i].contains(l), "label {l} twice");
+        }
     }
 
     #[test]

@@ -15,7 +15,7 @@
 
 use std::{
     io::{BufRead, BufReader},
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
@@ -276,10 +276,15 @@ impl TcpProxy {
     /// Starts the proxy and waits until it listens (it prints a line once bound); retries on
     /// another port when the chosen one was taken meanwhile.
     pub fn start(to: u16) -> Self {
-        let bin = binary("tcp-proxy", "health-agent-tests");
+        Self::start_with(&binary("tcp-proxy", "health-agent-tests"), to)
+    }
+
+    /// [`TcpProxy::start`] with the binary at `bin` (`cargo xtask bench` runs the release
+    /// build, which is not next to a test executable).
+    pub fn start_with(bin: &Path, to: u16) -> Self {
         for _ in 0..5 {
             let port = free_port();
-            let mut child = Command::new(&bin)
+            let mut child = Command::new(bin)
                 .args(["--listen", &format!("127.0.0.1:{port}")])
                 .args(["--to", &format!("127.0.0.1:{to}")])
                 .stdin(Stdio::null())

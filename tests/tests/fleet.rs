@@ -5,7 +5,7 @@
 //!
 //! The agents listen on their own loopback addresses (127.0.0.2, 127.0.0.3, …) like a fleet's
 //! hosts, so two of them can share a port (`peers_dns`, the Consul catalog). Every verdict test
-//! records every `/health` answer of every agent ([`AddrPoller`]) and asserts over all of them
+//! records every `/health` answer of every agent ([`HealthPoller`]) and asserts over all of them
 //! from the agent's first 200 on. All traffic stays on 127.0.0.0/8.
 
 use std::{
@@ -15,12 +15,9 @@ use std::{
 };
 
 use health_agent_tests::{
-    fleet::{
-        free_port_on_all, gauge, loopback, request_at, AddrAgent, AddrPoller, HostsLines,
-        StubServer, Timed,
-    },
-    free_port_on, merge_toml, require_root, timeline, Fixture, HealthSample, Load, Postgres, Puma,
-    PumaOptions, TcpProxy,
+    fleet::{free_port_on_all, gauge, loopback, request_at, HostsLines, StubServer, Timed},
+    free_port_on, merge_toml, require_root, timeline, Agent, Fixture, HealthPoller, HealthSample,
+    Load, Postgres, Puma, PumaOptions, TcpProxy,
 };
 use serde_json::{json, Value};
 
@@ -159,9 +156,9 @@ fn assert_answered(samples: &[HealthSample], ctx: &str) {
 /// `/db` use it, an agent on its own loopback address, a recorder of its `/health`, light load.
 /// Field order is drop order.
 struct Instance {
-    poller: AddrPoller,
+    poller: HealthPoller,
     load: Load,
-    agent: AddrAgent,
+    agent: Agent,
     puma: Puma,
     proxy: TcpProxy,
 }
@@ -209,12 +206,12 @@ impl Trio {
                 proxy.port,
                 fleet_peers(&peers)
             );
-            let agent = AddrAgent::start(
+            let agent = Agent::start_at(
                 *me,
                 &config(puma.port, &extra),
                 &[("PGPASSWORD", pg.password.as_str())],
             );
-            let poller = AddrPoller::start(*me);
+            let poller = HealthPoller::start_at(*me);
             // ~4 requests a second, each on a new connection, each a fresh SELECT 1.
             let load = Load::new_connections(
                 puma.port,
@@ -281,7 +278,7 @@ impl Trio {
         let deadline = Instant::now() + WAIT;
         for (i, x) in self.instances.iter().enumerate() {
             let peers = self.peers_of(i);
-            x.poller.wait_for(
+            x.poller.wait_for_from(
                 Duration::ZERO,
                 deadline.saturating_duration_since(Instant::now()),
                 &format!("instance {i}: 200 healthy, database connected, both peers answering"),
@@ -318,7 +315,7 @@ impl Trio {
         let deadline = Instant::now() + timeout;
         for (i, x) in self.instances.iter().enumerate() {
             let from = x.poller.elapsed();
-            let back = x.poller.wait_for(
+            let back = x.poller.wait_for_from(
                 from,
                 deadline.saturating_duration_since(Instant::now()),
                 &format!("instance {i}: 200 healthy {what}"),
@@ -348,7 +345,7 @@ fn one_cut_path_is_local_503_the_others_stay_200() {
 
     cut.proxy.freeze();
     let frozen = cut.poller.elapsed();
-    let down = cut.poller.wait_for(
+    let down = cut.poller.wait_for_from(
         frozen,
         Duration::from_secs(30),
         "503 on the instance whose database path is frozen",
@@ -357,7 +354,7 @@ fn one_cut_path_is_local_503_the_others_stay_200() {
     );
     println!("freeze → 503 in {:.1}s ({down})", after(&down, frozen));
     // A peer may miss one round (1 s timeout); within a few rounds both answer.
-    let evidence = cut.poller.wait_for(
+    let evidence = cut.poller.wait_for_from(
         down.at,
         Duration::from_secs(10),
         "a 503 whose details.fleet lists both peers answering and a `local` judgement",
@@ -600,8 +597,8 @@ fn bad_peers_are_ignored_and_health_is_unaffected() {
         garbage.addr.to_string(),
     ];
     let me = addr(loopback(2), free_port_on(loopback(2)));
-    let agent = AddrAgent::start(me, &config(puma.port, &fleet_peers(&peers)), &[]);
-    let poller = AddrPoller::start(me);
+    let agent = Agent::start_at(me, &config(puma.port, &fleet_peers(&peers)), &[]);
+    let poller = HealthPoller::start_at(me);
     let explain = || {
         format!(
             "\nslow peer got {} requests, garbage peer {}\nagent log (tail):\n{}",
@@ -610,7 +607,7 @@ fn bad_peers_are_ignored_and_health_is_unaffected() {
             tail(&agent.logs(), 40)
         )
     };
-    poller.wait_for(
+    poller.wait_for_from(
         Duration::ZERO,
         WAIT,
         "200 healthy",
@@ -705,8 +702,8 @@ fn the_peer_view_needs_the_token() {
             fleet_peers(&[peer.to_string()])
         )
     };
-    let a = AddrAgent::start(a_addr, &config(fa.port, &with_token(b_addr)), &env);
-    let b = AddrAgent::start(b_addr, &config(fb.port, &with_token(a_addr)), &env);
+    let a = Agent::start_at(a_addr, &config(fa.port, &with_token(b_addr)), &env);
+    let b = Agent::start_at(b_addr, &config(fb.port, &with_token(a_addr)), &env);
     let explain = || {
         format!(
             "\nagent A log (tail):\n{}\nagent B log (tail):\n{}",
@@ -741,8 +738,8 @@ fn the_peer_view_needs_the_token() {
     );
 
     // Each sends the token when asking the other, or the other would answer 401.
-    let poll = AddrPoller::start(a_addr);
-    let seen = poll.wait_for(
+    let poll = HealthPoller::start_at(a_addr);
+    let seen = poll.wait_for_from(
         Duration::ZERO,
         WAIT,
         "agent A's details.fleet.peers_answered to list agent B (token sent)",
@@ -805,12 +802,12 @@ fn peers_dns_works_like_peers() {
 
     let fixtures: Vec<Fixture> = (0..4).map(|_| Fixture::start("normal")).collect();
     // The two peers know each other by address.
-    let _b = AddrAgent::start(
+    let _b = Agent::start_at(
         p3,
         &config(fixtures[0].port, &fleet_peers(&[p4.to_string()])),
         &[],
     );
-    let _d = AddrAgent::start(
+    let _d = Agent::start_at(
         p4,
         &config(fixtures[1].port, &fleet_peers(&[p3.to_string()])),
         &[],
@@ -820,20 +817,20 @@ fn peers_dns_works_like_peers() {
     };
     // A: the port in the name; C: on the peers' port, the port left out.
     let a_addr = addr(loopback(2), free_port_on(loopback(2)));
-    let a = AddrAgent::start(
+    let a = Agent::start_at(
         a_addr,
         &config(fixtures[2].port, &dns(&format!("{name}:{port}"))),
         &[],
     );
     let c_addr = addr(ip5, port);
-    let c = AddrAgent::start(c_addr, &config(fixtures[3].port, &dns(&name)), &[]);
+    let c = Agent::start_at(c_addr, &config(fixtures[3].port, &dns(&name)), &[]);
 
     for (label, agent) in [
         ("A (peers_dns = name:port)", &a),
         ("C (peers_dns = name, its own port)", &c),
     ] {
-        let poller = AddrPoller::start(agent.addr);
-        let seen = poller.wait_for(
+        let poller = HealthPoller::start_at(agent.addr);
+        let seen = poller.wait_for_from(
             Duration::ZERO,
             WAIT,
             &format!("{label}: peers_asked and peers_answered to list {want:?}"),
@@ -921,18 +918,18 @@ fn consul_catalog_peers() {
     let consul = fake_consul(port);
 
     let fixtures: Vec<Fixture> = (0..3).map(|_| Fixture::start("normal")).collect();
-    let _b = AddrAgent::start(
+    let _b = Agent::start_at(
         p3,
         &config(fixtures[0].port, &fleet_peers(&[p4.to_string()])),
         &[],
     );
-    let _d = AddrAgent::start(
+    let _d = Agent::start_at(
         p4,
         &config(fixtures[1].port, &fleet_peers(&[p3.to_string()])),
         &[],
     );
     let a_addr = addr(loopback(2), free_port_on(loopback(2)));
-    let a = AddrAgent::start(
+    let a = Agent::start_at(
         a_addr,
         &config(
             fixtures[2].port,
@@ -943,7 +940,7 @@ fn consul_catalog_peers() {
         ),
         &[],
     );
-    let poller = AddrPoller::start(a_addr);
+    let poller = HealthPoller::start_at(a_addr);
     let explain = || {
         format!(
             "\ncatalog requests: {:?}\nagent log (tail):\n{}",
@@ -955,7 +952,7 @@ fn consul_catalog_peers() {
             tail(&a.logs(), 40)
         )
     };
-    let seen = poller.wait_for(
+    let seen = poller.wait_for_from(
         Duration::ZERO,
         WAIT,
         &format!("peers_asked and peers_answered to list the catalog's {want:?}"),

@@ -1,41 +1,19 @@
-//! Live processes and HTTP for the verbs that run the product (demo, bench): child processes
-//! that are stopped on drop, a tiny HTTP/1.1 client for loopback, and starters for the agent
-//! and the bundled backend.
+//! Live processes and HTTP for the verbs that run the product (demo, bench): starters for the
+//! agent and the bundled backend. The process guard ([`Proc`]), the HTTP client and free ports
+//! are the integration tests' harness (`health-agent-tests`); what is here returns errors
+//! instead of panicking, and runs binaries from target/release rather than next to a test.
 
 use std::{
     fs,
-    io::{Read, Write},
-    net::TcpStream,
     path::Path,
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     thread,
     time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context, Result};
+pub use health_agent_tests::Proc;
 use serde_json::Value;
-
-/// A child process, continued (if stopped) and terminated on drop.
-pub struct Proc(pub Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        // SAFETY: signalling our own child; CONT first so a stopped process can die.
-        unsafe {
-            libc::kill(self.0.id() as i32, libc::SIGCONT);
-            libc::kill(self.0.id() as i32, libc::SIGTERM);
-        }
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 pub fn get(port: u16, path: &str) -> Result<(u16, String)> {
     get_with_timeout(port, path, Duration::from_secs(3))
@@ -43,23 +21,7 @@ pub fn get(port: u16, path: &str) -> Result<(u16, String)> {
 
 /// GET on 127.0.0.1 with one deadline for connect, write and read.
 pub fn get_with_timeout(port: u16, path: &str, timeout: Duration) -> Result<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), timeout)?;
-    s.set_read_timeout(Some(timeout))?;
-    s.set_write_timeout(Some(timeout))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw)?;
-    let code = raw
-        .get(9..12)
-        .and_then(|c| c.parse().ok())
-        .context("bad HTTP answer")?;
-    let body = raw
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, b)| b)
-        .to_string();
+    let (code, _, body) = health_agent_tests::http(port, "GET", path, &[], timeout)?;
     Ok((code, body))
 }
 
@@ -81,6 +43,7 @@ pub fn start_backend(bin: &Path, port: u16, pid_file: &Path) -> Result<Proc> {
         .spawn()
         .with_context(|| format!("starting {}", bin.display()))?;
     fs::write(pid_file, child.id().to_string())?;
+    let backend = Proc(child);
     let deadline = Instant::now() + Duration::from_secs(5);
     while get(port, "/up").is_err() {
         if Instant::now() > deadline {
@@ -88,22 +51,31 @@ pub fn start_backend(bin: &Path, port: u16, pid_file: &Path) -> Result<Proc> {
         }
         thread::sleep(Duration::from_millis(50));
     }
-    Ok(Proc(child))
+    Ok(backend)
 }
 
-pub fn start_agent(bin: &Path, config: &Path, log: &Path, port: u16) -> Result<Proc> {
-    let child = Command::new(bin)
-        .arg("--config")
+/// `bin --config config serve`, logging at `level` (`HEALTH_AGENT_LOG`) into `log`: add to it
+/// (environment, limits) and hand it to [`spawn_agent`].
+pub fn agent_command(bin: &Path, config: &Path, log: &Path, level: &str) -> Result<Command> {
+    let mut cmd = Command::new(bin);
+    cmd.arg("--config")
         .arg(config)
         .arg("serve")
-        .env("HEALTH_AGENT_LOG", "warn")
+        .env("HEALTH_AGENT_LOG", level)
         .stdout(Stdio::null())
-        .stderr(fs::File::create(log)?)
+        .stderr(fs::File::create(log)?);
+    Ok(cmd)
+}
+
+/// Spawns the agent `cmd` and waits until it answers `/livez` on 127.0.0.1:`port` with 200;
+/// an error quoting `log` when it exits first or does not answer within `within`.
+pub fn spawn_agent(cmd: &mut Command, log: &Path, port: u16, within: Duration) -> Result<Proc> {
+    let child = cmd
         .spawn()
-        .with_context(|| format!("starting {}", bin.display()))?;
+        .with_context(|| format!("starting {:?}", cmd.get_program()))?;
     let mut agent = Proc(child);
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while get(port, "/livez").is_err() {
+    let deadline = Instant::now() + within;
+    while !get(port, "/livez").is_ok_and(|(c, _)| c == 200) {
         if let Ok(Some(status)) = agent.0.try_wait() {
             bail!(
                 "the agent exited ({status}): {}",
@@ -111,9 +83,22 @@ pub fn start_agent(bin: &Path, config: &Path, log: &Path, port: u16) -> Result<P
             );
         }
         if Instant::now() > deadline {
-            bail!("the agent did not answer on 127.0.0.1:{port} — is the port in use? try --port");
+            bail!(
+                "the agent did not answer /livez on 127.0.0.1:{port} within {within:?} — is the port in use?\n{}",
+                fs::read_to_string(log).unwrap_or_default()
+            );
         }
         thread::sleep(Duration::from_millis(50));
     }
     Ok(agent)
+}
+
+/// The agent logging warnings only, up within 20 s.
+pub fn start_agent(bin: &Path, config: &Path, log: &Path, port: u16) -> Result<Proc> {
+    spawn_agent(
+        &mut agent_command(bin, config, log, "warn")?,
+        log,
+        port,
+        Duration::from_secs(20),
+    )
 }

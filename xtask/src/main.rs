@@ -6,6 +6,7 @@
 mod bench;
 mod cmd;
 mod demo;
+mod fuzz;
 mod live;
 mod package;
 mod run;
@@ -50,6 +51,8 @@ enum Command {
     Package,
     /// The full check CI runs: setup, fmt, clippy, tests — stops at the first failing stage.
     Test(test::Args),
+    /// Coverage-guided fuzzing of the parsers (cargo-fuzz, nightly), each target for --seconds.
+    Fuzz(fuzz::Args),
 }
 
 fn main() -> ExitCode {
@@ -62,6 +65,7 @@ fn main() -> ExitCode {
         Command::Test(args) => test::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::Fuzz(args) => fuzz::run(&args),
     };
     // The cause chain says what failed and how to fix it; with RUST_BACKTRACE set, anyhow's
     // default report would bury that under a backtrace of this small program.

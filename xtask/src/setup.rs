@@ -71,6 +71,17 @@ pub fn run(args: &Args) -> Result<()> {
     services::run("setup")
 }
 
+/// cargo-fuzz, for `cargo xtask fuzz` only: a few minutes to build, so `cargo xtask test` (whose
+/// fuzz-smoke stage runs the same targets on stable) never installs it.
+pub fn cargo_fuzz() -> Result<Outcome> {
+    if cmd::succeeds(Command::new("cargo").args(["fuzz", "--version"])) {
+        return Ok(Outcome::Ok("already installed"));
+    }
+    cmd::run(Command::new("cargo").args(["install", "cargo-fuzz", "--locked"]))
+        .context("cargo install cargo-fuzz failed")?;
+    Ok(Outcome::Done("installed"))
+}
+
 /// The part of setup a build needs; runs the whole setup when it is missing.
 pub fn ensure_toolchain() -> Result<()> {
     let llvm = NightlyLlvm::detect()?;

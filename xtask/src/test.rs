@@ -110,6 +110,15 @@ pub fn run(args: &Args) -> Result<()> {
         if args.unit { "test-unit" } else { "test" },
         Stage::Run(test),
     ));
+    if !args.unit {
+        // Library tests marked #[ignore] need root and the real kernel (they load the eBPF
+        // programs): `cargo test -p health-agent --lib` stays runnable without either.
+        stages.push((
+            "test-kernel",
+            cargo(&["test", "-p", "health-agent", "--lib", "--", "--ignored"]),
+        ));
+    }
+    stages.push(("fuzz-smoke", fuzz_smoke()));
 
     let start = Instant::now();
     let mut timings = Vec::new();
@@ -138,4 +147,25 @@ pub fn run(args: &Args) -> Result<()> {
         timings.join(", ")
     );
     Ok(())
+}
+
+/// The parsers' fuzz targets (`health_agent::fuzzing`) on stable, 10 s each from a fresh seed:
+/// the bounded fuzzing CI runs. `cargo xtask fuzz` runs them longer, coverage guided.
+fn fuzz_smoke() -> Stage {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_secs());
+    let mut test = Command::new("cargo");
+    test.current_dir(cmd::root())
+        .args([
+            "test",
+            "-p",
+            "health-agent",
+            "--lib",
+            "fuzzing::tests::fuzz_smoke",
+        ])
+        .args(["--", "--nocapture"])
+        .env("HEALTH_AGENT_FUZZ_SECONDS", "10")
+        .env("HEALTH_AGENT_FUZZ_SEED", seed.to_string());
+    Stage::Run(test)
 }

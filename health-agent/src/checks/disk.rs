@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::{config::DiskConfig, policy::DiskLevel};
+use crate::{config::DiskConfig, status::DiskLevel};
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct MountUsage {
@@ -31,14 +31,6 @@ impl DiskReport {
             DiskLevel::Fail => "critical",
             DiskLevel::Unknown => "unknown",
         }
-    }
-
-    pub fn max_used_percent(&self) -> Option<f64> {
-        self.mounts
-            .iter()
-            .filter(|m| m.error.is_none())
-            .map(|m| m.used_percent)
-            .reduce(f64::max)
     }
 }
 

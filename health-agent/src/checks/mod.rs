@@ -1,6 +1,7 @@
 //! The checks. Each produces a serialisable report; `Report` is one round of all of them,
 //! the input of the policy and the body of `/health`.
 
+pub mod containers;
 pub mod database;
 pub mod disk;
 pub mod probe;
@@ -9,32 +10,12 @@ pub mod web;
 
 use serde::Serialize;
 
-use crate::policy::{ContainersState, DbState, DiskLevel, PolicyInput};
+pub use containers::{ContainerInfo, ContainersReport};
 
-/// Containers slot: filled by the containers check when `[containers]` names any.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct ContainersReport {
-    pub state: ContainersState,
-    /// The seed's `checks.containers`, e.g. `"2/2 running"`.
-    pub summary: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    /// Expected containers that are missing, not running or unhealthy.
-    pub faulty: Vec<String>,
-    pub containers: Vec<crate::docker::ContainerInfo>,
-}
-
-impl ContainersReport {
-    pub fn not_configured() -> Self {
-        Self {
-            state: ContainersState::NotConfigured,
-            summary: "not_configured".into(),
-            reason: None,
-            faulty: Vec::new(),
-            containers: Vec::new(),
-        }
-    }
-}
+use crate::{
+    policy::PolicyInput,
+    status::{DbState, DiskLevel, Pressure},
+};
 
 /// Database slot: filled by the database check when `database.url` or `database.urls` is set.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -57,19 +38,7 @@ impl DatabaseReport {
 
     /// The seed's `checks.database`.
     pub fn summary(&self) -> &'static str {
-        db_state_str(self.state)
-    }
-}
-
-/// A database state as the seed and the metrics spell it.
-pub fn db_state_str(s: DbState) -> &'static str {
-    match s {
-        DbState::NotConfigured => "not_configured",
-        DbState::Connected => "connected",
-        DbState::Slow => "slow",
-        DbState::Unreachable => "unreachable",
-        DbState::Misconfigured => "misconfigured",
-        DbState::Unknown => "unknown",
+        self.state.as_str()
     }
 }
 
@@ -101,7 +70,7 @@ impl Report {
             pressure: self
                 .system
                 .as_ref()
-                .map_or(crate::policy::Pressure::Normal, |s| s.pressure),
+                .map_or(Pressure::Normal, |s| s.pressure),
             in_boot_grace,
             ..PolicyInput::default()
         }

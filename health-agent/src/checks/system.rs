@@ -9,7 +9,7 @@ use std::{
 use serde::Serialize;
 use sysinfo::{CpuRefreshKind, MemoryRefreshKind, RefreshKind, System};
 
-use crate::{config::ScalingConfig, policy::Pressure, text::round1};
+use crate::{config::ScalingConfig, status::Pressure, text::round1};
 
 /// Points below a threshold needed to leave High (or above to leave Low).
 const HYSTERESIS: f64 = 5.0;

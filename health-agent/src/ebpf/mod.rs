@@ -3,6 +3,9 @@
 //! read the maps into plain samples. Dropping `KernelView` detaches everything.
 
 pub mod btf;
+mod sample;
+#[cfg(test)]
+mod tests;
 pub mod tracefs;
 
 use std::time::Duration;
@@ -13,10 +16,12 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use health_common::{
-    maps, port_bit, AcceptKey, AcceptStat, ConnState, LatencyHist, PortCounters, TracepointOffsets,
-    WatchKey, MAX_PORTS,
+    maps, port_bit, AcceptKey, AcceptStat, ConnState, LatencyHist, MapErrorKind, PortCounters,
+    TracepointOffsets, WatchKey, MAX_PORTS,
 };
 use tokio::io::unix::AsyncFd;
+
+pub use sample::{KernelSample, MapErrors, PortSample};
 
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {
@@ -58,29 +63,6 @@ const STATE_CLASSIC: &str = "inet_sock_set_state";
 /// Where the running kernel describes its own types.
 const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 
-/// What the kernel saw for one watched port, at one instant.
-#[derive(Debug, Clone, Default)]
-pub struct PortSample {
-    pub port: u16,
-    pub counters: PortCounters,
-    pub latency: LatencyHist,
-    /// Established connections no process has touched yet (waiting in the accept queue).
-    pub waiting: u32,
-    pub oldest_waiting: Option<Duration>,
-    /// Connections whose first request was read and not yet answered.
-    pub pending: u32,
-    pub oldest_pending: Option<Duration>,
-}
-
-#[derive(Debug, Clone, Default)]
-pub struct KernelSample {
-    pub ports: Vec<PortSample>,
-    /// Successful accepts per (process, listen fd); user space maps them to listen ports.
-    pub accepts: Vec<(AcceptKey, AcceptStat)>,
-    /// CLOCK_MONOTONIC of the sample, the kernel programs' clock.
-    pub now_ns: u64,
-}
-
 pub struct KernelView {
     /// What is watched, by counter slot.
     watched: Vec<WatchKey>,
@@ -93,6 +75,7 @@ pub struct KernelView {
     latency: PerCpuArray<MapData, LatencyHist>,
     conns: HashMap<MapData, u64, ConnState>,
     accepts: HashMap<MapData, AcceptKey, AcceptStat>,
+    map_errors: PerCpuArray<MapData, u64>,
     log_task: Option<tokio::task::JoinHandle<()>>,
     /// The accept tracepoints' links while they are attached.
     accept_links: Vec<(&'static str, TracePointLinkId)>,
@@ -282,6 +265,7 @@ impl KernelView {
         let latency = take(&mut ebpf, maps::LATENCY)?;
         let conns = take(&mut ebpf, maps::CONNS)?;
         let accepts = take(&mut ebpf, maps::ACCEPTS)?;
+        let map_errors = take(&mut ebpf, maps::MAP_ERRORS)?;
 
         for (name, _, _) in ACCEPT_PROGRAMS {
             program::<TracePoint>(&mut ebpf, name)?;
@@ -330,6 +314,7 @@ impl KernelView {
             latency,
             conns,
             accepts,
+            map_errors,
             log_task,
             accept_links: Vec::new(),
             note,
@@ -500,8 +485,26 @@ impl KernelView {
         KernelSample {
             ports,
             accepts,
+            map_errors: self.map_errors(),
             now_ns,
         }
+    }
+
+    /// The map-error counters, summed over CPUs: one small map read. A slot that cannot be
+    /// read counts as 0 (the map is the programs' own; a failed read is the agent's trouble,
+    /// logged at debug, and must not turn into a figure).
+    pub fn map_errors(&self) -> MapErrors {
+        let per_cpu: Vec<(MapErrorKind, aya::maps::PerCpuValues<u64>)> = MapErrorKind::ALL
+            .into_iter()
+            .filter_map(|kind| match self.map_errors.get(&(kind as u32), 0) {
+                Ok(v) => Some((kind, v)),
+                Err(e) => {
+                    tracing::debug!("reading {} {kind:?}: {e}", maps::MAP_ERRORS);
+                    None
+                }
+            })
+            .collect();
+        MapErrors::sum(per_cpu.iter().map(|(kind, v)| (*kind, &v[..])))
     }
 }
 

@@ -145,7 +145,7 @@ impl Slots {
                     shutdown.clone(),
                     move || {
                         let (d, c) = (d.clone(), ccfg.clone());
-                        async move { d.check(&c).await.0 }
+                        async move { crate::checks::containers::check(&d, &c).await }
                     },
                     move || ContainersReport {
                         state: ContainersState::Unknown,

@@ -12,7 +12,9 @@ use std::{
 
 use anyhow::{bail, Result};
 
-use super::{cpu_seconds, free_port, median, wrk};
+use health_agent_tests::free_port;
+
+use super::{cpu_seconds, median, wrk::wrk};
 use crate::live::{health, start_agent};
 
 /// The peer exchange's cadence in this section: shorter than the default 2 s, to make its cost
@@ -38,7 +40,7 @@ pub fn run(agent_bin: &Path, dir: &Path, quick: bool) -> Result<String> {
     let dir = dir.join("fleet");
     fs::create_dir_all(&dir)?;
     // Two peers that stay up for the whole section.
-    let (pb, pc) = (free_port()?, free_port()?);
+    let (pb, pc) = (free_port(), free_port());
     let mut peers = Vec::new();
     for (name, port, other) in [("b", pb, pc), ("c", pc, pb)] {
         let cfg = dir.join(format!("peer-{name}.toml"));
@@ -50,7 +52,7 @@ pub fn run(agent_bin: &Path, dir: &Path, quick: bool) -> Result<String> {
             port,
         )?);
     }
-    let pa = free_port()?;
+    let pa = free_port();
     let (on, off) = (dir.join("a-on.toml"), dir.join("a-off.toml"));
     fs::write(&on, config(pa, &[pb, pc]))?;
     fs::write(&off, config(pa, &[]))?;

@@ -12,7 +12,6 @@ use std::{
     net::{SocketAddr, TcpStream},
     os::unix::process::CommandExt as _,
     path::Path,
-    process::{Command, Stdio},
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
         Arc,
@@ -21,10 +20,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 
-use super::{free_port, start_nginx};
-use crate::live::{get, Proc};
+use health_agent_tests::{free_port, NginxOptions};
+
+use super::start_nginx;
+use crate::live::{agent_command, spawn_agent, Proc};
 
 const IDLE: usize = 1500;
 const IDLE_EVERY: Duration = Duration::from_secs(4);
@@ -135,9 +136,9 @@ fn raise_own_nofile() {
 
 fn flood(bin: &Path, dir: &Path, secs: u64) -> Result<Seen> {
     fs::create_dir_all(dir)?;
-    let web_port = free_port()?;
-    let _backend = start_nginx(&dir.join("backend"), web_port, 1)?;
-    let port = free_port()?;
+    let backend = start_nginx(NginxOptions::bench(1))?;
+    let web_port = backend.port;
+    let port = free_port();
     let restarts = dir.join("restarts");
     let _ = fs::remove_file(&restarts);
     let cfg = dir.join("agent.toml");
@@ -208,13 +209,7 @@ fn flood(bin: &Path, dir: &Path, secs: u64) -> Result<Seen> {
 
 /// The agent with an open-files limit of NOFILE, soft and hard.
 fn start_limited(bin: &Path, cfg: &Path, log: &Path, port: u16) -> Result<Proc> {
-    let mut cmd = Command::new(bin);
-    cmd.arg("--config")
-        .arg(cfg)
-        .arg("serve")
-        .env("HEALTH_AGENT_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(fs::File::create(log)?);
+    let mut cmd = agent_command(bin, cfg, log, "warn")?;
     // SAFETY: only async-signal-safe calls (getrlimit, setrlimit) between fork and exec.
     unsafe {
         cmd.pre_exec(|| {
@@ -235,21 +230,7 @@ fn start_limited(bin: &Path, cfg: &Path, log: &Path, port: u16) -> Result<Proc> 
             Ok(())
         });
     }
-    let child = cmd
-        .spawn()
-        .with_context(|| format!("starting {}", bin.display()))?;
-    let agent = Proc(child);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !get(port, "/livez").is_ok_and(|(c, _)| c == 200) {
-        if Instant::now() > deadline {
-            bail!(
-                "the agent did not answer /livez: {}",
-                fs::read_to_string(log).unwrap_or_default()
-            );
-        }
-        thread::sleep(Duration::from_millis(50));
-    }
-    Ok(agent)
+    spawn_agent(&mut cmd, log, port, Duration::from_secs(20))
 }
 
 /// IDLE connections that send nothing, dropped and re-opened every IDLE_EVERY.

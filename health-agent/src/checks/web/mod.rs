@@ -26,7 +26,7 @@ pub use process::DependencyWait;
 pub use target::NamespaceView;
 
 use super::probe::ProbeResult;
-use crate::policy::WebVerdict;
+use crate::status::WebVerdict;
 
 /// Whether the kernel view is running; serialized as `active`, `unavailable`, `disabled`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -81,6 +81,8 @@ pub struct KernelCounters {
     pub accepts_traced: bool,
     /// Server-side latency (request read → first response byte) over `web.latency_window`.
     pub latency: LatencySummary,
+    /// Map updates the kernel programs could not make since they loaded, by kind (all ports).
+    pub map_errors: crate::ebpf::MapErrors,
 }
 
 /// What the server's processes were seen doing while its work was stuck (read only then).

@@ -541,6 +541,7 @@ impl WebMonitor {
                 .as_ref()
                 .is_some_and(KernelView::accepts_watched),
             latency,
+            map_errors: sample.map(|s| s.map_errors).unwrap_or_default(),
         }
     }
 }

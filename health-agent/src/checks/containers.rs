@@ -1,0 +1,266 @@
+//! The expected-containers check ("N/M running", state, own HEALTHCHECK, restart count, CPU
+//! and memory — the old `docker:status`), through the Engine API client in `crate::docker`. A
+//! daemon that does not answer is `unknown` with the reason: a warning, never a 503 storm.
+
+use bollard::models::{ContainerInspectResponse, ContainerStateStatusEnum, HealthStatusEnum};
+use serde::Serialize;
+
+use crate::{config::ContainersConfig, docker::Docker, status::ContainersState};
+
+/// Containers slot: filled by the containers check when `[containers]` names any.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ContainersReport {
+    pub state: ContainersState,
+    /// The seed's `checks.containers`, e.g. `"2/2 running"`.
+    pub summary: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Expected containers that are missing, not running or unhealthy.
+    pub faulty: Vec<String>,
+    pub containers: Vec<ContainerInfo>,
+}
+
+impl ContainersReport {
+    pub fn not_configured() -> Self {
+        Self {
+            state: ContainersState::NotConfigured,
+            summary: "not_configured".into(),
+            reason: None,
+            faulty: Vec::new(),
+            containers: Vec::new(),
+        }
+    }
+
+    /// Docker could not be asked (it did not answer, or its address is wrong): a warning.
+    pub fn unknown(reason: String) -> Self {
+        Self {
+            state: ContainersState::Unknown,
+            summary: "unknown".into(),
+            reason: Some(reason),
+            faulty: Vec::new(),
+            containers: Vec::new(),
+        }
+    }
+}
+
+/// One expected container as the check found it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ContainerInfo {
+    pub name: String,
+    /// created, running, paused, restarting, removing, exited, dead, or missing.
+    pub state: String,
+    /// The container's own HEALTHCHECK: healthy, unhealthy, starting, or none.
+    pub health: String,
+    pub restart_count: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_percent: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_percent: Option<f64>,
+    /// A one-shot job that finished: found by label (not named), exited 0, and not meant to
+    /// be restarted (restart policy other than `always` / `unless-stopped`). Not a fault,
+    /// never restarted.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub completed: bool,
+}
+
+impl ContainerInfo {
+    fn faulty(&self) -> bool {
+        !self.completed && (self.state != "running" || self.health == "unhealthy")
+    }
+}
+
+/// Whether a container found by label is a job that has done its work: it exited 0 and
+/// Docker is not told to keep it running. A named container is expected to run, exit 0 or not.
+fn completed_job(
+    by_label_only: bool,
+    status: ContainerStateStatusEnum,
+    exit_code: Option<i64>,
+    restart_policy: Option<&str>,
+) -> bool {
+    by_label_only
+        && status == ContainerStateStatusEnum::EXITED
+        && exit_code == Some(0)
+        && !matches!(restart_policy, Some("always" | "unless-stopped"))
+}
+
+/// Checks the expected containers. Never fails: an unreachable daemon is `unknown`.
+pub async fn check(docker: &Docker, cfg: &ContainersConfig) -> ContainersReport {
+    match inspect_expected(docker, cfg).await {
+        Ok(infos) => {
+            let completed = infos.iter().filter(|c| c.completed).count();
+            let expected = infos.len() - completed;
+            let running = infos.iter().filter(|c| !c.completed && !c.faulty()).count();
+            let faulty: Vec<&ContainerInfo> = infos.iter().filter(|c| c.faulty()).collect();
+            let reason = (!faulty.is_empty()).then(|| {
+                faulty
+                    .iter()
+                    .map(|c| {
+                        format!(
+                            "{} {}",
+                            c.name,
+                            if c.state == "running" {
+                                &c.health
+                            } else {
+                                &c.state
+                            }
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            });
+            ContainersReport {
+                state: if faulty.is_empty() {
+                    ContainersState::AllRunning
+                } else {
+                    ContainersState::Faulty
+                },
+                summary: if completed == 0 {
+                    format!("{running}/{expected} running")
+                } else {
+                    format!("{running}/{expected} running, {completed} completed")
+                },
+                reason,
+                faulty: faulty.iter().map(|c| c.name.clone()).collect(),
+                containers: infos,
+            }
+        }
+        Err(e) => ContainersReport::unknown(format!("Docker did not answer: {e}")),
+    }
+}
+
+async fn inspect_expected(
+    docker: &Docker,
+    cfg: &ContainersConfig,
+) -> Result<Vec<ContainerInfo>, bollard::errors::Error> {
+    let all = docker.list_all().await?;
+    let mut expected: Vec<String> = cfg.names.clone();
+    for c in &all {
+        let labels = c.labels.clone().unwrap_or_default();
+        let matches = cfg.labels.iter().any(|want| match want.split_once('=') {
+            Some((k, v)) => labels.get(k).is_some_and(|have| have == v),
+            None => labels.contains_key(want),
+        });
+        if matches {
+            if let Some(name) = c.names.as_ref().and_then(|n| n.first()) {
+                let name = name.trim_start_matches('/').to_string();
+                if !expected.contains(&name) {
+                    expected.push(name);
+                }
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(expected.len());
+    for name in expected {
+        let by_label_only = !cfg.names.contains(&name);
+        match docker.inspect(&name).await {
+            Ok(inspect) => out.push(describe(docker, &name, inspect, by_label_only).await),
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => out.push(ContainerInfo {
+                name,
+                state: "missing".into(),
+                health: "none".into(),
+                restart_count: 0,
+                exit_code: None,
+                cpu_percent: None,
+                memory_bytes: None,
+                memory_percent: None,
+                completed: false,
+            }),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(out)
+}
+
+async fn describe(
+    docker: &Docker,
+    name: &str,
+    inspect: ContainerInspectResponse,
+    by_label_only: bool,
+) -> ContainerInfo {
+    let state = inspect.state.clone().unwrap_or_default();
+    let restart_policy = inspect
+        .host_config
+        .as_ref()
+        .and_then(|h| h.restart_policy.as_ref())
+        .and_then(|p| p.name)
+        .map(|n| n.to_string());
+    let status = state.status.unwrap_or(ContainerStateStatusEnum::EMPTY);
+    let health = state
+        .health
+        .and_then(|h| h.status)
+        .filter(|s| *s != HealthStatusEnum::EMPTY)
+        .map_or("none".to_string(), |s| s.to_string());
+    let mut info = ContainerInfo {
+        name: name.to_string(),
+        state: status.to_string(),
+        health,
+        restart_count: inspect.restart_count.unwrap_or(0),
+        exit_code: (status != ContainerStateStatusEnum::RUNNING)
+            .then_some(state.exit_code)
+            .flatten(),
+        cpu_percent: None,
+        memory_bytes: None,
+        memory_percent: None,
+        completed: completed_job(
+            by_label_only,
+            status,
+            state.exit_code,
+            restart_policy.as_deref(),
+        ),
+    };
+    if status == ContainerStateStatusEnum::RUNNING {
+        let usage = docker.usage(name).await;
+        info.cpu_percent = usage.cpu_percent;
+        info.memory_bytes = usage.memory_bytes;
+        info.memory_percent = usage.memory_percent;
+    }
+    info
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_labelled_job_that_exited_0_and_stays_down_is_completed() {
+        use bollard::models::RestartPolicyNameEnum as P;
+        use ContainerStateStatusEnum::{EXITED, RUNNING};
+        let policy = |p: P| Some(p.to_string());
+        assert!(completed_job(
+            true,
+            EXITED,
+            Some(0),
+            policy(P::NO).as_deref()
+        ));
+        assert!(completed_job(
+            true,
+            EXITED,
+            Some(0),
+            policy(P::ON_FAILURE).as_deref()
+        ));
+        assert!(completed_job(true, EXITED, Some(0), None));
+        // Docker is told to keep it running: exiting is not its job.
+        assert!(!completed_job(
+            true,
+            EXITED,
+            Some(0),
+            policy(P::ALWAYS).as_deref()
+        ));
+        assert!(!completed_job(
+            true,
+            EXITED,
+            Some(0),
+            policy(P::UNLESS_STOPPED).as_deref()
+        ));
+        // Failed, still running, or expected by name.
+        assert!(!completed_job(true, EXITED, Some(3), None));
+        assert!(!completed_job(true, RUNNING, None, None));
+        assert!(!completed_job(false, EXITED, Some(0), None));
+    }
+}

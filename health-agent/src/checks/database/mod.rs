@@ -1,0 +1,365 @@
+//! The database check: one real protocol round trip per configured database, on its own cadence
+//! (`database.interval`), damped and cached — never once per `/health` request.
+//!
+//! - `postgres://` / `postgresql://`: connect, authenticate, `SELECT 1` (tokio-postgres). No TLS
+//!   yet: `sslmode` may be `disable` or `prefer` (which then runs in the clear), anything
+//!   stronger is refused at config load rather than silently downgraded.
+//! - `redis://[user:password@]host[:port][/db]`: `AUTH` when a password is known, `SELECT` when a
+//!   database index is given, then `PING`, expecting `+PONG`.
+//! - `mysql://host[:port]`: reads the server's initial handshake packet (protocol v10) and
+//!   reports the server version. It does **not** log in, so it proves the server accepts
+//!   connections, not that credentials work. The server logs an "Aborted connection …
+//!   without authentication" warning per round, and MySQL may count such handshakes against
+//!   `max_connect_errors` for non-loopback clients: raise it on a remote server checked this way.
+//!
+//! A database's password comes from its URL, else (Postgres only, as libpq does) `PGPASSWORD`,
+//! else the first line of `database.password_file`. Passwords are kept out of everything this
+//! module shows: names are `redact_url`ed and every error string passes through `sanitize`.
+//!
+//! Here: the monitor, its report and the round of checks. `target` (what to connect to, with
+//! which password; URLs are parsed by the leaf `crate::dburl`), `damper` (fail_after /
+//! recover_after), one module per wire protocol (`postgres`, `redis`, `mysql`), whose pure
+//! parsers the fuzz targets in `crate::fuzzing` call.
+
+mod damper;
+mod mysql;
+mod postgres;
+mod redis;
+mod target;
+
+use std::{
+    fmt,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::{Duration, SystemTime},
+};
+
+use serde::Serialize;
+use tokio::net::TcpStream;
+
+pub use self::damper::{Damper, RoundTrip};
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) use self::mysql::parse_mysql_packet;
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) use self::redis::{parse_resp_line, ping_verdict, RESP_LINE_MAX};
+use self::target::{Passwords, Target};
+pub use crate::dburl::DbKind;
+use crate::{
+    checks::DatabaseReport,
+    config::DatabaseConfig,
+    dburl::{sanitize, DbUrlError},
+    policy::DbState,
+};
+
+/// Why the database check cannot run as configured. Names the key, never a password.
+#[derive(Debug, thiserror::Error)]
+pub enum DatabaseError {
+    /// `database.url` or `database.urls[i]` is not a URL the check can use.
+    #[error("{key}: {error}")]
+    Url { key: String, error: DbUrlError },
+    #[error("cannot read database.password_file {}: {source}", path.display())]
+    PasswordFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// One database in the report.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct DatabaseEntry {
+    /// The URL without its password.
+    pub name: String,
+    pub kind: DbKind,
+    /// The damped state.
+    pub state: DbState,
+    /// The last good round trip's duration (connect included); null after a failed one.
+    pub latency_ms: Option<f64>,
+    /// Why the last round trip failed, if it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// What the last good round trip learnt (timings, server version).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    pub consecutive_failures: u32,
+    /// RFC 3339 time of the last round trip; null before the first.
+    pub last_checked: Option<String>,
+}
+
+/// What one round trip produced, before damping.
+#[derive(Debug, Clone)]
+struct Outcome {
+    result: Result<Good, Failure>,
+    at: SystemTime,
+}
+
+/// Why a round trip failed: the database did not answer (an outage, damped), or it answered
+/// and refused us (a configuration error: credentials, database name — reported at once).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Failure {
+    Outage(String),
+    Refused(String),
+}
+
+impl Failure {
+    fn message(&self) -> &str {
+        match self {
+            Self::Outage(m) | Self::Refused(m) => m,
+        }
+    }
+
+    fn map(self, f: impl FnOnce(&str) -> String) -> Self {
+        match self {
+            Self::Outage(m) => Self::Outage(f(&m)),
+            Self::Refused(m) => Self::Refused(f(&m)),
+        }
+    }
+
+    /// An outage described by `e`.
+    fn outage(e: impl fmt::Display) -> Self {
+        Self::Outage(e.to_string())
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct Good {
+    pub(super) latency: Duration,
+    pub(super) detail: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+struct Track {
+    damper: Damper,
+    last: Option<Outcome>,
+}
+
+/// Checks every configured database, one round trip each per `check()`, and keeps their damped
+/// state. Clones share that state (the runner's timeout path feeds the same damping).
+#[derive(Clone)]
+pub struct DatabaseMonitor {
+    targets: Arc<[Target]>,
+    tracks: Arc<Mutex<Vec<Track>>>,
+    timeout: Duration,
+    slow_after: Duration,
+    fail_after: u32,
+    password_file: Option<PathBuf>,
+}
+
+impl fmt::Debug for DatabaseMonitor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DatabaseMonitor")
+            .field("targets", &self.targets)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DatabaseMonitor {
+    /// `None` when no database is configured; `Err` names the offending key, never a password.
+    pub fn new(cfg: &DatabaseConfig) -> Result<Option<Self>, DatabaseError> {
+        let targets = target::targets(cfg)?;
+        if targets.is_empty() {
+            return Ok(None);
+        }
+        let tracks = targets
+            .iter()
+            .map(|_| Track {
+                damper: Damper::new(cfg.fail_after, cfg.recover_after),
+                last: None,
+            })
+            .collect();
+        Ok(Some(Self {
+            targets: targets.into(),
+            tracks: Arc::new(Mutex::new(tracks)),
+            timeout: cfg.timeout,
+            slow_after: cfg.slow_after,
+            fail_after: cfg.fail_after.max(1),
+            password_file: (!cfg.password_file.trim().is_empty())
+                .then(|| PathBuf::from(cfg.password_file.trim())),
+        }))
+    }
+
+    /// One round trip per database (concurrently), fed through the damping.
+    pub async fn check(&mut self) -> DatabaseReport {
+        let passwords = Passwords::read(self.password_file.as_ref());
+        let secrets: Vec<String> = self
+            .targets
+            .iter()
+            .flat_map(|t| t.secrets.iter())
+            .chain(passwords.secrets())
+            .cloned()
+            .collect();
+        let rounds = self.targets.iter().map(|t| {
+            let password = passwords.for_target(t);
+            let (timeout, secrets) = (self.timeout, &secrets);
+            async move {
+                let result = match password {
+                    Ok(p) => round_trip(t, p.as_deref(), timeout).await,
+                    Err(f) => Err(f),
+                };
+                Outcome {
+                    result: result.map_err(|e| e.map(|m| sanitize(m, secrets))),
+                    at: SystemTime::now(),
+                }
+            }
+        });
+        let outcomes = futures_util::future::join_all(rounds).await;
+        self.record(outcomes)
+    }
+
+    /// The current damped report without a new round trip (all `unknown` before the first).
+    pub fn report(&self) -> DatabaseReport {
+        let tracks = self.tracks.lock().unwrap_or_else(|e| e.into_inner());
+        self.build(&tracks)
+    }
+
+    /// For the runner's deadline: counts a failed round trip for every database (through the
+    /// same damping) and returns the report.
+    pub fn on_timeout(&self) -> impl Fn() -> DatabaseReport + Send + Sync + 'static {
+        let me = self.clone();
+        move || {
+            let error = format!(
+                "the database check overran its deadline ({} per connect and query)",
+                humantime::format_duration(me.timeout)
+            );
+            let now = SystemTime::now();
+            me.record(
+                me.targets
+                    .iter()
+                    .map(|_| Outcome {
+                        result: Err(Failure::Outage(error.clone())),
+                        at: now,
+                    })
+                    .collect(),
+            )
+        }
+    }
+
+    fn record(&self, outcomes: Vec<Outcome>) -> DatabaseReport {
+        let mut tracks = self.tracks.lock().unwrap_or_else(|e| e.into_inner());
+        for (track, outcome) in tracks.iter_mut().zip(outcomes) {
+            let r = match &outcome.result {
+                Err(Failure::Outage(_)) => RoundTrip::Failed,
+                Err(Failure::Refused(_)) => RoundTrip::Refused,
+                Ok(g) if g.latency > self.slow_after => RoundTrip::Slow,
+                Ok(_) => RoundTrip::Fast,
+            };
+            track.damper.observe(r);
+            track.last = Some(outcome);
+        }
+        self.build(&tracks)
+    }
+
+    fn build(&self, tracks: &[Track]) -> DatabaseReport {
+        let databases: Vec<DatabaseEntry> = self
+            .targets
+            .iter()
+            .zip(tracks)
+            .map(|(t, tr)| {
+                let last = tr.last.as_ref();
+                let good = last.and_then(|o| o.result.as_ref().ok());
+                DatabaseEntry {
+                    name: t.shown.clone(),
+                    kind: t.kind,
+                    state: tr.damper.state(),
+                    latency_ms: good.map(|g| round1(g.latency.as_secs_f64() * 1000.0)),
+                    error: last
+                        .and_then(|o| o.result.as_ref().err())
+                        .map(|f| f.message().to_string()),
+                    detail: good.and_then(|g| g.detail.clone()),
+                    consecutive_failures: tr.damper.consecutive_failures(),
+                    last_checked: last.map(|o| crate::snapshot::rfc3339(o.at)),
+                }
+            })
+            .collect();
+        let state = databases
+            .iter()
+            .map(|d| d.state)
+            .max_by_key(|s| severity(*s))
+            .unwrap_or(DbState::NotConfigured);
+        let reasons: Vec<String> = databases.iter().filter_map(|d| self.reason(d)).collect();
+        DatabaseReport {
+            state,
+            reason: (!reasons.is_empty()).then(|| reasons.join("; ")),
+            databases,
+        }
+    }
+
+    fn reason(&self, d: &DatabaseEntry) -> Option<String> {
+        let error = d.error.as_deref().unwrap_or("no answer");
+        match d.state {
+            DbState::Unreachable => Some(format!("{} unreachable: {error}", d.name)),
+            DbState::Misconfigured => Some(format!(
+                "{} refused the check (fix the configuration): {error}",
+                d.name
+            )),
+            DbState::Slow => Some(format!(
+                "{} slow: round trip {:.0} ms (slow_after {})",
+                d.name,
+                d.latency_ms.unwrap_or_default(),
+                humantime::format_duration(self.slow_after)
+            )),
+            _ if d.consecutive_failures > 0 => Some(format!(
+                "{}: {} of {} failed round trips before unreachable: {error}",
+                d.name, d.consecutive_failures, self.fail_after
+            )),
+            DbState::Unknown => Some(format!("{} not checked yet", d.name)),
+            _ => None,
+        }
+    }
+}
+
+/// Worst first: unreachable > slow > misconfigured > unknown > connected.
+fn severity(s: DbState) -> u8 {
+    match s {
+        DbState::NotConfigured => 0,
+        DbState::Connected => 1,
+        DbState::Unknown => 2,
+        DbState::Misconfigured => 3,
+        DbState::Slow => 4,
+        DbState::Unreachable => 5,
+    }
+}
+
+fn round1(v: f64) -> f64 {
+    (v * 10.0).round() / 10.0
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The round trips. Each bounds its connect and its exchange by `timeout`; errors may carry
+// secrets echoed by a server or library and are sanitised by the caller.
+
+async fn round_trip(
+    t: &Target,
+    password: Option<&str>,
+    timeout: Duration,
+) -> Result<Good, Failure> {
+    match t.kind {
+        DbKind::Postgres => postgres::round_trip(t, password, timeout).await,
+        DbKind::Redis => redis::round_trip(t, password, timeout).await,
+        DbKind::Mysql => mysql::round_trip(t, timeout).await,
+    }
+}
+
+fn no_answer(what: &str, timeout: Duration) -> Failure {
+    Failure::Outage(format!(
+        "{what}: no answer within {}",
+        humantime::format_duration(timeout)
+    ))
+}
+
+/// The TCP connection Redis and MySQL talk over (tokio-postgres makes its own).
+async fn connect_tcp(t: &Target, timeout: Duration) -> Result<TcpStream, Failure> {
+    tokio::time::timeout(timeout, TcpStream::connect((t.host.as_str(), t.port)))
+        .await
+        .map_err(|_| no_answer("connect", timeout))?
+        .map_err(|e| Failure::Outage(format!("connect: {e}")))
+}
+
+#[cfg(test)]
+pub(crate) mod test_support;
+#[cfg(test)]
+mod tests;

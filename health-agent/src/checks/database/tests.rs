@@ -1,0 +1,402 @@
+use std::{net::SocketAddr, time::Instant};
+
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpListener,
+};
+
+use super::{test_support::*, *};
+
+fn cfg(urls: &[&str]) -> DatabaseConfig {
+    DatabaseConfig {
+        urls: urls.iter().map(|u| u.to_string()).collect(),
+        fail_after: 1,
+        recover_after: 1,
+        // Only the slow test wants "slow"; a busy CI machine must not make the others so.
+        slow_after: Duration::from_secs(30),
+        ..DatabaseConfig::default()
+    }
+}
+
+fn monitor(c: &DatabaseConfig) -> DatabaseMonitor {
+    DatabaseMonitor::new(c)
+        .expect("valid database config")
+        .expect("a database is configured")
+}
+
+/// Fails if any secret shows in the report (names, errors, reasons: all of its JSON).
+fn assert_no_secret(r: &DatabaseReport, secrets: &[&str]) {
+    let json = serde_json::to_string(r).expect("report serialises");
+    for s in secrets {
+        assert!(!json.contains(s), "secret {s:?} leaked into {json}");
+    }
+}
+
+#[test]
+fn monitor_new_names_the_key_and_skips_blank_urls() {
+    assert!(DatabaseMonitor::new(&DatabaseConfig::default())
+        .unwrap()
+        .is_none());
+    let c = DatabaseConfig {
+        url: "redis://127.0.0.1:6379".into(),
+        urls: vec![
+            "redis://127.0.0.1:6379".into(),
+            "mysql://:Sekr1t@h:x".into(),
+        ],
+        ..DatabaseConfig::default()
+    };
+    let err = DatabaseMonitor::new(&c).unwrap_err().to_string();
+    assert!(err.starts_with("database.urls[1]: "), "{err}");
+    assert!(!err.contains("Sekr1t"), "{err}");
+    let c = DatabaseConfig {
+        url: "  ".into(),
+        urls: vec!["redis://h".into(), "redis://h".into()],
+        ..DatabaseConfig::default()
+    };
+    let m = monitor(&c);
+    let r = m.report();
+    assert_eq!(r.databases.len(), 1, "duplicates are checked once");
+    assert_eq!(r.state, DbState::Unknown, "nothing checked yet");
+    assert_eq!(r.databases[0].last_checked, None);
+}
+
+#[test]
+fn worst_database_decides_and_reason_names_it() {
+    let m = monitor(&DatabaseConfig {
+        slow_after: Duration::from_secs(1),
+        ..cfg(&["redis://:Sekr1t@127.0.0.1:1", "mysql://127.0.0.1:2"])
+    });
+    let good = |ms| Outcome {
+        result: Ok(Good {
+            latency: Duration::from_millis(ms),
+            detail: None,
+        }),
+        at: SystemTime::now(),
+    };
+    let r = m.record(vec![good(3), good(2)]);
+    assert_eq!((r.state, r.reason.as_deref()), (DbState::Connected, None));
+    assert_eq!(r.databases[0].latency_ms, Some(3.0));
+    let r = m.record(vec![good(3), good(1500)]);
+    assert_eq!(r.state, DbState::Slow);
+    assert!(r
+        .reason
+        .as_deref()
+        .unwrap()
+        .starts_with("mysql://127.0.0.1:2 slow"));
+    let failed = Outcome {
+        result: Err(Failure::Outage("connect: refused".into())),
+        at: SystemTime::now(),
+    };
+    let r = m.record(vec![failed, good(1500)]);
+    assert_eq!(r.state, DbState::Unreachable);
+    assert_eq!(r.databases[0].state, DbState::Unreachable);
+    assert_eq!(r.databases[0].latency_ms, None);
+    assert_eq!(r.databases[0].consecutive_failures, 1);
+    assert!(r.databases[0].last_checked.is_some());
+    let reason = r.reason.clone().unwrap();
+    assert!(
+        reason.contains("redis://127.0.0.1:1 unreachable: connect: refused"),
+        "{reason}"
+    );
+    assert_no_secret(&r, &["Sekr1t"]);
+    assert_eq!(r.summary(), "unreachable");
+}
+
+#[test]
+fn runner_timeout_goes_through_the_same_damping() {
+    let m = monitor(&DatabaseConfig {
+        fail_after: 2,
+        ..cfg(&["redis://127.0.0.1:1"])
+    });
+    let overrun = m.on_timeout();
+    let r = overrun();
+    assert_eq!(r.state, DbState::Unknown);
+    assert_eq!(r.databases[0].consecutive_failures, 1);
+    assert!(r.databases[0].error.as_deref().unwrap().contains("overran"));
+    assert_eq!(overrun().state, DbState::Unreachable);
+    assert_eq!(m.report().state, DbState::Unreachable, "state is shared");
+}
+
+#[tokio::test]
+async fn nothing_listening_is_unreachable_after_fail_after_rounds_not_before() {
+    let port = free_port();
+    let mut m = monitor(&DatabaseConfig {
+        fail_after: 3,
+        ..cfg(&[&format!("postgres://hc@127.0.0.1:{port}/postgres")])
+    });
+    for round in 1..=2 {
+        let r = m.check().await;
+        assert_eq!(r.state, DbState::Unknown, "round {round}: {r:?}");
+        assert_eq!(r.databases[0].consecutive_failures, round);
+        let reason = r.reason.unwrap();
+        assert!(
+            reason.contains(&format!("{round} of 3 failed round trips")),
+            "{reason}"
+        );
+    }
+    let r = m.check().await;
+    assert_eq!(r.state, DbState::Unreachable, "{r:?}");
+    let err = r.databases[0].error.clone().unwrap();
+    assert!(err.contains("connect"), "{err}");
+}
+
+/// Accepts connections and never says a word.
+async fn silent_server() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("local addr");
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = l.accept().await {
+            held.push(s);
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn silent_server_fails_within_the_timeout() {
+    let addr = silent_server().await;
+    let timeout = Duration::from_millis(400);
+    for url in [
+        format!("postgres://hc:x@{addr}/postgres"),
+        format!("redis://{addr}"),
+        format!("mysql://{addr}"),
+    ] {
+        let mut m = monitor(&DatabaseConfig {
+            timeout,
+            ..cfg(&[&url])
+        });
+        let start = Instant::now();
+        let r = m.check().await;
+        let took = start.elapsed();
+        assert_eq!(r.state, DbState::Unreachable, "{url}: {r:?}");
+        let err = r.databases[0].error.clone().unwrap();
+        assert!(err.contains("no answer within 400ms"), "{url}: {err}");
+        assert!(
+            took >= timeout && took < timeout + Duration::from_secs(1),
+            "{url}: took {took:?}"
+        );
+    }
+}
+
+// --- Redis, against an in-test RESP server -----------------------------------------------
+
+#[tokio::test]
+async fn redis_ping_gets_pong() {
+    let (addr, seen) = fake_redis(redis_ok, Duration::ZERO).await;
+    let r = monitor(&cfg(&[&format!("redis://{addr}")])).check().await;
+    assert_eq!(r.state, DbState::Connected, "{r:?}");
+    assert_eq!(r.databases[0].kind, DbKind::Redis);
+    assert_eq!(*seen.lock().unwrap(), vec![vec!["PING".to_string()]]);
+}
+
+#[tokio::test]
+async fn redis_auth_and_select_come_before_ping() {
+    let (addr, seen) = fake_redis(redis_ok, Duration::ZERO).await;
+    let r = monitor(&cfg(&[&format!("redis://:s3cr%3At@{addr}/2")]))
+        .check()
+        .await;
+    assert_eq!(r.state, DbState::Connected, "{r:?}");
+    assert_eq!(r.databases[0].name, format!("redis://{addr}/2"));
+    let want: Vec<Vec<String>> = [&["AUTH", "s3cr:t"][..], &["SELECT", "2"], &["PING"]]
+        .iter()
+        .map(|c| c.iter().map(|s| s.to_string()).collect())
+        .collect();
+    assert_eq!(*seen.lock().unwrap(), want);
+    assert_no_secret(&r, &["s3cr:t", "s3cr%3At"]);
+}
+
+#[tokio::test]
+async fn redis_password_file_and_acl_user() {
+    let (addr, seen) = fake_redis(redis_ok, Duration::ZERO).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("pw");
+    std::fs::write(&file, "from-file\n").unwrap();
+    let r = monitor(&DatabaseConfig {
+        password_file: file.display().to_string(),
+        ..cfg(&[&format!("redis://app@{addr}")])
+    })
+    .check()
+    .await;
+    assert_eq!(r.state, DbState::Connected, "{r:?}");
+    assert_eq!(seen.lock().unwrap()[0], ["AUTH", "app", "from-file"]);
+}
+
+#[tokio::test]
+async fn redis_noauth_is_a_configuration_error() {
+    let (addr, _) = fake_redis(
+        |_| "-NOAUTH Authentication required.\r\n".into(),
+        Duration::ZERO,
+    )
+    .await;
+    let r = monitor(&cfg(&[&format!("redis://{addr}")])).check().await;
+    assert_eq!(r.state, DbState::Misconfigured, "{r:?}");
+    let err = r.databases[0].error.clone().unwrap();
+    assert!(err.contains("-NOAUTH Authentication required."), "{err}");
+}
+
+#[tokio::test]
+async fn a_password_echoed_by_the_server_is_sanitized() {
+    let (addr, _) = fake_redis(
+        |cmd| format!("-WRONGPASS invalid password {:?}\r\n", cmd.last().unwrap()),
+        Duration::ZERO,
+    )
+    .await;
+    let r = monitor(&cfg(&[&format!("redis://:Echo%2FMe@{addr}")]))
+        .check()
+        .await;
+    assert_eq!(r.state, DbState::Misconfigured, "{r:?}");
+    let err = r.databases[0].error.clone().unwrap();
+    assert!(err.starts_with("AUTH refused: -WRONGPASS"), "{err}");
+    assert!(err.contains("***"), "{err}");
+    assert_no_secret(&r, &["Echo/Me", "Echo%2FMe"]);
+}
+
+#[tokio::test]
+async fn slow_pong_is_slow_and_flapping_is_damped() {
+    let (addr, _) = fake_redis(redis_ok, Duration::from_millis(150)).await;
+    let r = monitor(&DatabaseConfig {
+        slow_after: Duration::from_millis(100),
+        ..cfg(&[&format!("redis://{addr}")])
+    })
+    .check()
+    .await;
+    assert_eq!(r.state, DbState::Slow, "{r:?}");
+    assert!(r.databases[0].latency_ms.unwrap() >= 150.0, "{r:?}");
+
+    // A server that fails while `failing` is set.
+    let failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = failing.clone();
+    let (addr, _) = fake_redis(
+        move |_| {
+            if flag.load(std::sync::atomic::Ordering::SeqCst) {
+                "-LOADING Redis is loading the dataset in memory\r\n".into()
+            } else {
+                "+PONG\r\n".into()
+            }
+        },
+        Duration::ZERO,
+    )
+    .await;
+    let mut m = monitor(&DatabaseConfig {
+        fail_after: 2,
+        recover_after: 2,
+        ..cfg(&[&format!("redis://{addr}")])
+    });
+    let mut states = Vec::new();
+    for fail in [false, true, false, true, true, false, false] {
+        failing.store(fail, std::sync::atomic::Ordering::SeqCst);
+        states.push(m.check().await.state);
+    }
+    use DbState::{Connected as C, Unreachable as X};
+    assert_eq!(states, [C, C, C, C, X, X, C]);
+}
+
+// --- MySQL, against an in-test greeting -------------------------------------------------
+
+fn v10_greeting(version: &str) -> Vec<u8> {
+    let mut p = vec![10u8];
+    p.extend_from_slice(version.as_bytes());
+    p.push(0);
+    p.extend_from_slice(&7u32.to_le_bytes()); // connection id
+    p.extend_from_slice(b"abcdefgh"); // auth-plugin-data part 1
+    p.push(0); // filler
+    p.extend_from_slice(&0xf7ffu16.to_le_bytes()); // capability flags (lower)
+    p.push(0xff); // character set
+    p.extend_from_slice(&2u16.to_le_bytes()); // status flags
+    p.extend_from_slice(&0x81ffu16.to_le_bytes()); // capability flags (upper)
+    p.push(21); // auth-plugin-data length
+    p.extend_from_slice(&[0; 10]); // reserved
+    p.extend_from_slice(b"ijklmnopqrst\0"); // auth-plugin-data part 2
+    p.extend_from_slice(b"caching_sha2_password\0");
+    packet(&p)
+}
+
+fn packet(payload: &[u8]) -> Vec<u8> {
+    let len = payload.len() as u32;
+    let mut out = len.to_le_bytes()[..3].to_vec();
+    out.push(0); // sequence id
+    out.extend_from_slice(payload);
+    out
+}
+
+/// Sends `bytes` to every connection, then holds it open until the client hangs up.
+async fn fake_mysql(bytes: Vec<u8>) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("local addr");
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let bytes = bytes.clone();
+            tokio::spawn(async move {
+                if s.write_all(&bytes).await.is_ok() {
+                    let mut sink = [0u8; 64];
+                    while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {}
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn mysql_greeting_reports_the_server_version() {
+    let addr = fake_mysql(v10_greeting("8.0.36-fake")).await;
+    let r = monitor(&cfg(&[&format!("mysql://monitor:Sekr1t@{addr}")]))
+        .check()
+        .await;
+    assert_eq!(r.state, DbState::Connected, "{r:?}");
+    let detail = r.databases[0].detail.clone().unwrap();
+    assert!(detail.contains("server version 8.0.36-fake"), "{detail}");
+    assert!(detail.contains("not authenticated"), "{detail}");
+    assert_no_secret(&r, &["Sekr1t"]);
+}
+
+#[tokio::test]
+async fn mysql_error_packet_and_garbage_are_failures() {
+    let mut err = vec![0xffu8];
+    err.extend_from_slice(&1040u16.to_le_bytes());
+    err.extend_from_slice(b"#08004Too many connections");
+    let addr = fake_mysql(packet(&err)).await;
+    let r = monitor(&cfg(&[&format!("mysql://{addr}")])).check().await;
+    assert_eq!(r.state, DbState::Unreachable, "{r:?}");
+    let e = r.databases[0].error.clone().unwrap();
+    assert!(e.contains("error 1040: Too many connections"), "{e}");
+
+    let addr = fake_mysql(b"HTTP/1.1 400 Bad Request\r\n\r\n".to_vec()).await;
+    let r = monitor(&cfg(&[&format!("mysql://{addr}")])).check().await;
+    assert_eq!(r.state, DbState::Unreachable, "{r:?}");
+    let e = r.databases[0].error.clone().unwrap();
+    assert!(e.contains("implausible packet length"), "{e}");
+}
+
+#[tokio::test]
+async fn several_databases_are_all_checked_and_the_worst_wins() {
+    // With Postgres too: tests/tests/database.rs (it needs a real server).
+    let (redis, _) = fake_redis(redis_ok, Duration::ZERO).await;
+    let mysql = fake_mysql(v10_greeting("10.11.6-MariaDB")).await;
+    let c = DatabaseConfig {
+        url: format!("redis://:Sekr1t@{redis}/1"),
+        ..cfg(&[&format!("mysql://{mysql}"), &format!("redis://{redis}")])
+    };
+    let r = monitor(&c).check().await;
+    assert_eq!(r.state, DbState::Connected, "{r:?}");
+    let kinds: Vec<DbKind> = r.databases.iter().map(|d| d.kind).collect();
+    assert_eq!(kinds, [DbKind::Redis, DbKind::Mysql, DbKind::Redis]);
+
+    let down = free_port();
+    let c = DatabaseConfig {
+        urls: vec![
+            format!("redis://{redis}"),
+            format!("redis://127.0.0.1:{down}"),
+        ],
+        ..c
+    };
+    let r = monitor(&c).check().await;
+    assert_eq!(r.state, DbState::Unreachable, "{r:?}");
+    let states: Vec<DbState> = r.databases.iter().map(|d| d.state).collect();
+    assert_eq!(
+        states,
+        [DbState::Connected, DbState::Connected, DbState::Unreachable]
+    );
+    assert_no_secret(&r, &["Sekr1t"]);
+}

@@ -1,0 +1,292 @@
+//! Config errors and warnings that never echo a secret: the secret values of a config (for
+//! scrubbing messages), TOML parse errors re-rendered without the offending line, and the
+//! warning for a file that holds secrets and is readable by every user.
+
+use std::path::Path;
+
+use super::{redact_urls_in, url_secrets, Config};
+use crate::alerts::redact::Secrets;
+
+/// The config keys that hold a secret in this config, with their values: alert URLs and keys,
+/// database URLs with a password, URLs with credentials in them.
+fn secret_fields(cfg: &Config) -> Vec<(String, &str)> {
+    let mut out: Vec<(String, &str)> = Vec::new();
+    let a = &cfg.alerts;
+    for (key, v) in [
+        ("alerts.slack_webhook_url", &a.slack_webhook_url),
+        ("alerts.webhook_url", &a.webhook_url),
+        ("alerts.pagerduty_routing_key", &a.pagerduty_routing_key),
+    ] {
+        if !v.trim().is_empty() {
+            out.push((key.into(), v));
+        }
+    }
+    for (key, v) in [
+        ("alerts.pagerduty_url", &a.pagerduty_url),
+        ("alerts.github_api_url", &a.github_api_url),
+        ("fleet.consul_addr", &cfg.fleet.consul_addr),
+    ] {
+        if reqwest::Url::parse(v).is_ok_and(|u| u.password().is_some()) {
+            out.push((key.into(), v));
+        }
+    }
+    for (key, url) in cfg.database.all_urls() {
+        if !url_secrets(url).is_empty() {
+            out.push((key, url));
+        }
+    }
+    out
+}
+
+/// Every secret value in the config, for scrubbing messages.
+pub(super) fn secrets(cfg: &Config) -> Secrets {
+    let mut s = Secrets::new();
+    for (key, v) in secret_fields(cfg) {
+        if key.starts_with("database.") {
+            // The URL itself is shown redacted in database errors; only its password is secret.
+            for p in url_secrets(v) {
+                s = s.with(&p);
+            }
+        } else {
+            s = s.with_url(v);
+        }
+    }
+    s
+}
+
+/// The warning for a config file that any user may read while it holds secrets, naming the
+/// file, its mode and the keys (never their values). `None` when there is nothing to warn of.
+pub fn world_readable_warning(path: &Path, cfg: &Config) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = std::fs::metadata(path).ok()?.permissions().mode();
+    if mode & 0o004 == 0 {
+        return None;
+    }
+    let keys: Vec<String> = secret_fields(cfg).into_iter().map(|(k, _)| k).collect();
+    if keys.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "{} is readable by every user (mode {:04o}) and holds secrets ({}): chmod o-r it, or \
+         chmod 600 and own it by the agent's user",
+        path.display(),
+        mode & 0o7777,
+        keys.join(", ")
+    ))
+}
+
+/// A TOML parse error re-rendered from its message and position, never the source excerpt
+/// toml's own `Display` quotes: that line may hold a secret under a mistyped key. Whatever the
+/// message itself quotes of the offending line's value is redacted too (`invalid type: integer
+/// `…``), and any URL left is cut to what is safe to show.
+pub(super) fn parse_error(text: &str, e: &toml::de::Error) -> String {
+    let message = e.message().trim_end();
+    let Some(span) = e.span() else {
+        return scrub(message, &[]);
+    };
+    let start = (0..=span.start.min(text.len()))
+        .rev()
+        .find(|i| text.is_char_boundary(*i))
+        .unwrap_or(0);
+    let before = &text[..start];
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let line_no = before.matches('\n').count() + 1;
+    let column = before[line_start..].chars().count() + 1;
+    let line = text[line_start..].lines().next().unwrap_or("");
+    let header = line.trim_start().starts_with('[');
+    let (key, value_part) = match line.split_once('=') {
+        Some((k, v)) if !header && !k.trim_start().starts_with('#') => (Some(k.trim()), v),
+        _ => (None, line),
+    };
+    // What the error points at is a value unless it is a table header or the key itself (an
+    // unknown field): those are names, and the message needs them.
+    let in_name =
+        header || (key.is_some() && line.find('=').is_some_and(|eq| start - line_start < eq));
+    let mut values = if header {
+        Vec::new()
+    } else {
+        literals(value_part)
+    };
+    if let Some(spanned) = text.get(span).filter(|_| !in_name) {
+        let spanned = spanned.trim();
+        values.push(spanned.to_string());
+        values.extend(literals(spanned));
+    }
+    let full_key = key.map(|k| match section_of(&text[..line_start]) {
+        Some(section) => format!("{section}.{k}"),
+        None => k.to_string(),
+    });
+    let at = match full_key {
+        Some(k) => format!("line {line_no}, column {column}, key `{k}`"),
+        None => format!("line {line_no}, column {column}"),
+    };
+    format!("{at}: {}", scrub(message, &values))
+}
+
+/// The quoted strings in a TOML value (each element of an array too) and the value as a bare
+/// token (a number, a boolean, an unquoted mistake).
+fn literals(value: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let v = value.trim();
+    let bare_end = v
+        .find(|c: char| c.is_whitespace() || c == '#')
+        .unwrap_or(v.len());
+    if !v.starts_with(['"', '\'', '[', '{']) && bare_end > 0 {
+        out.push(v[..bare_end].to_string());
+    }
+    let mut rest = v;
+    while let Some(open) = rest.find(['"', '\'']) {
+        let quote = rest[open..].chars().next().unwrap_or('"');
+        let body = &rest[open + 1..];
+        let mut end = None;
+        let mut escaped = false;
+        for (i, c) in body.char_indices() {
+            if c == quote && !escaped {
+                end = Some(i);
+                break;
+            }
+            escaped = quote == '"' && c == '\\' && !escaped;
+        }
+        let end = end.unwrap_or(body.len());
+        if end > 0 {
+            out.push(body[..end].to_string());
+        }
+        rest = body.get(end + 1..).unwrap_or("");
+    }
+    out
+}
+
+/// The `[section]` (or `[[section]]`) in force at the end of `before`.
+fn section_of(before: &str) -> Option<String> {
+    before.lines().rev().find_map(|l| {
+        let l = l.trim();
+        let l = l.strip_prefix('[')?;
+        let end = l.find(']')?;
+        Some(l[..end].trim_matches(['[', ']', ' ']).to_string())
+    })
+}
+
+/// `message` without the given values, then without any URL's secret parts. A short value is
+/// replaced only where the message quotes it, so `5` does not eat every digit; a long one
+/// wherever it appears.
+fn scrub(message: &str, values: &[String]) -> String {
+    let mut out = message.to_string();
+    let mut values: Vec<&String> = values.iter().filter(|v| !v.is_empty()).collect();
+    values.sort_by_key(|v| std::cmp::Reverse(v.len()));
+    for v in values {
+        for (open, close) in [("`", "`"), ("\"", "\""), ("'", "'")] {
+            out = out.replace(
+                &format!("{open}{v}{close}"),
+                &format!("{open}[redacted]{close}"),
+            );
+        }
+        if v.len() >= 8 {
+            out = Secrets::new().with(v).replace(&out);
+        }
+    }
+    crate::alerts::redact::redact(&redact_urls_in(&out), &[])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(toml: &str) -> String {
+        Config::parse(toml, "x.toml").unwrap_err().to_string()
+    }
+
+    const SLACK: &str = "https://hooks.slack.com/services/T0123/B0456/Xy7sEcReTwEbHoOk";
+
+    #[test]
+    fn parse_errors_never_echo_a_value() {
+        let cases = [
+            // A mistyped secret key: the whole line was once quoted.
+            (
+                format!("[alerts]\ntimeout = \"5s\"\nslack_webhok_url = \"{SLACK}\"\n"),
+                "Xy7sEcReTwEbHoOk",
+                "alerts.slack_webhok_url",
+                "line 3",
+            ),
+            (
+                "[database]\nurll = \"postgres://app:Pa55w0rd!@db:5432/app\"\n".to_string(),
+                "Pa55w0rd",
+                "database.urll",
+                "line 2",
+            ),
+            (
+                "[alerts]\ngithub_tokn = \"ghp_a1B2c3D4e5F6g7H8i9J0kLmNoPqRsTuVwXyZ\"\n".into(),
+                "ghp_a1B2c3D4",
+                "alerts.github_tokn",
+                "line 2",
+            ),
+            // A secret of the wrong type: serde quotes the value it did not expect.
+            (
+                "[alerts]\npagerduty_routing_key = 918273645546372819\n".into(),
+                "918273645546372819",
+                "alerts.pagerduty_routing_key",
+                "line 2",
+            ),
+            (
+                format!("alerts.slack_webhok_url = \"{SLACK}\"\n"),
+                "Xy7sEcReTwEbHoOk",
+                "unknown field `slack_webhok_url`",
+                "line 1",
+            ),
+            (
+                "[alertz]\nx = \"S3cr3tS3cr3t\"\n".into(),
+                "S3cr3tS3cr3t",
+                "unknown field `alertz`",
+                "line 1",
+            ),
+            (
+                "[database]\nurls = [\n  \"postgres://u:Pa55w0rd@h/db\",\n  918273645546372819,\n]\n".into(),
+                "918273645546372819",
+                "invalid type",
+                "line 4",
+            ),
+            (
+                format!("[alerts]\nslack_webhook_url = [\"{SLACK}\"]\n"),
+                "Xy7sEcReTwEbHoOk",
+                "alerts.slack_webhook_url",
+                "line 2",
+            ),
+        ];
+        for (toml, secret, key, line) in cases {
+            let e = err(&toml);
+            assert!(!e.contains(secret), "{e}");
+            assert!(e.contains(key) && e.contains(line), "{e}");
+            assert!(!e.contains("hooks.slack.com/services"), "{e}");
+        }
+    }
+
+    #[test]
+    fn world_readable_secrets_are_warned_of_without_the_secret() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.toml");
+        let text = format!("[alerts]\nslack_webhook_url = \"{SLACK}\"\n");
+        std::fs::write(&path, &text).unwrap();
+        let cfg = Config::parse(&text, "x").unwrap();
+        let chmod = |mode| std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode));
+        chmod(0o644).unwrap();
+        let w = world_readable_warning(&path, &cfg).expect("a warning");
+        assert!(w.contains("agent.toml") && w.contains("0644"), "{w}");
+        assert!(w.contains("alerts.slack_webhook_url"), "{w}");
+        assert!(!w.contains("Xy7sEcReTwEbHoOk"), "{w}");
+        chmod(0o640).unwrap();
+        assert_eq!(world_readable_warning(&path, &cfg), None);
+        chmod(0o644).unwrap();
+        assert_eq!(
+            world_readable_warning(&path, &Config::default()),
+            None,
+            "no secrets"
+        );
+        let db =
+            Config::parse("[database]\nurl = \"postgres://u:pw@127.0.0.1/db\"\n", "x").unwrap();
+        let w = world_readable_warning(&path, &db).expect("a database password");
+        assert!(w.contains("database.url") && !w.contains("pw@"), "{w}");
+        let no_pw =
+            Config::parse("[database]\nurl = \"postgres://u@127.0.0.1/db\"\n", "x").unwrap();
+        assert_eq!(world_readable_warning(&path, &no_pw), None);
+    }
+}

@@ -1,0 +1,370 @@
+//! The configuration's sections, one serde struct each with its defaults. Every field is
+//! defaulted (an empty file is valid) and unknown keys are refused; `default.toml` documents
+//! the same defaults, and a test keeps the two equal.
+
+use std::{net::SocketAddr, time::Duration};
+
+use serde::{Deserialize, Serialize};
+
+use super::dur;
+
+/// The peers this instance compares its faults with (fleet-aware verdicts). Empty: judge
+/// alone.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FleetConfig {
+    /// Peer agents, `host:port` (their health port).
+    pub peers: Vec<String>,
+    /// A DNS name whose A/AAAA records are the peers, `name` or `name:port` (the port defaults
+    /// to this agent's own); resolved again every round.
+    pub peers_dns: String,
+    /// The Consul agent's HTTP address and the service whose catalog entries are the peers.
+    pub consul_addr: String,
+    pub consul_service: String,
+    /// Env var holding the shared bearer token of the peer endpoint; empty: no token.
+    pub token_env: String,
+    /// Peers asked per round; a larger fleet is sampled at random.
+    pub sample: usize,
+    #[serde(with = "dur")]
+    pub interval: Duration,
+    /// Per peer request: a slower peer is not waited for.
+    #[serde(with = "dur")]
+    pub timeout: Duration,
+}
+
+impl Default for FleetConfig {
+    fn default() -> Self {
+        Self {
+            peers: Vec::new(),
+            peers_dns: String::new(),
+            consul_addr: String::new(),
+            consul_service: String::new(),
+            token_env: String::new(),
+            sample: 5,
+            interval: Duration::from_secs(2),
+            timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+impl FleetConfig {
+    pub fn enabled(&self) -> bool {
+        !self.peers.is_empty() || !self.peers_dns.is_empty() || !self.consul_addr.is_empty()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Details {
+    Always,
+    Loopback,
+    Token,
+}
+
+/// When the accept()/accept4() syscall tracepoints are attached. Any syscall tracepoint sends
+/// every syscall of every process on the host through the kernel's tracing slow path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AcceptTracing {
+    /// Only while a connection has waited unclaimed in the accept queue (a suspected hang)
+    /// and for a while after; otherwise claims seen by the send/receive hooks show progress.
+    OnStall,
+    /// All the time: exact accept counts, at a cost to every syscall on the host.
+    Always,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub details: Details,
+    pub token_env: String,
+    #[serde(with = "dur")]
+    pub request_timeout: Duration,
+    pub max_connections: usize,
+    pub max_connections_per_client: u32,
+    pub threads: usize,
+    /// HAProxy agent-check listener, "ADDR:PORT"; empty: off. Parsed by `agent_check_addr`.
+    pub agent_check_listen: String,
+}
+
+impl ServerConfig {
+    /// The agent-check listen address, or None when it is off. Validation has already refused
+    /// anything that does not parse.
+    pub fn agent_check_addr(&self) -> Option<SocketAddr> {
+        self.agent_check_listen.trim().parse().ok()
+    }
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
+            details: Details::Loopback,
+            token_env: "HEALTH_AGENT_TOKEN".into(),
+            request_timeout: Duration::from_secs(5),
+            max_connections: 1024,
+            max_connections_per_client: 64,
+            threads: 0,
+            agent_check_listen: String::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ChecksConfig {
+    #[serde(with = "dur")]
+    pub interval: Duration,
+    #[serde(with = "dur")]
+    pub timeout: Duration,
+    #[serde(with = "dur")]
+    pub boot_grace: Duration,
+    /// The HTTP code while booting and the web backend has not served yet: 503 (not ready;
+    /// the scaling group's grace period keeps the instance) or 200 (groups without one).
+    pub boot_status: u16,
+    #[serde(with = "dur")]
+    pub stale_after: Duration,
+    #[serde(with = "dur")]
+    pub fail_after: Duration,
+    #[serde(with = "dur")]
+    pub recover_after: Duration,
+}
+
+impl Default for ChecksConfig {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(2),
+            timeout: Duration::from_secs(5),
+            boot_grace: Duration::from_secs(120),
+            boot_status: 503,
+            stale_after: Duration::from_secs(10),
+            fail_after: Duration::ZERO,
+            recover_after: Duration::from_secs(4),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WebConfig {
+    pub port: u16,
+    pub probe_path: String,
+    #[serde(with = "dur")]
+    pub probe_timeout: Duration,
+    #[serde(with = "dur")]
+    pub hung_after: Duration,
+    #[serde(with = "dur")]
+    pub unanswered_after: Duration,
+    #[serde(with = "dur")]
+    pub slow_after: Duration,
+    #[serde(with = "dur")]
+    pub latency_window: Duration,
+    #[serde(with = "dur")]
+    pub eval_interval: Duration,
+    pub kernel: bool,
+    pub accept_tracing: AcceptTracing,
+    pub max_connections_tracked: u32,
+    pub container: String,
+    /// The backend's network namespace, for runtimes other than Docker: `/var/run/netns/NAME`
+    /// or `/proc/PID/ns/net`. Empty: the agent's own (or `container`'s).
+    pub netns: String,
+    pub restart_command: String,
+}
+
+impl Default for WebConfig {
+    fn default() -> Self {
+        Self {
+            port: 0,
+            probe_path: "/up".into(),
+            probe_timeout: Duration::from_secs(2),
+            hung_after: Duration::from_secs(2),
+            unanswered_after: Duration::from_secs(10),
+            slow_after: Duration::from_secs(1),
+            latency_window: Duration::from_secs(60),
+            eval_interval: Duration::from_millis(250),
+            kernel: true,
+            accept_tracing: AcceptTracing::OnStall,
+            max_connections_tracked: health_common::DEFAULT_MAX_CONNS,
+            container: String::new(),
+            netns: String::new(),
+            restart_command: String::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DiskConfig {
+    pub paths: Vec<String>,
+    pub warn_percent: f64,
+    pub fail_percent: f64,
+}
+
+impl Default for DiskConfig {
+    fn default() -> Self {
+        Self {
+            paths: vec!["/".into()],
+            warn_percent: 80.0,
+            fail_percent: 90.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ContainersConfig {
+    pub names: Vec<String>,
+    pub labels: Vec<String>,
+    pub docker_host: String,
+}
+
+impl Default for ContainersConfig {
+    fn default() -> Self {
+        Self {
+            names: Vec::new(),
+            labels: Vec::new(),
+            docker_host: "unix:///var/run/docker.sock".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DatabaseConfig {
+    /// One database URL ("" = none); `urls` adds more. All of them are checked.
+    pub url: String,
+    pub urls: Vec<String>,
+    #[serde(with = "dur")]
+    pub interval: Duration,
+    /// Bounds the connect and, separately, the query of each round trip.
+    #[serde(with = "dur")]
+    pub timeout: Duration,
+    #[serde(with = "dur")]
+    pub slow_after: Duration,
+    /// Consecutive failed round trips before a database is `unreachable`.
+    pub fail_after: u32,
+    /// Consecutive good round trips before an unreachable database is back.
+    pub recover_after: u32,
+    pub password_file: String,
+}
+
+impl DatabaseConfig {
+    /// Every configured URL with the key it came from, `url` first, blanks and repeats dropped.
+    pub fn all_urls(&self) -> Vec<(String, &str)> {
+        let mut out: Vec<(String, &str)> = Vec::new();
+        let listed = std::iter::once(("database.url".to_string(), self.url.as_str())).chain(
+            self.urls
+                .iter()
+                .enumerate()
+                .map(|(i, u)| (format!("database.urls[{i}]"), u.as_str())),
+        );
+        for (key, url) in listed {
+            let url = url.trim();
+            if !url.is_empty() && !out.iter().any(|(_, seen)| *seen == url) {
+                out.push((key, url));
+            }
+        }
+        out
+    }
+}
+
+impl Default for DatabaseConfig {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            urls: Vec::new(),
+            interval: Duration::from_secs(30),
+            timeout: Duration::from_secs(5),
+            slow_after: Duration::from_secs(1),
+            fail_after: 2,
+            recover_after: 1,
+            password_file: String::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ScalingConfig {
+    #[serde(with = "dur")]
+    pub window: Duration,
+    pub cpu_high_percent: f64,
+    pub memory_high_percent: f64,
+    pub cpu_low_percent: f64,
+    pub memory_low_percent: f64,
+}
+
+impl Default for ScalingConfig {
+    fn default() -> Self {
+        Self {
+            window: Duration::from_secs(60),
+            cpu_high_percent: 85.0,
+            memory_high_percent: 90.0,
+            cpu_low_percent: 10.0,
+            memory_low_percent: 30.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HealConfig {
+    pub enabled: bool,
+    pub max_restarts: u32,
+    #[serde(with = "dur")]
+    pub window: Duration,
+    #[serde(with = "dur")]
+    pub timeout: Duration,
+}
+
+impl Default for HealConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_restarts: 3,
+            window: Duration::from_secs(600),
+            timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AlertsConfig {
+    pub slack_webhook_url: String,
+    pub pagerduty_routing_key: String,
+    pub pagerduty_url: String,
+    pub github_repo: String,
+    pub github_token_env: String,
+    pub github_api_url: String,
+    pub webhook_url: String,
+    /// An incident resolves once its condition has been absent this long without a break.
+    #[serde(with = "dur")]
+    pub resolve_after: Duration,
+    /// Retries per message on connect errors, timeouts, 429 and 5xx (backoff 1 s, 2 s, 4 s…).
+    pub max_retries: u32,
+    /// Per HTTP request.
+    #[serde(with = "dur")]
+    pub timeout: Duration,
+    /// Messages waiting per destination; when full the oldest unsent trigger goes first.
+    pub queue_size: usize,
+}
+
+impl Default for AlertsConfig {
+    fn default() -> Self {
+        Self {
+            slack_webhook_url: String::new(),
+            pagerduty_routing_key: String::new(),
+            pagerduty_url: "https://events.pagerduty.com/v2/enqueue".into(),
+            github_repo: String::new(),
+            github_token_env: "GITHUB_TOKEN".into(),
+            github_api_url: "https://api.github.com".into(),
+            webhook_url: String::new(),
+            resolve_after: Duration::from_secs(60),
+            max_retries: 5,
+            timeout: Duration::from_secs(10),
+            queue_size: 256,
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! Loading and parsing as a whole: defaults, the documented default file, error messages.
+
+use std::{net::SocketAddr, time::Duration};
+
+use super::*;
+
+#[test]
+fn empty_file_is_the_default() {
+    assert_eq!(Config::parse("", "t").unwrap(), Config::default());
+}
+
+#[test]
+fn readme_shows_the_default_config() {
+    let readme = include_str!("../../../README.md");
+    assert!(
+        readme.contains(DEFAULT_TOML.trim_end()),
+        "README.md's configuration section differs from DEFAULT_TOML: paste `health-agent config --dump` there"
+    );
+}
+
+#[test]
+fn documented_default_matches_code() {
+    assert_eq!(
+        Config::parse(DEFAULT_TOML, "dump").unwrap(),
+        Config::default()
+    );
+}
+
+#[test]
+fn agent_check_listen_is_off_or_an_address_with_its_own_port() {
+    let off = Config::parse("", "x.toml").unwrap();
+    assert_eq!(off.server.agent_check_addr(), None);
+    let on = Config::parse(
+        "[server]\nagent_check_listen = \"127.0.0.1:8081\"\n",
+        "x.toml",
+    )
+    .unwrap();
+    assert_eq!(
+        on.server.agent_check_addr(),
+        Some(SocketAddr::from(([127, 0, 0, 1], 8081)))
+    );
+    for (value, says) in [
+        ("localhost:8081", "ADDR:PORT"),
+        ("8081", "ADDR:PORT"),
+        ("127.0.0.1:0", "port other than 0"),
+        ("0.0.0.0:8080", "its own port"),
+    ] {
+        let err = Config::parse(
+            &format!("[server]\nagent_check_listen = \"{value}\"\n"),
+            "x.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("server.agent_check_listen"), "{err}");
+        assert!(err.contains(says), "{value}: {err}");
+    }
+}
+
+#[test]
+fn unknown_key_names_key_and_line() {
+    let err = Config::parse("[web]\nport = 9000\nhung_aftr = \"2s\"\n", "x.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("line 3"), "{err}");
+    assert!(err.contains("hung_aftr"), "{err}");
+    assert!(err.contains("hung_after"), "lists what is allowed: {err}");
+}
+
+#[test]
+fn bad_duration_says_how() {
+    let err = Config::parse("[checks]\ninterval = \"soon\"\n", "x.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("line 2") && err.contains("\"2s\""), "{err}");
+}
+
+#[test]
+fn thresholds_are_range_checked() {
+    let err = Config::parse("[disk]\nwarn_percent = 95.0\n", "x")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("disk.warn_percent"), "{err}");
+    let err = Config::parse("[disk]\nfail_percent = 120.0\n", "x")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("between 0 and 100"), "{err}");
+    let err = Config::parse("[web]\nprobe_path = \"up\"\n", "x")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("web.probe_path"), "{err}");
+}
+
+#[test]
+fn database_urls_are_validated_without_echoing_passwords() {
+    let err = Config::parse("[database]\nurl = \"http://u:Sekr1t@db/x\"\n", "x.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("`database.url`"), "{err}");
+    assert!(
+        err.contains("http://u@db/x"),
+        "shows the URL redacted: {err}"
+    );
+    assert!(!err.contains("Sekr1t"), "{err}");
+    let err = Config::parse(
+        "[database]\nurls = [\"redis://h\", \"postgres://u:Sekr1t@h/db?sslmode=require\"]\n",
+        "x.toml",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("`database.urls`") && err.contains("sslmode"),
+        "{err}"
+    );
+    assert!(!err.contains("Sekr1t"), "{err}");
+    for bad in [
+        "fail_after = 0",
+        "recover_after = 0",
+        "urls = [\"\"]",
+        "timeout = \"0s\"",
+    ] {
+        let err = Config::parse(&format!("[database]\n{bad}\n"), "x").unwrap_err();
+        assert!(err.to_string().contains("database."), "{bad}: {err}");
+    }
+    let cfg = Config::parse(
+        "[database]\nurl = \"postgres://u@127.0.0.1/db\"\nurls = [\"redis://127.0.0.1:6379/1\", \"mysql://127.0.0.1\", \"postgres://u@127.0.0.1/db\"]\n",
+        "x",
+    )
+    .unwrap();
+    let err = Config::parse(
+        "[database]\nurll = \"postgres://u:Sekr1t@h/db\"\n",
+        "x.toml",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("urll") && err.contains("line 2"), "{err}");
+    assert!(
+        !err.contains("Sekr1t"),
+        "a parse error quoting the line: {err}"
+    );
+    let keys: Vec<String> = cfg
+        .database
+        .all_urls()
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    assert_eq!(
+        keys,
+        ["database.url", "database.urls[0]", "database.urls[1]"]
+    );
+}
+
+#[test]
+fn alert_urls_are_checked_without_echoing_them() {
+    let err = Config::parse(
+        "[alerts]\nslack_webhook_url = \"hooks.slack.com/services/T1/B1/sekrit\"\n",
+        "x",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("alerts.slack_webhook_url"), "{err}");
+    assert!(!err.contains("sekrit"), "{err}");
+    let err = Config::parse("[alerts]\npagerduty_url = \"\"\n", "x")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("alerts.pagerduty_url"), "{err}");
+    let err = Config::parse("[alerts]\ngithub_repo = \"owner/\"\n", "x")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("alerts.github_repo"), "{err}");
+    let cfg = Config::parse(
+        "[alerts]\nwebhook_url = \"http://127.0.0.1:9/x\"\nresolve_after = \"200ms\"\n",
+        "x",
+    )
+    .unwrap();
+    assert_eq!(cfg.alerts.resolve_after, Duration::from_millis(200));
+}
+
+#[test]
+fn durations_round_trip() {
+    let cfg = Config::parse("[web]\neval_interval = \"100ms\"\n", "x").unwrap();
+    assert_eq!(cfg.web.eval_interval, Duration::from_millis(100));
+    let again = Config::parse(&toml::to_string(&cfg).unwrap(), "x").unwrap();
+    assert_eq!(again, cfg);
+}

@@ -1,0 +1,526 @@
+//! Database URLs: parsing them into their parts, checking them, and keeping their passwords out
+//! of everything shown. A leaf: `config` validates and redacts through it, the database check
+//! connects through it, and it imports neither.
+//!
+//! Accepted forms: `postgres://` / `postgresql://` (anything `tokio_postgres::Config` takes,
+//! several hosts and `?host=` included; TLS `sslmode`s refused), `redis://[user:password@]host
+//! [:port][/db]` and `mysql://[user:password@]host[:port]`. Postgres URLs are read by
+//! `tokio_postgres::Config`, which is what later connects; the authority of the others (and of a
+//! single-host Postgres URL, for the same port and host errors) by the `url` crate. The userinfo
+//! is split by hand, as tokio-postgres does: at the one '@', then at the first ':', so a password
+//! may hold an unencoded '/', '?' or '#'.
+
+use std::{fmt, str::FromStr};
+
+use percent_encoding::percent_decode_str;
+use serde::Serialize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DbKind {
+    Postgres,
+    Redis,
+    Mysql,
+}
+
+impl DbKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Postgres => "postgres",
+            Self::Redis => "redis",
+            Self::Mysql => "mysql",
+        }
+    }
+
+    fn default_port(self) -> u16 {
+        match self {
+            Self::Postgres => 5432,
+            Self::Redis => 6379,
+            Self::Mysql => 3306,
+        }
+    }
+}
+
+/// A database URL the check cannot use. Shows the URL redacted, never its password.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{shown}: {problem}")]
+pub struct DbUrlError {
+    /// The URL as `redact_url` shows it.
+    pub shown: String,
+    pub problem: UrlProblem,
+}
+
+/// What is wrong with a database URL.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UrlProblem {
+    #[error(
+        "expected a URL such as postgres://user@host:5432/db, redis://host:6379 or mysql://host:3306"
+    )]
+    NotAUrl,
+    #[error("TLS (rediss://) is not supported yet; use redis://")]
+    RedisTls,
+    #[error("unsupported scheme {0:?}; use postgres://, postgresql://, redis:// or mysql://")]
+    UnsupportedScheme(String),
+    #[error("more than one '@'; percent-encode an '@' in the user or password as %40")]
+    SeveralAts,
+    #[error("invalid port {0:?}")]
+    InvalidPort(String),
+    /// The `url` crate's reason, for a host it cannot read (an unclosed '[', a bad IPv6 address).
+    #[error("invalid host: {0}")]
+    InvalidHost(String),
+    #[error(
+        "sslmode={0} needs TLS, which the database check does not support yet; use \
+         sslmode=disable or sslmode=prefer"
+    )]
+    NeedsTls(String),
+    /// tokio-postgres's reason, with the URL's secrets replaced.
+    #[error("not a valid Postgres URL: {0}")]
+    InvalidPostgres(String),
+    #[error("names no host")]
+    NoHost,
+    #[error("names no user, e.g. postgres://user@host:5432/db")]
+    NoUser,
+    #[error("only one host per URL")]
+    SeveralHosts,
+    #[error("the path must be a database number, e.g. redis://host:6379/0")]
+    RedisDb,
+}
+
+/// A parsed database URL. Holds the URL's password, so it has no derived `Debug`.
+#[derive(Clone)]
+pub struct DbUrl {
+    pub kind: DbKind,
+    /// Redacted: fit to show.
+    pub shown: String,
+    /// The first host (a Unix socket directory for a Postgres `?host=/path`) and its port.
+    pub host: String,
+    pub port: u16,
+    pub user: Option<String>,
+    pub password: Option<String>,
+    /// The password's raw (undecoded) and decoded forms, for `sanitize`.
+    pub secrets: Vec<String>,
+    /// Redis: the database index in the path.
+    pub redis_db: Option<u32>,
+    /// Postgres: the connection settings, password included, exactly as the URL gives them.
+    pub postgres: Option<tokio_postgres::Config>,
+}
+
+impl fmt::Debug for DbUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DbUrl")
+            .field("kind", &self.kind)
+            .field("shown", &self.shown)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Checks that `url` is one the database check can use.
+pub fn validate_url(url: &str) -> Result<(), DbUrlError> {
+    DbUrl::parse(url).map(|_| ())
+}
+
+/// The secrets `url` carries (its password, raw and decoded), for redacting text that may quote
+/// it; none if it does not parse.
+pub fn url_secrets(url: &str) -> Vec<String> {
+    DbUrl::parse(url).map(|u| u.secrets).unwrap_or_default()
+}
+
+fn decode(s: &str) -> String {
+    percent_decode_str(s).decode_utf8_lossy().into_owned()
+}
+
+/// `key=value` pairs of a query, percent-decoded (a '+' stays a '+', as libpq reads it).
+fn query_params(query: &str) -> impl Iterator<Item = (String, &str)> {
+    query
+        .split('&')
+        .filter(|kv| !kv.is_empty())
+        .map(|kv| match kv.split_once('=') {
+            Some((k, v)) => (decode(k), v),
+            None => (decode(kv), ""),
+        })
+}
+
+impl DbUrl {
+    pub fn parse(url: &str) -> Result<Self, DbUrlError> {
+        let url = url.trim();
+        let shown = redact_url(url);
+        let fail = |problem| DbUrlError {
+            shown: shown.clone(),
+            problem,
+        };
+        let Some((scheme, rest)) = url.split_once("://") else {
+            return Err(fail(UrlProblem::NotAUrl));
+        };
+        let kind = match scheme.to_ascii_lowercase().as_str() {
+            "postgres" | "postgresql" => DbKind::Postgres,
+            "redis" => DbKind::Redis,
+            "mysql" => DbKind::Mysql,
+            "rediss" => return Err(fail(UrlProblem::RedisTls)),
+            other => return Err(fail(UrlProblem::UnsupportedScheme(other.into()))),
+        };
+        if rest.matches('@').count() > 1 {
+            return Err(fail(UrlProblem::SeveralAts));
+        }
+        let (userinfo, after) = match rest.rfind('@') {
+            Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+            None => (None, rest),
+        };
+        let (user, raw_password) = match userinfo {
+            None => (None, None),
+            Some(u) => match u.split_once(':') {
+                Some((user, pw)) => (Some(user), Some(pw)),
+                None => (Some(u), None),
+            },
+        };
+        let authority = after.split(['/', '?', '#']).next().unwrap_or_default();
+        let query = after.split_once('?').map_or("", |(_, q)| q);
+        let query_password = query_params(query)
+            .find(|(k, _)| k.eq_ignore_ascii_case("password"))
+            .map(|(_, v)| v);
+        let mut secrets = Vec::new();
+        for raw in raw_password.into_iter().chain(
+            query_params(query)
+                .filter(|(k, _)| k.eq_ignore_ascii_case("password"))
+                .map(|(_, v)| v),
+        ) {
+            secrets.push(raw.to_string());
+            secrets.push(decode(raw));
+        }
+
+        // The URL without its userinfo: what the `url` crate reads the host, port and path from.
+        let several_hosts = authority.contains(',');
+        let bare = if kind == DbKind::Postgres && several_hosts {
+            // `h1:5432,h2:5433` is no URL authority; tokio-postgres reads it below.
+            None
+        } else {
+            Some(
+                url::Url::parse(&format!("{scheme}://{after}")).map_err(|e| {
+                    fail(match e {
+                        url::ParseError::InvalidPort => UrlProblem::InvalidPort(
+                            authority
+                                .rsplit_once(':')
+                                .map_or(authority, |(_, p)| p)
+                                .into(),
+                        ),
+                        url::ParseError::EmptyHost => UrlProblem::NoHost,
+                        other => UrlProblem::InvalidHost(other.to_string()),
+                    })
+                })?,
+            )
+        };
+        let (mut host, mut port) = (String::new(), kind.default_port());
+        if let Some(u) = &bare {
+            host = match u.host() {
+                Some(url::Host::Ipv6(a)) => a.to_string(),
+                Some(url::Host::Ipv4(a)) => a.to_string(),
+                Some(url::Host::Domain(d)) => decode(d),
+                None => String::new(),
+            };
+            match u.port() {
+                Some(0) => return Err(fail(UrlProblem::InvalidPort("0".into()))),
+                Some(p) => port = p,
+                None => {}
+            }
+        }
+
+        let mut out = Self {
+            kind,
+            shown: shown.clone(),
+            host,
+            port,
+            user: user.filter(|u| !u.is_empty()).map(decode),
+            password: raw_password
+                .map(decode)
+                .or(query_password.map(decode))
+                .filter(|p| !p.is_empty()),
+            secrets,
+            redis_db: None,
+            postgres: None,
+        };
+        match kind {
+            DbKind::Postgres => {
+                // Checked before tokio-postgres, which knows only some TLS modes by name.
+                if let Some((_, mode)) = query_params(query).find(|(k, _)| k == "sslmode") {
+                    let mode = decode(mode);
+                    if !matches!(mode.as_str(), "disable" | "prefer") {
+                        return Err(fail(UrlProblem::NeedsTls(mode)));
+                    }
+                }
+                let pg = tokio_postgres::Config::from_str(url).map_err(|e| {
+                    fail(UrlProblem::InvalidPostgres(sanitize(
+                        &error_chain(&e),
+                        &out.secrets,
+                    )))
+                })?;
+                match pg.get_hosts().first() {
+                    None => return Err(fail(UrlProblem::NoHost)),
+                    Some(tokio_postgres::config::Host::Tcp(h)) => out.host = h.clone(),
+                    Some(tokio_postgres::config::Host::Unix(p)) => {
+                        out.host = p.display().to_string()
+                    }
+                }
+                if let Some(p) = pg.get_ports().first() {
+                    out.port = *p;
+                }
+                if pg.get_user().is_none_or(str::is_empty) {
+                    return Err(fail(UrlProblem::NoUser));
+                }
+                out.postgres = Some(pg);
+            }
+            DbKind::Redis | DbKind::Mysql => {
+                if out.host.is_empty() {
+                    return Err(fail(UrlProblem::NoHost));
+                }
+                if several_hosts {
+                    return Err(fail(UrlProblem::SeveralHosts));
+                }
+            }
+        }
+        if let (DbKind::Redis, Some(u)) = (kind, &bare) {
+            let db = u.path().trim_start_matches('/');
+            if !db.is_empty() {
+                out.redis_db = Some(db.parse::<u32>().map_err(|_| fail(UrlProblem::RedisDb))?);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// `url` fit to show: the password (in the userinfo or a `password=` query parameter) removed,
+/// everything else kept. Anything that is not `scheme://…` is shown as a placeholder, since
+/// there is no telling where a secret might sit in it. By hand rather than through the `url`
+/// crate: it must also redact what does not parse.
+pub fn redact_url(url: &str) -> String {
+    let url = url.trim();
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "<not a URL>".into();
+    };
+    // The last '@' ends the userinfo: a password with an unencoded '/', '?' or '#' must not
+    // leak through a too-early authority end. (`parse` refuses URLs with a second '@'.)
+    let (userinfo, after) = match rest.rfind('@') {
+        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+        None => (None, rest),
+    };
+    let mut out = format!("{scheme}://");
+    if let Some(user) = userinfo.map(|u| u.split_once(':').map_or(u, |(user, _)| user)) {
+        if !user.is_empty() {
+            out.push_str(user);
+            out.push('@');
+        }
+    }
+    let (before_query, query) = match after.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (after, None),
+    };
+    out.push_str(before_query);
+    if let Some(q) = query {
+        let kept: Vec<&str> = q
+            .split('&')
+            .filter(|kv| {
+                let key = kv.split_once('=').map_or(*kv, |(k, _)| k);
+                !percent_decode_str(key)
+                    .decode_utf8_lossy()
+                    .eq_ignore_ascii_case("password")
+            })
+            .collect();
+        if !kept.is_empty() {
+            out.push('?');
+            out.push_str(&kept.join("&"));
+        }
+    }
+    out
+}
+
+/// `text` with every `scheme://…` token in it passed through `redact_url`: for messages that
+/// quote configuration lines, such as TOML parse errors.
+pub fn redact_urls_in(text: &str) -> String {
+    let in_scheme = |c: char| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.');
+    // Only whitespace and quotes end a URL here: a password may hold ',' or ']'.
+    let ends = |c: char| c.is_whitespace() || matches!(c, '"' | '\'' | '`');
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find("://") {
+        let start = rest[..i]
+            .char_indices()
+            .rev()
+            .take_while(|(_, c)| in_scheme(*c))
+            .last()
+            .map_or(i, |(j, _)| j);
+        let end = rest[i..].find(ends).map_or(rest.len(), |j| i + j);
+        out.push_str(&rest[..start]);
+        if start == i {
+            // No scheme before "://": not a URL, keep it.
+            out.push_str(&rest[start..end]);
+        } else {
+            out.push_str(&redact_url(&rest[start..end]));
+        }
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Replaces every known secret in `text` with `***`: the last line of defence for error strings
+/// built from servers' and libraries' messages.
+pub fn sanitize(text: &str, secrets: &[String]) -> String {
+    let mut out = text.to_string();
+    let mut secrets: Vec<&String> = secrets.iter().filter(|s| !s.is_empty()).collect();
+    // Longest first, so a secret that contains another is replaced whole.
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    for s in secrets {
+        out = out.replace(s.as_str(), "***");
+    }
+    out
+}
+
+/// `e` and its sources, joined: tokio-postgres's `Display` alone says only "db error".
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        let text = s.to_string();
+        if !out.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cur = s.source();
+    }
+    out.replace('\n', " ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redact_url_removes_every_password_form() {
+        let cases = [
+            (
+                "postgres://user:pw@127.0.0.1:5432/db",
+                "postgres://user@127.0.0.1:5432/db",
+            ),
+            ("redis://:pw@127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+            (
+                "redis://default:pw@127.0.0.1:6379",
+                "redis://default@127.0.0.1:6379",
+            ),
+            ("postgres://user:p%40ss@host/db", "postgres://user@host/db"),
+            // Unencoded delimiters in a password must not end the userinfo early.
+            (
+                "postgres://user:pa/ss?x#y@host/db",
+                "postgres://user@host/db",
+            ),
+            (
+                "postgres://host/db?sslmode=disable&password=pw&user=u",
+                "postgres://host/db?sslmode=disable&user=u",
+            ),
+            ("postgres://host/db?PASSWORD=pw", "postgres://host/db"),
+            ("postgres://u:@host/db", "postgres://u@host/db"),
+            ("mysql://127.0.0.1:3306", "mysql://127.0.0.1:3306"),
+            ("postgres://user@host", "postgres://user@host"),
+            ("host=db password=pw", "<not a URL>"),
+            ("", "<not a URL>"),
+        ];
+        for (url, want) in cases {
+            assert_eq!(redact_url(url), want, "redact_url({url:?})");
+        }
+    }
+
+    #[test]
+    fn redact_urls_in_text() {
+        assert_eq!(
+            redact_urls_in(
+                "3 | urll = \"postgres://u:p,w]@h/db\", 'redis://:x@c:1/2' (mysql://m:3306) :// end"
+            ),
+            "3 | urll = \"postgres://u@h/db\", 'redis://c:1/2' (mysql://m:3306) :// end"
+        );
+        assert_eq!(redact_urls_in("no urls"), "no urls");
+    }
+
+    #[test]
+    fn sanitize_replaces_raw_and_nested_secrets() {
+        let s = sanitize(
+            "auth failed for abc123 (abc) and abc123x",
+            &["abc".into(), "abc123".into(), String::new()],
+        );
+        assert_eq!(s, "auth failed for *** (***) and ***x");
+    }
+
+    #[test]
+    fn urls_parse_into_kind_host_port_and_secrets() {
+        let t = DbUrl::parse("postgresql://hc:p%40ss@127.0.0.1/app").unwrap();
+        assert_eq!(
+            (t.kind, t.host.as_str(), t.port),
+            (DbKind::Postgres, "127.0.0.1", 5432)
+        );
+        assert_eq!(t.password.as_deref(), Some("p@ss"));
+        assert_eq!(t.shown, "postgresql://hc@127.0.0.1/app");
+        assert!(t.secrets.contains(&"p%40ss".to_string()));
+        let t = DbUrl::parse("redis://:pw@[::1]:6380/2").unwrap();
+        assert_eq!(
+            (t.kind, t.host.as_str(), t.port, t.redis_db),
+            (DbKind::Redis, "::1", 6380, Some(2))
+        );
+        assert_eq!(
+            (t.user.as_deref(), t.password.as_deref()),
+            (None, Some("pw"))
+        );
+        let t = DbUrl::parse("redis://acl-user:pw@cache").unwrap();
+        assert_eq!((t.port, t.user.as_deref()), (6379, Some("acl-user")));
+        let t = DbUrl::parse("MYSQL://db.internal").unwrap();
+        assert_eq!((t.kind, t.port), (DbKind::Mysql, 3306));
+        let t = DbUrl::parse("postgres://u@127.0.0.1:6432/db?sslmode=prefer&password=qp").unwrap();
+        assert_eq!((t.port, t.password.as_deref()), (6432, Some("qp")));
+        assert_eq!(t.shown, "postgres://u@127.0.0.1:6432/db?sslmode=prefer");
+        assert!(format!("{t:?}").contains("postgres://u@127.0.0.1:6432/db"));
+        assert!(!format!("{t:?}").contains("qp"));
+    }
+
+    #[test]
+    fn postgres_forms_tokio_postgres_takes_are_accepted() {
+        // Several hosts: the first is the one shown as host and port.
+        let t = DbUrl::parse("postgres://u:pw@h1:5433,h2:5434/db").unwrap();
+        assert_eq!((t.host.as_str(), t.port), ("h1", 5433));
+        // The host as a parameter (here a Unix socket directory), and a '/' in the password.
+        let t = DbUrl::parse("postgres://u:p/w@/db?host=/run/postgresql").unwrap();
+        assert_eq!(t.host, "/run/postgresql");
+        assert_eq!(t.password.as_deref(), Some("p/w"));
+        assert_eq!(t.shown, "postgres://u@/db?host=/run/postgresql");
+        // A '+' in a password is a '+', as libpq reads it.
+        let t = DbUrl::parse("redis://h?password=a+b").unwrap();
+        assert_eq!(t.password.as_deref(), Some("a+b"));
+    }
+
+    #[test]
+    fn bad_urls_are_refused_without_echoing_the_password() {
+        let cases = [
+            ("http://u:Sekr1t@host", "unsupported scheme"),
+            ("rediss://:Sekr1t@host", "TLS"),
+            (
+                "postgres://u:Sekr1t@host/db?sslmode=require",
+                "sslmode=require",
+            ),
+            ("postgres://u:Sekr1t@host/db?sslmode=verify-full", "TLS"),
+            ("redis://:Sekr1t@host:notaport", "invalid port"),
+            ("postgres://u:Sekr1t@host:99999/db", "invalid port"),
+            ("mysql://u:Sekr1t@host:0", "invalid port"),
+            ("redis://:Sekr1t@host/abc", "database number"),
+            ("redis://:Sekr1t@/0", "names no host"),
+            ("mysql://u:Sekr1t@", "names no host"),
+            ("redis://:Sekr1t@h1,h2", "only one host"),
+            ("redis://:Sekr1t@[::1", "invalid host"),
+            ("postgres://a@b:Sekr1t@host/db", "more than one '@'"),
+            (
+                "postgres://u:Sekr1t@host/db?bogus_option=1",
+                "not a valid Postgres URL",
+            ),
+            ("u:Sekr1t@host", "expected a URL"),
+            ("postgres://:Sekr1t@host/db", "names no user"),
+        ];
+        for (url, want) in cases {
+            let err = validate_url(url).expect_err(url).to_string();
+            assert!(err.contains(want), "{url}: {err}");
+            assert!(!err.contains("Sekr1t"), "{url}: password leaked: {err}");
+        }
+    }
+}

@@ -1,0 +1,117 @@
+use std::{
+    io::{Read, Write},
+    net::{TcpListener, TcpStream},
+    os::unix::fs::MetadataExt,
+    time::{Duration, Instant},
+};
+
+use health_common::{MapErrorKind, MAX_PORTS};
+
+use super::{KernelView, MapErrors};
+
+#[test]
+fn map_errors_sum_every_cpu_of_each_kind() {
+    let sums = MapErrors::sum([
+        (MapErrorKind::ConnInsert, &[1, 2][..]),
+        (MapErrorKind::PortCounters, &[0, 0][..]),
+        (MapErrorKind::Other, &[5, 0][..]),
+    ]);
+    assert_eq!(sums.get(MapErrorKind::ConnInsert), 3);
+    assert_eq!(sums.get(MapErrorKind::PortCounters), 0);
+    assert_eq!(sums.get(MapErrorKind::Other), 5);
+    // A kind that could not be read is absent and reads 0.
+    let partial = MapErrors::sum([(MapErrorKind::Other, &[7, 1][..])]);
+    assert_eq!(
+        partial.iter().collect::<Vec<_>>(),
+        [
+            (MapErrorKind::ConnInsert, 0),
+            (MapErrorKind::PortCounters, 0),
+            (MapErrorKind::Other, 8)
+        ]
+    );
+}
+
+#[test]
+fn map_errors_serialize_by_kind_zeros_included() {
+    let errors = MapErrors::sum([(MapErrorKind::ConnInsert, &[4][..])]);
+    assert_eq!(
+        serde_json::to_value(errors).unwrap(),
+        serde_json::json!({"conn_insert": 4, "port_counters": 0, "other": 0})
+    );
+}
+
+/// Inode of this process's network namespace: what the programs key watched ports by.
+fn own_netns() -> u64 {
+    std::fs::metadata("/proc/self/ns/net")
+        .expect("reading /proc/self/ns/net")
+        .ino()
+}
+
+/// `n` connections to `port`, each accepted, asked and answered, then closed.
+fn exchange(listener: &TcpListener, n: usize) {
+    let port = listener.local_addr().unwrap().port();
+    for _ in 0..n {
+        let mut client = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        let (mut server, _) = listener.accept().expect("accept");
+        client.write_all(b"ping").unwrap();
+        let mut buf = [0u8; 4];
+        server.read_exact(&mut buf).unwrap();
+        server.write_all(b"pong").unwrap();
+        client.read_exact(&mut buf).unwrap();
+    }
+}
+
+/// Polls the programs' view until `done` holds: the server side of a loopback handshake may
+/// complete in a softirq a moment after `connect` returns.
+fn settle(k: &KernelView, done: impl Fn(&super::KernelSample) -> bool) -> super::KernelSample {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let s = k.sample();
+        if done(&s) || Instant::now() > deadline {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+#[ignore = "needs root and a kernel with BTF: loads the eBPF programs (cargo test -- --ignored)"]
+async fn map_errors_read_zero_under_normal_traffic_and_count_a_failed_update() {
+    // A small table, like a tight `web.max_connections_tracked`.
+    let mut k = KernelView::load(64, true).expect("loading the kernel programs");
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    k.watch(&[(own_netns(), port)]).unwrap();
+
+    exchange(&listener, 20);
+    let s = settle(&k, |s| s.ports[0].counters.answered >= 20);
+    assert_eq!(s.ports[0].counters.established, 20, "{s:?}");
+    assert_eq!(s.ports[0].counters.answered, 20, "{s:?}");
+    assert_eq!(s.map_errors, MapErrors::default(), "{s:?}");
+
+    // A watched port whose counter slot lies past the arrays (a slot `watch` never hands out):
+    // every update of its counters fails, and each failure is counted.
+    let bad = TcpListener::bind("127.0.0.1:0").unwrap();
+    let bad_port = bad.local_addr().unwrap().port();
+    let key = health_common::WatchKey::new(
+        if k.netns_keyed() {
+            own_netns() as u32
+        } else {
+            0
+        },
+        bad_port,
+    );
+    k.watched_map.insert(key, MAX_PORTS, 0).unwrap();
+    let (word, mask) = health_common::port_bit(bad_port);
+    let bits = k.bitmap.get(&word, 0).unwrap();
+    k.bitmap.set(word, bits | mask, 0).unwrap();
+
+    exchange(&bad, 3);
+    let s = settle(&k, |s| s.map_errors.get(MapErrorKind::PortCounters) >= 3);
+    // At least one per handshake; the reads and writes of those connections add more.
+    assert!(s.map_errors.get(MapErrorKind::PortCounters) >= 3, "{s:?}");
+    assert_eq!(s.map_errors.get(MapErrorKind::ConnInsert), 0, "{s:?}");
+    assert_eq!(k.map_errors(), s.map_errors);
+    // The good port's figures are untouched.
+    assert_eq!(s.ports[0].counters.established, 20, "{s:?}");
+}

@@ -1,0 +1,366 @@
+//! The status policy of SPEC.md as one pure function: check results in, (`status`, HTTP code,
+//! `recommendation`, reasons) out. 503 only for what a new instance or a restart would fix;
+//! a shared dependency (the database) never takes the fleet out. `FlapGuard` (flap.rs) holds a
+//! change of HTTP code back until the new condition has lasted its configured time.
+//!
+//! The states it reads and answers with live in `crate::status`; they are re-exported here so
+//! `crate::policy::Status` and the like keep working.
+
+use serde::Serialize;
+
+mod flap;
+#[cfg(test)]
+mod tests;
+
+pub use crate::status::{
+    ContainersState, DbState, DiskLevel, FaultClass, HealPhase, Pressure, Recommendation, Scope,
+    Status, WebVerdict,
+};
+pub use flap::FlapGuard;
+
+/// The peers' judgement of one kind of fault of this instance.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Judgement {
+    pub class: FaultClass,
+    pub scope: Scope,
+    pub peers_with: usize,
+    pub peers_answered: usize,
+    pub reason: String,
+}
+
+/// A condition a restart or a new instance would fix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fault {
+    Web(WebVerdict),
+    DiskFull,
+    Containers,
+    /// Boot grace is over and the web backend was never seen serving.
+    NeverServed,
+    /// A dependency (the database) that only this instance cannot reach, while most peers
+    /// do. A restart of the web backend does not change the path to it.
+    Dependency,
+}
+
+impl Fault {
+    /// Whether self-healing (a restart) can address it. A backend that never served is not
+    /// restarted into `recovering` (a 200 would put an instance that never worked into
+    /// rotation).
+    pub fn healable(self) -> bool {
+        matches!(self, Self::Web(_) | Self::Containers)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicyInput {
+    pub web: WebVerdict,
+    /// The web verdict's evidence, carried into the reasons.
+    pub web_detail: String,
+    /// Every process holding the web listener is stopped or frozen: nothing shared explains
+    /// that, so the shared-dependency guard does not cover it.
+    pub web_stopped: bool,
+    /// The web backend has been seen serving since the agent started (true when there is no
+    /// web check).
+    pub web_served: bool,
+    pub disk: DiskLevel,
+    pub database: DbState,
+    pub containers: ContainersState,
+    pub pressure: Pressure,
+    pub in_boot_grace: bool,
+    /// Some check has not reported its first result yet (named in the booting reason).
+    pub warming_up: bool,
+    /// The code while booting and the backend has not served yet: 503 (not ready: the
+    /// balancer sends nothing, the scaling group's grace period keeps the instance) or 200
+    /// for scaling groups without a grace period (`checks.boot_status`).
+    pub boot_status: u16,
+    pub heal: HealPhase,
+    /// The peers' judgement of this instance's faults (empty: judged alone).
+    pub fleet: Vec<Judgement>,
+}
+
+impl Default for PolicyInput {
+    fn default() -> Self {
+        Self {
+            web: WebVerdict::NotConfigured,
+            web_detail: String::new(),
+            web_stopped: false,
+            web_served: true,
+            disk: DiskLevel::Ok,
+            database: DbState::NotConfigured,
+            containers: ContainersState::NotConfigured,
+            pressure: Pressure::Normal,
+            in_boot_grace: false,
+            warming_up: false,
+            boot_status: 503,
+            heal: HealPhase::Idle,
+            fleet: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Decision {
+    pub status: Status,
+    pub http: u16,
+    pub recommendation: Recommendation,
+    pub reasons: Vec<String>,
+    /// Faults a restart or a new instance would fix (empty when guarded or none).
+    pub faults: Vec<Fault>,
+    /// A fault was seen but attributed to a shared dependency (fleet-safety guard).
+    pub shared_dependency: bool,
+}
+
+impl Decision {
+    /// The fault self-healing should act on, if any.
+    pub fn healable_fault(&self) -> Option<Fault> {
+        self.faults.iter().copied().find(|f| f.healable())
+    }
+}
+
+pub fn evaluate(i: &PolicyInput) -> Decision {
+    let mut reasons = Vec::new();
+    let mut faults = Vec::new();
+    let dependency_down = matches!(i.database, DbState::Unreachable | DbState::Slow);
+    let mut shared_dependency = false;
+    let fleet = |class: FaultClass| i.fleet.iter().find(|j| j.class == class);
+    let web = |what: &str| {
+        if i.web_detail.is_empty() {
+            format!("web backend {what}")
+        } else {
+            format!("web backend {what}: {}", i.web_detail)
+        }
+    };
+
+    let decided = |status, http, recommendation, reasons, faults, shared_dependency| Decision {
+        status,
+        http,
+        recommendation,
+        reasons,
+        faults,
+        shared_dependency,
+    };
+
+    // Not ready until the backend has served once: a 200 would put it into rotation.
+    let never_served = i.web != WebVerdict::NotConfigured && !i.web_served;
+    if never_served && i.in_boot_grace {
+        return decided(
+            Status::Booting,
+            i.boot_status,
+            Recommendation::Stable,
+            vec![format!(
+                "booting: the web backend has not been seen serving yet ({})",
+                web(i.web.as_str())
+            )],
+            Vec::new(),
+            false,
+        );
+    }
+    if never_served {
+        // It never was in rotation, so taking it out cannot take the fleet out, whatever the
+        // database says: no shared-dependency guard, and no `recovering` 200 while a restart
+        // runs.
+        faults.push(Fault::NeverServed);
+        reasons.push(format!(
+            "boot grace is over and the web backend was never seen serving ({})",
+            web(i.web.as_str())
+        ));
+        if i.web.is_fault() || i.web == WebVerdict::Waiting {
+            faults.push(Fault::Web(i.web));
+        }
+    } else if i.web == WebVerdict::Waiting {
+        match fleet(FaultClass::Dependency) {
+            Some(j) if j.scope == Scope::Local => {
+                // Only this instance cannot reach it: a restart, or a new instance, may.
+                faults.push(Fault::Web(i.web));
+                reasons.push(format!("{}; {}", web("waiting on a dependency"), j.reason));
+            }
+            j => {
+                shared_dependency = true;
+                reasons.push(web("waiting on a dependency, not replacing the instance"));
+                reasons.extend(j.map(|j| j.reason.clone()));
+            }
+        }
+    } else if i.web.is_fault() {
+        if let Some(j) = fleet(FaultClass::Web) {
+            // The peers settle it: most of them hung too (a bad deploy) is the fleet's fault,
+            // replacing instances fixes nothing; most of them fine makes it ours, database or not.
+            if j.scope == Scope::Shared {
+                shared_dependency = true;
+                reasons.push(format!(
+                    "{}; {}: not replacing the instance",
+                    web(i.web.as_str()),
+                    j.reason
+                ));
+            } else {
+                faults.push(Fault::Web(i.web));
+                reasons.push(format!("{}; {}", web(i.web.as_str()), j.reason));
+            }
+        } else if dependency_down && !i.web_stopped {
+            // Fleet-safety guard: every instance shares this database, so every instance
+            // would look the same and replacing them fixes nothing. A stopped or frozen
+            // server is not explained by any database: that stays a local fault.
+            shared_dependency = true;
+            reasons.push(format!(
+                "{} while the database is {}: shared dependency, not replacing the instance",
+                web(i.web.as_str()),
+                db_word(i.database)
+            ));
+        } else {
+            faults.push(Fault::Web(i.web));
+            reasons.push(web(i.web.as_str()));
+        }
+    }
+    let mut dependency_shared = dependency_down;
+    if dependency_down && !never_served {
+        if let Some(j) = fleet(FaultClass::Dependency).filter(|j| j.scope == Scope::Local) {
+            // Most peers reach their database: this instance alone cannot.
+            dependency_shared = false;
+            faults.push(Fault::Dependency);
+            reasons.push(format!("database {}; {}", db_word(i.database), j.reason));
+        }
+    }
+    if i.containers == ContainersState::Faulty {
+        match fleet(FaultClass::Containers) {
+            Some(j) if j.scope == Scope::Shared => {
+                shared_dependency = true;
+                reasons.push(format!(
+                    "expected container not running; {}: not replacing the instance",
+                    j.reason
+                ));
+            }
+            _ => {
+                faults.push(Fault::Containers);
+                reasons.push("expected container not running".into());
+            }
+        }
+    }
+    if i.disk == DiskLevel::Fail {
+        faults.push(Fault::DiskFull);
+        reasons.push("disk usage at or above the fail threshold".into());
+    }
+
+    if !faults.is_empty() {
+        let only_healable = faults.iter().all(|f| f.healable());
+        if i.heal == HealPhase::Recovering && only_healable {
+            reasons.push("self-heal in progress".into());
+            return decided(
+                Status::Recovering,
+                200,
+                Recommendation::Stable,
+                reasons,
+                faults,
+                shared_dependency,
+            );
+        }
+        match i.heal {
+            HealPhase::Recovering => reasons.push("self-heal in progress".into()),
+            HealPhase::Exhausted => reasons.push("self-heal failed or its budget is spent".into()),
+            HealPhase::Idle => {}
+        }
+        if i.in_boot_grace {
+            reasons.push("within the boot grace period: no restart".into());
+        }
+        return decided(
+            Status::Unhealthy,
+            503,
+            Recommendation::Stable,
+            reasons,
+            faults,
+            shared_dependency,
+        );
+    }
+
+    let mut degraded = shared_dependency;
+    let mut infrastructure = shared_dependency;
+    let mut scale_up = false;
+    if dependency_shared {
+        degraded = true;
+        infrastructure = true;
+        reasons.push(format!("database {}", db_word(i.database)));
+        reasons.extend(
+            fleet(FaultClass::Dependency)
+                .filter(|j| j.scope == Scope::Shared)
+                .map(|j| j.reason.clone()),
+        );
+    }
+    if i.database == DbState::Misconfigured {
+        degraded = true;
+        reasons.push("database check misconfigured (credentials, database name or TLS)".into());
+    }
+    match i.disk {
+        DiskLevel::Warn => {
+            degraded = true;
+            reasons.push("disk usage at or above the warn threshold".into());
+        }
+        DiskLevel::Unknown => {
+            degraded = true;
+            reasons.push("disk usage could not be read".into());
+        }
+        DiskLevel::Ok | DiskLevel::Fail => {}
+    }
+    if i.containers == ContainersState::Unknown {
+        degraded = true;
+        reasons.push("container state unknown: Docker did not answer".into());
+    }
+    if i.web == WebVerdict::Slow {
+        degraded = true;
+        scale_up = true;
+        reasons.push(web("slow"));
+    }
+    if i.pressure == Pressure::High {
+        degraded = true;
+        scale_up = true;
+        reasons.push("sustained high CPU or memory".into());
+    }
+
+    let recommendation = if infrastructure {
+        Recommendation::InfrastructureIssue
+    } else if scale_up {
+        Recommendation::ScaleUp
+    } else if !degraded && i.pressure == Pressure::Low {
+        Recommendation::ScaleDown
+    } else {
+        Recommendation::Stable
+    };
+    if i.in_boot_grace {
+        // Ready (it serves), still in its grace: no restarts, and whatever is degraded now
+        // may be warming up.
+        reasons.insert(
+            0,
+            if i.warming_up {
+                "booting: the web backend serves, other checks are warming up"
+            } else {
+                "booting: the web backend serves, within checks.boot_grace"
+            }
+            .into(),
+        );
+        return decided(
+            Status::Booting,
+            200,
+            Recommendation::Stable,
+            reasons,
+            Vec::new(),
+            shared_dependency,
+        );
+    }
+    let status = if degraded {
+        Status::Degraded
+    } else {
+        Status::Healthy
+    };
+    decided(
+        status,
+        200,
+        recommendation,
+        reasons,
+        Vec::new(),
+        shared_dependency,
+    )
+}
+
+fn db_word(d: DbState) -> &'static str {
+    match d {
+        DbState::Slow => "slow",
+        _ => "unreachable",
+    }
+}

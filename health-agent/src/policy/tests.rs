@@ -1,0 +1,576 @@
+//! The status table and the flap guard, one row per case.
+
+use std::time::{Duration, Instant};
+
+use super::*;
+
+fn input() -> PolicyInput {
+    PolicyInput {
+        web: WebVerdict::Up,
+        database: DbState::Connected,
+        containers: ContainersState::AllRunning,
+        ..PolicyInput::default()
+    }
+}
+
+/// One row per line of the SPEC.md status table (and the edges around it).
+#[test]
+fn status_table() {
+    use Recommendation::*;
+    use Status::*;
+    type Case = (
+        &'static str,
+        fn(&mut PolicyInput),
+        Status,
+        u16,
+        Recommendation,
+    );
+    let cases: &[Case] = &[
+        ("all fine", |_| {}, Healthy, 200, Stable),
+        (
+            "all fine, sustained low use",
+            |i| i.pressure = Pressure::Low,
+            Healthy,
+            200,
+            ScaleDown,
+        ),
+        (
+            "web down, no heal possible",
+            |i| i.web = WebVerdict::Down,
+            Unhealthy,
+            503,
+            Stable,
+        ),
+        (
+            "web down, heal failed",
+            |i| {
+                i.web = WebVerdict::Down;
+                i.heal = HealPhase::Exhausted;
+            },
+            Unhealthy,
+            503,
+            Stable,
+        ),
+        (
+            "container not running",
+            |i| i.containers = ContainersState::Faulty,
+            Unhealthy,
+            503,
+            Stable,
+        ),
+        (
+            "web hung after heal failed",
+            |i| {
+                i.web = WebVerdict::Hung;
+                i.heal = HealPhase::Exhausted;
+            },
+            Unhealthy,
+            503,
+            Stable,
+        ),
+        (
+            "web unresponsive after heal failed",
+            |i| {
+                i.web = WebVerdict::Unresponsive;
+                i.heal = HealPhase::Exhausted;
+            },
+            Unhealthy,
+            503,
+            Stable,
+        ),
+        (
+            "disk at fail threshold",
+            |i| i.disk = DiskLevel::Fail,
+            Unhealthy,
+            503,
+            Stable,
+        ),
+        (
+            "disk full while healing web: still 503",
+            |i| {
+                i.disk = DiskLevel::Fail;
+                i.web = WebVerdict::Hung;
+                i.heal = HealPhase::Recovering;
+            },
+            Unhealthy,
+            503,
+            Stable,
+        ),
+        (
+            "disk at warn threshold",
+            |i| i.disk = DiskLevel::Warn,
+            Degraded,
+            200,
+            Stable,
+        ),
+        (
+            "disk unreadable",
+            |i| i.disk = DiskLevel::Unknown,
+            Degraded,
+            200,
+            Stable,
+        ),
+        (
+            "database unreachable",
+            |i| i.database = DbState::Unreachable,
+            Degraded,
+            200,
+            InfrastructureIssue,
+        ),
+        (
+            "database slow",
+            |i| i.database = DbState::Slow,
+            Degraded,
+            200,
+            InfrastructureIssue,
+        ),
+        (
+            "web hung while database unreachable",
+            |i| {
+                i.web = WebVerdict::Hung;
+                i.database = DbState::Unreachable;
+            },
+            Degraded,
+            200,
+            InfrastructureIssue,
+        ),
+        (
+            "web unresponsive while database slow",
+            |i| {
+                i.web = WebVerdict::Unresponsive;
+                i.database = DbState::Slow;
+            },
+            Degraded,
+            200,
+            InfrastructureIssue,
+        ),
+        (
+            "web down while database unreachable",
+            |i| {
+                i.web = WebVerdict::Down;
+                i.database = DbState::Unreachable;
+            },
+            Degraded,
+            200,
+            InfrastructureIssue,
+        ),
+        (
+            "high cpu/memory",
+            |i| i.pressure = Pressure::High,
+            Degraded,
+            200,
+            ScaleUp,
+        ),
+        (
+            "web slow",
+            |i| i.web = WebVerdict::Slow,
+            Degraded,
+            200,
+            ScaleUp,
+        ),
+        (
+            "infrastructure beats scale_up",
+            |i| {
+                i.pressure = Pressure::High;
+                i.database = DbState::Unreachable;
+            },
+            Degraded,
+            200,
+            InfrastructureIssue,
+        ),
+        (
+            "low use but degraded: no scale_down",
+            |i| {
+                i.pressure = Pressure::Low;
+                i.disk = DiskLevel::Warn;
+            },
+            Degraded,
+            200,
+            Stable,
+        ),
+        (
+            "booting, the backend not yet seen serving: not ready",
+            |i| {
+                i.in_boot_grace = true;
+                i.web_served = false;
+                i.web = WebVerdict::Down;
+            },
+            Booting,
+            503,
+            Stable,
+        ),
+        (
+            "booting, not yet serving, boot_status = 200 (no ASG grace period)",
+            |i| {
+                i.in_boot_grace = true;
+                i.web_served = false;
+                i.web = WebVerdict::Unknown;
+                i.boot_status = 200;
+            },
+            Booting,
+            200,
+            Stable,
+        ),
+        (
+            "booting, serving, other checks warming up",
+            |i| {
+                i.in_boot_grace = true;
+                i.warming_up = true;
+                i.database = DbState::Unknown;
+            },
+            Booting,
+            200,
+            Stable,
+        ),
+        (
+            "booting, serving, every check in: still booting until the grace ends",
+            |i| i.in_boot_grace = true,
+            Booting,
+            200,
+            Stable,
+        ),
+        (
+            "booting, serving, disk full: a fault is a fault",
+            |i| {
+                i.in_boot_grace = true;
+                i.disk = DiskLevel::Fail;
+            },
+            Unhealthy,
+            503,
+            Stable,
+        ),
+        (
+            "boot grace over, never served, database unreachable: still 503",
+            |i| {
+                i.web_served = false;
+                i.web = WebVerdict::Waiting;
+                i.database = DbState::Unreachable;
+            },
+            Unhealthy,
+            503,
+            Stable,
+        ),
+        (
+            "waiting on a dependency",
+            |i| i.web = WebVerdict::Waiting,
+            Degraded,
+            200,
+            InfrastructureIssue,
+        ),
+        (
+            "stopped server while the database is unreachable: local, 503",
+            |i| {
+                i.web = WebVerdict::Hung;
+                i.web_stopped = true;
+                i.database = DbState::Unreachable;
+                i.heal = HealPhase::Exhausted;
+            },
+            Unhealthy,
+            503,
+            Stable,
+        ),
+        (
+            "database misconfigured",
+            |i| i.database = DbState::Misconfigured,
+            Degraded,
+            200,
+            Stable,
+        ),
+        (
+            "database misconfigured never hides a web fault",
+            |i| {
+                i.database = DbState::Misconfigured;
+                i.web = WebVerdict::Hung;
+                i.heal = HealPhase::Exhausted;
+            },
+            Unhealthy,
+            503,
+            Stable,
+        ),
+        (
+            "self-heal in progress",
+            |i| {
+                i.web = WebVerdict::Hung;
+                i.heal = HealPhase::Recovering;
+            },
+            Recovering,
+            200,
+            Stable,
+        ),
+        (
+            "docker unreachable is a warning",
+            |i| i.containers = ContainersState::Unknown,
+            Degraded,
+            200,
+            Stable,
+        ),
+        (
+            "database not configured",
+            |i| i.database = DbState::NotConfigured,
+            Healthy,
+            200,
+            Stable,
+        ),
+        (
+            "database not checked yet",
+            |i| i.database = DbState::Unknown,
+            Healthy,
+            200,
+            Stable,
+        ),
+        (
+            "web not configured",
+            |i| i.web = WebVerdict::NotConfigured,
+            Healthy,
+            200,
+            Stable,
+        ),
+        (
+            "web without evidence yet",
+            |i| i.web = WebVerdict::Unknown,
+            Healthy,
+            200,
+            Stable,
+        ),
+    ];
+    for (name, set, status, http, rec) in cases {
+        let mut i = input();
+        set(&mut i);
+        let d = evaluate(&i);
+        assert_eq!(
+            (d.status, d.http, d.recommendation),
+            (*status, *http, *rec),
+            "{name}: {d:?}"
+        );
+        if d.http == 503 {
+            assert!(!d.reasons.is_empty(), "{name}: a 503 must say why");
+        }
+    }
+}
+
+#[test]
+fn the_peers_decide_local_or_shared() {
+    use Recommendation::*;
+    use Status::*;
+    let judged = |class, scope| Judgement {
+        class,
+        scope,
+        peers_with: if scope == Scope::Shared { 2 } else { 0 },
+        peers_answered: 2,
+        reason: format!("{scope:?} by 2 peers"),
+    };
+    let cases: &[(&str, PolicyInput, Status, u16, Recommendation)] = &[
+        (
+            "waiting on a dependency only this instance cannot reach: 503 after heal",
+            PolicyInput {
+                web: WebVerdict::Waiting,
+                heal: HealPhase::Exhausted,
+                fleet: vec![judged(FaultClass::Dependency, Scope::Local)],
+                ..input()
+            },
+            Unhealthy,
+            503,
+            Stable,
+        ),
+        (
+            "waiting on a dependency the peers wait on too: 200",
+            PolicyInput {
+                web: WebVerdict::Waiting,
+                fleet: vec![judged(FaultClass::Dependency, Scope::Shared)],
+                ..input()
+            },
+            Degraded,
+            200,
+            InfrastructureIssue,
+        ),
+        (
+            "database unreachable from here only: 503, no restart can help",
+            PolicyInput {
+                database: DbState::Unreachable,
+                fleet: vec![judged(FaultClass::Dependency, Scope::Local)],
+                ..input()
+            },
+            Unhealthy,
+            503,
+            Stable,
+        ),
+        (
+            "database unreachable for most peers too: 200",
+            PolicyInput {
+                database: DbState::Unreachable,
+                fleet: vec![judged(FaultClass::Dependency, Scope::Shared)],
+                ..input()
+            },
+            Degraded,
+            200,
+            InfrastructureIssue,
+        ),
+        (
+            "every instance hung after a bad deploy: 200, no restart loop",
+            PolicyInput {
+                web: WebVerdict::Hung,
+                fleet: vec![judged(FaultClass::Web, Scope::Shared)],
+                ..input()
+            },
+            Degraded,
+            200,
+            InfrastructureIssue,
+        ),
+        (
+            "hung here alone while the database is down everywhere: ours",
+            PolicyInput {
+                web: WebVerdict::Hung,
+                database: DbState::Unreachable,
+                heal: HealPhase::Exhausted,
+                fleet: vec![
+                    judged(FaultClass::Web, Scope::Local),
+                    judged(FaultClass::Dependency, Scope::Shared),
+                ],
+                ..input()
+            },
+            Unhealthy,
+            503,
+            Stable,
+        ),
+        (
+            "an expected container down on most peers: 200",
+            PolicyInput {
+                containers: ContainersState::Faulty,
+                fleet: vec![judged(FaultClass::Containers, Scope::Shared)],
+                ..input()
+            },
+            Degraded,
+            200,
+            InfrastructureIssue,
+        ),
+    ];
+    for (name, i, status, http, rec) in cases {
+        let d = evaluate(i);
+        assert_eq!(
+            (d.status, d.http, d.recommendation),
+            (*status, *http, *rec),
+            "{name}: {d:?}"
+        );
+        assert!(
+            d.reasons.iter().any(|r| r.contains("by 2 peers")),
+            "{name}: the reasons name the peers' evidence: {:?}",
+            d.reasons
+        );
+    }
+    // A dependency only we cannot reach is not healed by restarting the web backend.
+    let d = evaluate(&cases[2].1);
+    assert_eq!(d.healable_fault(), None);
+}
+
+#[test]
+fn reasons_carry_the_web_evidence() {
+    let d = evaluate(&PolicyInput {
+        web: WebVerdict::Waiting,
+        web_detail: "waiting on 10.0.3.7:5432 for 4.2s (12 connections)".into(),
+        ..input()
+    });
+    assert!(d.shared_dependency);
+    assert_eq!(d.healable_fault(), None, "no restart for a dependency");
+    assert!(
+        d.reasons.iter().any(|r| r.contains("10.0.3.7:5432")),
+        "{:?}",
+        d.reasons
+    );
+    let d = evaluate(&PolicyInput {
+        web_served: false,
+        web: WebVerdict::Hung,
+        heal: HealPhase::Recovering,
+        ..input()
+    });
+    assert_eq!(d.faults, [Fault::NeverServed, Fault::Web(WebVerdict::Hung)]);
+    assert_eq!(d.healable_fault(), Some(Fault::Web(WebVerdict::Hung)));
+    assert_eq!(
+        (d.status, d.http),
+        (Status::Unhealthy, 503),
+        "a restart of a backend that never served is no reason to take traffic"
+    );
+}
+
+#[test]
+fn guarded_fault_is_not_healable() {
+    let d = evaluate(&PolicyInput {
+        web: WebVerdict::Hung,
+        database: DbState::Unreachable,
+        ..input()
+    });
+    assert!(d.shared_dependency);
+    assert_eq!(d.healable_fault(), None);
+    let d = evaluate(&PolicyInput {
+        web: WebVerdict::Hung,
+        ..input()
+    });
+    assert_eq!(d.healable_fault(), Some(Fault::Web(WebVerdict::Hung)));
+    let d = evaluate(&PolicyInput {
+        disk: DiskLevel::Fail,
+        ..input()
+    });
+    assert_eq!(d.healable_fault(), None, "a restart does not empty a disk");
+}
+
+#[test]
+fn flap_guard_holds_each_direction_for_its_time() {
+    let t0 = Instant::now();
+    let s = Duration::from_secs(1);
+    let ok = evaluate(&input());
+    let bad = evaluate(&PolicyInput {
+        web: WebVerdict::Down,
+        ..input()
+    });
+    let mut g = FlapGuard::new(2 * s, 4 * s);
+    assert_eq!(g.apply(ok.clone(), t0).http, 200);
+    // 503 only once it has held 2 s.
+    assert_eq!(g.apply(bad.clone(), t0 + s).http, 200);
+    assert_eq!(g.apply(bad.clone(), t0 + 2 * s).http, 200);
+    assert_eq!(g.apply(bad.clone(), t0 + 3 * s).http, 503);
+    // A single good evaluation does not bring it back…
+    assert_eq!(g.apply(ok.clone(), t0 + 4 * s).http, 503);
+    // …and a relapse restarts the clock.
+    assert_eq!(g.apply(bad.clone(), t0 + 5 * s).http, 503);
+    assert_eq!(g.apply(ok.clone(), t0 + 6 * s).http, 503);
+    assert_eq!(g.apply(ok.clone(), t0 + 9 * s).http, 503);
+    assert_eq!(g.apply(ok.clone(), t0 + 10 * s).http, 200);
+}
+
+#[test]
+fn flap_guard_zero_fail_after_is_immediate() {
+    let t0 = Instant::now();
+    let mut g = FlapGuard::new(Duration::ZERO, Duration::from_secs(4));
+    g.apply(evaluate(&input()), t0);
+    let bad = evaluate(&PolicyInput {
+        disk: DiskLevel::Fail,
+        ..input()
+    });
+    let held = g.apply(bad, t0);
+    assert_eq!(held.http, 503);
+    assert!(held.reasons.iter().any(|r| r.contains("disk")));
+}
+
+#[test]
+fn flap_guard_lets_an_instance_out_of_boot_at_once() {
+    let t0 = Instant::now();
+    let mut g = FlapGuard::new(Duration::ZERO, Duration::from_secs(4));
+    let booting = evaluate(&PolicyInput {
+        in_boot_grace: true,
+        web_served: false,
+        ..input()
+    });
+    assert_eq!(g.apply(booting, t0).http, 503);
+    assert_eq!(g.apply(evaluate(&input()), t0).status, Status::Healthy);
+}
+
+#[test]
+fn flap_guard_passes_changes_within_a_code() {
+    let t0 = Instant::now();
+    let mut g = FlapGuard::new(Duration::from_secs(2), Duration::from_secs(4));
+    g.apply(evaluate(&input()), t0);
+    let warn = evaluate(&PolicyInput {
+        disk: DiskLevel::Warn,
+        ..input()
+    });
+    assert_eq!(g.apply(warn, t0).status, Status::Degraded);
+}

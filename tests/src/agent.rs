@@ -1,0 +1,225 @@
+//! The agent binary running `serve` with a config written for the test, on 127.0.0.1 or on any
+//! address of the test's choosing (the fleet tests put agents on 127.0.0.2, 127.0.0.3, … so
+//! that two of them can share a port, the way a fleet's hosts do).
+
+use std::{
+    io,
+    net::SocketAddr,
+    path::PathBuf,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+use crate::{agent_binary, free_port, request_at, wait_until, Proc};
+
+/// The agent binary running `serve`. Dropping it stops it (SIGTERM).
+pub struct Agent {
+    child: Proc,
+    /// The port of `addr`.
+    pub port: u16,
+    pub addr: SocketAddr,
+    pub dir: tempfile::TempDir,
+    pub log: PathBuf,
+}
+
+impl Agent {
+    /// Starts `health-agent serve` with `extra` TOML appended to a base config that listens on
+    /// a free loopback port, shows full details, and has no boot grace.
+    pub fn start(extra: &str) -> Self {
+        Self::start_with_env(extra, &[])
+    }
+
+    pub fn start_with_env(extra: &str, env: &[(&str, &str)]) -> Self {
+        Self::start_under(&[], extra, env)
+    }
+
+    /// Like `start_with_env`, with the agent run by `wrapper` (e.g. `setpriv --bounding-set
+    /// ... --`), which must exec it: `pid` is the wrapper's.
+    pub fn start_under(wrapper: &[&str], extra: &str, env: &[(&str, &str)]) -> Self {
+        let addr = ([127, 0, 0, 1], free_port()).into();
+        Self::launch(wrapper, addr, extra, env)
+    }
+
+    /// On a chosen address (`127.0.0.2:PORT`, say). The port is not retried: other agents'
+    /// configs name it (pick it with [`crate::free_port_on_all`] right before).
+    pub fn start_at(addr: SocketAddr, extra: &str, env: &[(&str, &str)]) -> Self {
+        Self::launch(&[], addr, extra, env)
+    }
+
+    /// Writes the config, starts the agent and waits until it serves `/livez` on `addr`.
+    fn launch(wrapper: &[&str], addr: SocketAddr, extra: &str, env: &[(&str, &str)]) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = dir.path().join("health-agent.toml");
+        let mut base = format!(
+            "[server]\nlisten = \"{addr}\"\ndetails = \"always\"\n\n[checks]\nboot_grace = \"0s\"\n"
+        );
+        // A test about something else must not turn `degraded` because the machine running it
+        // has a fullish disk or busy cores (other suites' load generators, a build): unless
+        // the test sets them, the host's disk and CPU/memory thresholds are out of reach.
+        if !extra.contains("[disk]") {
+            base.push_str("\n[disk]\nwarn_percent = 99.0\nfail_percent = 99.9\n");
+        }
+        if !extra.contains("[scaling]") {
+            base.push_str("\n[scaling]\ncpu_high_percent = 100.0\nmemory_high_percent = 100.0\n");
+        }
+        std::fs::write(&config, merge_toml(&base, extra)).expect("writing config");
+        let log = dir.path().join("agent.log");
+        let log_file = std::fs::File::create(&log).expect("log file");
+        let mut command = match wrapper.split_first() {
+            None => Command::new(agent_binary()),
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(agent_binary());
+                c
+            }
+        };
+        let child = command
+            .arg("--config")
+            .arg(&config)
+            .arg("serve")
+            .envs(env.iter().copied())
+            .env("HEALTH_AGENT_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .expect("starting health-agent");
+        // Dropped (stopped) if the wait below panics.
+        let mut agent = Self {
+            child: Proc(child),
+            port: addr.port(),
+            addr,
+            dir,
+            log,
+        };
+        wait_until(
+            Duration::from_secs(20),
+            &format!("the agent to serve /livez on {addr}"),
+            || {
+                if let Ok(Some(status)) = agent.child.0.try_wait() {
+                    panic!(
+                        "health-agent on {addr} exited with {status}:\n{}\nconfig:\n{}",
+                        agent.logs(),
+                        agent.config()
+                    );
+                }
+                agent.get("/livez").ok().filter(|(c, _)| *c == 200)
+            },
+        );
+        agent
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.pid()
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The config file it was started with.
+    pub fn config(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("health-agent.toml")).unwrap_or_default()
+    }
+
+    /// `GET path` with a 5 s timeout: (status, body).
+    pub fn get(&self, path: &str) -> io::Result<(u16, String)> {
+        request_at(self.addr, "GET", path, &[], Duration::from_secs(5)).map(|(c, _, b)| (c, b))
+    }
+
+    /// (HTTP code, JSON body) of `GET /health`.
+    pub fn health(&self) -> (u16, Value) {
+        let (code, body) = self
+            .get("/health")
+            .unwrap_or_else(|e| panic!("GET /health on {}: {e}", self.addr));
+        let json = serde_json::from_str(&body)
+            .unwrap_or_else(|e| panic!("/health body is not JSON ({e}): {body}"));
+        (code, json)
+    }
+
+    /// `GET /fleet/v1/view`, with `Authorization: <authorization>` when given: (status, body).
+    pub fn view(&self, authorization: Option<&str>) -> io::Result<(u16, String)> {
+        let headers: Vec<(&str, &str)> = authorization
+            .map(|a| vec![("Authorization", a)])
+            .unwrap_or_default();
+        request_at(
+            self.addr,
+            "GET",
+            "/fleet/v1/view",
+            &headers,
+            Duration::from_secs(5),
+        )
+        .map(|(c, _, b)| (c, b))
+    }
+
+    /// The `/metrics` text.
+    pub fn metrics(&self) -> String {
+        match self.get("/metrics") {
+            Ok((200, text)) => text,
+            other => panic!("GET /metrics on {}: {other:?}", self.addr),
+        }
+    }
+
+    /// Polls /health until `pred` holds; panics with the last answer and the agent log.
+    pub fn wait_health(
+        &self,
+        timeout: Duration,
+        what: &str,
+        pred: impl Fn(u16, &Value) -> bool,
+    ) -> (u16, Value) {
+        let deadline = Instant::now() + timeout;
+        let mut last = (0, Value::Null);
+        while Instant::now() < deadline {
+            last = self.health();
+            if pred(last.0, &last.1) {
+                return last;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!(
+            "timed out after {timeout:?} waiting for {what}; last /health: {} {}\nagent log:\n{}",
+            last.0,
+            serde_json::to_string_pretty(&last.1).unwrap_or_default(),
+            self.logs()
+        );
+    }
+
+    /// Sends SIGTERM and returns the exit status.
+    pub fn stop(self) -> std::process::ExitStatus {
+        let mut child = self.child;
+        child.signal(libc::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(Some(s)) = child.0.try_wait() {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "agent did not stop within 10s of SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Appends `extra` to `base`, merging tables that appear in both (TOML forbids repeating a
+/// table header).
+pub fn merge_toml(base: &str, extra: &str) -> String {
+    let mut doc: toml_edit::DocumentMut = base.parse().expect("base config");
+    let extra: toml_edit::DocumentMut = extra.parse().expect("extra config is valid TOML");
+    for (k, v) in extra.iter() {
+        match (doc.get_mut(k), v) {
+            (Some(toml_edit::Item::Table(t)), toml_edit::Item::Table(e)) => {
+                for (ek, ev) in e.iter() {
+                    t.insert(ek, ev.clone());
+                }
+            }
+            _ => {
+                doc.insert(k, v.clone());
+            }
+        }
+    }
+    doc.to_string()
+}

@@ -1,0 +1,321 @@
+//! The fixture backend as a Docker container: the image (built once per test process), on the
+//! host network ([`Container`]) or on Docker's default bridge network published on 127.0.0.1
+//! only ([`BridgeContainer`]).
+
+use std::{
+    net::SocketAddr,
+    process::{Command, Stdio},
+    sync::{
+        atomic::{AtomicU32, Ordering},
+        OnceLock,
+    },
+    time::Duration,
+};
+
+use crate::{
+    free_port, get, get_at, netns::left_by_dead_process, netns_inode, target_dir, wait_until,
+};
+
+/// The `FROM scratch` image holding a statically linked fixture backend, built once per test
+/// process. Images cannot be pulled here, so it is imported from a tarball of the one binary.
+pub fn fixture_image() -> &'static str {
+    static IMAGE: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    const TAG: &str = "health-agent-fixture:test";
+    IMAGE.get_or_init(|| {
+        // A separate target dir: the outer `cargo test` may hold the main one's lock.
+        let static_dir = target_dir().join("..").join("static");
+        let status = Command::new(env!("CARGO"))
+            .args([
+                "build",
+                "--release",
+                "-p",
+                "health-agent-tests",
+                "--bin",
+                "fixture-backend",
+                "--target",
+                "x86_64-unknown-linux-gnu",
+            ])
+            .env("CARGO_TARGET_DIR", &static_dir)
+            .env("RUSTFLAGS", "-C target-feature=+crt-static")
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .expect("running cargo build for the static fixture");
+        assert!(
+            status.success(),
+            "building the static fixture-backend failed"
+        );
+        let bin = static_dir.join("x86_64-unknown-linux-gnu/release/fixture-backend");
+        let ctx = tempfile::tempdir().expect("tempdir");
+        std::fs::copy(&bin, ctx.path().join("fixture-backend")).expect("copying fixture");
+        let tar = ctx.path().join("rootfs.tar");
+        let ok = Command::new("tar")
+            .arg("-C")
+            .arg(ctx.path())
+            .arg("-cf")
+            .arg(&tar)
+            .arg("fixture-backend")
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "tar failed");
+        let out = Command::new("docker")
+            .args(["import", "--change", "ENTRYPOINT [\"/fixture-backend\"]"])
+            .arg(&tar)
+            .arg(TAG)
+            .output()
+            .expect("running docker import (is dockerd running? cargo xtask services starts it)");
+        assert!(
+            out.status.success(),
+            "docker import failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
+    TAG
+}
+
+/// Runs `docker` with `args` and returns stdout; panics with stderr on failure.
+pub fn docker(args: &[&str]) -> String {
+    let out = Command::new("docker")
+        .args(args)
+        .output()
+        .expect("running docker");
+    assert!(
+        out.status.success(),
+        "docker {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A container of the fixture image on the host network (it listens on 127.0.0.1 only),
+/// removed on drop.
+pub struct Container {
+    pub name: String,
+    pub port: u16,
+}
+
+impl Container {
+    /// `fixture_args` go to the fixture backend after `--listen 127.0.0.1:<port>`.
+    pub fn run(label: &str, fixture_args: &[&str]) -> Self {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let name = format!("ha-test-{label}-{}-{n}", std::process::id());
+        let port = free_port();
+        let image = fixture_image();
+        let listen = format!("127.0.0.1:{port}");
+        let mut args = vec![
+            "run",
+            "-d",
+            "--name",
+            &name,
+            "--network",
+            "host",
+            image,
+            "--listen",
+            &listen,
+        ];
+        args.extend_from_slice(fixture_args);
+        docker(&args);
+        Self { name, port }
+    }
+
+    pub fn wait_serving(&self) {
+        wait_until(Duration::from_secs(15), "the container to serve", || {
+            get(self.port, "/up").ok().filter(|(c, _)| *c == 200)
+        });
+    }
+}
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        let _ = Command::new("docker")
+            .args(["rm", "-f", &self.name])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// Prefix of every container [`BridgeContainer`] runs: `ha-test-bridge-<pid>-<n>-<label>`.
+const CONTAINER_PREFIX: &str = "ha-test-bridge-";
+
+/// Once per test process: bridge containers of test processes that died without cleaning up.
+fn sweep_stale_containers() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        let names = Command::new("docker")
+            .args([
+                "ps",
+                "-a",
+                "--filter",
+                &format!("name={CONTAINER_PREFIX}"),
+                "--format",
+                "{{.Names}}",
+            ])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+            .unwrap_or_default();
+        for name in names.lines() {
+            if left_by_dead_process(name, CONTAINER_PREFIX) {
+                remove_container(name);
+            }
+        }
+    });
+}
+
+fn remove_container(name: &str) {
+    // A paused container is unpaused first, so nothing of it stays frozen if removal fails.
+    for args in [&["unpause", name][..], &["rm", "-f", name][..]] {
+        let _ = Command::new("docker")
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// The fixture image on Docker's default bridge network, listening on `0.0.0.0` inside the
+/// container and published on the host's loopback only: `-p 127.0.0.1:<host_port>:<container_port>`
+/// (and the control port likewise). Traffic goes to `127.0.0.1:<host_port>`; Docker carries it
+/// into the container (with the default userland proxy, `docker-proxy` owns the host listener).
+/// Dropping it unpauses and removes the container.
+pub struct BridgeContainer {
+    pub name: String,
+    /// On 127.0.0.1, published to `container_port`.
+    pub host_port: u16,
+    /// The fixture's web port inside the container.
+    pub container_port: u16,
+    /// On 127.0.0.1, published to `container_control_port`.
+    pub control_host_port: u16,
+    pub container_control_port: u16,
+}
+
+impl BridgeContainer {
+    /// The fixture's ports inside the container (its namespace is its own: always free).
+    pub const CONTAINER_PORT: u16 = 8080;
+    pub const CONTAINER_CONTROL_PORT: u16 = 8081;
+
+    /// Runs the fixture (`fixture_args` after `--listen`/`--control`) and waits until
+    /// `GET http://127.0.0.1:<host_port>/up` answers 200. Tries again on new host ports when
+    /// Docker could not publish one (taken in between).
+    pub fn run(label: &str, fixture_args: &[&str]) -> Self {
+        sweep_stale_containers();
+        static N: AtomicU32 = AtomicU32::new(0);
+        let image = fixture_image();
+        let mut last = String::new();
+        for _ in 0..5 {
+            let n = N.fetch_add(1, Ordering::SeqCst);
+            let name = format!("{CONTAINER_PREFIX}{}-{n}-{label}", std::process::id());
+            let (host_port, control_host_port) = (free_port(), free_port());
+            if host_port == control_host_port {
+                continue;
+            }
+            let c = Self {
+                name,
+                host_port,
+                container_port: Self::CONTAINER_PORT,
+                control_host_port,
+                container_control_port: Self::CONTAINER_CONTROL_PORT,
+            };
+            let web = format!("127.0.0.1:{host_port}:{}", c.container_port);
+            let control = format!("127.0.0.1:{control_host_port}:{}", c.container_control_port);
+            let listen = format!("0.0.0.0:{}", c.container_port);
+            let control_listen = format!("0.0.0.0:{}", c.container_control_port);
+            let out = Command::new("docker")
+                .args(["run", "-d", "--name", &c.name, "--network", "bridge"])
+                .args(["-p", &web, "-p", &control, image])
+                .args(["--listen", &listen, "--control", &control_listen])
+                .args(fixture_args)
+                .output()
+                .expect("running docker run (is dockerd running?)");
+            if !out.status.success() {
+                // A container that could not publish its port is created but not started:
+                // dropping `c` removes it.
+                last = String::from_utf8_lossy(&out.stderr).trim().to_string();
+                continue;
+            }
+            wait_until(
+                Duration::from_secs(15),
+                &format!(
+                    "the bridge container {} to answer on 127.0.0.1:{host_port}",
+                    c.name
+                ),
+                || {
+                    get_at(c.host_addr(), "/up")
+                        .ok()
+                        .filter(|(code, _)| *code == 200)
+                },
+            );
+            return c;
+        }
+        panic!("docker run on the bridge network failed 5 times; last: {last}");
+    }
+
+    /// `127.0.0.1:<host_port>`: where test traffic goes.
+    pub fn host_addr(&self) -> SocketAddr {
+        ([127, 0, 0, 1], self.host_port).into()
+    }
+
+    /// `127.0.0.1:<control_host_port>`.
+    pub fn control_addr(&self) -> SocketAddr {
+        ([127, 0, 0, 1], self.control_host_port).into()
+    }
+
+    /// `docker pause`: every process of the container frozen (cgroup freezer).
+    pub fn pause(&self) {
+        docker(&["pause", &self.name]);
+    }
+
+    pub fn unpause(&self) {
+        docker(&["unpause", &self.name]);
+    }
+
+    pub fn set_mode(&self, mode: &str) {
+        let (code, body) =
+            get_at(self.control_addr(), &format!("/mode/{mode}")).expect("fixture control");
+        assert_eq!(code, 200, "fixture refused mode {mode}: {body}");
+    }
+
+    /// The container's init process (the fixture) as the host sees it.
+    pub fn pid(&self) -> u32 {
+        let pid = docker(&["inspect", "-f", "{{.State.Pid}}", &self.name]);
+        pid.parse()
+            .unwrap_or_else(|_| panic!("docker inspect gave pid {pid:?}"))
+    }
+
+    /// The nsfs inode of the container's network namespace.
+    pub fn netns_inode(&self) -> u64 {
+        netns_inode(format!("/proc/{}/ns/net", self.pid()))
+    }
+
+    /// `docker logs` (the fixture writes to stderr).
+    pub fn logs(&self) -> String {
+        Command::new("docker")
+            .args(["logs", &self.name])
+            .output()
+            .map(|o| {
+                format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&o.stdout),
+                    String::from_utf8_lossy(&o.stderr)
+                )
+            })
+            .unwrap_or_default()
+    }
+
+    /// `ss -ltnp` for the host port: which process owns the listener on the host (with the
+    /// userland proxy: `docker-proxy`), or nothing when only iptables DNAT carries the port.
+    pub fn host_listener(&self) -> String {
+        Command::new("ss")
+            .args(["-Hltnp", &format!("sport = :{}", self.host_port)])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for BridgeContainer {
+    fn drop(&mut self) {
+        remove_container(&self.name);
+    }
+}

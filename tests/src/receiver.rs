@@ -1,0 +1,140 @@
+//! A local HTTP server standing in for Slack, PagerDuty, GitHub or a webhook.
+
+use std::{
+    io::{Read, Write},
+    net::{TcpListener, TcpStream},
+    time::Duration,
+};
+
+use serde_json::Value;
+
+/// One request a [`Receiver`] got.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub method: String,
+    pub path: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Value,
+}
+
+impl Recorded {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+type Responder = dyn Fn(&Recorded, &[Recorded]) -> (u16, String) + Send + Sync;
+
+/// A local HTTP server standing in for Slack, PagerDuty, GitHub or a webhook (this network
+/// reaches none of them): records every request and answers through `respond`, which also
+/// sees everything recorded before (so it can keep state, like GitHub's issue list).
+pub struct Receiver {
+    pub port: u16,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<Recorded>>>,
+}
+
+impl Receiver {
+    pub fn start(
+        respond: impl Fn(&Recorded, &[Recorded]) -> (u16, String) + Send + Sync + 'static,
+    ) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("binding a receiver");
+        let port = listener.local_addr().expect("addr").port();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let respond: std::sync::Arc<Responder> = std::sync::Arc::new(respond);
+        let s = seen.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let (s, respond) = (s.clone(), respond.clone());
+                std::thread::spawn(move || serve_receiver(stream, &s, &*respond));
+            }
+        });
+        Self { port, seen }
+    }
+
+    /// Answers 200 `{}` to everything.
+    pub fn ok() -> Self {
+        Self::start(|_, _| (200, "{}".into()))
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.seen.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+
+    /// Requests other than GETs (what was delivered).
+    pub fn posts(&self) -> Vec<Recorded> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.method != "GET")
+            .collect()
+    }
+}
+
+fn serve_receiver(
+    mut stream: TcpStream,
+    seen: &std::sync::Mutex<Vec<Recorded>>,
+    respond: &Responder,
+) {
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    loop {
+        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+            match stream.read(&mut chunk) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+            continue;
+        };
+        let head = String::from_utf8_lossy(&buf[..end]).to_string();
+        let mut lines = head.lines();
+        let mut first = lines.next().unwrap_or("").split_whitespace();
+        let method = first.next().unwrap_or("").to_string();
+        let path = first.next().unwrap_or("").to_string();
+        let headers: Vec<(String, String)> = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+            .collect();
+        let len: usize = headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or(0);
+        while buf.len() < end + 4 + len {
+            match stream.read(&mut chunk) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        let body = serde_json::from_slice(&buf[end + 4..end + 4 + len]).unwrap_or(Value::Null);
+        buf.drain(..end + 4 + len);
+        let rec = Recorded {
+            method,
+            path,
+            headers,
+            body,
+        };
+        let (code, reply) = {
+            let mut all = match seen.lock() {
+                Ok(g) => g,
+                Err(_) => return,
+            };
+            let answer = respond(&rec, &all);
+            all.push(rec);
+            answer
+        };
+        let resp = format!(
+            "HTTP/1.1 {code} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{reply}",
+            reply.len()
+        );
+        if stream.write_all(resp.as_bytes()).is_err() {
+            return;
+        }
+    }
+}
