@@ -43,6 +43,33 @@ impl ContainerNet {
     }
 }
 
+/// What went wrong talking to Docker. Cloneable (results travel through watch channels), so
+/// the Engine API's own error is kept as its message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DockerError {
+    #[error("containers.docker_host {host:?}: {reason}")]
+    Address { host: String, reason: String },
+    #[error("docker {call} {name}: {reason}")]
+    Call {
+        call: &'static str,
+        name: String,
+        reason: String,
+    },
+    /// The daemon did not answer within the check's deadline.
+    #[error("Docker did not answer within {0}s")]
+    Timeout(u64),
+}
+
+impl DockerError {
+    fn call(call: &'static str, name: &str, e: impl std::fmt::Display) -> Self {
+        Self::Call {
+            call,
+            name: name.to_string(),
+            reason: e.to_string(),
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct Docker {
     client: bollard::Docker,
@@ -53,18 +80,22 @@ pub struct Docker {
 impl Docker {
     /// `unix:///path` or `http://127.0.0.1:2375`. Connecting is lazy: this never fails because
     /// the daemon is down, only when the address is malformed.
-    pub fn connect(host: &str, timeout: Duration) -> Result<Self, String> {
+    pub fn connect(host: &str, timeout: Duration) -> Result<Self, DockerError> {
         let secs = timeout.as_secs().max(1);
         let client = if host.starts_with("unix://") || host.starts_with('/') {
             bollard::Docker::connect_with_unix(host, secs, bollard::API_DEFAULT_VERSION)
         } else if host.starts_with("http://") || host.starts_with("tcp://") {
             bollard::Docker::connect_with_http(host, secs, bollard::API_DEFAULT_VERSION)
         } else {
-            return Err(format!(
-                "containers.docker_host {host:?}: use unix:///var/run/docker.sock or http://HOST:PORT"
-            ));
+            return Err(DockerError::Address {
+                host: host.to_string(),
+                reason: "use unix:///var/run/docker.sock or http://HOST:PORT".into(),
+            });
         }
-        .map_err(|e| format!("containers.docker_host {host:?}: {e}"))?;
+        .map_err(|e| DockerError::Address {
+            host: host.to_string(),
+            reason: e.to_string(),
+        })?;
         Ok(Self {
             client,
             cpu: Arc::default(),
@@ -72,7 +103,7 @@ impl Docker {
     }
 
     /// Restarts `name` within `timeout` (the whole call, including Docker's stop grace).
-    pub async fn restart(&self, name: &str, timeout: Duration) -> Result<(), String> {
+    pub async fn restart(&self, name: &str, timeout: Duration) -> Result<(), DockerError> {
         let client = self.client.clone().with_timeout(timeout);
         // A frozen process cannot act on SIGTERM: thaw it first, or the stop waits out the grace.
         let paused = client
@@ -94,17 +125,17 @@ impl Docker {
         client
             .restart_container(name, Some(opts))
             .await
-            .map_err(|e| format!("docker restart {name}: {e}"))
+            .map_err(|e| DockerError::call("restart", name, e))
     }
 
     /// Where `name`'s network lives (Engine API inspect): re-read every round, since a restarted
     /// container has a new process and a new namespace.
-    pub async fn network_of(&self, name: &str) -> Result<ContainerNet, String> {
+    pub async fn network_of(&self, name: &str) -> Result<ContainerNet, DockerError> {
         let info = self
             .client
             .inspect_container(name, None::<InspectContainerOptions>)
             .await
-            .map_err(|e| format!("docker inspect {name}: {e}"))?;
+            .map_err(|e| DockerError::call("inspect", name, e))?;
         let state = info.state.unwrap_or_default();
         let pid = state
             .pid

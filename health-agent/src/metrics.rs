@@ -449,7 +449,7 @@ mod tests {
                 ],
             },
         };
-        let decision = evaluate(&report.policy_input(false));
+        let decision = evaluate(&crate::policy::PolicyInput::of(&report, false));
         let snap = Snapshot::new(decision, report, HealLog::default(), 1, 1);
         let text = render(&snap, true);
         for line in [
@@ -488,7 +488,7 @@ mod tests {
             containers: ContainersReport::not_configured(),
             database: DatabaseReport::not_configured(),
         };
-        let decision = evaluate(&report.policy_input(false));
+        let decision = evaluate(&crate::policy::PolicyInput::of(&report, false));
         let text = render(
             &Snapshot::new(decision, report, HealLog::default(), 1, 1),
             false,

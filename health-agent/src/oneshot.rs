@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use crate::{
     checks::{probe, ContainersReport, DatabaseReport, Report},
     config::Config,
+    docker::DockerError,
     policy::{evaluate, Decision},
     runner::checks::{check_disk, containers_wanted, probe_wanted, Checks, Database, Mode},
 };
@@ -22,7 +23,10 @@ pub async fn run(cfg: &Config) -> (Decision, Report) {
     if !cfg.web.container.is_empty() {
         let net = match (&docker, &docker_error) {
             (Some(d), _) => d.network_of(&cfg.web.container).await,
-            (None, e) => Err(e.clone().unwrap_or_default()),
+            (None, e) => Err(e.clone().unwrap_or_else(|| DockerError::Address {
+                host: cfg.containers.docker_host.clone(),
+                reason: "no Docker client".into(),
+            })),
         };
         web.set_container(net);
     }
@@ -57,7 +61,7 @@ pub async fn run(cfg: &Config) -> (Decision, Report) {
             (None, e) => ContainersReport {
                 state: crate::policy::ContainersState::Unknown,
                 summary: "unknown".into(),
-                reason: e,
+                reason: e.map(|e| e.to_string()),
                 faulty: Vec::new(),
                 containers: Vec::new(),
             },
@@ -80,7 +84,10 @@ pub async fn run(cfg: &Config) -> (Decision, Report) {
         containers,
         database,
     };
-    (evaluate(&report.policy_input(false)), report)
+    (
+        evaluate(&crate::policy::PolicyInput::of(&report, false)),
+        report,
+    )
 }
 
 /// The readable table `check` prints without `--json`.

@@ -185,6 +185,11 @@ pub fn pids() -> Vec<u32> {
 }
 
 /// Scans every process. Blocking (reads `/proc`): call from a blocking task.
+/// Held by tests that run a fake miner, and by tests whose expectations depend on what a scan
+/// finds: one never sees the other's miner.
+#[cfg(test)]
+pub(crate) static FAKE_MINERS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 pub fn scan() -> Vec<SuspiciousProcess> {
     pids().into_iter().filter_map(inspect).collect()
 }
@@ -314,6 +319,7 @@ mod tests {
 
     #[test]
     fn scan_finds_a_miner_running_from_tmp() {
+        let _only_miner = super::FAKE_MINERS.lock().unwrap_or_else(|e| e.into_inner());
         let path = std::path::PathBuf::from(format!("/tmp/xmrig-test-{}", std::process::id()));
         let child = spawn_copy_of_sleep(&path);
         let miner = FakeMiner { child, path };

@@ -80,7 +80,7 @@ fn report(disk: DiskLevel, db: DbState, web: WebVerdict) -> Report {
 }
 
 fn snapshot(r: Report, heal: Option<HealPhase>) -> Snapshot {
-    let mut input = r.policy_input(false);
+    let mut input = crate::policy::PolicyInput::of(&r, false);
     input.heal = heal.unwrap_or(HealPhase::Idle);
     let log = HealLog {
         enabled: true,
@@ -418,7 +418,16 @@ const WAIT: Duration = Duration::from_secs(10);
 // ---------------------------------------------------------------- 1. trigger formats
 
 #[tokio::test]
+// The lock's other holder is a plain #[test] on another thread: nothing on this runtime waits
+// for it, so holding it across awaits cannot deadlock.
+#[allow(clippy::await_holding_lock)]
 async fn trigger_reaches_every_destination_in_its_format() {
+    // No fake miner from another test while this one runs; what the host itself runs from a
+    // scratch directory (a checkout under /tmp, say) is scanned here, apart from the report.
+    let _no_fake_miner = crate::suspicious::FAKE_MINERS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let host_suspicious = !crate::suspicious::scan().is_empty();
     let (slack, pd, wh, gh) = (
         Receiver::start().await,
         Receiver::start().await,
@@ -527,9 +536,14 @@ async fn trigger_reaches_every_destination_in_its_format() {
     ] {
         assert!(body.contains(section), "issue body lacks {section}");
     }
-    // Another test in this binary may be running a fake miner from /tmp right now: the
-    // priority must follow whatever the report found.
-    let suspicious = !body.contains("### Suspicious processes\n\nnone found");
+    // Unhealthy is p2, p1 when something suspicious runs: the report must agree with the scan
+    // made before it, and the label with both.
+    assert_eq!(
+        host_suspicious,
+        !body.contains("### Suspicious processes\n\nnone found"),
+        "the report's suspicious section disagrees with a scan of this host"
+    );
+    let suspicious = host_suspicious;
     let labels: Vec<&str> = create.body["labels"]
         .as_array()
         .unwrap()

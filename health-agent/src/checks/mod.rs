@@ -12,10 +12,7 @@ use serde::Serialize;
 
 pub use containers::{ContainerInfo, ContainersReport};
 
-use crate::{
-    policy::PolicyInput,
-    status::{DbState, DiskLevel, Pressure},
-};
+use crate::status::{DbState, DiskLevel};
 
 /// Database slot: filled by the database check when `database.url` or `database.urls` is set.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -53,29 +50,6 @@ pub struct Report {
 }
 
 impl Report {
-    /// The policy's input from this round. Boot tracking (`web_served`, `warming_up`) is the
-    /// runner's to fill in: a one-shot check has no boot.
-    pub fn policy_input(&self, in_boot_grace: bool) -> PolicyInput {
-        PolicyInput {
-            web: self.web.verdict,
-            web_detail: self.web.detail.clone(),
-            web_stopped: self
-                .web
-                .processes
-                .as_ref()
-                .is_some_and(|p| p.frozen.is_some()),
-            disk: self.disk.level,
-            database: self.database.state,
-            containers: self.containers.state,
-            pressure: self
-                .system
-                .as_ref()
-                .map_or(Pressure::Normal, |s| s.pressure),
-            in_boot_grace,
-            ..PolicyInput::default()
-        }
-    }
-
     pub fn disk_unknown() -> disk::DiskReport {
         disk::DiskReport {
             level: DiskLevel::Unknown,

@@ -10,6 +10,35 @@ use serde::Deserialize;
 use super::{instance_id, PeerView, Round, VIEW_PATH, VIEW_VERSION};
 use crate::config::FleetConfig;
 
+/// Why a peer gave no usable view. Shown in `details.fleet.peers_failed`, never a reason to
+/// change this instance's answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PeerError {
+    /// Connecting, sending or reading failed (reqwest's own short reason).
+    #[error("{0}")]
+    Transport(String),
+    #[error("HTTP {0}")]
+    Status(u16),
+    #[error("not a peer view: {0}")]
+    NotAView(String),
+    #[error("peer view version {0}")]
+    Version(u32),
+}
+
+/// Why the peers could not be listed, or the exchange not set up.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DiscoveryError {
+    #[error("fleet HTTP client: {0}")]
+    Client(String),
+    #[error("resolving fleet.peers_dns {host}: {reason}")]
+    Dns { host: String, reason: String },
+    #[error("Consul catalog {service}: {reason}")]
+    Consul { service: String, reason: String },
+    /// Every configured source failed.
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    All(Vec<DiscoveryError>),
+}
+
 pub struct Exchange {
     cfg: FleetConfig,
     /// The port peers found through DNS listen on when the name carries none: ours.
@@ -25,14 +54,14 @@ impl Exchange {
         cfg: &FleetConfig,
         own_addr: SocketAddr,
         token: Option<String>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, DiscoveryError> {
         let http = reqwest::Client::builder()
             .timeout(cfg.timeout)
             .connect_timeout(cfg.timeout)
             // Peers are asked by address: no proxy from the environment in between.
             .no_proxy()
             .build()
-            .map_err(|e| format!("fleet HTTP client: {e}"))?;
+            .map_err(|e| DiscoveryError::Client(e.to_string()))?;
         Ok(Self {
             cfg: cfg.clone(),
             own_port: own_addr.port(),
@@ -75,27 +104,33 @@ impl Exchange {
         round
     }
 
-    async fn ask(&self, peer: &str) -> Result<PeerView, String> {
+    async fn ask(&self, peer: &str) -> Result<PeerView, PeerError> {
         let url = format!("http://{peer}{VIEW_PATH}");
         let mut req = self.http.get(&url);
         if let Some(t) = &self.token {
             req = req.bearer_auth(t);
         }
-        let resp = req.send().await.map_err(|e| short(&e))?;
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| PeerError::Transport(short(&e)))?;
         if !resp.status().is_success() {
-            return Err(format!("HTTP {}", resp.status().as_u16()));
+            return Err(PeerError::Status(resp.status().as_u16()));
         }
-        let body = resp.bytes().await.map_err(|e| short(&e))?;
+        let body = resp
+            .bytes()
+            .await
+            .map_err(|e| PeerError::Transport(short(&e)))?;
         let view: PeerView =
-            serde_json::from_slice(&body).map_err(|e| format!("not a peer view: {e}"))?;
+            serde_json::from_slice(&body).map_err(|e| PeerError::NotAView(e.to_string()))?;
         if view.version != VIEW_VERSION {
-            return Err(format!("peer view version {}", view.version));
+            return Err(PeerError::Version(view.version));
         }
         Ok(view)
     }
 
     /// `host:port` of every peer the configuration names, re-read every round.
-    async fn peers(&self) -> Result<Vec<String>, String> {
+    async fn peers(&self) -> Result<Vec<String>, DiscoveryError> {
         let mut out = self.cfg.peers.clone();
         let mut errors = Vec::new();
         if !self.cfg.peers_dns.is_empty() {
@@ -111,12 +146,12 @@ impl Exchange {
             }
         }
         if out.is_empty() && !errors.is_empty() {
-            return Err(errors.join("; "));
+            return Err(DiscoveryError::All(errors));
         }
         Ok(out)
     }
 
-    async fn dns(&self) -> Result<Vec<String>, String> {
+    async fn dns(&self) -> Result<Vec<String>, DiscoveryError> {
         let name = &self.cfg.peers_dns;
         let (host, port) = match name.rsplit_once(':') {
             Some((h, p)) if p.parse::<u16>().is_ok() => (h.to_string(), p.parse().unwrap_or(0)),
@@ -124,11 +159,14 @@ impl Exchange {
         };
         let addrs = tokio::net::lookup_host((host.as_str(), port))
             .await
-            .map_err(|e| format!("resolving fleet.peers_dns {host}: {e}"))?;
+            .map_err(|e| DiscoveryError::Dns {
+                host: host.clone(),
+                reason: e.to_string(),
+            })?;
         Ok(addrs.map(|a| a.to_string()).collect())
     }
 
-    async fn consul(&self) -> Result<Vec<String>, String> {
+    async fn consul(&self) -> Result<Vec<String>, DiscoveryError> {
         let base = self.cfg.consul_addr.trim_end_matches('/');
         let base = if base.contains("://") {
             base.to_string()
@@ -142,11 +180,18 @@ impl Exchange {
             .send()
             .await
             .and_then(|r| r.error_for_status())
-            .map_err(|e| format!("Consul catalog {}: {}", self.cfg.consul_service, short(&e)))?
+            .map_err(|e| self.consul_error(&e))?
             .json()
             .await
-            .map_err(|e| format!("Consul catalog {}: {}", self.cfg.consul_service, short(&e)))?;
+            .map_err(|e| self.consul_error(&e))?;
         Ok(entries.iter().filter_map(CatalogEntry::peer).collect())
+    }
+
+    fn consul_error(&self, e: &reqwest::Error) -> DiscoveryError {
+        DiscoveryError::Consul {
+            service: self.cfg.consul_service.clone(),
+            reason: short(e),
+        }
     }
 }
 

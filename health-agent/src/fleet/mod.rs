@@ -134,9 +134,9 @@ pub struct Round {
     /// The peers that answered with a valid view (this agent itself left out).
     pub answered: Vec<(String, PeerView)>,
     /// Peers that did not answer usefully, and why (unreachable, slow, garbage, refused).
-    pub failed: Vec<(String, String)>,
+    pub failed: Vec<(String, exchange::PeerError)>,
     /// Why no peers could be listed (DNS, Consul), if so.
-    pub discovery_error: Option<String>,
+    pub discovery_error: Option<exchange::DiscoveryError>,
 }
 
 /// `details.fleet`.

@@ -36,9 +36,8 @@ const LOG_LEN: usize = 20;
 pub enum HealError {
     #[error("Docker is not configured")]
     NoDocker,
-    /// The Docker client's own message (it reports errors as text).
-    #[error("{0}")]
-    Docker(String),
+    #[error(transparent)]
+    Docker(#[from] crate::docker::DockerError),
     #[error(transparent)]
     Command(#[from] CommandError),
     #[error("restart task ended abnormally")]

@@ -8,6 +8,8 @@
 
 use serde::Serialize;
 
+use crate::checks::Report;
+
 mod flap;
 #[cfg(test)]
 mod tests;
@@ -114,6 +116,31 @@ impl Decision {
     /// The fault self-healing should act on, if any.
     pub fn healable_fault(&self) -> Option<Fault> {
         self.faults.iter().copied().find(|f| f.healable())
+    }
+}
+
+impl PolicyInput {
+    /// The policy's input from one round of the checks. Boot tracking (`web_served`, `warming_up`) is the
+    /// runner's to fill in: a one-shot check has no boot.
+    pub fn of(report: &Report, in_boot_grace: bool) -> Self {
+        Self {
+            web: report.web.verdict,
+            web_detail: report.web.detail.clone(),
+            web_stopped: report
+                .web
+                .processes
+                .as_ref()
+                .is_some_and(|p| p.frozen.is_some()),
+            disk: report.disk.level,
+            database: report.database.state,
+            containers: report.containers.state,
+            pressure: report
+                .system
+                .as_ref()
+                .map_or(Pressure::Normal, |s| s.pressure),
+            in_boot_grace,
+            ..PolicyInput::default()
+        }
     }
 }
 

@@ -44,12 +44,12 @@ pub struct Checks {
     /// For the container check, `web.container` and container restarts; None when nothing
     /// needs Docker or its client could not be made (`docker_error` then says why).
     pub docker: Option<Docker>,
-    pub docker_error: Option<String>,
+    pub docker_error: Option<crate::docker::DockerError>,
     pub database: Database,
     /// The peers' views (`fleet`), serve only.
     pub fleet: Option<Arc<Exchange>>,
     /// Why the fleet exchange could not be made.
-    pub fleet_error: Option<String>,
+    pub fleet_error: Option<crate::fleet::exchange::DiscoveryError>,
 }
 
 impl Checks {

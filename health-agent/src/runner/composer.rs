@@ -228,7 +228,7 @@ impl Composer {
         // Until the first evidence is in, every instance is still booting, grace or not.
         let in_grace = now.saturating_duration_since(self.started) < self.cfg.checks.boot_grace
             || (!served && warming_up);
-        let mut input = report.policy_input(in_grace);
+        let mut input = crate::policy::PolicyInput::of(&report, in_grace);
         input.web_served = served;
         input.warming_up = warming_up;
         input.boot_status = self.cfg.checks.boot_status;

@@ -18,7 +18,7 @@ use crate::{
         ContainersReport, DatabaseReport,
     },
     config::Config,
-    docker::ContainerNet,
+    docker::{ContainerNet, DockerError},
     fleet::Round,
     policy::{ContainersState, DiskLevel},
 };
@@ -38,7 +38,7 @@ pub(super) struct Slots {
     pub probe: Option<Slot<Option<ProbeResult>>>,
     /// Where the backend's container lives, asked again every round: a restart moves it.
     /// (`String`: the Docker client's errors are text, see `docker.rs`.)
-    pub web_container: Option<Slot<Result<ContainerNet, String>>>,
+    pub web_container: Option<Slot<Result<ContainerNet, DockerError>>>,
     pub containers: Option<Slot<ContainersReport>>,
     pub database: Option<Slot<DatabaseReport>>,
     /// The peers' views, asked off the request path on the fleet's own cadence.
@@ -63,7 +63,7 @@ impl Slots {
     ) -> (Self, DatabaseWiring) {
         let interval = cfg.checks.interval;
         let timeout = cfg.checks.timeout;
-        let docker_late = move || format!("Docker did not answer within {}s", timeout.as_secs());
+        let docker_late = move || DockerError::Timeout(timeout.as_secs());
 
         let disk_cfg = cfg.disk.clone();
         let disk = spawn_periodic(
@@ -150,7 +150,7 @@ impl Slots {
                     move || ContainersReport {
                         state: ContainersState::Unknown,
                         summary: "unknown".into(),
-                        reason: Some(docker_late()),
+                        reason: Some(docker_late().to_string()),
                         faulty: Vec::new(),
                         containers: Vec::new(),
                     },

@@ -26,7 +26,7 @@ fn report(disk: DiskLevel) -> Report {
 
 fn app(disk: DiskLevel, details: Details) -> Arc<App> {
     let r = report(disk);
-    let d = evaluate(&r.policy_input(false));
+    let d = evaluate(&crate::policy::PolicyInput::of(&r, false));
     Arc::new(App {
         snapshot: Arc::new(ArcSwap::from_pointee(Snapshot::new(
             d,
@@ -406,7 +406,7 @@ async fn metrics_and_livez_and_404() {
             level: DiskLevel::Ok,
             error: None,
         });
-        let d = evaluate(&r.policy_input(false));
+        let d = evaluate(&crate::policy::PolicyInput::of(&r, false));
         Arc::new(ArcSwap::from_pointee(Snapshot::new(
             d,
             r,

@@ -50,6 +50,7 @@ fn main() {
     }
 }
 
+/// A `String` error on purpose: it is printed as the usage message and the process exits.
 fn parse_args() -> Result<(SocketAddr, SocketAddr), String> {
     let mut listen = None;
     let mut to = None;

@@ -3,7 +3,7 @@
 //! slower than `slow_after` is `slow`; a refusal (the server answered and said no) is reported
 //! at once.
 
-use crate::policy::DbState;
+use crate::status::DbState;
 
 /// How one round trip went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

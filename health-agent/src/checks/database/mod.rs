@@ -48,7 +48,7 @@ use crate::{
     checks::DatabaseReport,
     config::DatabaseConfig,
     dburl::{sanitize, DbUrlError},
-    policy::DbState,
+    status::DbState,
 };
 
 /// Why the database check cannot run as configured. Names the key, never a password.

@@ -24,7 +24,7 @@ use crate::{
     docker::ContainerNet,
     ebpf::{KernelSample, KernelView, PortSample},
     net,
-    policy::WebVerdict,
+    status::WebVerdict,
 };
 
 pub struct WebMonitor {
@@ -33,7 +33,7 @@ pub struct WebMonitor {
     target: Option<Target>,
     /// The latest Docker report on `web.container`'s network (`String`: the Docker client's
     /// errors are text, see `docker.rs`).
-    container_net: Option<Result<ContainerNet, String>>,
+    container_net: Option<Result<ContainerNet, crate::docker::DockerError>>,
     /// Where the probe task connects: set from the listeners seen.
     probe_target: SharedProbeTarget,
     kernel: Option<KernelView>,
@@ -241,7 +241,7 @@ impl WebMonitor {
 
     /// Takes in Docker's latest report on `web.container`'s network (the runner asks every
     /// `checks.interval`): a restarted container is found in its new namespace.
-    pub fn set_container(&mut self, net: Result<ContainerNet, String>) {
+    pub fn set_container(&mut self, net: Result<ContainerNet, crate::docker::DockerError>) {
         self.container_net = Some(net);
     }
 

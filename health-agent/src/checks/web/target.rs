@@ -95,7 +95,7 @@ pub enum Unresolved {
 pub fn resolve(
     cfg: &WebConfig,
     current: Option<Target>,
-    container: Option<&Result<ContainerNet, String>>,
+    container: Option<&Result<ContainerNet, crate::docker::DockerError>>,
 ) -> Result<Target, Unresolved> {
     let unknown = |what: String| Unresolved::Unknown(what);
     if !cfg.container.is_empty() {
@@ -106,7 +106,7 @@ pub fn resolve(
                     cfg.container
                 )))
             }
-            Some(Err(e)) => return Err(unknown(e.clone())),
+            Some(Err(e)) => return Err(unknown(e.to_string())),
             Some(Ok(net)) => net,
         };
         let Some(pid) = net.pid else {
@@ -229,7 +229,11 @@ mod tests {
             resolve(&cfg, None, Some(&stopped)),
             Err(Unresolved::NotRunning(m)) if m.contains("web")
         ));
-        let docker_down = Err("docker inspect web: connection refused".to_string());
+        let docker_down = Err(crate::docker::DockerError::Call {
+            call: "inspect",
+            name: "web".into(),
+            reason: "connection refused".into(),
+        });
         assert!(matches!(
             resolve(&cfg, None, Some(&docker_down)),
             Err(Unresolved::Unknown(m)) if m.contains("connection refused")

@@ -106,6 +106,7 @@ fn serve_control_connection(mut stream: TcpStream, shared: &Shared) {
     }
 }
 
+/// A `String` error on purpose: it becomes the control request's 400 body.
 fn parse_delay(query: &str) -> Result<Option<u64>, String> {
     for pair in query.split('&') {
         if let Some(v) = pair.strip_prefix("delay_ms=") {
