@@ -12,7 +12,7 @@ use health_agent::{
         DatabaseReport,
     },
     config::DatabaseConfig,
-    policy::DbState,
+    status::DbState,
 };
 use health_agent_tests::{free_port, require_root, Postgres};
 
