@@ -54,7 +54,8 @@ fn line(t0: Instant, code: u16, b: &Value) -> String {
     )
 }
 
-/// Polls /health, printing every answer that differs, until `done` says so or `timeout`.
+/// Polls /health every 50 ms (a restart's `recovering` lasts a few hundred), printing every
+/// answer that differs, until `done` says so or `timeout`.
 fn watch(
     port: u16,
     t0: Instant,
@@ -78,7 +79,7 @@ fn watch(
         if Instant::now() > deadline {
             bail!("the demo did not reach the expected state within {timeout:?}; last /health: {code} {body}");
         }
-        thread::sleep(Duration::from_millis(250));
+        thread::sleep(Duration::from_millis(50));
     }
 }
 
