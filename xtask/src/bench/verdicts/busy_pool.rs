@@ -14,7 +14,8 @@ use health_agent_tests::{free_port, timeline, HealthSample, Load, LoadStats, Pum
 use super::{
     agent_config, poller,
     report::{
-        answers, by_verdict, check, describe_503s, heal_attempts, merge, stretches, tail, Failures,
+        answers, by_verdict, describe_503s, heal_attempts, merge, restarts_row, stretches, tail,
+        Failures,
     },
     start_agent, wait_for, Restarts, LOAD_SEGMENT,
 };
@@ -110,11 +111,7 @@ pub(super) fn run(agent_bin: &Path, dir: &Path, quick: bool) -> Result<String> {
         by_verdict(during.iter().copied())
     );
     let _ = writeln!(md, "{}", failures.row());
-    let _ = writeln!(
-        md,
-        "| restarts: `restart_command` runs / `details.heal.total_attempts` | **{restarted} / {attempts}** | 0 {} |",
-        check(restarted == 0 && attempts == 0)
-    );
+    let _ = writeln!(md, "{}", restarts_row(restarted, attempts));
     let _ = writeln!(
         md,
         "| load: new-connection clients | {} | — |",

@@ -16,8 +16,8 @@ use health_agent_tests::{
 use super::{
     agent_config, poller,
     report::{
-        between, by_verdict, check, counts, describe_503s, heal_attempts, healthy, settled,
-        stretches, tail, Failures,
+        between, by_verdict, check, counts, describe_503s, heal_attempts, healthy, restarts_row,
+        settled, stretches, tail, Failures,
     },
     start_agent, wait_for, Restarts,
 };
@@ -231,11 +231,7 @@ pub(super) fn run(agent_bin: &Path, proxy_bin: &Path, dir: &Path, quick: bool) -
         );
     }
     let _ = writeln!(md, "{}", failures.row());
-    let _ = writeln!(
-        md,
-        "| restarts: `restart_command` runs / `details.heal.total_attempts` | **{restarted} / {attempts}** | 0 {} |",
-        check(restarted == 0 && attempts == 0)
-    );
+    let _ = writeln!(md, "{}", restarts_row(restarted, attempts));
     let _ = writeln!(
         md,
         "| freeze → first `infrastructure_issue` | **{}** | ≤ 15 s {} |",

@@ -202,6 +202,14 @@ pub(super) fn between(earlier: &LoadStats, later: &LoadStats) -> LoadStats {
     d
 }
 
+/// The table row both scenarios end with: no restart may have happened.
+pub(super) fn restarts_row(restarted: usize, attempts: u64) -> String {
+    format!(
+        "| restarts: `restart_command` runs / `details.heal.total_attempts` | **{restarted} / {attempts}** | 0 {} |",
+        check(restarted == 0 && attempts == 0)
+    )
+}
+
 pub(super) fn check(ok: bool) -> &'static str {
     if ok {
         "✓"
