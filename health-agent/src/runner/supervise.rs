@@ -29,7 +29,7 @@ pub(super) async fn supervise(
     shutdown: CancellationToken,
 ) {
     let mut ended: Option<String> = None;
-    let mut down_since: Option<Instant> = None;
+    let mut was_down = false;
     let mut tick = tokio::time::interval(SUPERVISE_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -60,17 +60,14 @@ pub(super) async fn supervise(
             )),
             None => None,
         };
-        match (&stopped, down_since) {
-            (Some(why), None) => {
-                tracing::error!("{why}: the agent can no longer vouch for this instance");
-                down_since = Some(now);
+        match (&stopped, was_down) {
+            (Some(why), false) => {
+                tracing::error!("{why}: the agent can no longer vouch for this instance")
             }
-            (None, Some(_)) => {
-                tracing::info!("the check loop is running again");
-                down_since = None;
-            }
+            (None, true) => tracing::info!("the check loop is running again"),
             _ => {}
         }
+        was_down = stopped.is_some();
         // Only the alerts see it: `/health` answers from the old snapshot's age.
         if let Some(why) = &stopped {
             publisher.alert(snap.as_stopped(why));
