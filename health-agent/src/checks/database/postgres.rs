@@ -1,9 +1,21 @@
-//! Postgres: connect, authenticate, `SELECT 1` (tokio-postgres, no TLS yet).
+//! Postgres: connect (over TLS as the URL's `sslmode` asks), authenticate, `SELECT 1`
+//! (tokio-postgres; TLS through `super::tls`).
 
 use std::time::{Duration, Instant};
 
-use super::{ms, no_answer, target::Target, Failure, Good};
-use crate::dburl::error_chain;
+use tokio::task::JoinHandle;
+use tokio_postgres::{tls::MakeTlsConnect, Client, Socket};
+
+use super::{
+    ms, no_answer,
+    target::Target,
+    tls::{self, PgTls, TlsFailure},
+    Failure, Good,
+};
+use crate::dburl::{error_chain, SslMode};
+
+/// What libpq's ALPN for Postgres is; servers since 17 check it when it is sent.
+const ALPN: &[u8] = b"postgresql";
 
 pub(super) async fn round_trip(
     t: &Target,
@@ -24,22 +36,25 @@ pub(super) async fn round_trip(
         cfg.application_name("health-agent");
     }
     cfg.connect_timeout(timeout);
+    let negotiated = tls::Negotiated::default();
     let start = Instant::now();
-    let (client, connection) = tokio::time::timeout(timeout, cfg.connect(tokio_postgres::NoTls))
-        .await
-        .map_err(|_| no_answer("connect", timeout))?
-        .map_err(|e| {
-            let message = format!("connect: {}", error_chain(&e));
-            if refused_by_postgres(&e) {
-                Failure::Refused(message)
-            } else {
-                Failure::Outage(message)
-            }
-        })?;
+    // The deadline bounds the TCP connect, the TLS handshake and the login together.
+    let (client, mut driver) = match t.tls.mode {
+        SslMode::Disable => connect(&cfg, tokio_postgres::NoTls, timeout).await?,
+        _ => {
+            let config = tls::client_config(&t.tls, Some(ALPN))?;
+            let make = PgTls {
+                config,
+                negotiated: negotiated.clone(),
+            };
+            connect(&cfg, make, timeout).await?
+        }
+    };
     let connected = start.elapsed();
-    let mut driver = tokio::spawn(async move {
-        let _ = connection.await;
-    });
+    let transport = match negotiated.lock().ok().and_then(|n| n.clone()) {
+        Some(version) => format!(" over {version} ({})", t.tls.mode.as_str()),
+        None => String::new(),
+    };
     let query = tokio::time::timeout(timeout, client.simple_query("SELECT 1")).await;
     let latency = start.elapsed();
     drop(client);
@@ -63,11 +78,63 @@ pub(super) async fn round_trip(
     Ok(Good {
         latency,
         detail: Some(format!(
-            "connect {}, SELECT 1 {}",
+            "connect {}{transport}, SELECT 1 {}",
             ms(connected),
             ms(latency.saturating_sub(connected))
         )),
     })
+}
+
+/// Connects through `tls` and drives the connection on a task of its own.
+async fn connect<T>(
+    cfg: &tokio_postgres::Config,
+    tls: T,
+    timeout: Duration,
+) -> Result<(Client, JoinHandle<()>), Failure>
+where
+    T: MakeTlsConnect<Socket>,
+    T::Stream: Send + 'static,
+{
+    let (client, connection) = tokio::time::timeout(timeout, cfg.connect(tls))
+        .await
+        .map_err(|_| no_answer("connect", timeout))?
+        .map_err(|e| classify(&e))?;
+    let driver = tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok((client, driver))
+}
+
+/// A failed connect: refused by the server or by TLS (a configuration error), else an outage.
+fn classify(e: &tokio_postgres::Error) -> Failure {
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(TlsFailure(f)) = s.downcast_ref::<TlsFailure>() {
+            return f.clone().map(|m| format!("connect: {m}"));
+        }
+        source = s.source();
+    }
+    let chain = error_chain(e);
+    // tokio-postgres says so in words only: the server answered "no" to the TLS request.
+    if chain.contains("server does not support TLS") {
+        return Failure::Refused(
+            "connect: the server does not accept TLS (its ssl setting is off), and the URL's \
+             sslmode requires it"
+                .into(),
+        );
+    }
+    let message = format!("connect: {chain}");
+    if !refused_by_postgres(e) {
+        return Failure::Outage(message);
+    }
+    // pg_hba.conf allows this client only over TLS (a `hostssl` line).
+    if chain.contains("no encryption") {
+        return Failure::Refused(format!(
+            "{message} (the server accepts this client only over TLS: set sslmode=require or \
+             stronger)"
+        ));
+    }
+    Failure::Refused(message)
 }
 
 /// The server answered and refused us: wrong credentials, unknown role or database.

@@ -1,14 +1,13 @@
 //! Redis: `AUTH` when a password is known, `SELECT` when a database index is given, then `PING`,
 //! expecting `+PONG`. RESP by hand: the check needs four commands and one-line replies.
+//! `rediss://` runs the same exchange inside TLS (`super::tls`).
 
 use std::time::{Duration, Instant};
 
-use tokio::{
-    io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader},
-    net::TcpStream,
-};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 
-use super::{connect_tcp, no_answer, target::Target, Failure, Good};
+use super::{connect_tcp, ms, no_answer, target::Target, tls, Failure, Good};
+use crate::dburl::SslMode;
 
 /// A reply line longer than this is not one of the few we expect.
 pub(crate) const RESP_LINE_MAX: u64 = 512;
@@ -54,8 +53,8 @@ fn resp_command(args: &[&str]) -> Vec<u8> {
 }
 
 /// Sends one command and reads its one-line reply; a failure is an outage named by `shown`.
-async fn resp_call(
-    conn: &mut BufReader<TcpStream>,
+async fn resp_call<S: AsyncRead + AsyncWrite + Unpin>(
+    conn: &mut BufReader<S>,
     args: &[&str],
     shown: &str,
 ) -> Result<String, Failure> {
@@ -80,7 +79,41 @@ pub(super) async fn round_trip(
 ) -> Result<Good, Failure> {
     let start = Instant::now();
     let stream = connect_tcp(t, timeout).await?;
-    let mut conn = BufReader::new(stream);
+    if t.tls.mode == SslMode::Disable {
+        exchange(t, password, BufReader::new(stream), timeout).await?;
+        return Ok(Good {
+            latency: start.elapsed(),
+            detail: None,
+        });
+    }
+    let config = tls::client_config(&t.tls, None)?;
+    let name = tls::server_name(&t.host)?;
+    // Bounded on its own, as the connect is: a path that takes the SYN and then nothing more
+    // stalls here.
+    let stream = tls::handshake(config, name, stream, timeout).await?;
+    let version = stream.get_ref().1.protocol_version();
+    let handshake = start.elapsed();
+    exchange(t, password, BufReader::new(stream), timeout).await?;
+    let latency = start.elapsed();
+    Ok(Good {
+        latency,
+        detail: Some(format!(
+            "connect {} over {} ({}), PING {}",
+            ms(handshake),
+            version.map_or_else(|| "TLS".into(), |v| format!("{v:?}")),
+            t.tls.mode.as_str(),
+            ms(latency.saturating_sub(handshake))
+        )),
+    })
+}
+
+/// `AUTH`, `SELECT`, `PING` over `conn`, bounded by `timeout`.
+async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
+    t: &Target,
+    password: Option<&str>,
+    mut conn: BufReader<S>,
+    timeout: Duration,
+) -> Result<(), Failure> {
     let exchange = async {
         if let Some(p) = password {
             let reply = match &t.user {
@@ -102,9 +135,5 @@ pub(super) async fn round_trip(
     };
     tokio::time::timeout(timeout, exchange)
         .await
-        .map_err(|_| no_answer("PING", timeout))??;
-    Ok(Good {
-        latency: start.elapsed(),
-        detail: None,
-    })
+        .map_err(|_| no_answer("PING", timeout))?
 }
