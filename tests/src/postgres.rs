@@ -1,8 +1,8 @@
-//! A private PostgreSQL 15 server of the test's own.
+//! A private PostgreSQL 15 server of the test's own, in the clear or TLS-only.
 
 use std::{path::Path, process::Command};
 
-use crate::free_port;
+use crate::{certs::Issued, free_port};
 
 /// A private PostgreSQL 15 server (Debian's binaries) on its own port and data directory, with
 /// password authentication, so a test may stop and start it without touching anyone else's.
@@ -10,6 +10,8 @@ pub struct Postgres {
     pub port: u16,
     pub password: String,
     dir: tempfile::TempDir,
+    /// `ssl = on` with the certificate and key copied into `dir`.
+    tls: bool,
 }
 
 const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
@@ -29,6 +31,41 @@ fn as_postgres(args: &[&str]) -> std::process::Output {
 
 impl Postgres {
     pub fn start() -> Self {
+        let pg = Self::init();
+        pg.resume();
+        pg
+    }
+
+    /// `ssl = on` with `server`'s certificate, and a `pg_hba.conf` that lets TCP clients in only
+    /// over TLS (`hostssl`): a client with `sslmode=disable` is refused by the server itself.
+    pub fn start_tls(server: &Issued) -> Self {
+        let mut pg = Self::init();
+        let (cert, key) = (
+            pg.dir.path().join("server.crt"),
+            pg.dir.path().join("server.key"),
+        );
+        std::fs::copy(&server.cert, &cert).expect("copying the server certificate");
+        std::fs::copy(&server.key, &key).expect("copying the server key");
+        // PostgreSQL refuses a key that others may read.
+        let (uid, gid) = pg_ids();
+        for (path, mode) in [(&cert, 0o644), (&key, 0o600)] {
+            std::os::unix::fs::chown(path, Some(uid), Some(gid)).expect("chown");
+            std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode))
+                .expect("chmod");
+        }
+        std::fs::write(
+            pg.dir.path().join("data/pg_hba.conf"),
+            "local all all scram-sha-256\n\
+             hostssl all all 127.0.0.1/32 scram-sha-256\n\
+             hostssl all all ::1/128 scram-sha-256\n",
+        )
+        .expect("writing pg_hba.conf");
+        pg.tls = true;
+        pg.resume();
+        pg
+    }
+
+    fn init() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let data = dir.path().join("data");
         let pwfile = dir.path().join("pw");
@@ -55,13 +92,12 @@ impl Postgres {
             "initdb failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let pg = Self {
+        Self {
             port: free_port(),
             password,
             dir,
-        };
-        pg.resume();
-        pg
+            tls: false,
+        }
     }
 
     fn data(&self) -> String {
@@ -74,11 +110,17 @@ impl Postgres {
 
     /// Starts (again) on the same port and waits until it accepts connections.
     pub fn resume(&self) {
-        let opts = format!(
+        let mut opts = format!(
             "-p {} -c listen_addresses=127.0.0.1 -k {}",
             self.port,
             self.dir.path().display()
         );
+        if self.tls {
+            let d = self.dir.path().display();
+            opts.push_str(&format!(
+                " -c ssl=on -c ssl_cert_file={d}/server.crt -c ssl_key_file={d}/server.key"
+            ));
+        }
         let log = self.dir.path().join("pg.log");
         let out = as_postgres(&[
             &format!("{PG_BIN}/pg_ctl"),
@@ -115,6 +157,27 @@ impl Postgres {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// The `postgres` user's ids, for the files its server must own.
+fn pg_ids() -> (u32, u32) {
+    let out = Command::new("id")
+        .args(["-u", "postgres"])
+        .output()
+        .expect("id -u postgres");
+    let uid = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("uid");
+    let out = Command::new("id")
+        .args(["-g", "postgres"])
+        .output()
+        .expect("id -g postgres");
+    let gid = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("gid");
+    (uid, gid)
 }
 
 impl Drop for Postgres {

@@ -3,8 +3,13 @@
 //! with the worst deciding. Each test starts its own private server (`Postgres`, root needed
 //! for `runuser`), so the library's unit tests need no PostgreSQL at all; Redis and MySQL are
 //! tested there against in-process fakes.
+//!
+//! TLS against real servers: a TLS-only PostgreSQL (`ssl = on`, `hostssl` lines only) and a
+//! `redis-server` with only its `tls-port`, both with certificates a CA made at test time signed
+//! (`Ca`); each `sslmode`, the wrong CA, the wrong host name, TLS refused either way, and a
+//! frozen path (`TcpProxy` under SIGSTOP) that must read as an outage, never as misconfigured.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use health_agent::{
     checks::{
@@ -14,7 +19,7 @@ use health_agent::{
     config::DatabaseConfig,
     status::DbState,
 };
-use health_agent_tests::{free_port, require_root, Postgres};
+use health_agent_tests::{free_port, require_root, Ca, Postgres, Redis, TcpProxy};
 
 fn cfg(urls: &[&str]) -> DatabaseConfig {
     DatabaseConfig {
@@ -181,4 +186,259 @@ async fn postgres_and_others_are_all_checked_and_the_worst_wins() {
     let states: Vec<DbState> = r.databases.iter().map(|d| d.state).collect();
     assert_eq!(states, [DbState::Connected, DbState::Unreachable]);
     assert_no_secret(&r, &[&pg.password]);
+}
+
+// --- TLS --------------------------------------------------------------------------------------
+
+/// A CA, and a TLS-only PostgreSQL whose certificate it signed for `localhost` alone.
+fn tls_postgres() -> (Ca, Postgres) {
+    require_root();
+    let ca = Ca::new("health-agent test CA");
+    let server = ca.server("localhost", &["DNS:localhost"]);
+    (ca, Postgres::start_tls(&server))
+}
+
+/// The superuser URL of `pg` at `host`, with the password and `query`.
+fn pg_tls_url(pg: &Postgres, host: &str, query: &str) -> String {
+    format!(
+        "postgres://postgres:{}@{host}:{}/postgres?{query}",
+        pg.password, pg.port
+    )
+}
+
+/// One round of the check against `url` (fail_after 1: a failure shows at once).
+async fn one_round(url: &str) -> DatabaseReport {
+    monitor(&cfg(&[url])).check().await
+}
+
+/// The first database's error, also printed: the words an operator reads.
+fn error_of(r: &DatabaseReport) -> String {
+    let err = r.databases[0].error.clone().unwrap_or_default();
+    eprintln!("{} {:?}: {err}", r.databases[0].name, r.state);
+    err
+}
+
+#[tokio::test]
+async fn postgres_require_and_prefer_connect_over_tls_to_a_hostssl_only_server() {
+    let (_ca, pg) = tls_postgres();
+    for mode in ["require", "prefer"] {
+        let r = one_round(&pg_tls_url(&pg, "127.0.0.1", &format!("sslmode={mode}"))).await;
+        assert_eq!(r.state, DbState::Connected, "sslmode={mode}: {r:?}");
+        let detail = r.databases[0].detail.clone().unwrap();
+        eprintln!("sslmode={mode}: {detail}");
+        assert!(
+            detail.contains(&format!("over TLSv1_3 ({mode})")),
+            "{detail}"
+        );
+        assert_no_secret(&r, &[&pg.password]);
+    }
+}
+
+#[tokio::test]
+async fn postgres_verify_full_with_the_ca_connects_and_verify_ca_ignores_the_name() {
+    let (ca, pg) = tls_postgres();
+    let root = format!("sslrootcert={}", ca.cert.display());
+    let r = one_round(&pg_tls_url(
+        &pg,
+        "localhost",
+        &format!("sslmode=verify-full&{root}"),
+    ))
+    .await;
+    assert_eq!(r.state, DbState::Connected, "{r:?}");
+    assert!(r.databases[0]
+        .detail
+        .as_deref()
+        .unwrap()
+        .contains("(verify-full)"));
+    // Chain only: 127.0.0.1 is not a name the certificate carries, and need not be.
+    let r = one_round(&pg_tls_url(
+        &pg,
+        "127.0.0.1",
+        &format!("sslmode=verify-ca&{root}"),
+    ))
+    .await;
+    assert_eq!(r.state, DbState::Connected, "{r:?}");
+}
+
+#[tokio::test]
+async fn postgres_verify_full_with_another_ca_is_misconfigured_not_trusted() {
+    let (_ca, pg) = tls_postgres();
+    let other = Ca::new("some other CA");
+    let url = pg_tls_url(
+        &pg,
+        "localhost",
+        &format!("sslmode=verify-full&sslrootcert={}", other.cert.display()),
+    );
+    // Not damped: a certificate the client does not trust is not an outage, so the first round
+    // says so even with fail_after = 3.
+    let mut m = monitor(&DatabaseConfig {
+        fail_after: 3,
+        ..cfg(&[&url])
+    });
+    let r = m.check().await;
+    assert_eq!(r.state, DbState::Misconfigured, "{r:?}");
+    let err = error_of(&r);
+    assert!(err.contains("certificate is not trusted"), "{err}");
+    assert!(err.contains(&other.cert.display().to_string()), "{err}");
+    let reason = r.reason.clone().unwrap();
+    assert!(reason.contains("fix the configuration"), "{reason}");
+    assert_no_secret(&r, &[&pg.password]);
+}
+
+#[tokio::test]
+async fn postgres_verify_full_to_an_address_the_certificate_does_not_name_is_a_host_name_mismatch()
+{
+    let (ca, pg) = tls_postgres();
+    let url = pg_tls_url(
+        &pg,
+        "127.0.0.1",
+        &format!("sslmode=verify-full&sslrootcert={}", ca.cert.display()),
+    );
+    let r = one_round(&url).await;
+    assert_eq!(r.state, DbState::Misconfigured, "{r:?}");
+    let err = error_of(&r);
+    assert!(err.contains("host name mismatch"), "{err}");
+    assert!(
+        err.contains("127.0.0.1") && err.contains("localhost"),
+        "{err}"
+    );
+    assert_no_secret(&r, &[&pg.password]);
+}
+
+#[tokio::test]
+async fn postgres_sslmode_disable_against_a_hostssl_only_server_is_misconfigured() {
+    let (_ca, pg) = tls_postgres();
+    let r = one_round(&pg_tls_url(&pg, "127.0.0.1", "sslmode=disable")).await;
+    assert_eq!(r.state, DbState::Misconfigured, "{r:?}");
+    let err = error_of(&r);
+    // The server's own words, and what to do.
+    assert!(err.contains("no encryption"), "{err}");
+    assert!(err.contains("set sslmode=require"), "{err}");
+    assert_no_secret(&r, &[&pg.password]);
+}
+
+#[tokio::test]
+async fn postgres_require_against_a_server_without_tls_is_misconfigured() {
+    let pg = started();
+    let r = one_round(&format!(
+        "postgres://postgres:{}@127.0.0.1:{}/postgres?sslmode=require",
+        pg.password, pg.port
+    ))
+    .await;
+    assert_eq!(r.state, DbState::Misconfigured, "{r:?}");
+    let err = error_of(&r);
+    assert!(err.contains("does not accept TLS"), "{err}");
+    // prefer falls back to the clear, as libpq does.
+    let r = one_round(&pg_url(&pg, Some(&pg.password))).await;
+    assert_eq!(r.state, DbState::Connected, "{r:?}");
+    assert!(!r.databases[0].detail.as_deref().unwrap().contains("TLS"));
+}
+
+/// A CA, and a TLS-only Redis whose certificate it signed for `localhost` and `127.0.0.1`.
+fn tls_redis() -> (Ca, Redis) {
+    require_root();
+    let ca = Ca::new("health-agent test CA");
+    let server = ca.server("localhost", &["DNS:localhost", "IP:127.0.0.1"]);
+    let redis = Redis::start_tls(&server, &ca.cert);
+    (ca, redis)
+}
+
+#[tokio::test]
+async fn rediss_connects_with_the_ca_and_is_misconfigured_with_another() {
+    let (ca, redis) = tls_redis();
+    let url = |host: &str, root: &std::path::Path| {
+        format!(
+            "rediss://:{}@{host}:{}/0?sslrootcert={}",
+            redis.password,
+            redis.port,
+            root.display()
+        )
+    };
+    for host in ["127.0.0.1", "localhost"] {
+        let r = one_round(&url(host, &ca.cert)).await;
+        assert_eq!(
+            r.state,
+            DbState::Connected,
+            "{host}: {r:?}\n{}",
+            redis.log()
+        );
+        let detail = r.databases[0].detail.clone().unwrap();
+        eprintln!("{host}: {detail}");
+        assert!(detail.contains("over TLSv1_3 (verify-full)"), "{detail}");
+        assert_no_secret(&r, &[&redis.password]);
+    }
+    let other = Ca::new("some other CA");
+    let r = one_round(&url("127.0.0.1", &other.cert)).await;
+    assert_eq!(r.state, DbState::Misconfigured, "{r:?}");
+    let err = error_of(&r);
+    assert!(err.contains("certificate is not trusted"), "{err}");
+    assert_no_secret(&r, &[&redis.password]);
+    // Plain redis:// to the TLS port: the server hangs up, and a handshake there succeeds.
+    let r = one_round(&format!(
+        "redis://:{}@127.0.0.1:{}",
+        redis.password, redis.port
+    ))
+    .await;
+    assert_eq!(r.state, DbState::Misconfigured, "{r:?}");
+    let err = error_of(&r);
+    assert!(err.contains("use rediss://"), "{err}");
+    assert_no_secret(&r, &[&redis.password]);
+}
+
+/// A frozen path to a TLS database: the kernel completes the proxy's TCP handshakes, nothing
+/// more. Two rounds of `timeout` each: the first counts one failure (not misconfigured), the
+/// second makes it unreachable; each round ends within the timeout.
+async fn frozen_path_is_an_outage(url: &str, proxy: &TcpProxy) {
+    let timeout = Duration::from_secs(1);
+    let mut m = monitor(&DatabaseConfig {
+        fail_after: 2,
+        timeout,
+        ..cfg(&[url])
+    });
+    let r = m.check().await;
+    assert_eq!(
+        r.state,
+        DbState::Connected,
+        "through the thawed proxy: {r:?}"
+    );
+    proxy.freeze();
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let start = Instant::now();
+        let r = m.check().await;
+        let took = start.elapsed();
+        assert!(
+            took < timeout + Duration::from_millis(900),
+            "a round took {took:?} with timeout {timeout:?}"
+        );
+        let err = error_of(&r);
+        eprintln!("  round took {took:?}");
+        assert!(err.contains("no answer within 1s"), "{err}");
+        seen.push(r.state);
+    }
+    proxy.thaw();
+    assert_eq!(seen, [DbState::Connected, DbState::Unreachable], "{url}");
+}
+
+#[tokio::test]
+async fn a_frozen_tls_path_is_unreachable_after_damping_not_misconfigured() {
+    let (ca, pg) = tls_postgres();
+    let proxy = TcpProxy::start(pg.port);
+    let url = format!(
+        "postgres://postgres:{}@localhost:{}/postgres?sslmode=verify-full&sslrootcert={}",
+        pg.password,
+        proxy.port,
+        ca.cert.display()
+    );
+    frozen_path_is_an_outage(&url, &proxy).await;
+
+    let (ca, redis) = tls_redis();
+    let proxy = TcpProxy::start(redis.port);
+    let url = format!(
+        "rediss://:{}@127.0.0.1:{}?sslrootcert={}",
+        redis.password,
+        proxy.port,
+        ca.cert.display()
+    );
+    frozen_path_is_an_outage(&url, &proxy).await;
 }

@@ -52,24 +52,56 @@ fn resp_command(args: &[&str]) -> Vec<u8> {
     out
 }
 
+/// How an exchange failed: the server hung up without a word (which a TLS-only port does to a
+/// client that speaks in the clear), or anything else.
+enum ExchangeError {
+    HungUp(Failure),
+    Other(Failure),
+}
+
+impl From<Failure> for ExchangeError {
+    fn from(f: Failure) -> Self {
+        Self::Other(f)
+    }
+}
+
+impl ExchangeError {
+    fn into_failure(self) -> Failure {
+        match self {
+            Self::HungUp(f) | Self::Other(f) => f,
+        }
+    }
+}
+
 /// Sends one command and reads its one-line reply; a failure is an outage named by `shown`.
 async fn resp_call<S: AsyncRead + AsyncWrite + Unpin>(
     conn: &mut BufReader<S>,
     args: &[&str],
     shown: &str,
-) -> Result<String, Failure> {
+) -> Result<String, ExchangeError> {
     let outage = |e: &dyn std::fmt::Display| Failure::Outage(format!("{shown}: {e}"));
+    let hung_up = |e: &std::io::Error| {
+        let f = outage(e);
+        match e.kind() {
+            std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe => {
+                ExchangeError::HungUp(f)
+            }
+            _ => ExchangeError::Other(f),
+        }
+    };
     conn.get_mut()
         .write_all(&resp_command(args))
         .await
-        .map_err(|e| outage(&e))?;
+        .map_err(|e| hung_up(&e))?;
     let mut line = Vec::new();
     (&mut *conn)
         .take(RESP_LINE_MAX)
         .read_until(b'\n', &mut line)
         .await
-        .map_err(|e| outage(&e))?;
-    parse_resp_line(&line).map_err(|e| outage(&e))
+        .map_err(|e| hung_up(&e))?;
+    parse_resp_line(&line).map_err(|e| match e {
+        RespError::Closed => ExchangeError::HungUp(outage(&e)),
+    })
 }
 
 pub(super) async fn round_trip(
@@ -80,20 +112,30 @@ pub(super) async fn round_trip(
     let start = Instant::now();
     let stream = connect_tcp(t, timeout).await?;
     if t.tls.mode == SslMode::Disable {
-        exchange(t, password, BufReader::new(stream), timeout).await?;
-        return Ok(Good {
-            latency: start.elapsed(),
-            detail: None,
-        });
+        return match exchange(t, password, BufReader::new(stream), timeout).await {
+            Ok(()) => Ok(Good {
+                latency: start.elapsed(),
+                detail: None,
+            }),
+            Err(ExchangeError::HungUp(f)) if speaks_tls(t, timeout).await => {
+                Err(Failure::Refused(format!(
+                    "{}: the server wants TLS on this port: use rediss://",
+                    f.message()
+                )))
+            }
+            Err(e) => Err(e.into_failure()),
+        };
     }
     let config = tls::client_config(&t.tls, None)?;
     let name = tls::server_name(&t.host)?;
-    // Bounded on its own, as the connect is: a path that takes the SYN and then nothing more
-    // stalls here.
-    let stream = tls::handshake(config, name, stream, timeout).await?;
+    // The connect and the handshake share one `timeout`: a path that takes the SYN and then
+    // nothing more stalls here.
+    let stream = tls::handshake(config, name, stream, start + timeout, timeout).await?;
     let version = stream.get_ref().1.protocol_version();
     let handshake = start.elapsed();
-    exchange(t, password, BufReader::new(stream), timeout).await?;
+    exchange(t, password, BufReader::new(stream), timeout)
+        .await
+        .map_err(ExchangeError::into_failure)?;
     let latency = start.elapsed();
     Ok(Good {
         latency,
@@ -107,13 +149,37 @@ pub(super) async fn round_trip(
     })
 }
 
+/// Whether `t` answers a TLS handshake (any certificate): asked only after a server hung up on
+/// a plain `redis://` exchange, so the one mistake with a sure answer is named as such.
+async fn speaks_tls(t: &Target, timeout: Duration) -> bool {
+    let start = Instant::now();
+    let insecure = crate::dburl::TlsOptions {
+        mode: SslMode::Require,
+        roots: crate::dburl::RootCerts::System,
+        client: None,
+    };
+    let (Ok(stream), Ok(config), Ok(name)) = (
+        connect_tcp(t, timeout).await,
+        tls::client_config(&insecure, None),
+        tls::server_name(&t.host),
+    ) else {
+        return false;
+    };
+    match tls::handshake(config, name, stream, start + timeout, timeout).await {
+        Ok(_) => true,
+        // It asked for a client certificate: TLS all the same.
+        Err(Failure::Refused(m)) => m.contains("refused the handshake"),
+        Err(Failure::Outage(_)) => false,
+    }
+}
+
 /// `AUTH`, `SELECT`, `PING` over `conn`, bounded by `timeout`.
 async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     t: &Target,
     password: Option<&str>,
     mut conn: BufReader<S>,
     timeout: Duration,
-) -> Result<(), Failure> {
+) -> Result<(), ExchangeError> {
     let exchange = async {
         if let Some(p) = password {
             let reply = match &t.user {
@@ -121,17 +187,17 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
                 None => resp_call(&mut conn, &["AUTH", p], "AUTH").await?,
             };
             if reply != "+OK" {
-                return Err(Failure::Refused(format!("AUTH refused: {reply}")));
+                return Err(Failure::Refused(format!("AUTH refused: {reply}")).into());
             }
         }
         if let Some(db) = t.redis_db {
             let reply = resp_call(&mut conn, &["SELECT", &db.to_string()], "SELECT").await?;
             if reply != "+OK" {
-                return Err(Failure::Refused(format!("SELECT {db} refused: {reply}")));
+                return Err(Failure::Refused(format!("SELECT {db} refused: {reply}")).into());
             }
         }
         let reply = resp_call(&mut conn, &["PING"], "PING").await?;
-        ping_verdict(&reply)
+        Ok(ping_verdict(&reply)?)
     };
     tokio::time::timeout(timeout, exchange)
         .await

@@ -16,7 +16,7 @@ use std::{
     pin::Pin,
     sync::{Arc, Mutex},
     task::{Context, Poll},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use rustls::{
@@ -215,17 +215,19 @@ pub(super) fn server_name(host: &str) -> Result<ServerName<'static>, Failure> {
     })
 }
 
-/// A TLS handshake over `stream`, bounded by `timeout`.
+/// A TLS handshake over `stream`, given up at `deadline` (the end of the connect's `timeout`).
 pub(super) async fn handshake<S>(
     config: Arc<ClientConfig>,
     name: ServerName<'static>,
     stream: S,
+    deadline: Instant,
     timeout: Duration,
 ) -> Result<TlsStream<S>, Failure>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    tokio::time::timeout(timeout, TlsConnector::from(config).connect(name, stream))
+    let handshake = TlsConnector::from(config).connect(name, stream);
+    tokio::time::timeout_at(deadline.into(), handshake)
         .await
         .map_err(|_| no_answer("TLS handshake", timeout))?
         .map_err(|e| classify(&e))
@@ -265,7 +267,11 @@ pub(super) fn describe(e: &rustls::Error) -> String {
                 if presented.is_empty() {
                     "nothing".to_string()
                 } else {
-                    presented.join(", ")
+                    presented
+                        .iter()
+                        .map(|p| presented_name(p))
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 }
             ),
             C::Expired | C::ExpiredContext { .. } => "the server's certificate has expired".into(),
@@ -289,6 +295,16 @@ pub(super) fn describe(e: &rustls::Error) -> String {
         }
         other => other.to_string(),
     }
+}
+
+/// rustls lists a certificate's names as `DnsName("db.example")` / `IpAddress(10.0.0.1)`: the
+/// name alone reads better.
+fn presented_name(p: &str) -> &str {
+    let inner = p
+        .split_once('(')
+        .and_then(|(_, rest)| rest.strip_suffix(')'))
+        .unwrap_or(p);
+    inner.trim_matches('"')
 }
 
 fn server_name_text(name: &ServerName<'_>) -> String {
@@ -410,5 +426,122 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for PgTlsStream<S> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+
+    fn opts(mode: SslMode, roots: RootCerts) -> TlsOptions {
+        TlsOptions {
+            mode,
+            roots,
+            client: None,
+        }
+    }
+
+    #[test]
+    fn certificate_and_tls_errors_are_misconfigured_and_io_errors_an_outage() {
+        let tls = |e: rustls::Error| classify(&io::Error::new(io::ErrorKind::InvalidData, e));
+        let refused = |f: Failure| match f {
+            Failure::Refused(m) => m,
+            Failure::Outage(m) => panic!("an outage: {m}"),
+        };
+        let m = refused(tls(rustls::Error::InvalidCertificate(
+            CertificateError::UnknownIssuer,
+        )));
+        assert!(m.contains("certificate is not trusted"), "{m}");
+        let m = refused(tls(rustls::Error::InvalidCertificate(
+            CertificateError::NotValidForNameContext {
+                expected: ServerName::try_from("127.0.0.1").unwrap(),
+                presented: vec!["DnsName(\"localhost\")".into()],
+            },
+        )));
+        assert!(m.contains("host name mismatch: it names localhost"), "{m}");
+        assert!(m.contains("host name 127.0.0.1"), "{m}");
+        let m = refused(tls(rustls::Error::InvalidCertificate(
+            CertificateError::Expired,
+        )));
+        assert!(m.contains("has expired"), "{m}");
+        let m = refused(tls(rustls::Error::AlertReceived(
+            rustls::AlertDescription::CertificateRequired,
+        )));
+        assert!(m.contains("client certificate"), "{m}");
+        let m = refused(tls(rustls::Error::InvalidMessage(
+            rustls::InvalidMessage::InvalidContentType,
+        )));
+        assert!(m.contains("does not speak TLS"), "{m}");
+        // The connection broke or closed: the network's doing, damped as an outage.
+        for kind in [
+            io::ErrorKind::UnexpectedEof,
+            io::ErrorKind::ConnectionReset,
+            io::ErrorKind::TimedOut,
+        ] {
+            let f = classify(&io::Error::new(kind, "gone"));
+            assert!(matches!(f, Failure::Outage(_)), "{kind:?}: {f:?}");
+        }
+    }
+
+    #[test]
+    fn unreadable_or_empty_ca_files_are_ours_to_fix() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.pem");
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "not a certificate\n").unwrap();
+        for (path, want) in [
+            (&missing, "cannot read sslrootcert"),
+            (&empty, "no PEM certificate"),
+        ] {
+            let err = client_config(
+                &opts(SslMode::VerifyFull, RootCerts::File(path.clone())),
+                None,
+            )
+            .expect_err("refused");
+            assert!(
+                matches!(&err, Failure::Refused(m) if m.contains(want)),
+                "{err:?}"
+            );
+        }
+        // require checks nothing, so it reads no CA file: a missing one cannot fail it.
+        assert!(client_config(&opts(SslMode::Require, RootCerts::File(missing)), None).is_ok());
+        let half = TlsOptions {
+            client: Some((PathBuf::from("/nonexistent.crt"), PathBuf::from("/k"))),
+            ..opts(SslMode::Require, RootCerts::System)
+        };
+        let err = client_config(&half, None).expect_err("refused");
+        assert!(
+            matches!(&err, Failure::Refused(m) if m.contains("cannot read sslcert")),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn the_system_store_has_roots_here() {
+        // Debian's ca-certificates: what a URL without sslrootcert trusts.
+        let c = client_config(
+            &opts(SslMode::VerifyFull, RootCerts::System),
+            Some(b"postgresql"),
+        );
+        let c = c.unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(c.alpn_protocols, [b"postgresql".to_vec()]);
+    }
+
+    #[test]
+    fn names_the_url_gives_become_server_names() {
+        assert!(matches!(
+            server_name("127.0.0.1"),
+            Ok(ServerName::IpAddress(_))
+        ));
+        assert!(matches!(server_name("::1"), Ok(ServerName::IpAddress(_))));
+        assert!(matches!(
+            server_name("db.example.com"),
+            Ok(ServerName::DnsName(_))
+        ));
+        assert!(matches!(server_name("bad name"), Err(Failure::Refused(_))));
+        assert_eq!(presented_name("DnsName(\"localhost\")"), "localhost");
+        assert_eq!(presented_name("IpAddress(10.0.0.1)"), "10.0.0.1");
     }
 }
