@@ -166,6 +166,11 @@ pub enum UrlProblem {
     SystemRootsNeedVerifyFull(String),
     #[error("sslcert and sslkey go together: give both or neither")]
     ClientCertHalf,
+    #[error(
+        "channel_binding=require is not supported (the check's TLS offers no channel binding); \
+         use prefer or disable"
+    )]
+    ChannelBinding,
     /// tokio-postgres's reason, with the URL's secrets replaced.
     #[error("not a valid Postgres URL: {0}")]
     InvalidPostgres(String),
@@ -348,6 +353,9 @@ impl DbUrl {
                         &out.secrets,
                     )))
                 })?;
+                if pg.get_channel_binding() == tokio_postgres::config::ChannelBinding::Require {
+                    return Err(fail(UrlProblem::ChannelBinding));
+                }
                 pg.ssl_mode(match out.tls.mode {
                     SslMode::Disable => tokio_postgres::config::SslMode::Disable,
                     SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
@@ -812,6 +820,10 @@ mod tests {
             ),
             ("postgres://u:Sekr1t@host/db?sslcert=/c.pem", "give both"),
             ("rediss://:Sekr1t@host?sslkey=/k.pem", "give both"),
+            (
+                "postgres://u:Sekr1t@host/db?sslmode=verify-full&channel_binding=require",
+                "channel_binding=require",
+            ),
             ("redis://:Sekr1t@host:notaport", "invalid port"),
             ("postgres://u:Sekr1t@host:99999/db", "invalid port"),
             ("mysql://u:Sekr1t@host:0", "invalid port"),

@@ -39,15 +39,28 @@ pub(super) async fn round_trip(
     let negotiated = tls::Negotiated::default();
     let start = Instant::now();
     // The deadline bounds the TCP connect, the TLS handshake and the login together.
+    let deadline = start + timeout;
     let (client, mut driver) = match t.tls.mode {
-        SslMode::Disable => connect(&cfg, tokio_postgres::NoTls, timeout).await?,
-        _ => {
+        SslMode::Disable => connect(&cfg, tokio_postgres::NoTls, deadline, timeout)
+            .await
+            .map_err(|(f, _)| f)?,
+        mode => {
             let config = tls::client_config(&t.tls, Some(ALPN))?;
             let make = PgTls {
                 config,
                 negotiated: negotiated.clone(),
             };
-            connect(&cfg, make, timeout).await?
+            match connect(&cfg, make, deadline, timeout).await {
+                Ok(c) => c,
+                // libpq's prefer: a handshake that fails is tried again in the clear (NoTls
+                // never offers TLS), within the same deadline.
+                Err((_, true)) if mode == SslMode::Prefer => {
+                    connect(&cfg, tokio_postgres::NoTls, deadline, timeout)
+                        .await
+                        .map_err(|(f, _)| f)?
+                }
+                Err((f, _)) => return Err(f),
+            }
         }
     };
     let connected = start.elapsed();
@@ -85,19 +98,21 @@ pub(super) async fn round_trip(
     })
 }
 
-/// Connects through `tls` and drives the connection on a task of its own.
+/// Connects through `tls` by `deadline` (`timeout` after the round began) and drives the
+/// connection on a task of its own. The error says whether the TLS handshake was what failed.
 async fn connect<T>(
     cfg: &tokio_postgres::Config,
     tls: T,
+    deadline: Instant,
     timeout: Duration,
-) -> Result<(Client, JoinHandle<()>), Failure>
+) -> Result<(Client, JoinHandle<()>), (Failure, bool)>
 where
     T: MakeTlsConnect<Socket>,
     T::Stream: Send + 'static,
 {
-    let (client, connection) = tokio::time::timeout(timeout, cfg.connect(tls))
+    let (client, connection) = tokio::time::timeout_at(deadline.into(), cfg.connect(tls))
         .await
-        .map_err(|_| no_answer("connect", timeout))?
+        .map_err(|_| (no_answer("connect", timeout), false))?
         .map_err(|e| classify(&e))?;
     let driver = tokio::spawn(async move {
         let _ = connection.await;
@@ -105,15 +120,21 @@ where
     Ok((client, driver))
 }
 
-/// A failed connect: refused by the server or by TLS (a configuration error), else an outage.
-fn classify(e: &tokio_postgres::Error) -> Failure {
+/// A failed connect: refused by the server or by TLS (a configuration error), else an outage;
+/// and whether the TLS handshake failed.
+fn classify(e: &tokio_postgres::Error) -> (Failure, bool) {
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {
         if let Some(TlsFailure(f)) = s.downcast_ref::<TlsFailure>() {
-            return f.clone().map(|m| format!("connect: {m}"));
+            return (f.clone().map(|m| format!("connect: {m}")), true);
         }
         source = s.source();
     }
+    (classify_answer(e), false)
+}
+
+/// A connect that failed outside the TLS handshake.
+fn classify_answer(e: &tokio_postgres::Error) -> Failure {
     let chain = error_chain(e);
     // tokio-postgres says so in words only: the server answered "no" to the TLS request.
     if chain.contains("server does not support TLS") {

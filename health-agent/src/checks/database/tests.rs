@@ -400,3 +400,60 @@ async fn several_databases_are_all_checked_and_the_worst_wins() {
     );
     assert_no_secret(&r, &["Sekr1t"]);
 }
+
+// --- Postgres TLS negotiation, against an in-test listener ---------------------------------
+
+/// Records each connection's first message code (an SSLRequest is 80877103, a plain startup
+/// message 196608); answers an SSLRequest with `b'S'` and then hangs up, as a server whose TLS
+/// is broken would, and hangs up on anything else.
+async fn broken_tls_postgres() -> (SocketAddr, Arc<Mutex<Vec<u32>>>) {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("local addr");
+    let seen: Arc<Mutex<Vec<u32>>> = Arc::default();
+    let log = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let mut head = [0u8; 8];
+            if s.read_exact(&mut head).await.is_err() {
+                continue;
+            }
+            let code = u32::from_be_bytes([head[4], head[5], head[6], head[7]]);
+            log.lock().unwrap().push(code);
+            if code == 80877103 {
+                let _ = s.write_all(b"S").await;
+            }
+        }
+    });
+    (addr, seen)
+}
+
+#[tokio::test]
+async fn postgres_prefer_retries_in_the_clear_after_a_failed_handshake_and_require_does_not() {
+    let (addr, seen) = broken_tls_postgres().await;
+    let r = monitor(&cfg(&[&format!("postgres://hc:x@{addr}/db")]))
+        .check()
+        .await;
+    // TLS first, then in the clear, as libpq's prefer does; the fake then hangs up: an outage.
+    assert_eq!(*seen.lock().unwrap(), [80877103, 196608], "{r:?}");
+    assert_eq!(r.state, DbState::Unreachable, "{r:?}");
+
+    let (addr, seen) = broken_tls_postgres().await;
+    let r = monitor(&cfg(&[&format!(
+        "postgres://hc:x@{addr}/db?sslmode=require"
+    )]))
+    .check()
+    .await;
+    assert_eq!(*seen.lock().unwrap(), [80877103], "{r:?}");
+    let err = r.databases[0].error.clone().unwrap();
+    assert!(err.starts_with("connect: TLS handshake:"), "{err}");
+    // Cut off mid-handshake: the network's doing, not the configuration's.
+    assert_eq!(r.state, DbState::Unreachable, "{r:?}");
+
+    let (addr, seen) = broken_tls_postgres().await;
+    monitor(&cfg(&[&format!(
+        "postgres://hc:x@{addr}/db?sslmode=disable"
+    )]))
+    .check()
+    .await;
+    assert_eq!(*seen.lock().unwrap(), [196608]);
+}
