@@ -1,6 +1,8 @@
-//! A private Redis (Debian's `redis-server`) of the test's own, speaking TLS only.
+//! A private Redis (Debian's `redis-server`) of the test's own, speaking TLS only or in the
+//! clear only.
 
 use std::{
+    ffi::OsString,
     net::TcpStream,
     process::{Command, Stdio},
     time::{Duration, Instant},
@@ -8,8 +10,9 @@ use std::{
 
 use crate::{certs::Issued, free_port, Proc};
 
-/// `redis-server` on a free loopback port with `tls-port` (the plain port closed), no
-/// persistence, a password, and client certificates not asked for. Stopped on drop.
+/// `redis-server` on a free loopback port, with no persistence and a password: TLS only
+/// (`tls-port`, the plain port closed, client certificates not asked for) or in the clear
+/// only. Stopped on drop.
 pub struct Redis {
     pub port: u16,
     pub password: String,
@@ -21,21 +24,40 @@ impl Redis {
     /// Serves TLS with `server`'s certificate; `ca` is only what Redis wants configured for
     /// client certificates, which it does not ask for here.
     pub fn start_tls(server: &Issued, ca: &std::path::Path) -> Self {
+        Self::start(|port| {
+            let mut args: Vec<OsString> = ["--port", "0", "--tls-port", &port.to_string()]
+                .iter()
+                .map(OsString::from)
+                .collect();
+            for (key, path) in [
+                ("--tls-cert-file", &server.cert),
+                ("--tls-key-file", &server.key),
+                ("--tls-ca-cert-file", &ca.to_path_buf()),
+            ] {
+                args.push(key.into());
+                args.push(path.into());
+            }
+            args.extend(["--tls-auth-clients", "no"].map(OsString::from));
+            args
+        })
+    }
+
+    /// In the clear only, on `port`.
+    pub fn start_plain() -> Self {
+        Self::start(|port| vec!["--port".into(), port.to_string().into()])
+    }
+
+    /// Starts `redis-server` with `listen(port)`'s arguments, retrying on another port when
+    /// the chosen one was taken meanwhile.
+    fn start(listen: impl Fn(u16) -> Vec<OsString>) -> Self {
         let password = format!("redis-pw-{}", std::process::id());
         for _ in 0..5 {
             let dir = tempfile::tempdir().expect("tempdir");
             let port = free_port();
             let log = dir.path().join("redis.log");
             let child = Command::new("redis-server")
-                .args(["--port", "0", "--bind", "127.0.0.1"])
-                .args(["--tls-port", &port.to_string()])
-                .arg("--tls-cert-file")
-                .arg(&server.cert)
-                .arg("--tls-key-file")
-                .arg(&server.key)
-                .arg("--tls-ca-cert-file")
-                .arg(ca)
-                .args(["--tls-auth-clients", "no"])
+                .args(listen(port))
+                .args(["--bind", "127.0.0.1"])
                 .args(["--requirepass", &password])
                 .args(["--save", "", "--appendonly", "no"])
                 .arg("--dir")
@@ -68,7 +90,7 @@ impl Redis {
             eprintln!("redis-server did not come up on {port}: {log}");
             let _ = proc.0.kill();
         }
-        panic!("redis-server with tls-port did not start on 5 tries");
+        panic!("redis-server did not start on 5 tries");
     }
 
     /// Its log so far, for a failing test's message.

@@ -385,6 +385,30 @@ async fn rediss_connects_with_the_ca_and_is_misconfigured_with_another() {
     assert_no_secret(&r, &[&redis.password]);
 }
 
+#[tokio::test]
+async fn rediss_to_a_redis_without_tls_is_misconfigured() {
+    require_root();
+    let redis = Redis::start_plain();
+    let timeout = Duration::from_secs(2);
+    let mut m = monitor(&DatabaseConfig {
+        timeout,
+        fail_after: 3,
+        ..cfg(&[&format!(
+            "rediss://:{}@127.0.0.1:{}?sslmode=require",
+            redis.password, redis.port
+        )])
+    });
+    let start = Instant::now();
+    let r = m.check().await;
+    let took = start.elapsed();
+    eprintln!("  round took {took:?}");
+    assert_eq!(r.state, DbState::Misconfigured, "{r:?}\n{}", redis.log());
+    let err = error_of(&r);
+    assert!(err.contains("does not speak TLS on this port"), "{err}");
+    assert!(took < timeout, "took {took:?}");
+    assert_no_secret(&r, &[&redis.password]);
+}
+
 /// A frozen path to a TLS database: the kernel completes the proxy's TCP handshakes, nothing
 /// more. Two rounds of `timeout` each: the first counts one failure (not misconfigured), the
 /// second makes it unreachable; each round ends within the timeout.

@@ -130,7 +130,30 @@ pub(super) async fn round_trip(
     let name = tls::server_name(&t.host)?;
     // The connect and the handshake share one `timeout`: a path that takes the SYN and then
     // nothing more stalls here.
-    let stream = tls::handshake(config, name, stream, start + timeout, timeout).await?;
+    let deadline = start + timeout;
+    let handshake = tls::handshake(config, name, stream, deadline, timeout);
+    tokio::pin!(handshake);
+    // A Redis without TLS on this port sits silent at a TLS hello (it waits for a line end),
+    // which would read as an outage: once the handshake has been silent half the time, ask in
+    // the clear, within the same deadline. A frozen path answers neither.
+    let probe = async {
+        tokio::time::sleep_until((start + timeout / 2).into()).await;
+        answers_in_the_clear(t, deadline).await
+    };
+    let stream = tokio::select! {
+        r = &mut handshake => match r {
+            Ok(s) => s,
+            // Hung up on the hello, or answered it with bytes that are no TLS.
+            Err(f) => {
+                return Err(if answers_in_the_clear(t, deadline).await {
+                    no_tls_here()
+                } else {
+                    f
+                })
+            }
+        },
+        true = probe => return Err(no_tls_here()),
+    };
     let version = stream.get_ref().1.protocol_version();
     let handshake = start.elapsed();
     exchange(t, password, BufReader::new(stream), timeout)
@@ -147,6 +170,32 @@ pub(super) async fn round_trip(
             ms(latency.saturating_sub(handshake))
         )),
     })
+}
+
+/// What a `rediss://` URL to a Redis that speaks only in the clear gets.
+fn no_tls_here() -> Failure {
+    Failure::Refused(
+        "TLS handshake: the server does not speak TLS on this port (it answers PING in the \
+         clear): use redis://"
+            .into(),
+    )
+}
+
+/// Whether `t` answers a plain `PING` with a RESP reply (`+PONG`, `-NOAUTH …`) by `deadline`.
+async fn answers_in_the_clear(t: &Target, deadline: Instant) -> bool {
+    let probe = async {
+        let mut s = tokio::net::TcpStream::connect((t.host.as_str(), t.port))
+            .await
+            .ok()?;
+        s.write_all(&resp_command(&["PING"])).await.ok()?;
+        let mut first = [0u8; 1];
+        s.read_exact(&mut first).await.ok()?;
+        Some(matches!(first[0], b'+' | b'-'))
+    };
+    matches!(
+        tokio::time::timeout_at(deadline.into(), probe).await,
+        Ok(Some(true))
+    )
 }
 
 /// Whether `t` answers a TLS handshake (any certificate): asked only after a server hung up on

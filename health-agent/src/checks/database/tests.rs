@@ -457,3 +457,48 @@ async fn postgres_prefer_retries_in_the_clear_after_a_failed_handshake_and_requi
     .await;
     assert_eq!(*seen.lock().unwrap(), [196608]);
 }
+
+// --- rediss:// against servers without TLS -------------------------------------------------
+
+/// Answers `+PONG` to a connection that starts like RESP and holds any other open, silent, as
+/// Redis does with a TLS hello that holds no line end.
+async fn plain_redis_silent_at_tls() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("local addr");
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut first = [0u8; 1];
+                if s.read_exact(&mut first).await.is_ok() && first[0] == b'*' {
+                    let _ = s.write_all(b"+PONG\r\n").await;
+                }
+                let mut sink = [0u8; 512];
+                while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {}
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn rediss_to_a_port_without_tls_is_misconfigured_not_an_outage() {
+    let timeout = Duration::from_millis(800);
+    // Hangs up on the hello (the fake reads only RESP): asked again in the clear at once.
+    let (addr, _) = fake_redis(redis_ok, Duration::ZERO).await;
+    // Stays silent at the hello: asked in the clear halfway through the timeout.
+    let silent = plain_redis_silent_at_tls().await;
+    for (addr, within) in [(addr, timeout / 4), (silent, timeout)] {
+        let mut m = monitor(&DatabaseConfig {
+            timeout,
+            fail_after: 3,
+            ..cfg(&[&format!("rediss://{addr}?sslmode=require")])
+        });
+        let start = Instant::now();
+        let r = m.check().await;
+        let took = start.elapsed();
+        assert_eq!(r.state, DbState::Misconfigured, "{addr}: {r:?}");
+        let err = r.databases[0].error.clone().unwrap();
+        assert!(err.contains("does not speak TLS on this port"), "{err}");
+        assert!(took < within, "{addr}: took {took:?}");
+    }
+}
