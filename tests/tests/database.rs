@@ -19,7 +19,9 @@ use health_agent::{
     config::DatabaseConfig,
     status::DbState,
 };
-use health_agent_tests::{free_port, require_root, Ca, Postgres, Redis, TcpProxy};
+use health_agent_tests::{
+    free_port, require_root, Agent, Ca, Fixture, Postgres, Receiver, Redis, TcpProxy,
+};
 
 fn cfg(urls: &[&str]) -> DatabaseConfig {
     DatabaseConfig {
@@ -465,4 +467,56 @@ async fn a_frozen_tls_path_is_unreachable_after_damping_not_misconfigured() {
         ca.cert.display()
     );
     frozen_path_is_an_outage(&url, &proxy).await;
+}
+
+/// End to end through the agent: a database URL that trusts the wrong CA is 200 `degraded`,
+/// `stable`, with a `config_error` alert that names the cause — and it hides no web fault: a
+/// stopped backend is still 503.
+#[test]
+fn untrusted_database_certificate_is_200_misconfigured_with_an_alert_and_hides_no_web_fault() {
+    let (_ca, pg) = tls_postgres();
+    let other = Ca::new("some other CA");
+    let backend = Fixture::start("normal");
+    let webhook = Receiver::ok();
+    let agent = Agent::start_with_env(
+        &format!(
+            "[checks]\ninterval = \"500ms\"\nrecover_after = \"1s\"\n[web]\nport = {}\n\
+             [heal]\nenabled = false\n\
+             [database]\nurl = \"postgres://postgres@localhost:{}/postgres?sslmode=verify-full&sslrootcert={}\"\n\
+             interval = \"1s\"\ntimeout = \"2s\"\n[alerts]\nwebhook_url = \"{}\"\n",
+            backend.port,
+            pg.port,
+            other.cert.display(),
+            webhook.url("/hook")
+        ),
+        &[("PGPASSWORD", pg.password.as_str())],
+    );
+    let wait = Duration::from_secs(40);
+    let (code, body) = agent.wait_health(wait, "database misconfigured, web up", |_, b| {
+        b["checks"]["database"] == "misconfigured" && b["checks"]["webserver"] == "up"
+    });
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["status"], "degraded", "{body}");
+    assert_eq!(body["recommendation"], "stable", "{body}");
+    // The summary says misconfigured; the details (loopback sees them) say why.
+    let why = body["details"]["database"]["reason"].to_string();
+    eprintln!("reasons: {} / details: {why}", body["reasons"]);
+    assert!(why.contains("certificate is not trusted"), "{body}");
+    let alert = health_agent_tests::wait_until(wait, "the config_error alert", || {
+        webhook
+            .posts()
+            .into_iter()
+            .find(|p| p.body.to_string().contains("config_error"))
+    });
+    let alert = alert.body.to_string();
+    assert!(alert.contains("certificate is not trusted"), "{alert}");
+
+    backend.signal(libc::SIGSTOP);
+    let (code, body) = agent.wait_health(wait, "503 for the stopped backend", |c, _| c == 503);
+    backend.signal(libc::SIGCONT);
+    assert_eq!(body["status"], "unhealthy", "{body}");
+    assert_eq!(body["checks"]["database"], "misconfigured", "{body}");
+    assert_eq!(code, 503);
+    let text = format!("{body}{alert}{}", agent.logs());
+    assert!(!text.contains(&pg.password), "the database password leaked");
 }
