@@ -39,6 +39,17 @@ impl Postgres {
     /// `ssl = on` with `server`'s certificate, and a `pg_hba.conf` that lets TCP clients in only
     /// over TLS (`hostssl`): a client with `sslmode=disable` is refused by the server itself.
     pub fn start_tls(server: &Issued) -> Self {
+        Self::start_tls_with(server, None)
+    }
+
+    /// [`Postgres::start_tls`], and `cert_user` (a role created here) logs in over TCP only
+    /// with a client certificate `client_ca` signed, whose CN is its name (`cert`
+    /// authentication); everyone else with a password, as before.
+    pub fn start_tls_client_cert(server: &Issued, client_ca: &Path, cert_user: &str) -> Self {
+        Self::start_tls_with(server, Some((client_ca, cert_user)))
+    }
+
+    fn start_tls_with(server: &Issued, client_cert: Option<(&Path, &str)>) -> Self {
         let mut pg = Self::init();
         let (cert, key) = (
             pg.dir.path().join("server.crt"),
@@ -53,16 +64,52 @@ impl Postgres {
             std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode))
                 .expect("chmod");
         }
-        std::fs::write(
-            pg.dir.path().join("data/pg_hba.conf"),
-            "local all all scram-sha-256\n\
-             hostssl all all 127.0.0.1/32 scram-sha-256\n\
-             hostssl all all ::1/128 scram-sha-256\n",
-        )
-        .expect("writing pg_hba.conf");
+        let mut hba = String::from("local all all scram-sha-256\n");
+        if let Some((ca, user)) = client_cert {
+            let copy = pg.dir.path().join("client-ca.crt");
+            std::fs::copy(ca, &copy).expect("copying the client CA");
+            std::fs::set_permissions(&copy, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+                .expect("chmod");
+            hba.push_str(&format!(
+                "hostssl all {user} 127.0.0.1/32 cert\nhostssl all {user} ::1/128 cert\n"
+            ));
+        }
+        hba.push_str(
+            "hostssl all all 127.0.0.1/32 scram-sha-256\nhostssl all all ::1/128 scram-sha-256\n",
+        );
+        std::fs::write(pg.dir.path().join("data/pg_hba.conf"), hba).expect("writing pg_hba.conf");
         pg.tls = true;
         pg.resume();
+        if let Some((_, user)) = client_cert {
+            pg.psql(&format!("CREATE ROLE \"{user}\" LOGIN"));
+        }
         pg
+    }
+
+    /// Runs one SQL statement as the superuser, over the Unix socket.
+    pub fn psql(&self, sql: &str) {
+        let out = as_postgres(&[
+            "env",
+            &format!("PGPASSWORD={}", self.password),
+            &format!("{PG_BIN}/psql"),
+            "-h",
+            &self.dir.path().display().to_string(),
+            "-p",
+            &self.port.to_string(),
+            "-U",
+            "postgres",
+            "-d",
+            "postgres",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-c",
+            sql,
+        ]);
+        assert!(
+            out.status.success(),
+            "psql {sql:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     fn init() -> Self {
@@ -120,6 +167,9 @@ impl Postgres {
             opts.push_str(&format!(
                 " -c ssl=on -c ssl_cert_file={d}/server.crt -c ssl_key_file={d}/server.key"
             ));
+            if self.dir.path().join("client-ca.crt").exists() {
+                opts.push_str(&format!(" -c ssl_ca_file={d}/client-ca.crt"));
+            }
         }
         let log = self.dir.path().join("pg.log");
         let out = as_postgres(&[

@@ -336,6 +336,35 @@ async fn postgres_require_against_a_server_without_tls_is_misconfigured() {
     assert!(!r.databases[0].detail.as_deref().unwrap().contains("TLS"));
 }
 
+#[tokio::test]
+async fn postgres_client_certificate_logs_in_without_a_password_and_its_absence_is_misconfigured() {
+    require_root();
+    let ca = Ca::new("health-agent test CA");
+    let server = ca.server("localhost", &["DNS:localhost"]);
+    let pg = Postgres::start_tls_client_cert(&server, &ca.cert, "monitor");
+    let client = ca.client("monitor");
+    let base = format!(
+        "postgres://monitor@localhost:{}/postgres?sslmode=verify-full&sslrootcert={}",
+        pg.port,
+        ca.cert.display()
+    );
+    let _env = ENV_LOCK.lock().await;
+    let _pw = EnvVar::set("PGPASSWORD", None);
+    let r = one_round(&format!(
+        "{base}&sslcert={}&sslkey={}",
+        client.cert.display(),
+        client.key.display()
+    ))
+    .await;
+    assert_eq!(r.state, DbState::Connected, "{r:?}");
+    // No certificate: the server's `cert` line refuses the login.
+    let r = one_round(&base).await;
+    assert_eq!(r.state, DbState::Misconfigured, "{r:?}");
+    let err = error_of(&r);
+    assert!(err.contains("requires a valid client certificate"), "{err}");
+    assert!(err.contains("give the URL sslcert and sslkey"), "{err}");
+}
+
 /// A CA, and a TLS-only Redis whose certificate it signed for `localhost` and `127.0.0.1`.
 fn tls_redis() -> (Ca, Redis) {
     require_root();

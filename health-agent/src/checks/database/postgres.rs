@@ -155,6 +155,13 @@ fn classify_answer(e: &tokio_postgres::Error) -> Failure {
              stronger)"
         ));
     }
+    // A `cert` line: this user logs in with a client certificate.
+    if chain.contains("requires a valid client certificate") {
+        return Failure::Refused(format!(
+            "{message} (give the URL sslcert and sslkey, a certificate the server's CA signed \
+             whose CN is the user)"
+        ));
+    }
     Failure::Refused(message)
 }
 
