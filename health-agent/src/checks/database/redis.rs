@@ -117,7 +117,8 @@ pub(super) async fn round_trip(
                 latency: start.elapsed(),
                 detail: None,
             }),
-            Err(ExchangeError::HungUp(f)) if speaks_tls(t, timeout).await => {
+            // Within what the round may take anyway: its connect and its exchange.
+            Err(ExchangeError::HungUp(f)) if speaks_tls(t, start + timeout * 2, timeout).await => {
                 Err(Failure::Refused(format!(
                     "{}: the server wants TLS on this port: use rediss://",
                     f.message()
@@ -143,14 +144,16 @@ pub(super) async fn round_trip(
     let stream = tokio::select! {
         r = &mut handshake => match r {
             Ok(s) => s,
-            // Hung up on the hello, or answered it with bytes that are no TLS.
-            Err(f) => {
+            // Hung up on the hello (a plain Redis that answered it with an error was no TLS,
+            // and says so already).
+            Err(f @ Failure::Outage(_)) => {
                 return Err(if answers_in_the_clear(t, deadline).await {
                     no_tls_here()
                 } else {
                     f
                 })
             }
+            Err(f) => return Err(f),
         },
         true = probe => return Err(no_tls_here()),
     };
@@ -200,26 +203,31 @@ async fn answers_in_the_clear(t: &Target, deadline: Instant) -> bool {
 
 /// Whether `t` answers a TLS handshake (any certificate): asked only after a server hung up on
 /// a plain `redis://` exchange, so the one mistake with a sure answer is named as such.
-async fn speaks_tls(t: &Target, timeout: Duration) -> bool {
-    let start = Instant::now();
+async fn speaks_tls(t: &Target, deadline: Instant, timeout: Duration) -> bool {
     let insecure = crate::dburl::TlsOptions {
         mode: SslMode::Require,
         roots: crate::dburl::RootCerts::System,
         client: None,
     };
-    let (Ok(stream), Ok(config), Ok(name)) = (
-        connect_tcp(t, timeout).await,
-        tls::client_config(&insecure, None),
-        tls::server_name(&t.host),
-    ) else {
-        return false;
+    let probe = async {
+        let (Ok(stream), Ok(config), Ok(name)) = (
+            connect_tcp(t, timeout).await,
+            tls::client_config(&insecure, None),
+            tls::server_name(&t.host),
+        ) else {
+            return false;
+        };
+        match tls::handshake(config, name, stream, deadline, timeout).await {
+            Ok(_) => true,
+            // It sent a TLS alert (wants a client certificate): TLS all the same. The words
+            // are `tls::describe`'s for `AlertReceived`.
+            Err(Failure::Refused(m)) => m.contains("refused the handshake"),
+            Err(Failure::Outage(_)) => false,
+        }
     };
-    match tls::handshake(config, name, stream, start + timeout, timeout).await {
-        Ok(_) => true,
-        // It asked for a client certificate: TLS all the same.
-        Err(Failure::Refused(m)) => m.contains("refused the handshake"),
-        Err(Failure::Outage(_)) => false,
-    }
+    tokio::time::timeout_at(deadline.into(), probe)
+        .await
+        .unwrap_or(false)
 }
 
 /// `AUTH`, `SELECT`, `PING` over `conn`, bounded by `timeout`.
