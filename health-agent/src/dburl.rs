@@ -3,14 +3,18 @@
 //! connects through it, and it imports neither.
 //!
 //! Accepted forms: `postgres://` / `postgresql://` (anything `tokio_postgres::Config` takes,
-//! several hosts and `?host=` included; TLS `sslmode`s refused), `redis://[user:password@]host
-//! [:port][/db]` and `mysql://[user:password@]host[:port]`. Postgres URLs are read by
+//! several hosts and `?host=` included), `redis://[user:password@]host[:port][/db]`, its TLS
+//! twin `rediss://`, and `mysql://[user:password@]host[:port]`. Postgres URLs are read by
 //! `tokio_postgres::Config`, which is what later connects; the authority of the others (and of a
 //! single-host Postgres URL, for the same port and host errors) by the `url` crate. The userinfo
 //! is split by hand, as tokio-postgres does: at the one '@', then at the first ':', so a password
 //! may hold an unencoded '/', '?' or '#'.
+//!
+//! TLS options, with libpq's names and meaning, are read here into [`TlsOptions`]: `sslmode`,
+//! `sslrootcert`, `sslcert`, `sslkey`. tokio-postgres knows only some of them, so they are taken
+//! out of the URL it reads; the check does the TLS itself (`checks::database::tls`).
 
-use std::{fmt, str::FromStr};
+use std::{fmt, path::PathBuf, str::FromStr};
 
 use percent_encoding::percent_decode_str;
 use serde::Serialize;
@@ -41,6 +45,85 @@ impl DbKind {
     }
 }
 
+/// libpq's `sslmode`, the words `rediss://` takes too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SslMode {
+    /// In the clear.
+    Disable,
+    /// TLS when the server offers it, without a certificate check; else in the clear.
+    Prefer,
+    /// TLS or nothing; no certificate check (libpq: a chain check once `sslrootcert` is given).
+    Require,
+    /// TLS, the certificate chained to a trusted CA; any host name.
+    VerifyCa,
+    /// TLS, the chain and the host name.
+    VerifyFull,
+}
+
+impl SslMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Disable => "disable",
+            Self::Prefer => "prefer",
+            Self::Require => "require",
+            Self::VerifyCa => "verify-ca",
+            Self::VerifyFull => "verify-full",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "disable" => Self::Disable,
+            "prefer" => Self::Prefer,
+            "require" => Self::Require,
+            "verify-ca" => Self::VerifyCa,
+            "verify-full" => Self::VerifyFull,
+            _ => return None,
+        })
+    }
+}
+
+/// Where trusted CA certificates come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RootCerts {
+    /// The system's store (`/etc/ssl/certs/…`): no `sslrootcert`, or `sslrootcert=system`.
+    System,
+    /// A PEM bundle (`sslrootcert=/path`), e.g. the provider's CA.
+    File(PathBuf),
+}
+
+impl fmt::Display for RootCerts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::System => f.write_str("the system's CA store"),
+            Self::File(p) => write!(f, "sslrootcert {}", p.display()),
+        }
+    }
+}
+
+/// A database's TLS settings, from its URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsOptions {
+    pub mode: SslMode,
+    pub roots: RootCerts,
+    /// `sslcert` and `sslkey`: a client certificate and its key (PEM), for servers that ask.
+    pub client: Option<(PathBuf, PathBuf)>,
+}
+
+impl TlsOptions {
+    fn plain() -> Self {
+        Self {
+            mode: SslMode::Disable,
+            roots: RootCerts::System,
+            client: None,
+        }
+    }
+}
+
+/// The query keys [`TlsOptions`] is read from; kept from tokio-postgres, which refuses most.
+const TLS_KEYS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
+
 /// A database URL the check cannot use. Shows the URL redacted, never its password.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{shown}: {problem}")]
@@ -57,9 +140,11 @@ pub enum UrlProblem {
         "expected a URL such as postgres://user@host:5432/db, redis://host:6379 or mysql://host:3306"
     )]
     NotAUrl,
-    #[error("TLS (rediss://) is not supported yet; use redis://")]
-    RedisTls,
-    #[error("unsupported scheme {0:?}; use postgres://, postgresql://, redis:// or mysql://")]
+    #[error("{0} is a TLS option: use rediss:// for Redis over TLS")]
+    RedisPlainTls(String),
+    #[error(
+        "unsupported scheme {0:?}; use postgres://, postgresql://, redis://, rediss:// or mysql://"
+    )]
     UnsupportedScheme(String),
     #[error("more than one '@'; percent-encode an '@' in the user or password as %40")]
     SeveralAts,
@@ -68,11 +153,24 @@ pub enum UrlProblem {
     /// The `url` crate's reason, for a host it cannot read (an unclosed '[', a bad IPv6 address).
     #[error("invalid host: {0}")]
     InvalidHost(String),
+    #[error("invalid sslmode {0:?}; use disable, prefer, require, verify-ca or verify-full")]
+    SslMode(String),
     #[error(
-        "sslmode={0} needs TLS, which the database check does not support yet; use \
-         sslmode=disable or sslmode=prefer"
+        "rediss:// always uses TLS: sslmode={0} is not one of require, verify-ca, verify-full"
     )]
-    NeedsTls(String),
+    RedissMode(String),
+    #[error(
+        "sslrootcert=system checks the host name: it needs sslmode=verify-full (as libpq), not \
+         {0}"
+    )]
+    SystemRootsNeedVerifyFull(String),
+    #[error("sslcert and sslkey go together: give both or neither")]
+    ClientCertHalf,
+    #[error(
+        "channel_binding=require is not supported (the check's TLS offers no channel binding); \
+         use prefer or disable"
+    )]
+    ChannelBinding,
     /// tokio-postgres's reason, with the URL's secrets replaced.
     #[error("not a valid Postgres URL: {0}")]
     InvalidPostgres(String),
@@ -101,8 +199,10 @@ pub struct DbUrl {
     pub secrets: Vec<String>,
     /// Redis: the database index in the path.
     pub redis_db: Option<u32>,
-    /// Postgres: the connection settings, password included, exactly as the URL gives them.
+    /// Postgres: the connection settings, password included, as the URL gives them (its
+    /// `sslmode` reduced to what tokio-postgres knows: `verify-*` are `require` there).
     pub postgres: Option<tokio_postgres::Config>,
+    pub tls: TlsOptions,
 }
 
 impl fmt::Debug for DbUrl {
@@ -151,11 +251,11 @@ impl DbUrl {
         let Some((scheme, rest)) = url.split_once("://") else {
             return Err(fail(UrlProblem::NotAUrl));
         };
-        let kind = match scheme.to_ascii_lowercase().as_str() {
+        let lower_scheme = scheme.to_ascii_lowercase();
+        let kind = match lower_scheme.as_str() {
             "postgres" | "postgresql" => DbKind::Postgres,
-            "redis" => DbKind::Redis,
+            "redis" | "rediss" => DbKind::Redis,
             "mysql" => DbKind::Mysql,
-            "rediss" => return Err(fail(UrlProblem::RedisTls)),
             other => return Err(fail(UrlProblem::UnsupportedScheme(other.into()))),
         };
         if rest.matches('@').count() > 1 {
@@ -236,22 +336,34 @@ impl DbUrl {
             secrets,
             redis_db: None,
             postgres: None,
+            tls: TlsOptions::plain(),
         };
+        out.tls = tls_options(kind, lower_scheme == "rediss", query).map_err(fail)?;
         match kind {
             DbKind::Postgres => {
-                // Checked before tokio-postgres, which knows only some TLS modes by name.
-                if let Some((_, mode)) = query_params(query).find(|(k, _)| k == "sslmode") {
-                    let mode = decode(mode);
-                    if !matches!(mode.as_str(), "disable" | "prefer") {
-                        return Err(fail(UrlProblem::NeedsTls(mode)));
-                    }
-                }
-                let pg = tokio_postgres::Config::from_str(url).map_err(|e| {
+                // tokio-postgres refuses the TLS keys it does not know; the check reads them.
+                let without_tls = format!(
+                    "{}{}",
+                    &url[..url.len() - after.len()],
+                    without_query_keys(after, &TLS_KEYS)
+                );
+                let mut pg = tokio_postgres::Config::from_str(&without_tls).map_err(|e| {
                     fail(UrlProblem::InvalidPostgres(sanitize(
                         &error_chain(&e),
                         &out.secrets,
                     )))
                 })?;
+                if pg.get_channel_binding() == tokio_postgres::config::ChannelBinding::Require {
+                    return Err(fail(UrlProblem::ChannelBinding));
+                }
+                pg.ssl_mode(match out.tls.mode {
+                    SslMode::Disable => tokio_postgres::config::SslMode::Disable,
+                    SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
+                    // The certificate checks are the TLS connector's.
+                    SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => {
+                        tokio_postgres::config::SslMode::Require
+                    }
+                });
                 match pg.get_hosts().first() {
                     None => return Err(fail(UrlProblem::NoHost)),
                     Some(tokio_postgres::config::Host::Tcp(h)) => out.host = h.clone(),
@@ -283,6 +395,87 @@ impl DbUrl {
             }
         }
         Ok(out)
+    }
+}
+
+/// The TLS settings of a URL of `kind` (`rediss` for the `rediss://` scheme), from its query.
+fn tls_options(kind: DbKind, rediss: bool, query: &str) -> Result<TlsOptions, UrlProblem> {
+    let param = |key: &str| {
+        query_params(query)
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| decode(v))
+    };
+    let mode = param("sslmode");
+    let root = param("sslrootcert").filter(|r| !r.is_empty());
+    let (cert, key) = (
+        param("sslcert").filter(|c| !c.is_empty()),
+        param("sslkey").filter(|k| !k.is_empty()),
+    );
+    match kind {
+        // The MySQL check reads only the greeting, which comes before any TLS.
+        DbKind::Mysql => return Ok(TlsOptions::plain()),
+        DbKind::Redis if !rediss => {
+            return match TLS_KEYS.iter().find(|k| param(k).is_some()) {
+                Some(k) => Err(UrlProblem::RedisPlainTls((*k).into())),
+                None => Ok(TlsOptions::plain()),
+            };
+        }
+        DbKind::Redis | DbKind::Postgres => {}
+    }
+    let explicit = match &mode {
+        Some(m) => Some(SslMode::parse(m).ok_or_else(|| UrlProblem::SslMode(m.clone()))?),
+        None => None,
+    };
+    let system = root.as_deref() == Some("system");
+    let mut mode = match (kind, explicit) {
+        (DbKind::Redis, None) => SslMode::VerifyFull,
+        (DbKind::Redis, Some(m)) if m < SslMode::Require => {
+            return Err(UrlProblem::RedissMode(m.as_str().into()))
+        }
+        // libpq: `sslrootcert=system` alone means verify-full.
+        (_, None) if system => SslMode::VerifyFull,
+        // libpq's default.
+        (_, None) => SslMode::Prefer,
+        (_, Some(m)) => m,
+    };
+    if system && mode != SslMode::VerifyFull {
+        return Err(UrlProblem::SystemRootsNeedVerifyFull(mode.as_str().into()));
+    }
+    // libpq: with a root certificate given, `require` checks the chain, as verify-ca does.
+    if mode == SslMode::Require && root.is_some() {
+        mode = SslMode::VerifyCa;
+    }
+    let client = match (cert, key) {
+        (Some(c), Some(k)) => Some((PathBuf::from(c), PathBuf::from(k))),
+        (None, None) => None,
+        _ => return Err(UrlProblem::ClientCertHalf),
+    };
+    Ok(TlsOptions {
+        mode,
+        roots: match root {
+            Some(r) if !system => RootCerts::File(PathBuf::from(r)),
+            _ => RootCerts::System,
+        },
+        client,
+    })
+}
+
+/// `after` (a URL past its userinfo) with the query parameters named in `keys` left out.
+fn without_query_keys(after: &str, keys: &[&str]) -> String {
+    let Some((before, query)) = after.split_once('?') else {
+        return after.to_string();
+    };
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|kv| {
+            let key = kv.split_once('=').map_or(*kv, |(k, _)| k);
+            !keys.contains(&decode(key).as_str())
+        })
+        .collect();
+    if kept.is_empty() {
+        before.to_string()
+    } else {
+        format!("{before}?{}", kept.join("&"))
     }
 }
 
@@ -492,15 +685,145 @@ mod tests {
     }
 
     #[test]
+    fn sslmode_and_certificate_options_follow_libpq() {
+        let tls = |url: &str| {
+            DbUrl::parse(url)
+                .unwrap_or_else(|e| panic!("{url}: {e}"))
+                .tls
+        };
+        let pg_mode = |url: &str| DbUrl::parse(url).unwrap().postgres.unwrap().get_ssl_mode();
+        use tokio_postgres::config::SslMode as Pg;
+        use RootCerts::{File, System};
+        use SslMode::*;
+        let path = |p: &str| File(PathBuf::from(p));
+        // (URL, mode, roots, what tokio-postgres is told)
+        let cases = [
+            ("postgres://u@h/db", Prefer, System, Pg::Prefer),
+            (
+                "postgres://u@h/db?sslmode=disable",
+                Disable,
+                System,
+                Pg::Disable,
+            ),
+            (
+                "postgres://u@h/db?sslmode=prefer",
+                Prefer,
+                System,
+                Pg::Prefer,
+            ),
+            (
+                "postgres://u@h/db?sslmode=require",
+                Require,
+                System,
+                Pg::Require,
+            ),
+            (
+                "postgres://u@h/db?sslmode=verify-ca",
+                VerifyCa,
+                System,
+                Pg::Require,
+            ),
+            (
+                "postgres://u@h/db?sslmode=verify-full",
+                VerifyFull,
+                System,
+                Pg::Require,
+            ),
+            (
+                "postgres://u@h/db?sslmode=verify-full&sslrootcert=/etc/ssl/rds.pem",
+                VerifyFull,
+                path("/etc/ssl/rds.pem"),
+                Pg::Require,
+            ),
+            // libpq: a root certificate turns require into a chain check.
+            (
+                "postgres://u@h/db?sslrootcert=%2Fca%20dir%2Fca.crt&sslmode=require",
+                VerifyCa,
+                path("/ca dir/ca.crt"),
+                Pg::Require,
+            ),
+            // libpq 16: sslrootcert=system alone means verify-full.
+            (
+                "postgres://u@h/db?sslrootcert=system",
+                VerifyFull,
+                System,
+                Pg::Require,
+            ),
+        ];
+        for (url, mode, roots, pg) in cases {
+            let t = tls(url);
+            assert_eq!((t.mode, &t.roots), (mode, &roots), "{url}");
+            assert_eq!(format!("{:?}", pg_mode(url)), format!("{pg:?}"), "{url}");
+            assert_eq!(t.client, None, "{url}");
+        }
+        // Redis: redis:// is plain, rediss:// is verify-full unless it says otherwise.
+        assert_eq!(tls("redis://h:6379").mode, Disable);
+        assert_eq!(tls("rediss://h:6380").mode, VerifyFull);
+        let t = tls("rediss://:pw@h:6380/1?sslmode=verify-ca&sslrootcert=/ca.pem");
+        assert_eq!((t.mode, t.roots), (VerifyCa, path("/ca.pem")));
+        assert_eq!(tls("rediss://h?sslmode=require").mode, Require);
+        let r = DbUrl::parse("rediss://:pw@h:6380/1?sslrootcert=/ca.pem").unwrap();
+        assert_eq!((r.kind, r.port, r.redis_db), (DbKind::Redis, 6380, Some(1)));
+        assert_eq!(r.shown, "rediss://h:6380/1?sslrootcert=/ca.pem");
+        // Client certificates, both halves.
+        let t = tls("postgres://u@h/db?sslmode=verify-full&sslcert=/c.pem&sslkey=/k.pem");
+        assert_eq!(
+            t.client,
+            Some((PathBuf::from("/c.pem"), PathBuf::from("/k.pem")))
+        );
+        // MySQL reads only the greeting, which comes before any TLS.
+        assert_eq!(tls("mysql://h?ssl-mode=REQUIRED").mode, Disable);
+    }
+
+    #[test]
+    fn tls_keys_are_kept_from_tokio_postgres_and_the_rest_reaches_it() {
+        // A password with a '?' and a TLS key in the query: only the TLS keys are taken out.
+        let t = DbUrl::parse(
+            "postgres://u:p?w@h:6432/db?sslmode=verify-full&application_name=hc&sslrootcert=/ca.pem",
+        )
+        .unwrap();
+        let pg = t.postgres.unwrap();
+        assert_eq!(pg.get_password(), Some(&b"p?w"[..]));
+        assert_eq!(pg.get_application_name(), Some("hc"));
+        assert_eq!(pg.get_ports(), [6432]);
+        assert_eq!(
+            without_query_keys("h/db?sslmode=x&a=1&sslkey=k", &TLS_KEYS),
+            "h/db?a=1"
+        );
+        assert_eq!(without_query_keys("h/db?sslmode=x", &TLS_KEYS), "h/db");
+        assert_eq!(without_query_keys("h/db", &TLS_KEYS), "h/db");
+    }
+
+    #[test]
     fn bad_urls_are_refused_without_echoing_the_password() {
         let cases = [
             ("http://u:Sekr1t@host", "unsupported scheme"),
-            ("rediss://:Sekr1t@host", "TLS"),
+            ("redis://:Sekr1t@host?sslmode=require", "use rediss://"),
+            ("redis://:Sekr1t@host?sslrootcert=/ca.pem", "use rediss://"),
+            ("rediss://:Sekr1t@host?sslmode=disable", "always uses TLS"),
+            ("rediss://:Sekr1t@host?sslmode=prefer", "always uses TLS"),
             (
-                "postgres://u:Sekr1t@host/db?sslmode=require",
-                "sslmode=require",
+                "postgres://u:Sekr1t@host/db?sslmode=allow",
+                "invalid sslmode",
             ),
-            ("postgres://u:Sekr1t@host/db?sslmode=verify-full", "TLS"),
+            (
+                "postgres://u:Sekr1t@host/db?sslmode=VERIFY-FULL",
+                "invalid sslmode",
+            ),
+            (
+                "postgres://u:Sekr1t@host/db?sslmode=require&sslrootcert=system",
+                "needs sslmode=verify-full",
+            ),
+            (
+                "postgres://u:Sekr1t@host/db?sslmode=verify-ca&sslrootcert=system",
+                "needs sslmode=verify-full",
+            ),
+            ("postgres://u:Sekr1t@host/db?sslcert=/c.pem", "give both"),
+            ("rediss://:Sekr1t@host?sslkey=/k.pem", "give both"),
+            (
+                "postgres://u:Sekr1t@host/db?sslmode=verify-full&channel_binding=require",
+                "channel_binding=require",
+            ),
             ("redis://:Sekr1t@host:notaport", "invalid port"),
             ("postgres://u:Sekr1t@host:99999/db", "invalid port"),
             ("mysql://u:Sekr1t@host:0", "invalid port"),

@@ -13,12 +13,14 @@
 //! | `agent` | `Agent`: start on any address, `/health`, stop |
 //! | `poller` | `HealthPoller`: every `/health` answer of a run; `timeline` |
 //! | `load` | `Load`: background HTTP clients |
-//! | `fixture`, `nginx`, `postgres`, `puma`, `docker`, `receiver`, `tmpfs` | one server each |
+//! | `fixture`, `nginx`, `postgres`, `redis`, `puma`, `docker`, `receiver`, `tmpfs` | one server each |
+//! | `certs` | a CA and the certificates it signs, made with the openssl CLI |
 //! | `netns` | network namespaces reached over a veth pair |
 //! | `fleet` | stub servers, `/etc/hosts` lines, `/metrics` gauges for the fleet tests |
 
 pub mod agent;
 pub mod build;
+pub mod certs;
 pub mod docker;
 pub mod fixture;
 pub mod fleet;
@@ -32,11 +34,13 @@ pub mod postgres;
 pub mod process;
 pub mod puma;
 pub mod receiver;
+pub mod redis;
 pub mod tmpfs;
 pub mod wait;
 
 pub use agent::{merge_toml, Agent};
 pub use build::{agent_binary, binary, target_dir};
+pub use certs::{Ca, Issued};
 pub use docker::{docker, fixture_image, BridgeContainer, Container};
 pub use fixture::{AddrFixture, Fixture};
 pub use http::{background_requests, counters, get, get_at, http, http_at, request_at, requests};
@@ -50,5 +54,6 @@ pub(crate) use process::kill_and_wait;
 pub use process::{is_root, require_root, Proc};
 pub use puma::{Puma, PumaOptions, TcpProxy};
 pub use receiver::{Receiver, Recorded};
+pub use redis::Redis;
 pub use tmpfs::Tmpfs;
 pub use wait::wait_until;

@@ -1,8 +1,8 @@
-//! A private PostgreSQL 15 server of the test's own.
+//! A private PostgreSQL 15 server of the test's own, in the clear or TLS-only.
 
 use std::{path::Path, process::Command};
 
-use crate::free_port;
+use crate::{certs::Issued, free_port};
 
 /// A private PostgreSQL 15 server (Debian's binaries) on its own port and data directory, with
 /// password authentication, so a test may stop and start it without touching anyone else's.
@@ -10,6 +10,8 @@ pub struct Postgres {
     pub port: u16,
     pub password: String,
     dir: tempfile::TempDir,
+    /// `ssl = on` with the certificate and key copied into `dir`.
+    tls: bool,
 }
 
 const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
@@ -29,6 +31,88 @@ fn as_postgres(args: &[&str]) -> std::process::Output {
 
 impl Postgres {
     pub fn start() -> Self {
+        let pg = Self::init();
+        pg.resume();
+        pg
+    }
+
+    /// `ssl = on` with `server`'s certificate, and a `pg_hba.conf` that lets TCP clients in only
+    /// over TLS (`hostssl`): a client with `sslmode=disable` is refused by the server itself.
+    pub fn start_tls(server: &Issued) -> Self {
+        Self::start_tls_with(server, None)
+    }
+
+    /// [`Postgres::start_tls`], and `cert_user` (a role created here) logs in over TCP only
+    /// with a client certificate `client_ca` signed, whose CN is its name (`cert`
+    /// authentication); everyone else with a password, as before.
+    pub fn start_tls_client_cert(server: &Issued, client_ca: &Path, cert_user: &str) -> Self {
+        Self::start_tls_with(server, Some((client_ca, cert_user)))
+    }
+
+    fn start_tls_with(server: &Issued, client_cert: Option<(&Path, &str)>) -> Self {
+        let mut pg = Self::init();
+        let (cert, key) = (
+            pg.dir.path().join("server.crt"),
+            pg.dir.path().join("server.key"),
+        );
+        std::fs::copy(&server.cert, &cert).expect("copying the server certificate");
+        std::fs::copy(&server.key, &key).expect("copying the server key");
+        // PostgreSQL refuses a key that others may read.
+        let (uid, gid) = pg_ids();
+        for (path, mode) in [(&cert, 0o644), (&key, 0o600)] {
+            std::os::unix::fs::chown(path, Some(uid), Some(gid)).expect("chown");
+            std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode))
+                .expect("chmod");
+        }
+        let mut hba = String::from("local all all scram-sha-256\n");
+        if let Some((ca, user)) = client_cert {
+            let copy = pg.dir.path().join("client-ca.crt");
+            std::fs::copy(ca, &copy).expect("copying the client CA");
+            std::fs::set_permissions(&copy, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+                .expect("chmod");
+            hba.push_str(&format!(
+                "hostssl all {user} 127.0.0.1/32 cert\nhostssl all {user} ::1/128 cert\n"
+            ));
+        }
+        hba.push_str(
+            "hostssl all all 127.0.0.1/32 scram-sha-256\nhostssl all all ::1/128 scram-sha-256\n",
+        );
+        std::fs::write(pg.dir.path().join("data/pg_hba.conf"), hba).expect("writing pg_hba.conf");
+        pg.tls = true;
+        pg.resume();
+        if let Some((_, user)) = client_cert {
+            pg.psql(&format!("CREATE ROLE \"{user}\" LOGIN"));
+        }
+        pg
+    }
+
+    /// Runs one SQL statement as the superuser, over the Unix socket.
+    pub fn psql(&self, sql: &str) {
+        let out = as_postgres(&[
+            "env",
+            &format!("PGPASSWORD={}", self.password),
+            &format!("{PG_BIN}/psql"),
+            "-h",
+            &self.dir.path().display().to_string(),
+            "-p",
+            &self.port.to_string(),
+            "-U",
+            "postgres",
+            "-d",
+            "postgres",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-c",
+            sql,
+        ]);
+        assert!(
+            out.status.success(),
+            "psql {sql:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    fn init() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let data = dir.path().join("data");
         let pwfile = dir.path().join("pw");
@@ -55,13 +139,12 @@ impl Postgres {
             "initdb failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let pg = Self {
+        Self {
             port: free_port(),
             password,
             dir,
-        };
-        pg.resume();
-        pg
+            tls: false,
+        }
     }
 
     fn data(&self) -> String {
@@ -74,11 +157,20 @@ impl Postgres {
 
     /// Starts (again) on the same port and waits until it accepts connections.
     pub fn resume(&self) {
-        let opts = format!(
+        let mut opts = format!(
             "-p {} -c listen_addresses=127.0.0.1 -k {}",
             self.port,
             self.dir.path().display()
         );
+        if self.tls {
+            let d = self.dir.path().display();
+            opts.push_str(&format!(
+                " -c ssl=on -c ssl_cert_file={d}/server.crt -c ssl_key_file={d}/server.key"
+            ));
+            if self.dir.path().join("client-ca.crt").exists() {
+                opts.push_str(&format!(" -c ssl_ca_file={d}/client-ca.crt"));
+            }
+        }
         let log = self.dir.path().join("pg.log");
         let out = as_postgres(&[
             &format!("{PG_BIN}/pg_ctl"),
@@ -115,6 +207,27 @@ impl Postgres {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// The `postgres` user's ids, for the files its server must own.
+fn pg_ids() -> (u32, u32) {
+    let out = Command::new("id")
+        .args(["-u", "postgres"])
+        .output()
+        .expect("id -u postgres");
+    let uid = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("uid");
+    let out = Command::new("id")
+        .args(["-g", "postgres"])
+        .output()
+        .expect("id -g postgres");
+    let gid = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("gid");
+    (uid, gid)
 }
 
 impl Drop for Postgres {

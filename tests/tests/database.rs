@@ -3,8 +3,13 @@
 //! with the worst deciding. Each test starts its own private server (`Postgres`, root needed
 //! for `runuser`), so the library's unit tests need no PostgreSQL at all; Redis and MySQL are
 //! tested there against in-process fakes.
+//!
+//! TLS against real servers: a TLS-only PostgreSQL (`ssl = on`, `hostssl` lines only) and a
+//! `redis-server` with only its `tls-port`, both with certificates a CA made at test time signed
+//! (`Ca`); each `sslmode`, the wrong CA, the wrong host name, TLS refused either way, and a
+//! frozen path (`TcpProxy` under SIGSTOP) that must read as an outage, never as misconfigured.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use health_agent::{
     checks::{
@@ -14,7 +19,9 @@ use health_agent::{
     config::DatabaseConfig,
     status::DbState,
 };
-use health_agent_tests::{free_port, require_root, Postgres};
+use health_agent_tests::{
+    free_port, require_root, Agent, Ca, Fixture, Postgres, Receiver, Redis, TcpProxy,
+};
 
 fn cfg(urls: &[&str]) -> DatabaseConfig {
     DatabaseConfig {
@@ -181,4 +188,364 @@ async fn postgres_and_others_are_all_checked_and_the_worst_wins() {
     let states: Vec<DbState> = r.databases.iter().map(|d| d.state).collect();
     assert_eq!(states, [DbState::Connected, DbState::Unreachable]);
     assert_no_secret(&r, &[&pg.password]);
+}
+
+// --- TLS --------------------------------------------------------------------------------------
+
+/// A CA, and a TLS-only PostgreSQL whose certificate it signed for `localhost` alone.
+fn tls_postgres() -> (Ca, Postgres) {
+    require_root();
+    let ca = Ca::new("health-agent test CA");
+    let server = ca.server("localhost", &["DNS:localhost"]);
+    (ca, Postgres::start_tls(&server))
+}
+
+/// The superuser URL of `pg` at `host`, with the password and `query`.
+fn pg_tls_url(pg: &Postgres, host: &str, query: &str) -> String {
+    format!(
+        "postgres://postgres:{}@{host}:{}/postgres?{query}",
+        pg.password, pg.port
+    )
+}
+
+/// One round of the check against `url` (fail_after 1: a failure shows at once).
+async fn one_round(url: &str) -> DatabaseReport {
+    monitor(&cfg(&[url])).check().await
+}
+
+/// The first database's error, also printed: the words an operator reads.
+fn error_of(r: &DatabaseReport) -> String {
+    let err = r.databases[0].error.clone().unwrap_or_default();
+    eprintln!("{} {:?}: {err}", r.databases[0].name, r.state);
+    err
+}
+
+#[tokio::test]
+async fn postgres_require_and_prefer_connect_over_tls_to_a_hostssl_only_server() {
+    let (_ca, pg) = tls_postgres();
+    for mode in ["require", "prefer"] {
+        let r = one_round(&pg_tls_url(&pg, "127.0.0.1", &format!("sslmode={mode}"))).await;
+        assert_eq!(r.state, DbState::Connected, "sslmode={mode}: {r:?}");
+        let detail = r.databases[0].detail.clone().unwrap();
+        eprintln!("sslmode={mode}: {detail}");
+        assert!(
+            detail.contains(&format!("over TLSv1_3 ({mode})")),
+            "{detail}"
+        );
+        assert_no_secret(&r, &[&pg.password]);
+    }
+}
+
+#[tokio::test]
+async fn postgres_verify_full_with_the_ca_connects_and_verify_ca_ignores_the_name() {
+    let (ca, pg) = tls_postgres();
+    let root = format!("sslrootcert={}", ca.cert.display());
+    let r = one_round(&pg_tls_url(
+        &pg,
+        "localhost",
+        &format!("sslmode=verify-full&{root}"),
+    ))
+    .await;
+    assert_eq!(r.state, DbState::Connected, "{r:?}");
+    assert!(r.databases[0]
+        .detail
+        .as_deref()
+        .unwrap()
+        .contains("(verify-full)"));
+    // Chain only: 127.0.0.1 is not a name the certificate carries, and need not be.
+    let r = one_round(&pg_tls_url(
+        &pg,
+        "127.0.0.1",
+        &format!("sslmode=verify-ca&{root}"),
+    ))
+    .await;
+    assert_eq!(r.state, DbState::Connected, "{r:?}");
+}
+
+#[tokio::test]
+async fn postgres_verify_full_with_another_ca_is_misconfigured_not_trusted() {
+    let (_ca, pg) = tls_postgres();
+    let other = Ca::new("some other CA");
+    let url = pg_tls_url(
+        &pg,
+        "localhost",
+        &format!("sslmode=verify-full&sslrootcert={}", other.cert.display()),
+    );
+    // Not damped: a certificate the client does not trust is not an outage, so the first round
+    // says so even with fail_after = 3.
+    let mut m = monitor(&DatabaseConfig {
+        fail_after: 3,
+        ..cfg(&[&url])
+    });
+    let r = m.check().await;
+    assert_eq!(r.state, DbState::Misconfigured, "{r:?}");
+    let err = error_of(&r);
+    assert!(err.contains("certificate is not trusted"), "{err}");
+    assert!(err.contains(&other.cert.display().to_string()), "{err}");
+    let reason = r.reason.clone().unwrap();
+    assert!(reason.contains("fix the configuration"), "{reason}");
+    assert_no_secret(&r, &[&pg.password]);
+}
+
+#[tokio::test]
+async fn postgres_verify_full_to_an_address_the_certificate_does_not_name_is_a_host_name_mismatch()
+{
+    let (ca, pg) = tls_postgres();
+    let url = pg_tls_url(
+        &pg,
+        "127.0.0.1",
+        &format!("sslmode=verify-full&sslrootcert={}", ca.cert.display()),
+    );
+    let r = one_round(&url).await;
+    assert_eq!(r.state, DbState::Misconfigured, "{r:?}");
+    let err = error_of(&r);
+    assert!(err.contains("host name mismatch"), "{err}");
+    assert!(
+        err.contains("127.0.0.1") && err.contains("localhost"),
+        "{err}"
+    );
+    assert_no_secret(&r, &[&pg.password]);
+}
+
+#[tokio::test]
+async fn postgres_sslmode_disable_against_a_hostssl_only_server_is_misconfigured() {
+    let (_ca, pg) = tls_postgres();
+    let r = one_round(&pg_tls_url(&pg, "127.0.0.1", "sslmode=disable")).await;
+    assert_eq!(r.state, DbState::Misconfigured, "{r:?}");
+    let err = error_of(&r);
+    // The server's own words, and what to do.
+    assert!(err.contains("no encryption"), "{err}");
+    assert!(err.contains("set sslmode=require"), "{err}");
+    assert_no_secret(&r, &[&pg.password]);
+}
+
+#[tokio::test]
+async fn postgres_require_against_a_server_without_tls_is_misconfigured() {
+    let pg = started();
+    let r = one_round(&format!(
+        "postgres://postgres:{}@127.0.0.1:{}/postgres?sslmode=require",
+        pg.password, pg.port
+    ))
+    .await;
+    assert_eq!(r.state, DbState::Misconfigured, "{r:?}");
+    let err = error_of(&r);
+    assert!(err.contains("does not accept TLS"), "{err}");
+    // prefer falls back to the clear, as libpq does.
+    let r = one_round(&pg_url(&pg, Some(&pg.password))).await;
+    assert_eq!(r.state, DbState::Connected, "{r:?}");
+    assert!(!r.databases[0].detail.as_deref().unwrap().contains("TLS"));
+}
+
+#[tokio::test]
+async fn postgres_client_certificate_logs_in_without_a_password_and_its_absence_is_misconfigured() {
+    require_root();
+    let ca = Ca::new("health-agent test CA");
+    let server = ca.server("localhost", &["DNS:localhost"]);
+    let pg = Postgres::start_tls_client_cert(&server, &ca.cert, "monitor");
+    let client = ca.client("monitor");
+    let base = format!(
+        "postgres://monitor@localhost:{}/postgres?sslmode=verify-full&sslrootcert={}",
+        pg.port,
+        ca.cert.display()
+    );
+    let _env = ENV_LOCK.lock().await;
+    let _pw = EnvVar::set("PGPASSWORD", None);
+    let r = one_round(&format!(
+        "{base}&sslcert={}&sslkey={}",
+        client.cert.display(),
+        client.key.display()
+    ))
+    .await;
+    assert_eq!(r.state, DbState::Connected, "{r:?}");
+    // No certificate: the server's `cert` line refuses the login.
+    let r = one_round(&base).await;
+    assert_eq!(r.state, DbState::Misconfigured, "{r:?}");
+    let err = error_of(&r);
+    assert!(err.contains("requires a valid client certificate"), "{err}");
+    assert!(err.contains("give the URL sslcert and sslkey"), "{err}");
+}
+
+/// A CA, and a TLS-only Redis whose certificate it signed for `localhost` and `127.0.0.1`.
+fn tls_redis() -> (Ca, Redis) {
+    require_root();
+    let ca = Ca::new("health-agent test CA");
+    let server = ca.server("localhost", &["DNS:localhost", "IP:127.0.0.1"]);
+    let redis = Redis::start_tls(&server, &ca.cert);
+    (ca, redis)
+}
+
+#[tokio::test]
+async fn rediss_connects_with_the_ca_and_is_misconfigured_with_another() {
+    let (ca, redis) = tls_redis();
+    let url = |host: &str, root: &std::path::Path| {
+        format!(
+            "rediss://:{}@{host}:{}/0?sslrootcert={}",
+            redis.password,
+            redis.port,
+            root.display()
+        )
+    };
+    for host in ["127.0.0.1", "localhost"] {
+        let r = one_round(&url(host, &ca.cert)).await;
+        assert_eq!(
+            r.state,
+            DbState::Connected,
+            "{host}: {r:?}\n{}",
+            redis.log()
+        );
+        let detail = r.databases[0].detail.clone().unwrap();
+        eprintln!("{host}: {detail}");
+        assert!(detail.contains("over TLSv1_3 (verify-full)"), "{detail}");
+        assert_no_secret(&r, &[&redis.password]);
+    }
+    let other = Ca::new("some other CA");
+    let r = one_round(&url("127.0.0.1", &other.cert)).await;
+    assert_eq!(r.state, DbState::Misconfigured, "{r:?}");
+    let err = error_of(&r);
+    assert!(err.contains("certificate is not trusted"), "{err}");
+    assert_no_secret(&r, &[&redis.password]);
+    // Plain redis:// to the TLS port: the server hangs up, and a handshake there succeeds.
+    let r = one_round(&format!(
+        "redis://:{}@127.0.0.1:{}",
+        redis.password, redis.port
+    ))
+    .await;
+    assert_eq!(r.state, DbState::Misconfigured, "{r:?}");
+    let err = error_of(&r);
+    assert!(err.contains("use rediss://"), "{err}");
+    assert_no_secret(&r, &[&redis.password]);
+}
+
+#[tokio::test]
+async fn rediss_to_a_redis_without_tls_is_misconfigured() {
+    require_root();
+    let redis = Redis::start_plain();
+    let timeout = Duration::from_secs(2);
+    let mut m = monitor(&DatabaseConfig {
+        timeout,
+        fail_after: 3,
+        ..cfg(&[&format!(
+            "rediss://:{}@127.0.0.1:{}?sslmode=require",
+            redis.password, redis.port
+        )])
+    });
+    let start = Instant::now();
+    let r = m.check().await;
+    let took = start.elapsed();
+    eprintln!("  round took {took:?}");
+    assert_eq!(r.state, DbState::Misconfigured, "{r:?}\n{}", redis.log());
+    let err = error_of(&r);
+    assert!(err.contains("does not speak TLS on this port"), "{err}");
+    assert!(took < timeout, "took {took:?}");
+    assert_no_secret(&r, &[&redis.password]);
+}
+
+/// A frozen path to a TLS database: the kernel completes the proxy's TCP handshakes, nothing
+/// more. Two rounds of `timeout` each: the first counts one failure (not misconfigured), the
+/// second makes it unreachable; each round ends within the timeout.
+async fn frozen_path_is_an_outage(url: &str, proxy: &TcpProxy) {
+    let timeout = Duration::from_secs(1);
+    let mut m = monitor(&DatabaseConfig {
+        fail_after: 2,
+        timeout,
+        ..cfg(&[url])
+    });
+    let r = m.check().await;
+    assert_eq!(
+        r.state,
+        DbState::Connected,
+        "through the thawed proxy: {r:?}"
+    );
+    proxy.freeze();
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let start = Instant::now();
+        let r = m.check().await;
+        let took = start.elapsed();
+        assert!(
+            took < timeout + Duration::from_millis(900),
+            "a round took {took:?} with timeout {timeout:?}"
+        );
+        let err = error_of(&r);
+        eprintln!("  round took {took:?}");
+        assert!(err.contains("no answer within 1s"), "{err}");
+        seen.push(r.state);
+    }
+    proxy.thaw();
+    assert_eq!(seen, [DbState::Connected, DbState::Unreachable], "{url}");
+}
+
+#[tokio::test]
+async fn a_frozen_tls_path_is_unreachable_after_damping_not_misconfigured() {
+    let (ca, pg) = tls_postgres();
+    let proxy = TcpProxy::start(pg.port);
+    let url = format!(
+        "postgres://postgres:{}@localhost:{}/postgres?sslmode=verify-full&sslrootcert={}",
+        pg.password,
+        proxy.port,
+        ca.cert.display()
+    );
+    frozen_path_is_an_outage(&url, &proxy).await;
+
+    let (ca, redis) = tls_redis();
+    let proxy = TcpProxy::start(redis.port);
+    let url = format!(
+        "rediss://:{}@127.0.0.1:{}?sslrootcert={}",
+        redis.password,
+        proxy.port,
+        ca.cert.display()
+    );
+    frozen_path_is_an_outage(&url, &proxy).await;
+}
+
+/// End to end through the agent: a database URL that trusts the wrong CA is 200 `degraded`,
+/// `stable`, with a `config_error` alert that names the cause — and it hides no web fault: a
+/// stopped backend is still 503.
+#[test]
+fn untrusted_database_certificate_is_200_misconfigured_with_an_alert_and_hides_no_web_fault() {
+    let (_ca, pg) = tls_postgres();
+    let other = Ca::new("some other CA");
+    let backend = Fixture::start("normal");
+    let webhook = Receiver::ok();
+    let agent = Agent::start_with_env(
+        &format!(
+            "[checks]\ninterval = \"500ms\"\nrecover_after = \"1s\"\n[web]\nport = {}\n\
+             [heal]\nenabled = false\n\
+             [database]\nurl = \"postgres://postgres@localhost:{}/postgres?sslmode=verify-full&sslrootcert={}\"\n\
+             interval = \"1s\"\ntimeout = \"2s\"\n[alerts]\nwebhook_url = \"{}\"\n",
+            backend.port,
+            pg.port,
+            other.cert.display(),
+            webhook.url("/hook")
+        ),
+        &[("PGPASSWORD", pg.password.as_str())],
+    );
+    let wait = Duration::from_secs(40);
+    let (code, body) = agent.wait_health(wait, "database misconfigured, web up", |_, b| {
+        b["checks"]["database"] == "misconfigured" && b["checks"]["webserver"] == "up"
+    });
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["status"], "degraded", "{body}");
+    assert_eq!(body["recommendation"], "stable", "{body}");
+    // The summary says misconfigured; the details (loopback sees them) say why.
+    let why = body["details"]["database"]["reason"].to_string();
+    eprintln!("reasons: {} / details: {why}", body["reasons"]);
+    assert!(why.contains("certificate is not trusted"), "{body}");
+    let alert = health_agent_tests::wait_until(wait, "the config_error alert", || {
+        webhook
+            .posts()
+            .into_iter()
+            .find(|p| p.body.to_string().contains("config_error"))
+    });
+    let alert = alert.body.to_string();
+    assert!(alert.contains("certificate is not trusted"), "{alert}");
+
+    backend.signal(libc::SIGSTOP);
+    let (code, body) = agent.wait_health(wait, "503 for the stopped backend", |c, _| c == 503);
+    backend.signal(libc::SIGCONT);
+    assert_eq!(body["status"], "unhealthy", "{body}");
+    assert_eq!(body["checks"]["database"], "misconfigured", "{body}");
+    assert_eq!(code, 503);
+    let text = format!("{body}{alert}{}", agent.logs());
+    assert!(!text.contains(&pg.password), "the database password leaked");
 }

@@ -34,6 +34,10 @@ const PACKAGES: &[&str] = &[
     "haproxy",
     "iproute2",
     "curl",
+    // The database TLS tests: a TLS-only Redis, certificates made at test time, system roots.
+    "redis-server",
+    "openssl",
+    "ca-certificates",
     // The service: `systemd-analyze verify` of the unit, a venv for the deploy-file linters.
     "systemd",
     "python3-venv",

@@ -1,16 +1,21 @@
 //! The database check: one real protocol round trip per configured database, on its own cadence
 //! (`database.interval`), damped and cached — never once per `/health` request.
 //!
-//! - `postgres://` / `postgresql://`: connect, authenticate, `SELECT 1` (tokio-postgres). No TLS
-//!   yet: `sslmode` may be `disable` or `prefer` (which then runs in the clear), anything
-//!   stronger is refused at config load rather than silently downgraded.
+//! - `postgres://` / `postgresql://`: connect, authenticate, `SELECT 1` (tokio-postgres), over
+//!   TLS as libpq's `sslmode` says (`prefer` by default: TLS when the server offers it).
 //! - `redis://[user:password@]host[:port][/db]`: `AUTH` when a password is known, `SELECT` when a
-//!   database index is given, then `PING`, expecting `+PONG`.
+//!   database index is given, then `PING`, expecting `+PONG`. `rediss://` does the same over TLS
+//!   (`verify-full` unless its `sslmode` says otherwise).
 //! - `mysql://host[:port]`: reads the server's initial handshake packet (protocol v10) and
 //!   reports the server version. It does **not** log in, so it proves the server accepts
 //!   connections, not that credentials work. The server logs an "Aborted connection …
 //!   without authentication" warning per round, and MySQL may count such handshakes against
 //!   `max_connect_errors` for non-loopback clients: raise it on a remote server checked this way.
+//!
+//! A TLS or certificate failure (not trusted, wrong host name, expired, TLS wanted by one side
+//! and refused by the other) is a `Refused` failure, `misconfigured`, never an outage; a TLS
+//! handshake that stalls is an outage like a connect that does. `database.timeout` bounds the
+//! handshake as it bounds the connect.
 //!
 //! A database's password comes from its URL, else (Postgres only, as libpq does) `PGPASSWORD`,
 //! else the first line of `database.password_file`. Passwords are kept out of everything this
@@ -18,14 +23,16 @@
 //!
 //! Here: the monitor, its report and the round of checks. `target` (what to connect to, with
 //! which password; URLs are parsed by the leaf `crate::dburl`), `damper` (fail_after /
-//! recover_after), one module per wire protocol (`postgres`, `redis`, `mysql`), whose pure
-//! parsers the fuzz targets in `crate::fuzzing` call.
+//! recover_after), `tls` (the rustls client, its certificate checks and the words for its
+//! failures), one module per wire protocol (`postgres`, `redis`, `mysql`), whose pure parsers
+//! the fuzz targets in `crate::fuzzing` call.
 
 mod damper;
 mod mysql;
 mod postgres;
 mod redis;
 mod target;
+mod tls;
 
 use std::{
     fmt,

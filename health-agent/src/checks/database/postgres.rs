@@ -1,9 +1,21 @@
-//! Postgres: connect, authenticate, `SELECT 1` (tokio-postgres, no TLS yet).
+//! Postgres: connect (over TLS as the URL's `sslmode` asks), authenticate, `SELECT 1`
+//! (tokio-postgres; TLS through `super::tls`).
 
 use std::time::{Duration, Instant};
 
-use super::{ms, no_answer, target::Target, Failure, Good};
-use crate::dburl::error_chain;
+use tokio::task::JoinHandle;
+use tokio_postgres::{tls::MakeTlsConnect, Client, Socket};
+
+use super::{
+    ms, no_answer,
+    target::Target,
+    tls::{self, PgTls, TlsFailure},
+    Failure, Good,
+};
+use crate::dburl::{error_chain, SslMode};
+
+/// What libpq's ALPN for Postgres is; servers since 17 check it when it is sent.
+const ALPN: &[u8] = b"postgresql";
 
 pub(super) async fn round_trip(
     t: &Target,
@@ -24,22 +36,38 @@ pub(super) async fn round_trip(
         cfg.application_name("health-agent");
     }
     cfg.connect_timeout(timeout);
+    let negotiated = tls::Negotiated::default();
     let start = Instant::now();
-    let (client, connection) = tokio::time::timeout(timeout, cfg.connect(tokio_postgres::NoTls))
-        .await
-        .map_err(|_| no_answer("connect", timeout))?
-        .map_err(|e| {
-            let message = format!("connect: {}", error_chain(&e));
-            if refused_by_postgres(&e) {
-                Failure::Refused(message)
-            } else {
-                Failure::Outage(message)
+    // The deadline bounds the TCP connect, the TLS handshake and the login together.
+    let deadline = start + timeout;
+    let (client, mut driver) = match t.tls.mode {
+        SslMode::Disable => connect(&cfg, tokio_postgres::NoTls, deadline, timeout)
+            .await
+            .map_err(|(f, _)| f)?,
+        mode => {
+            let config = tls::client_config(&t.tls, Some(ALPN))?;
+            let make = PgTls {
+                config,
+                negotiated: negotiated.clone(),
+            };
+            match connect(&cfg, make, deadline, timeout).await {
+                Ok(c) => c,
+                // libpq's prefer: a handshake that fails is tried again in the clear (NoTls
+                // never offers TLS), within the same deadline.
+                Err((_, true)) if mode == SslMode::Prefer => {
+                    connect(&cfg, tokio_postgres::NoTls, deadline, timeout)
+                        .await
+                        .map_err(|(f, _)| f)?
+                }
+                Err((f, _)) => return Err(f),
             }
-        })?;
+        }
+    };
     let connected = start.elapsed();
-    let mut driver = tokio::spawn(async move {
-        let _ = connection.await;
-    });
+    let transport = match negotiated.lock().ok().and_then(|n| n.clone()) {
+        Some(version) => format!(" over {version} ({})", t.tls.mode.as_str()),
+        None => String::new(),
+    };
     let query = tokio::time::timeout(timeout, client.simple_query("SELECT 1")).await;
     let latency = start.elapsed();
     drop(client);
@@ -63,11 +91,78 @@ pub(super) async fn round_trip(
     Ok(Good {
         latency,
         detail: Some(format!(
-            "connect {}, SELECT 1 {}",
+            "connect {}{transport}, SELECT 1 {}",
             ms(connected),
             ms(latency.saturating_sub(connected))
         )),
     })
+}
+
+/// Connects through `tls` by `deadline` (`timeout` after the round began) and drives the
+/// connection on a task of its own. The error says whether the TLS handshake was what failed.
+async fn connect<T>(
+    cfg: &tokio_postgres::Config,
+    tls: T,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<(Client, JoinHandle<()>), (Failure, bool)>
+where
+    T: MakeTlsConnect<Socket>,
+    T::Stream: Send + 'static,
+{
+    let (client, connection) = tokio::time::timeout_at(deadline.into(), cfg.connect(tls))
+        .await
+        .map_err(|_| (no_answer("connect", timeout), false))?
+        .map_err(|e| classify(&e))?;
+    let driver = tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok((client, driver))
+}
+
+/// A failed connect: refused by the server or by TLS (a configuration error), else an outage;
+/// and whether the TLS handshake failed.
+fn classify(e: &tokio_postgres::Error) -> (Failure, bool) {
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(TlsFailure(f)) = s.downcast_ref::<TlsFailure>() {
+            return (f.clone().map(|m| format!("connect: {m}")), true);
+        }
+        source = s.source();
+    }
+    (classify_answer(e), false)
+}
+
+/// A connect that failed outside the TLS handshake.
+fn classify_answer(e: &tokio_postgres::Error) -> Failure {
+    let chain = error_chain(e);
+    // tokio-postgres says so in words only: the server answered "no" to the TLS request.
+    if chain.contains("server does not support TLS") {
+        return Failure::Refused(
+            "connect: the server does not accept TLS (its ssl setting is off), and the URL's \
+             sslmode requires it"
+                .into(),
+        );
+    }
+    let message = format!("connect: {chain}");
+    if !refused_by_postgres(e) {
+        return Failure::Outage(message);
+    }
+    // pg_hba.conf allows this client only over TLS (a `hostssl` line).
+    if chain.contains("no encryption") {
+        return Failure::Refused(format!(
+            "{message} (the server accepts this client only over TLS: set sslmode=require or \
+             stronger)"
+        ));
+    }
+    // A `cert` line: this user logs in with a client certificate.
+    if chain.contains("requires a valid client certificate") {
+        return Failure::Refused(format!(
+            "{message} (give the URL sslcert and sslkey, a certificate the server's CA signed \
+             whose CN is the user)"
+        ));
+    }
+    Failure::Refused(message)
 }
 
 /// The server answered and refused us: wrong credentials, unknown role or database.

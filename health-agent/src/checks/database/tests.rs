@@ -400,3 +400,105 @@ async fn several_databases_are_all_checked_and_the_worst_wins() {
     );
     assert_no_secret(&r, &["Sekr1t"]);
 }
+
+// --- Postgres TLS negotiation, against an in-test listener ---------------------------------
+
+/// Records each connection's first message code (an SSLRequest is 80877103, a plain startup
+/// message 196608); answers an SSLRequest with `b'S'` and then hangs up, as a server whose TLS
+/// is broken would, and hangs up on anything else.
+async fn broken_tls_postgres() -> (SocketAddr, Arc<Mutex<Vec<u32>>>) {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("local addr");
+    let seen: Arc<Mutex<Vec<u32>>> = Arc::default();
+    let log = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let mut head = [0u8; 8];
+            if s.read_exact(&mut head).await.is_err() {
+                continue;
+            }
+            let code = u32::from_be_bytes([head[4], head[5], head[6], head[7]]);
+            log.lock().unwrap().push(code);
+            if code == 80877103 {
+                let _ = s.write_all(b"S").await;
+            }
+        }
+    });
+    (addr, seen)
+}
+
+#[tokio::test]
+async fn postgres_prefer_retries_in_the_clear_after_a_failed_handshake_and_require_does_not() {
+    let (addr, seen) = broken_tls_postgres().await;
+    let r = monitor(&cfg(&[&format!("postgres://hc:x@{addr}/db")]))
+        .check()
+        .await;
+    // TLS first, then in the clear, as libpq's prefer does; the fake then hangs up: an outage.
+    assert_eq!(*seen.lock().unwrap(), [80877103, 196608], "{r:?}");
+    assert_eq!(r.state, DbState::Unreachable, "{r:?}");
+
+    let (addr, seen) = broken_tls_postgres().await;
+    let r = monitor(&cfg(&[&format!(
+        "postgres://hc:x@{addr}/db?sslmode=require"
+    )]))
+    .check()
+    .await;
+    assert_eq!(*seen.lock().unwrap(), [80877103], "{r:?}");
+    let err = r.databases[0].error.clone().unwrap();
+    assert!(err.starts_with("connect: TLS handshake:"), "{err}");
+    // Cut off mid-handshake: the network's doing, not the configuration's.
+    assert_eq!(r.state, DbState::Unreachable, "{r:?}");
+
+    let (addr, seen) = broken_tls_postgres().await;
+    monitor(&cfg(&[&format!(
+        "postgres://hc:x@{addr}/db?sslmode=disable"
+    )]))
+    .check()
+    .await;
+    assert_eq!(*seen.lock().unwrap(), [196608]);
+}
+
+// --- rediss:// against servers without TLS -------------------------------------------------
+
+/// Answers `+PONG` to a connection that starts like RESP and holds any other open, silent, as
+/// Redis does with a TLS hello that holds no line end.
+async fn plain_redis_silent_at_tls() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("local addr");
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut first = [0u8; 1];
+                if s.read_exact(&mut first).await.is_ok() && first[0] == b'*' {
+                    let _ = s.write_all(b"+PONG\r\n").await;
+                }
+                let mut sink = [0u8; 512];
+                while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {}
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn rediss_to_a_port_without_tls_is_misconfigured_not_an_outage() {
+    let timeout = Duration::from_millis(800);
+    // Hangs up on the hello (the fake reads only RESP): asked again in the clear at once.
+    let (addr, _) = fake_redis(redis_ok, Duration::ZERO).await;
+    // Stays silent at the hello: asked in the clear halfway through the timeout.
+    let silent = plain_redis_silent_at_tls().await;
+    for (addr, within) in [(addr, timeout / 4), (silent, timeout)] {
+        let mut m = monitor(&DatabaseConfig {
+            timeout,
+            fail_after: 3,
+            ..cfg(&[&format!("rediss://{addr}?sslmode=require")])
+        });
+        let start = Instant::now();
+        let r = m.check().await;
+        let took = start.elapsed();
+        assert_eq!(r.state, DbState::Misconfigured, "{addr}: {r:?}");
+        let err = r.databases[0].error.clone().unwrap();
+        assert!(err.contains("does not speak TLS on this port"), "{err}");
+        assert!(took < within, "{addr}: took {took:?}");
+    }
+}
