@@ -30,7 +30,13 @@ impl PlainBackend {
         for _ in 0..5 {
             let port = free_port();
             let child = Command::new("python3")
-                .args(["-m", "http.server", &port.to_string(), "--bind", "127.0.0.1"])
+                .args([
+                    "-m",
+                    "http.server",
+                    &port.to_string(),
+                    "--bind",
+                    "127.0.0.1",
+                ])
                 .current_dir(dir.path())
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
@@ -112,7 +118,10 @@ fn a_probe_path_the_backend_lacks_is_up_and_degraded_naming_the_key() {
     assert_eq!(code, 200, "{body}");
     assert_eq!(body["status"], "degraded", "{body}");
     assert_eq!(body["recommendation"], "stable", "{body}");
-    assert_eq!(body["checks"]["webserver"], "up", "a 404 proves it answers: {body}");
+    assert_eq!(
+        body["checks"]["webserver"], "up",
+        "a 404 proves it answers: {body}"
+    );
     let why = reasons(&body);
     assert!(
         why.contains("web.probe_path") && why.contains("404"),
@@ -240,7 +249,10 @@ fn check_json_has_the_shape_of_health_and_keeps_its_exit_codes() {
     assert_eq!(v["checks"]["webserver"], "up", "{v}");
     assert_eq!(v["details"]["web"]["verdict"], "up", "{v}");
     // Nothing listens: unhealthy, exit 1, the same jq paths.
-    let (code, v) = check(format!("[web]\nport = {}\nprobe_path = \"\"\n", free_port()));
+    let (code, v) = check(format!(
+        "[web]\nport = {}\nprobe_path = \"\"\n",
+        free_port()
+    ));
     assert_eq!(code, Some(1), "{v}");
     assert_eq!(v["status"], "unhealthy");
     assert_eq!(v["checks"]["webserver"], "down");
@@ -251,7 +263,10 @@ fn the_peer_view_exists_only_with_fleet() {
     require_root();
     let alone = Agent::start("");
     let (code, body) = alone.view(None).expect("GET /fleet/v1/view");
-    assert_eq!(code, 404, "without [fleet] the peer view is not served: {body}");
+    assert_eq!(
+        code, 404,
+        "without [fleet] the peer view is not served: {body}"
+    );
     let (_, health) = alone.health();
     let note = health["details"]["fleet"]["note"].to_string();
     assert!(note.contains("[fleet]"), "details.fleet.note: {health}");
@@ -282,10 +297,7 @@ fn every_answer_change_is_logged_once_in_plain_words() {
     });
     std::thread::sleep(Duration::from_millis(500));
     let logs = agent.logs();
-    let changes: Vec<&str> = logs
-        .lines()
-        .filter(|l| l.contains("/health now"))
-        .collect();
+    let changes: Vec<&str> = logs.lines().filter(|l| l.contains("/health now")).collect();
     let to_503: Vec<&&str> = changes.iter().filter(|l| l.contains("503")).collect();
     assert_eq!(to_503.len(), 1, "one line for the 503:\n{logs}");
     assert!(
@@ -301,11 +313,20 @@ fn every_answer_change_is_logged_once_in_plain_words() {
         .rev()
         .find(|l| l.contains("200 healthy"))
         .unwrap_or_else(|| panic!("no line for the recovery:\n{logs}"));
-    assert!(back.contains("INFO") && back.contains("webserver up"), "{back}");
+    assert!(
+        back.contains("INFO") && back.contains("webserver up"),
+        "{back}"
+    );
     // The journal and log files get plain text: no colour codes, no Rust Debug dumps.
-    assert!(!logs.contains('\u{1b}'), "ANSI escape codes in a log file:\n{logs}");
+    assert!(
+        !logs.contains('\u{1b}'),
+        "ANSI escape codes in a log file:\n{logs}"
+    );
     for dump in ["NamespaceView", "Some(", " { source:"] {
-        assert!(!logs.contains(dump), "a Debug dump ({dump}) in the log:\n{logs}");
+        assert!(
+            !logs.contains(dump),
+            "a Debug dump ({dump}) in the log:\n{logs}"
+        );
     }
 }
 
@@ -383,8 +404,14 @@ fn config_help_offers_only_what_it_reads() {
         .unwrap();
     let help = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{help}");
-    assert!(help.contains("--dump") && help.contains("--validate"), "{help}");
-    assert!(!help.contains("--config"), "--dump and --validate ignore --config:\n{help}");
+    assert!(
+        help.contains("--dump") && help.contains("--validate"),
+        "{help}"
+    );
+    assert!(
+        !help.contains("--config"),
+        "--dump and --validate ignore --config:\n{help}"
+    );
     // The other commands still take it.
     let out = Command::new(agent_binary()).arg("--help").output().unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("--config"));
@@ -392,8 +419,9 @@ fn config_help_offers_only_what_it_reads() {
 
 /// The README section that holds the walk-through, from its heading to the next `## `.
 fn readme_section(heading: &str) -> String {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
-        .expect("README.md");
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+            .expect("README.md");
     let start = readme
         .find(heading)
         .unwrap_or_else(|| panic!("README.md has no {heading:?}"));
@@ -475,7 +503,10 @@ fn the_readme_walk_through_runs_as_written() {
         if let Some(s) = c.try_wait().unwrap() {
             break s;
         }
-        assert!(Instant::now() < deadline, "the walk-through did not finish in 60 s");
+        assert!(
+            Instant::now() < deadline,
+            "the walk-through did not finish in 60 s"
+        );
         std::thread::sleep(Duration::from_millis(100));
     };
     let out = script_guard
@@ -486,7 +517,10 @@ fn the_readme_walk_through_runs_as_written() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(status.success(), "{status}\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(
+        status.success(),
+        "{status}\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
     // What the README says the commands print: the degraded answer that names the probe
     // path, then, with it fixed, healthy.
     let answers: Vec<Value> = serde_json::Deserializer::from_str(&stdout)
@@ -507,8 +541,9 @@ fn the_readme_walk_through_runs_as_written() {
 #[test]
 fn the_readme_says_which_uptime_it_is() {
     require_root();
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
-        .expect("README.md");
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+            .expect("README.md");
     assert!(
         readme.contains("`uptime` is the host's"),
         "the README says which uptime `uptime` is"

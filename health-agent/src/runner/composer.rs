@@ -258,10 +258,10 @@ impl Composer {
             decision,
             report,
             self.healer.log(),
-            host_uptime(),
+            crate::snapshot::host_uptime(),
             now.saturating_duration_since(self.started).as_secs(),
         )
-        .with_fleet(fleet.unwrap_or_default())
+        .with_fleet(fleet.unwrap_or_else(crate::fleet::FleetReport::not_configured))
     }
 
     /// When the web backend looks stuck, the database check runs now rather than on its
@@ -325,14 +325,3 @@ impl Composer {
 
 const RECHECK_STUCK_EVERY: Duration = Duration::from_secs(1);
 const RECHECK_DOWN_EVERY: Duration = Duration::from_secs(5);
-
-/// Seconds since the host booted (CLOCK_BOOTTIME: no file read on every tick).
-fn host_uptime() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the struct we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
-    ts.tv_sec.max(0) as u64
-}
