@@ -229,6 +229,12 @@ async fn serve(cfg: Arc<Config>) -> anyhow::Result<()> {
             }
         }
     };
+    if cfg.web.port == 0 {
+        tracing::warn!(
+            "web.port is 0: no web backend is watched, so /health vouches only for disk, \
+             containers, database and load; set web.port to the backend's listen port"
+        );
+    }
     let agent = runner::start(cfg.clone(), shutdown.clone()).await;
     let app = Arc::new(server::App {
         snapshot: agent.snapshot.clone(),
