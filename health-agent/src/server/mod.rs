@@ -187,8 +187,10 @@ async fn fleet_view(State(app): State<Arc<App>>, headers: HeaderMap) -> Response
         }
     }
     let snap = app.snapshot.load();
+    let age = Instant::now().saturating_duration_since(snap.created);
     let view = crate::fleet::PeerView::of(&snap.report, &app.host);
     let mut r = axum::Json(view).into_response();
+    age_header(&mut r, age);
     r.headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     r
