@@ -11,7 +11,8 @@ use std::{
 };
 
 use health_agent_tests::{
-    agent_binary, free_port, request_at, require_root, wait_until, Agent, Fixture, Proc, Receiver,
+    agent_binary, docker, fixture_image, free_port, request_at, require_root, wait_until, Agent,
+    Container, Fixture, Proc, Receiver,
 };
 use serde_json::Value;
 
@@ -175,6 +176,61 @@ fn a_mistyped_container_is_degraded_naming_the_key_and_alerts() {
     let alert = config_error_alert(&hook);
     assert!(alert.contains("web.container"), "{alert}");
     never_503(&agent, Duration::from_secs(3));
+}
+
+/// The other side of a mistyped container: one that was found and is recreated (`docker rm`
+/// and `docker run` again, as a deploy or `docker compose up` does) is briefly absent, and that
+/// is never called a configuration error.
+#[test]
+fn a_recreated_container_is_not_a_config_error() {
+    require_root();
+    let web = Container::run("recreated", &[]);
+    web.wait_serving();
+    let hook = Receiver::ok();
+    let agent = Agent::start(&format!(
+        "[checks]\ninterval = \"500ms\"\n[web]\nport = {}\ncontainer = \"{}\"\n\
+         [heal]\nenabled = false\n[alerts]\nwebhook_url = \"{}\"\n",
+        web.port,
+        web.name,
+        hook.url("/hook")
+    ));
+    agent.wait_health(WAIT, "the container's backend up", |c, b| {
+        c == 200 && b["checks"]["webserver"] == "up"
+    });
+    docker(&["rm", "-f", &web.name]);
+    let gone = agent.wait_health(WAIT, "the container seen gone", |_, b| {
+        b["details"]["web"]["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("found before"))
+    });
+    assert_eq!(gone.0, 200, "{}", gone.1);
+    assert!(!reasons(&gone.1).contains("web.container"), "{}", gone.1);
+    let listen = format!("127.0.0.1:{}", web.port);
+    docker(&[
+        "run",
+        "-d",
+        "--name",
+        &web.name,
+        "--network",
+        "host",
+        fixture_image(),
+        "--listen",
+        &listen,
+    ]);
+    let (code, body) = agent.wait_health(WAIT, "the recreated container up", |_, b| {
+        b["checks"]["webserver"] == "up"
+    });
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        body["details"]["web"].get("config_error").is_none(),
+        "{body}"
+    );
+    let alerts: Vec<String> = hook.posts().iter().map(|r| r.body.to_string()).collect();
+    assert!(
+        !alerts.iter().any(|a| a.contains("config_error")),
+        "no config_error alert for a recreated container: {alerts:?}"
+    );
+    // `web` (dropped last) removes the recreated container too: it has the same name.
 }
 
 #[test]
