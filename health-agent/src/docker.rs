@@ -58,6 +58,9 @@ pub enum DockerError {
     /// The daemon did not answer within the check's deadline.
     #[error("Docker did not answer within {0}s")]
     Timeout(u64),
+    /// Docker answered: it has no container of that name (a typo, or one being recreated).
+    #[error("Docker has no container named {0:?}")]
+    NoSuchContainer(String),
 }
 
 impl DockerError {
@@ -135,7 +138,12 @@ impl Docker {
             .client
             .inspect_container(name, None::<InspectContainerOptions>)
             .await
-            .map_err(|e| DockerError::call("inspect", name, e))?;
+            .map_err(|e| match e {
+                bollard::errors::Error::DockerResponseServerError {
+                    status_code: 404, ..
+                } => DockerError::NoSuchContainer(name.to_string()),
+                e => DockerError::call("inspect", name, e),
+            })?;
         let state = info.state.unwrap_or_default();
         let pid = state
             .pid

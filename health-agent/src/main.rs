@@ -16,8 +16,11 @@ use tracing_subscriber::EnvFilter;
 #[derive(Parser)]
 #[command(version, about)]
 struct Cli {
-    /// Config file (TOML). A missing file at the default path means all defaults.
-    #[arg(long, global = true, default_value = config::DEFAULT_PATH)]
+    /// Config file (TOML) of serve, check and alert. A missing file at the default path means
+    /// all defaults.
+    // Not global: `config --dump` and `config --validate FILE` read no config, so their help
+    // must not offer one.
+    #[arg(long, default_value = config::DEFAULT_PATH)]
     config: PathBuf,
     #[command(subcommand)]
     command: Command,
@@ -30,7 +33,8 @@ enum Command {
     /// Run every check once and print the verdict. Exit code 0 healthy/degraded, 1 unhealthy,
     /// 2 error.
     Check {
-        /// Print the full JSON report instead of a table.
+        /// Print the answer as JSON, in the shape of `/health` with details (`status`, `checks`,
+        /// `recommendation`, `reasons`, `details`...), instead of a table.
         #[arg(long)]
         json: bool,
     },
@@ -64,6 +68,8 @@ fn main() -> ExitCode {
             EnvFilter::try_from_env("HEALTH_AGENT_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        // Colour only for a person at a terminal: the journal and log files get plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match run(cli) {
         Ok(code) => code,
@@ -95,20 +101,17 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .enable_all()
                 .build()
                 .context("starting the async runtime")?;
-            let (decision, report) = rt.block_on(oneshot::run(&cfg));
+            let snap = rt.block_on(oneshot::run(&cfg));
             if json {
-                let body = serde_json::json!({
-                    "status": decision.status,
-                    "http": decision.http,
-                    "recommendation": decision.recommendation,
-                    "reasons": decision.reasons,
-                    "report": report,
-                });
-                println!("{}", serde_json::to_string_pretty(&body)?);
+                println!("{}", oneshot::json(&snap));
             } else {
-                print!("{}", oneshot::table(&decision, &report));
+                print!("{}", oneshot::table(&snap.decision, &snap.report));
             }
-            Ok(ExitCode::from(if decision.http >= 500 { 1 } else { 0 }))
+            Ok(ExitCode::from(if snap.decision.http >= 500 {
+                1
+            } else {
+                0
+            }))
         }
         Command::Alert {
             command: AlertCommand::Test,
@@ -207,7 +210,9 @@ async fn serve(cfg: Arc<Config>) -> anyhow::Result<()> {
         }
         _ => None,
     };
-    let fleet_token = if cfg.fleet.token_env.is_empty() {
+    let fleet_token = if !cfg.fleet.enabled() {
+        server::FleetToken::NotConfigured
+    } else if cfg.fleet.token_env.is_empty() {
         server::FleetToken::Open
     } else {
         match std::env::var(&cfg.fleet.token_env)
@@ -224,6 +229,12 @@ async fn serve(cfg: Arc<Config>) -> anyhow::Result<()> {
             }
         }
     };
+    if cfg.web.port == 0 {
+        tracing::warn!(
+            "web.port is 0: no web backend is watched, so /health vouches only for disk, \
+             containers, database and load; set web.port to the backend's listen port"
+        );
+    }
     let agent = runner::start(cfg.clone(), shutdown.clone()).await;
     let app = Arc::new(server::App {
         snapshot: agent.snapshot.clone(),

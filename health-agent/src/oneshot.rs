@@ -7,11 +7,34 @@ use crate::{
     checks::{probe, ContainersReport, DatabaseReport, Report},
     config::Config,
     docker::DockerError,
+    heal::HealLog,
     policy::{evaluate, Decision},
     runner::checks::{check_disk, containers_wanted, probe_wanted, Checks, Database, Mode},
+    snapshot::Snapshot,
 };
 
-pub async fn run(cfg: &Config) -> (Decision, Report) {
+/// Every check once, as the snapshot `/health` would serve (no heal, no fleet, no history).
+pub async fn run(cfg: &Config) -> Snapshot {
+    let (decision, mut report) = decide(cfg).await;
+    if cfg.web.port != 0 && cfg.web.kernel {
+        // Checks::build turned it off for this run: say why, not "web.kernel = false".
+        report.web.kernel.reason = Some(KERNEL_NOT_LOADED.into());
+    }
+    let uptime = crate::snapshot::host_uptime();
+    Snapshot::new(decision, report, HealLog::default(), uptime, 0)
+}
+
+/// `check --json`: the body `/health` serves with details, so one jq works on both.
+pub fn json(snap: &Snapshot) -> String {
+    String::from_utf8_lossy(snap.body(crate::snapshot::Rendering::Full)).into_owned()
+}
+
+/// Why `check` has no kernel view although `web.kernel = true`.
+pub const KERNEL_NOT_LOADED: &str = "not loaded by the one-shot check: the kernel view judges \
+    from seconds of connection history that a single look cannot have (health-agent serve loads \
+    it); this answer comes from the probe and the accept queue";
+
+async fn decide(cfg: &Config) -> (Decision, Report) {
     let Checks {
         mut web,
         mut system,

@@ -50,6 +50,8 @@ pub enum Rendering {
     IetfBrief = 3,
 }
 
+/// The body's fields in the README's order: the seed fields, then `generated_at`, then (for
+/// those allowed to see them) `details`. A struct, not a JSON map: a map would sort them.
 #[derive(Serialize)]
 struct Seed<'a> {
     status: &'static str,
@@ -57,6 +59,9 @@ struct Seed<'a> {
     checks: SeedChecks,
     recommendation: &'static str,
     reasons: &'a [String],
+    generated_at: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    details: Option<Value>,
 }
 
 #[derive(Serialize)]
@@ -69,7 +74,12 @@ struct SeedChecks {
     memory: String,
 }
 
-fn seed<'a>(decision: &'a Decision, report: &Report, uptime: u64) -> Seed<'a> {
+fn seed<'a>(
+    decision: &'a Decision,
+    report: &Report,
+    uptime: u64,
+    generated_at: &'a str,
+) -> Seed<'a> {
     let pct = |v: Option<f64>| v.map_or("unknown".to_string(), |v| format!("{:.0}%", v));
     Seed {
         status: decision.status.as_str(),
@@ -84,6 +94,8 @@ fn seed<'a>(decision: &'a Decision, report: &Report, uptime: u64) -> Seed<'a> {
         },
         recommendation: decision.recommendation.as_str(),
         reasons: &decision.reasons,
+        generated_at,
+        details: None,
     }
 }
 
@@ -103,7 +115,7 @@ impl Snapshot {
             heal,
             uptime,
             agent_uptime,
-            fleet: Default::default(),
+            fleet: crate::fleet::FleetReport::not_configured(),
             bodies: Default::default(),
         }
     }
@@ -146,18 +158,13 @@ impl Snapshot {
 
     fn render(&self, which: Rendering) -> Vec<u8> {
         let (decision, report) = (&self.decision, &self.report);
-        let seed = seed(decision, report, self.uptime);
+        let mut seed = seed(decision, report, self.uptime, &self.generated_at);
         let value = match which {
             Rendering::Brief => return serde_json::to_vec(&seed).unwrap_or_default(),
             Rendering::IetfFull => ietf(decision, report, &self.generated_at, true),
             Rendering::IetfBrief => ietf(decision, report, &self.generated_at, false),
             Rendering::Full => {
-                let mut full = serde_json::to_value(&seed).unwrap_or(Value::Null);
-                if let Value::Object(m) = &mut full {
-                    m.insert("generated_at".into(), json!(self.generated_at));
-                    m.insert(
-                        "details".into(),
-                        json!({
+                seed.details = Some(json!({
                             "web": report.web,
                             "disk": report.disk,
                             "system": report.system,
@@ -170,14 +177,24 @@ impl Snapshot {
                                 "uptime": self.agent_uptime,
                                 "kernel_view": report.web.kernel.state,
                             },
-                        }),
-                    );
-                }
-                full
+                }));
+                return serde_json::to_vec(&seed).unwrap_or_default();
             }
         };
         serde_json::to_vec(&value).unwrap_or_default()
     }
+}
+
+/// Seconds since the host booted (CLOCK_BOOTTIME: no file read on every tick): the body's
+/// top-level `uptime`.
+pub fn host_uptime() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the struct we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    ts.tv_sec.max(0) as u64
 }
 
 pub fn rfc3339(t: SystemTime) -> String {
@@ -186,11 +203,15 @@ pub fn rfc3339(t: SystemTime) -> String {
         .unwrap_or_default()
 }
 
-fn ietf_status(s: Status) -> &'static str {
+/// The draft ties `warn` to 2xx–3xx and `fail` to 4xx–5xx: the HTTP code decides first, so a
+/// 503 while booting is `fail`, a 200 while booting `warn`.
+fn ietf_status(s: Status, http: u16) -> &'static str {
+    if http >= 400 {
+        return "fail";
+    }
     match s {
         Status::Healthy => "pass",
-        Status::Unhealthy => "fail",
-        Status::Degraded | Status::Booting | Status::Recovering => "warn",
+        Status::Unhealthy | Status::Degraded | Status::Booting | Status::Recovering => "warn",
     }
 }
 
@@ -198,7 +219,7 @@ fn ietf_status(s: Status) -> &'static str {
 /// `checks` keys are `component:measurement`, each an array of observations.
 fn ietf(decision: &Decision, report: &Report, time: &str, details: bool) -> Value {
     let mut body = json!({
-        "status": ietf_status(decision.status),
+        "status": ietf_status(decision.status, decision.http),
         "version": "1",
         "releaseId": env!("CARGO_PKG_VERSION"),
         "serviceId": "health-agent",

@@ -122,3 +122,70 @@ fn world_readable_secrets_are_warned_about() {
     );
     assert!(!err.contains("R0ut1ngK3y"), "{err}");
 }
+
+#[test]
+fn errors_show_values_that_are_not_secrets_and_name_the_line() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, toml, shown, key, line) in [
+        // A value serde refuses: the value is a port, not a secret.
+        (
+            "port.toml",
+            "# mine\n[web]\nport = 70000\n",
+            "70000",
+            "web.port",
+            "line 3",
+        ),
+        (
+            "recover.toml",
+            "[checks]\nrecover_after = \"2\"\n",
+            "\"2\"",
+            "checks.recover_after",
+            "line 2",
+        ),
+        // Out of the bounds table's range: the line too, as for parse errors.
+        (
+            "window.toml",
+            "[server]\nlisten = \"127.0.0.1:8080\"\n\n[heal]\nenabled = true\nwindow = \"0s\"\n",
+            "\"0s\"",
+            "heal.window",
+            "line 6",
+        ),
+        (
+            "percent.toml",
+            "[disk]\nwarn_percent = 150.0\n",
+            "150",
+            "disk.warn_percent",
+            "line 2",
+        ),
+    ] {
+        let (code, err) = validate(dir.path(), name, toml);
+        assert_eq!(code, Some(2), "{name}: {err}");
+        assert!(err.contains(key) && err.contains(line), "{name}: {err}");
+        assert!(err.contains(shown), "{name}: the value is no secret: {err}");
+        assert!(!err.contains("[redacted]"), "{name}: {err}");
+    }
+    // A secret key of the wrong type stays hidden.
+    let (code, err) = validate(
+        dir.path(),
+        "secret.toml",
+        "[alerts]\npagerduty_routing_key = 918273645546372819\n",
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(!err.contains("918273645546372819"), "{err}");
+}
+
+#[test]
+fn a_missing_file_is_reported_once() {
+    let out = Command::new(agent_binary())
+        .args(["config", "--validate", "/nonexistent/first-day.toml"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("/nonexistent/first-day.toml"), "{err}");
+    assert_eq!(
+        err.matches("No such file or directory").count(),
+        1,
+        "the OS error once: {err}"
+    );
+}

@@ -205,7 +205,7 @@ fn check_exit_codes_follow_the_verdict() {
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["status"], "unhealthy");
-    assert_eq!(v["report"]["web"]["verdict"], "down");
+    assert_eq!(v["details"]["web"]["verdict"], "down");
 
     let backend = Fixture::start("normal");
     std::fs::write(&cfg, format!("[web]\nport = {}\n", backend.port)).unwrap();

@@ -38,6 +38,8 @@ const PACKAGES: &[&str] = &[
     "redis-server",
     "openssl",
     "ca-certificates",
+    // The README's first-day walk-through pipes /health through it (tests/tests/first_day.rs).
+    "jq",
     // The service: `systemd-analyze verify` of the unit, a venv for the deploy-file linters.
     "systemd",
     "python3-venv",

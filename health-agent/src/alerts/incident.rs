@@ -31,7 +31,8 @@ pub enum Condition {
     /// Self-healing tried and failed, or its budget is spent.
     HealFailed,
     /// A check is misconfigured: the database refused the agent's credentials or database
-    /// name. Nothing is replaced for it, but a person has to fix it.
+    /// name, the web probe path answers 4xx, or `web.container` / `web.netns` names nothing.
+    /// Nothing is replaced for it, but a person has to fix it.
     ConfigError,
 }
 
@@ -69,7 +70,10 @@ impl Condition {
             }
             Self::Unhealthy => snap.decision.http == 503,
             Self::HealFailed => snap.heal.phase == Some(HealPhase::Exhausted),
-            Self::ConfigError => snap.report.database.state == DbState::Misconfigured,
+            Self::ConfigError => {
+                snap.report.database.state == DbState::Misconfigured
+                    || snap.report.web.config_error.is_some()
+            }
         }
     }
 

@@ -33,16 +33,17 @@ pub const DEFAULT_TOML: &str = include_str!("default.toml");
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
+    // `error`, not `source`: as a source, anyhow's `{:#}` would print the OS error twice.
+    #[error("cannot read {path}: {error}")]
+    Read { path: String, error: std::io::Error },
     #[error("{path}: {message}")]
     Parse { path: String, message: String },
-    #[error("{path}: `{key}` {message}")]
+    #[error("{path}: {}`{key}` {message}", secrets::line_prefix(*.line))]
     Invalid {
         path: String,
+        /// Where the key is set in the file, when it is (a default can be out of range only
+        /// through another key).
+        line: Option<usize>,
         key: &'static str,
         message: String,
     },
@@ -74,12 +75,7 @@ impl Config {
             {
                 String::new()
             }
-            Err(source) => {
-                return Err(ConfigError::Read {
-                    path: shown,
-                    source,
-                })
-            }
+            Err(error) => return Err(ConfigError::Read { path: shown, error }),
         };
         let cfg = Self::parse(&text, &shown)?;
         if let Some(warning) = world_readable_warning(path, &cfg) {
@@ -95,8 +91,11 @@ impl Config {
             message: secrets::parse_error(text, &e),
         })?;
         cfg.validate(path).map_err(|e| match e {
-            ConfigError::Invalid { path, key, message } => ConfigError::Invalid {
+            ConfigError::Invalid {
+                path, key, message, ..
+            } => ConfigError::Invalid {
                 path,
+                line: secrets::line_of(text, key),
                 key,
                 message: secrets::secrets(&cfg).replace(&message),
             },

@@ -116,11 +116,67 @@ pub(super) fn parse_error(text: &str, e: &toml::de::Error) -> String {
         Some(section) => format!("{section}.{k}"),
         None => k.to_string(),
     });
+    // A value is shown only under a key the config knows and that holds no secret: a port
+    // or a duration helps, and a mistyped key may be a secret's.
+    if full_key.as_deref().is_some_and(shows_its_value) {
+        values.clear();
+    }
     let at = match full_key {
         Some(k) => format!("line {line_no}, column {column}, key `{k}`"),
         None => format!("line {line_no}, column {column}"),
     };
     format!("{at}: {}", scrub(message, &values))
+}
+
+/// Whether `key` ("section.field") is a key of the config whose values are never secret.
+fn shows_its_value(key: &str) -> bool {
+    let Some((section, field)) = key.split_once('.') else {
+        return false;
+    };
+    let secret = ["url", "key", "token", "password", "secret"]
+        .iter()
+        .any(|w| field.contains(w))
+        || key == "fleet.consul_addr";
+    let known = toml::Value::try_from(Config::default())
+        .ok()
+        .and_then(|v| v.get(section)?.get(field).cloned())
+        .is_some();
+    known && !secret
+}
+
+/// The line (1-based) that sets `key` ("section.field") in `text`, under its `[section]` or
+/// as a dotted key.
+pub(super) fn line_of(text: &str, key: &str) -> Option<usize> {
+    let mut section = String::new();
+    for (i, line) in text.lines().enumerate() {
+        let l = line.trim();
+        if l.starts_with('[') {
+            section = l.trim_matches(['[', ']', ' ']).to_string();
+            continue;
+        }
+        let Some((k, _)) = l.split_once('=').filter(|_| !l.starts_with('#')) else {
+            continue;
+        };
+        let k: String = k
+            .split('.')
+            .map(|p| p.trim().trim_matches('"'))
+            .collect::<Vec<_>>()
+            .join(".");
+        let full = if section.is_empty() {
+            k
+        } else {
+            format!("{section}.{k}")
+        };
+        if full == key {
+            return Some(i + 1);
+        }
+    }
+    None
+}
+
+/// "line 6: " before a key in an error, or nothing.
+pub(super) fn line_prefix(line: Option<usize>) -> String {
+    line.map_or(String::new(), |n| format!("line {n}: "))
 }
 
 /// The quoted strings in a TOML value (each element of an array too) and the value as a bare
@@ -288,5 +344,22 @@ mod tests {
         let no_pw =
             Config::parse("[database]\nurl = \"postgres://u@127.0.0.1/db\"\n", "x").unwrap();
         assert_eq!(world_readable_warning(&path, &no_pw), None);
+    }
+
+    #[test]
+    fn plain_values_are_shown_and_out_of_range_errors_name_the_line() {
+        let e = err("[web]\nport = 70000\n");
+        assert!(e.contains("70000") && e.contains("line 2"), "{e}");
+        let e = err("[checks]\nrecover_after = \"2\"\n");
+        assert!(e.contains("\"2\"") && !e.contains("redacted"), "{e}");
+        let e = err("[checks]\ninterval = \"1s\"\n\n[heal]\nwindow = \"0s\"\n");
+        assert!(e.contains("line 5: `heal.window`"), "{e}");
+        let e = err("heal.window = \"0s\"\n");
+        assert!(e.contains("line 1: `heal.window`"), "{e}");
+        // A secret's value, or a value under a key nobody knows, stays hidden.
+        let e = err("[alerts]\npagerduty_routing_key = 918273645546372819\n");
+        assert!(!e.contains("918273645546372819"), "{e}");
+        let e = err("[web]\nprot = 70000\n");
+        assert!(!e.contains("70000"), "{e}");
     }
 }

@@ -12,6 +12,8 @@ impl Config {
     pub(super) fn validate(&self, path: &str) -> Result<(), ConfigError> {
         let bad = |key, message: String| ConfigError::Invalid {
             path: path.to_string(),
+            // Config::parse, which has the text, finds it.
+            line: None,
             key,
             message,
         };

@@ -363,7 +363,14 @@ impl KernelView {
                 .set(word, bits | mask, 0)
                 .map_err(map_err(maps::PORT_BITMAP))?;
         }
-        tracing::info!(watched = ?keys, "kernel programs watch");
+        let watched: Vec<String> = keys
+            .iter()
+            .map(|k| match k.netns {
+                0 => format!("port {} in any namespace", k.port),
+                ns => format!("port {} in namespace inode {ns}", k.port),
+            })
+            .collect();
+        tracing::info!("kernel programs watch {}", watched.join(", "));
         self.watched = keys;
         Ok(())
     }

@@ -158,6 +158,21 @@ pub struct FleetReport {
     pub note: Option<String>,
 }
 
+impl FleetReport {
+    /// Without `[fleet]`: every fault is judged by the single-instance rules, and the note
+    /// says so (as it does when no peer answered).
+    pub fn not_configured() -> Self {
+        Self {
+            note: Some(
+                "no [fleet] configured: judged alone (the single-instance rules); set \
+                 fleet.peers, fleet.peers_dns or fleet.consul_addr to compare with peers"
+                    .into(),
+            ),
+            ..Self::default()
+        }
+    }
+}
+
 /// Decides, per fault class, whether this instance's fault is its own or the fleet's.
 #[derive(Debug)]
 pub struct Judge {

@@ -78,6 +78,10 @@ pub struct PolicyInput {
     pub heal: HealPhase,
     /// The peers' judgement of this instance's faults (empty: judged alone).
     pub fleet: Vec<Judgement>,
+    /// A `[web]` setting that cannot be right (a probe path that answers 4xx, a container or
+    /// namespace that does not exist), naming the key: degraded, like a misconfigured
+    /// database, and never a 503.
+    pub web_config_error: Option<String>,
 }
 
 impl Default for PolicyInput {
@@ -96,6 +100,7 @@ impl Default for PolicyInput {
             boot_status: 503,
             heal: HealPhase::Idle,
             fleet: Vec::new(),
+            web_config_error: None,
         }
     }
 }
@@ -139,6 +144,7 @@ impl PolicyInput {
                 .as_ref()
                 .map_or(Pressure::Normal, |s| s.pressure),
             in_boot_grace,
+            web_config_error: report.web.config_error.clone(),
             ..PolicyInput::default()
         }
     }
@@ -167,8 +173,10 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
         shared_dependency,
     };
 
-    // Not ready until the backend has served once: a 200 would put it into rotation.
-    let never_served = i.web != WebVerdict::NotConfigured && !i.web_served;
+    // Not ready until the backend has served once: a 200 would put it into rotation. A web
+    // config error means the agent cannot tell (it cannot find the backend): never a 503.
+    let never_served =
+        i.web != WebVerdict::NotConfigured && !i.web_served && i.web_config_error.is_none();
     if never_served && i.in_boot_grace {
         return decided(
             Status::Booting,
@@ -314,6 +322,14 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
         degraded = true;
         reasons.push("database check misconfigured (credentials, database name or TLS)".into());
     }
+    if let Some(e) = &i.web_config_error {
+        degraded = true;
+        reasons.push(format!("web check misconfigured: {e}"));
+    }
+    if i.web == WebVerdict::NotConfigured {
+        // Not degraded (a host may have no web backend), but never a silent "healthy".
+        reasons.push(NO_WEB_PORT.into());
+    }
     match i.disk {
         DiskLevel::Warn => {
             degraded = true;
@@ -384,6 +400,10 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
         shared_dependency,
     )
 }
+
+/// The reason (and the start-up warning) when `web.port` is 0.
+pub const NO_WEB_PORT: &str =
+    "web.port is 0: no web backend is watched; set web.port to the backend's listen port";
 
 fn db_word(d: DbState) -> &'static str {
     match d {

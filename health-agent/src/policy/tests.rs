@@ -574,3 +574,48 @@ fn flap_guard_passes_changes_within_a_code() {
     });
     assert_eq!(g.apply(warn, t0).status, Status::Degraded);
 }
+
+#[test]
+fn a_web_config_error_is_degraded_never_503() {
+    let e = Some("web.container: container \"wbe\" not found".to_string());
+    // The backend cannot be found, so it cannot be said never to have served.
+    let mut i = PolicyInput {
+        web: WebVerdict::Unknown,
+        web_served: false,
+        web_config_error: e.clone(),
+        ..input()
+    };
+    let d = evaluate(&i);
+    assert_eq!((d.status, d.http), (Status::Degraded, 200), "{d:?}");
+    assert_eq!(d.recommendation, Recommendation::Stable);
+    assert!(
+        d.reasons.iter().any(|r| r.contains("web.container")),
+        "{d:?}"
+    );
+    i.in_boot_grace = true;
+    assert_eq!(evaluate(&i).http, 200, "nor while booting");
+    // A probe path that answers 404: the server is up, the path is wrong.
+    let d = evaluate(&PolicyInput {
+        web: WebVerdict::Up,
+        web_config_error: Some("web.probe_path = \"/up\" answered 404".into()),
+        ..input()
+    });
+    assert_eq!((d.status, d.http), (Status::Degraded, 200), "{d:?}");
+    // It never hides a web fault.
+    let d = evaluate(&PolicyInput {
+        web: WebVerdict::Down,
+        web_config_error: Some("web.probe_path = \"/up\" answered 404".into()),
+        ..input()
+    });
+    assert_eq!(d.http, 503, "{d:?}");
+}
+
+#[test]
+fn no_web_port_is_said_in_the_reasons() {
+    let d = evaluate(&PolicyInput {
+        web: WebVerdict::NotConfigured,
+        ..input()
+    });
+    assert_eq!((d.status, d.http), (Status::Healthy, 200), "{d:?}");
+    assert!(d.reasons.iter().any(|r| r.contains("web.port")), "{d:?}");
+}

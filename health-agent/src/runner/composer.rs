@@ -39,7 +39,12 @@ pub(super) struct Composer {
     /// Wakes the database check for a round now, off its own cadence.
     recheck_database: Arc<Notify>,
     last_recheck: Option<Instant>,
+    /// The last answer logged: (HTTP code, status, web verdict).
+    last_answer: Option<Answer>,
 }
+
+/// What an operator reads in the journal when `/health` changes its mind.
+type Answer = (u16, crate::policy::Status, crate::policy::WebVerdict);
 
 impl Composer {
     pub fn new(
@@ -64,6 +69,7 @@ impl Composer {
             last_full: started,
             recheck_database: database.recheck,
             last_recheck: None,
+            last_answer: None,
         }
     }
 
@@ -254,14 +260,19 @@ impl Composer {
             self.healer.step(&raw, &report.containers.faulty, now)
         };
         let decision = self.guard.apply(heal::applied(raw, phase), now);
+        let answer = (decision.http, decision.status, report.web.verdict);
+        if self.last_answer != Some(answer) {
+            log_answer_change(self.last_answer, answer, &decision.reasons);
+            self.last_answer = Some(answer);
+        }
         Snapshot::new(
             decision,
             report,
             self.healer.log(),
-            host_uptime(),
+            crate::snapshot::host_uptime(),
             now.saturating_duration_since(self.started).as_secs(),
         )
-        .with_fleet(fleet.unwrap_or_default())
+        .with_fleet(fleet.unwrap_or_else(crate::fleet::FleetReport::not_configured))
     }
 
     /// When the web backend looks stuck, the database check runs now rather than on its
@@ -323,16 +334,52 @@ impl Composer {
     }
 }
 
+/// One line per change of the answer, whether or not alerts are configured: INFO when it
+/// turns healthy (or boots), WARN when it degrades, recovers or turns unhealthy.
+fn log_answer_change(before: Option<Answer>, now: Answer, reasons: &[String]) {
+    let line = answer_change_line(before, now, reasons);
+    match now.1 {
+        crate::policy::Status::Healthy | crate::policy::Status::Booting => {
+            tracing::info!("{line}")
+        }
+        _ => tracing::warn!("{line}"),
+    }
+}
+
+fn answer_change_line(before: Option<Answer>, now: Answer, reasons: &[String]) -> String {
+    let show = |(code, status, web): Answer| {
+        format!("{code} {}, webserver {}", status.as_str(), web.as_str())
+    };
+    let was = before.map_or("at start".to_string(), |b| format!("was {}", show(b)));
+    let why = if reasons.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", reasons.join("; "))
+    };
+    format!("/health now {} ({was}){why}", show(now))
+}
+
 const RECHECK_STUCK_EVERY: Duration = Duration::from_secs(1);
 const RECHECK_DOWN_EVERY: Duration = Duration::from_secs(5);
 
-/// Seconds since the host booted (CLOCK_BOOTTIME: no file read on every tick).
-fn host_uptime() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the struct we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
-    ts.tv_sec.max(0) as u64
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{Status, WebVerdict};
+
+    #[test]
+    fn an_answer_change_reads_as_words_with_its_reason() {
+        let line = answer_change_line(
+            Some((200, Status::Healthy, WebVerdict::Up)),
+            (503, Status::Unhealthy, WebVerdict::Hung),
+            &["web backend hung: 3 connections wait".into()],
+        );
+        assert_eq!(
+            line,
+            "/health now 503 unhealthy, webserver hung (was 200 healthy, webserver up): \
+             web backend hung: 3 connections wait"
+        );
+        let first = answer_change_line(None, (200, Status::Healthy, WebVerdict::Up), &[]);
+        assert_eq!(first, "/health now 200 healthy, webserver up (at start)");
+    }
 }

@@ -55,6 +55,9 @@ pub struct App {
 /// The peer endpoint's access rule (`fleet.token_env`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FleetToken {
+    /// No `[fleet]` peers configured: there is no peer view (404), so nothing about this
+    /// instance is served to whoever asks.
+    NotConfigured,
     /// No token configured: anyone who reaches the health port may read it.
     Open,
     /// `Authorization: Bearer <token>` required.
@@ -130,14 +133,25 @@ async fn health(State(app): State<Arc<App>>, req: Request) -> Response {
 /// that is stuck or gone fails it, so a supervisor (systemd, Kubernetes) restarts the agent.
 async fn livez(State(app): State<Arc<App>>) -> Response {
     let age = Instant::now().saturating_duration_since(app.snapshot.load().created);
-    if age > app.stale_after {
+    let mut r = if age > app.stale_after {
         let msg = format!(
             "the check loop has not published a snapshot for {:.1}s\n",
             age.as_secs_f64()
         );
-        return (StatusCode::SERVICE_UNAVAILABLE, msg).into_response();
-    }
-    "ok\n".into_response()
+        (StatusCode::SERVICE_UNAVAILABLE, msg).into_response()
+    } else {
+        "ok\n".into_response()
+    };
+    age_header(&mut r, age);
+    r
+}
+
+/// `x-snapshot-age-ms`, on every answer that comes from the snapshot.
+fn age_header(r: &mut Response, age: Duration) {
+    r.headers_mut().insert(
+        HeaderName::from_static("x-snapshot-age-ms"),
+        HeaderValue::from(age.as_millis() as u64),
+    );
 }
 
 /// The compact peer view: this instance's raw check states, for its peers' judgement.
@@ -147,6 +161,13 @@ async fn fleet_view(State(app): State<Arc<App>>, headers: HeaderMap) -> Response
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
     match &app.fleet_token {
+        FleetToken::NotConfigured => {
+            return (
+                StatusCode::NOT_FOUND,
+                "no [fleet] configured: this agent serves no peer view\n",
+            )
+                .into_response()
+        }
         FleetToken::Open => {}
         FleetToken::Required(t)
             if given.is_some_and(|g| constant_time_eq(g.as_bytes(), t.as_bytes())) => {}
@@ -166,8 +187,10 @@ async fn fleet_view(State(app): State<Arc<App>>, headers: HeaderMap) -> Response
         }
     }
     let snap = app.snapshot.load();
+    let age = Instant::now().saturating_duration_since(snap.created);
     let view = crate::fleet::PeerView::of(&snap.report, &app.host);
     let mut r = axum::Json(view).into_response();
+    age_header(&mut r, age);
     r.headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     r
@@ -185,10 +208,7 @@ fn respond(code: StatusCode, body: Bytes, ietf: bool, age: Duration) -> Response
         }),
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    h.insert(
-        HeaderName::from_static("x-snapshot-age-ms"),
-        HeaderValue::from(age.as_millis() as u64),
-    );
+    age_header(&mut r, age);
     r
 }
 
@@ -198,14 +218,16 @@ fn stale(age: Duration, ietf: bool) -> Response {
         "health snapshot is {:.1}s old: the agent's check loop has stopped",
         age.as_secs_f64()
     );
+    // Built as text, not a JSON map, to keep the README's order (status first).
+    let reason = serde_json::Value::from(reason);
     let body = if ietf {
-        serde_json::json!({"status": "fail", "notes": [reason]})
+        format!(r#"{{"status":"fail","notes":[{reason}]}}"#)
     } else {
-        serde_json::json!({"status": "unhealthy", "recommendation": "stable", "reasons": [reason]})
+        format!(r#"{{"status":"unhealthy","recommendation":"stable","reasons":[{reason}]}}"#)
     };
     respond(
         StatusCode::SERVICE_UNAVAILABLE,
-        Bytes::from(body.to_string()),
+        Bytes::from(body),
         ietf,
         age,
     )
@@ -215,7 +237,9 @@ async fn metrics_handler(State(app): State<Arc<App>>, req: Request) -> Response 
     let peer = req.extensions().get::<Peer>().copied();
     let detailed = wants_details(&app, peer, req.headers());
     let snap = app.snapshot.load();
+    let age = Instant::now().saturating_duration_since(snap.created);
     let mut r = metrics::render(&snap, detailed).into_response();
+    age_header(&mut r, age);
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),

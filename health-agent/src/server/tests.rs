@@ -440,3 +440,69 @@ async fn metrics_and_livez_and_404() {
         .unwrap();
     assert_eq!(resp.status(), StatusCode::NOT_FOUND);
 }
+
+#[tokio::test]
+async fn every_5xx_is_fail_in_the_health_json_format() {
+    // Booting, the backend not seen serving: 503 with status `booting`.
+    let mut r = report(DiskLevel::Ok);
+    r.web.verdict = crate::policy::WebVerdict::Down;
+    let mut input = crate::policy::PolicyInput::of(&r, true);
+    input.web_served = false;
+    let d = evaluate(&input);
+    assert_eq!((d.http, d.status), (503, crate::policy::Status::Booting));
+    let a = App {
+        snapshot: Arc::new(ArcSwap::from_pointee(Snapshot::new(
+            d,
+            r,
+            HealLog::default(),
+            100,
+            5,
+        ))),
+        ..Arc::into_inner(app(DiskLevel::Ok, Details::Always)).unwrap()
+    };
+    let (code, _, body) = get(
+        Arc::new(a),
+        req("/health")
+            .header(header::ACCEPT, HEALTH_JSON)
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(body["status"], "fail", "{body}");
+}
+
+#[tokio::test]
+async fn without_fleet_there_is_no_peer_view() {
+    let a = App {
+        fleet_token: FleetToken::NotConfigured,
+        ..Arc::into_inner(app(DiskLevel::Ok, Details::Always)).unwrap()
+    };
+    let resp = router(Arc::new(a))
+        .oneshot(req(crate::fleet::VIEW_PATH).body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn the_body_has_the_seed_fields_first_and_generated_at() {
+    for details in [Details::Always, Details::Token] {
+        let resp = router(app(DiskLevel::Ok, details))
+            .oneshot(req("/health").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(
+            text.starts_with(r#"{"status":"healthy","uptime":100,"checks":{"#),
+            "{text}"
+        );
+        let order: Vec<usize> = ["\"recommendation\"", "\"reasons\"", "\"generated_at\""]
+            .iter()
+            .map(|k| text.find(k).unwrap_or_else(|| panic!("no {k}: {text}")))
+            .collect();
+        assert!(order.windows(2).all(|w| w[0] < w[1]), "{text}");
+        assert_eq!(text.contains("\"details\""), details == Details::Always);
+    }
+}

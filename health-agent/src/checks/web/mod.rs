@@ -134,6 +134,10 @@ pub struct WebReport {
     /// Set when the probe and the kernel view tell different stories.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub disagreement: Option<String>,
+    /// A setting of `[web]` that cannot be right, naming the key: the probe path answers 4xx,
+    /// `web.container` or `web.netns` names nothing. Degraded and alerted, never a 503.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub config_error: Option<String>,
 }
 
 impl WebReport {
@@ -160,6 +164,7 @@ impl WebReport {
             dependencies: Vec::new(),
             processes: None,
             disagreement: None,
+            config_error: None,
         }
     }
 

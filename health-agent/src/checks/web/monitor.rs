@@ -64,7 +64,15 @@ pub struct WebMonitor {
     last_stall: Option<Instant>,
     /// Attaching the accept tracepoints failed once: do not retry (and warn) every tick.
     accept_tracing_failed: bool,
+    /// `web.container` / `web.netns` has been found at least once since the agent started.
+    found_once: bool,
+    /// Since when what they name has not been found.
+    missing_since: Option<Instant>,
 }
+
+/// A container that was found before and is gone this long is no longer "being recreated"
+/// (docker compose up, a deploy's rm + run take seconds): it is reported as a config error.
+const GONE_FOR_GOOD: Duration = Duration::from_secs(60);
 
 const DROPS_EVERY: Duration = Duration::from_secs(2);
 /// Work stuck this long makes the monitor look at the server's processes.
@@ -145,6 +153,8 @@ impl WebMonitor {
             next_look: None,
             last_stall: None,
             accept_tracing_failed: false,
+            found_once: false,
+            missing_since: None,
         }
     }
 
@@ -254,14 +264,30 @@ impl WebMonitor {
     fn resolve_target(&mut self) -> Result<&Target, Unresolved> {
         let before = self.target.as_ref().map(|t| (t.view.inode, t.port));
         let target = target::resolve(&self.cfg, self.target.take(), self.container_net.as_ref())?;
+        self.found_once = true;
+        self.missing_since = None;
         let now = (target.view.inode, target.port);
         if before != Some(now) {
-            tracing::info!(namespace = ?target.view, "watching the web backend");
+            let v = &target.view;
+            tracing::info!(
+                "watching the web backend on port {} in {} (namespace {}, inode {}{})",
+                v.port,
+                v.path,
+                v.source,
+                v.inode,
+                v.container
+                    .as_ref()
+                    .map_or(String::new(), |c| format!(", container {c}"))
+            );
             self.owners.clear();
             self.owners_inode = 0;
             if let Some(k) = self.kernel.as_mut() {
                 if let Err(e) = k.watch(&[now]) {
-                    tracing::warn!("kernel programs cannot watch {now:?}: {e}");
+                    tracing::warn!(
+                        "kernel programs cannot watch port {} in namespace inode {}: {e}",
+                        now.1,
+                        now.0
+                    );
                 }
             }
         }
@@ -286,6 +312,35 @@ impl WebMonitor {
         .with_port(self.cfg.port)
     }
 
+    /// What `web.container` / `web.netns` names does not exist. Not found since the agent
+    /// started: a configuration mistake. Found before: being recreated, until GONE_FOR_GOOD.
+    /// Either way the agent cannot look, so the verdict is `unknown`, never evidence.
+    fn not_found(&mut self, key: &'static str, what: String, now: Instant) -> WebReport {
+        let gone = now.saturating_duration_since(*self.missing_since.get_or_insert(now));
+        let config_error = if !self.found_once {
+            Some(format!(
+                "{key}: {what}, not since the agent started: check {key}"
+            ))
+        } else if gone >= GONE_FOR_GOOD {
+            Some(format!(
+                "{key}: {what} for {}s (it was found before): check {key}",
+                gone.as_secs()
+            ))
+        } else {
+            None
+        };
+        let detail = match &config_error {
+            Some(e) => e.clone(),
+            None => format!(
+                "{key}: {what} for {:.1}s; it was found before (being recreated?)",
+                gone.as_secs_f64()
+            ),
+        };
+        let mut r = self.without_target(WebVerdict::Unknown, detail);
+        r.config_error = config_error;
+        r
+    }
+
     pub fn evaluate(&mut self, now: Instant) -> WebReport {
         if self.cfg.port == 0 {
             return WebReport::not_configured();
@@ -295,6 +350,7 @@ impl WebMonitor {
             // The agent could not look: never a verdict on the backend.
             Err(Unresolved::Unknown(why)) => return self.without_target(WebVerdict::Unknown, why),
             Err(Unresolved::NotRunning(why)) => return self.without_target(WebVerdict::Down, why),
+            Err(Unresolved::NotFound { key, what }) => return self.not_found(key, what, now),
         };
         let (port, namespace) = (target.port, target.view.clone());
         let listeners = match target.listeners() {
@@ -413,7 +469,18 @@ impl WebMonitor {
             ),
             _ => (0, 0),
         };
+        // A 4xx proves the server answers; the path is what is wrong.
+        let config_error = self.last_probe.as_ref().and_then(|p| {
+            let status = p.status.filter(|s| (400..500).contains(s))?;
+            Some(format!(
+                "web.probe_path = {:?} answered {status} at {}: the backend answers, but not on \
+                 this path; set web.probe_path to a route that answers 200 (\"\" watches the \
+                 listener only)",
+                self.cfg.probe_path, p.target
+            ))
+        });
         WebReport {
+            config_error,
             port: self.cfg.port,
             namespace: Some(namespace),
             verdict,
@@ -593,5 +660,39 @@ mod tests {
         m.record_probe(failed(false), t1);
         let r = m.evaluate(t1 + Duration::from_secs(11));
         assert_eq!(r.verdict, WebVerdict::Unresponsive, "{}", r.detail);
+    }
+
+    #[test]
+    fn a_container_never_found_is_a_config_error_one_found_before_is_being_recreated() {
+        let cfg = WebConfig {
+            port: 9000,
+            container: "wbe".into(),
+            kernel: false,
+            ..WebConfig::default()
+        };
+        let (kernel, status) = load_kernel(&cfg);
+        let mut m = WebMonitor::new(cfg, kernel, status);
+        let t0 = Instant::now();
+        let missing = || Err(crate::docker::DockerError::NoSuchContainer("wbe".into()));
+        m.set_container(missing());
+        let r = m.evaluate(t0);
+        assert_eq!(r.verdict, WebVerdict::Unknown, "{}", r.detail);
+        let e = r.config_error.expect("never found: a config error");
+        assert!(e.contains("web.container") && e.contains("wbe"), "{e}");
+
+        // Found once (a host-network container: the agent's own namespace), then gone.
+        m.set_container(Ok(ContainerNet {
+            pid: Some(std::process::id()),
+            host_network: true,
+            published: Vec::new(),
+        }));
+        assert_eq!(m.evaluate(t0).config_error, None);
+        m.set_container(missing());
+        let r = m.evaluate(t0 + Duration::from_secs(1));
+        assert_eq!(r.verdict, WebVerdict::Unknown, "{}", r.detail);
+        assert_eq!(r.config_error, None, "being recreated: {}", r.detail);
+        assert!(r.detail.contains("found before"), "{}", r.detail);
+        let r = m.evaluate(t0 + Duration::from_secs(1) + GONE_FOR_GOOD);
+        assert!(r.config_error.is_some(), "gone for good: {}", r.detail);
     }
 }

@@ -89,6 +89,10 @@ pub enum Unresolved {
     Unknown(String),
     /// The backend's container is not running: nothing can listen.
     NotRunning(String),
+    /// What `web.container` or `web.netns` names does not exist: a configuration mistake,
+    /// or a container being recreated (the monitor tells these apart by whether it was ever
+    /// found). Never a verdict on the backend.
+    NotFound { key: &'static str, what: String },
 }
 
 /// Finds the target for the configured source, keeping the current one while it still holds.
@@ -105,6 +109,12 @@ pub fn resolve(
                     "waiting for Docker to report container {}",
                     cfg.container
                 )))
+            }
+            Some(Err(crate::docker::DockerError::NoSuchContainer(name))) => {
+                return Err(Unresolved::NotFound {
+                    key: "web.container",
+                    what: format!("container {name:?} not found (docker inspect: 404)"),
+                })
             }
             Some(Err(e)) => return Err(unknown(e.to_string())),
             Some(Ok(net)) => net,
@@ -147,8 +157,13 @@ pub fn resolve(
     }
     if !cfg.netns.is_empty() {
         let path = Path::new(&cfg.netns);
-        let ns = Namespace::open(path)
-            .map_err(|e| unknown(format!("opening web.netns {}: {e}", path.display())))?;
+        let ns = Namespace::open(path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => Unresolved::NotFound {
+                key: "web.netns",
+                what: format!("{} not found", path.display()),
+            },
+            _ => unknown(format!("opening web.netns {}: {e}", path.display())),
+        })?;
         return Target::new(ns, cfg.port, "netns", None, None)
             .map_err(|e| unknown(format!("sock_diag in {}: {e}", path.display())));
     }
@@ -237,6 +252,29 @@ mod tests {
         assert!(matches!(
             resolve(&cfg, None, Some(&docker_down)),
             Err(Unresolved::Unknown(m)) if m.contains("connection refused")
+        ));
+    }
+
+    #[test]
+    fn a_container_or_namespace_that_does_not_exist_is_not_found_naming_the_key() {
+        let cfg = WebConfig {
+            port: 9000,
+            container: "wbe".into(),
+            ..WebConfig::default()
+        };
+        let missing = Err(crate::docker::DockerError::NoSuchContainer("wbe".into()));
+        assert!(matches!(
+            resolve(&cfg, None, Some(&missing)),
+            Err(Unresolved::NotFound { key: "web.container", what }) if what.contains("wbe")
+        ));
+        let cfg = WebConfig {
+            port: 9000,
+            netns: "/var/run/netns/no-such-namespace".into(),
+            ..WebConfig::default()
+        };
+        assert!(matches!(
+            resolve(&cfg, None, None),
+            Err(Unresolved::NotFound { key: "web.netns", what }) if what.contains("no-such-namespace")
         ));
     }
 

@@ -386,11 +386,12 @@ pub fn decide(e: &Evidence, cfg: &WebConfig) -> (WebVerdict, String) {
         .as_ref()
         .filter(|p| p.status.is_some_and(|s| (400..500).contains(&s)))
     {
-        // A 4xx is the probe path's fault, not the backend's: never a reason to restart it.
+        // A 4xx proves the server answers: it is up, and the probe path is wrong (the
+        // monitor reports that as a config error). Never a reason to restart it.
         return (
-            WebVerdict::Unknown,
+            WebVerdict::Up,
             format!(
-                "probe {} answered {}: check web.probe_path",
+                "the backend answers, but probe {} got {}: check web.probe_path",
                 cfg.probe_path,
                 p.status.unwrap_or(0)
             ),

@@ -420,13 +420,15 @@ fn probe_failures_need_to_last() {
     assert_eq!(decide(&e, &cfg()).0, WebVerdict::Unknown);
     e.probe_failing_for = Some(10 * S);
     assert_eq!(decide(&e, &cfg()).0, WebVerdict::Unresponsive);
-    // A 404 means a wrong probe path: never a restart.
+    // A 404 means a wrong probe path: the server answers (up), never a restart.
     e.probe = Some(ProbeResult {
         ok: false,
         status: Some(404),
         ..probe_ok(1.0)
     });
-    assert_eq!(decide(&e, &cfg()).0, WebVerdict::Unknown);
+    let (v, d) = decide(&e, &cfg());
+    assert_eq!(v, WebVerdict::Up, "{d}");
+    assert!(d.contains("web.probe_path"), "{d}");
 }
 
 #[test]
