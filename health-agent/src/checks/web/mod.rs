@@ -7,13 +7,14 @@
 //!
 //! - `verdict`: the rules, a pure function of the evidence;
 //! - `progress`: when the server last moved, from the kernel counters read every tick;
-//! - `process`: the server's processes — stopped or frozen, CPU, outbound waits;
+//! - `process`: the server's processes — stopped or frozen, CPU, outbound waits, and each
+//!   worker's own unanswered requests (a partial hang);
 //! - `latency`: server-side latency over a sliding window;
 //! - `monitor`: gathers the evidence each round and builds the report.
 
 mod latency;
 mod monitor;
-mod process;
+pub(crate) mod process;
 mod progress;
 mod target;
 mod verdict;
@@ -22,7 +23,7 @@ use serde::Serialize;
 
 pub use latency::LatencySummary;
 pub use monitor::{load_kernel, WebMonitor};
-pub use process::DependencyWait;
+pub use process::{DependencyWait, WorkerView};
 pub use target::NamespaceView;
 
 use super::probe::ProbeResult;
@@ -134,6 +135,10 @@ pub struct WebReport {
     /// Set when the probe and the kernel view tell different stories.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub disagreement: Option<String>,
+    /// The process a `partial_hang` verdict names: what it holds, and whether its master can
+    /// replace it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stuck_worker: Option<WorkerView>,
 }
 
 impl WebReport {
@@ -160,6 +165,7 @@ impl WebReport {
             dependencies: Vec::new(),
             processes: None,
             disagreement: None,
+            stuck_worker: None,
         }
     }
 
