@@ -216,9 +216,12 @@ pub fn dependency_waits(
 ) -> Vec<DependencyWait> {
     let inodes: HashSet<u64> = pids.iter().flat_map(|&p| net::socket_inodes(p)).collect();
     group_waits(
-        conns
-            .iter()
-            .filter(|c| inodes.contains(&c.inode) && c.local.port() != web_port),
+        conns.iter().filter(|c| {
+            // A peer that closed its side answers nothing more: not waited on.
+            c.state != net::TCP_CLOSE_WAIT
+                && inodes.contains(&c.inode)
+                && c.local.port() != web_port
+        }),
         sent_within,
     )
 }
@@ -307,7 +310,8 @@ pub struct WorkerView {
 
 /// What one process's connections on the web port show: (requests in and unanswered, the
 /// oldest of them in ms, ms since it last sent on any). A connection counts as unanswered
-/// when data came in after the last it sent, or it got bytes and never sent one. The
+/// when data came in after the last it sent, or it got bytes and never sent one; one whose
+/// client gave up and closed (CLOSE_WAIT) still counts: the process holds it unanswered. The
 /// timers are jiffies: a keep-alive request that came in within the same tick as the previous
 /// answer ties with it and is not counted (never a false stuck, at worst a missed one).
 pub fn web_connections(
@@ -317,7 +321,9 @@ pub fn web_connections(
 ) -> (u32, Option<u64>, Option<u64>) {
     let (mut unanswered, mut oldest, mut last_sent) = (0u32, None::<u64>, None::<u64>);
     for c in conns.iter().filter(|c| {
-        c.state == net::TCP_ESTABLISHED && c.local.port() == web_port && inodes.contains(&c.inode)
+        matches!(c.state, net::TCP_ESTABLISHED | net::TCP_CLOSE_WAIT)
+            && c.local.port() == web_port
+            && inodes.contains(&c.inode)
     }) {
         // The SYN-ACK is the one byte acknowledged before any data.
         let sent_data = c.bytes_acked > 1 || c.unacked > 0;
