@@ -1,9 +1,9 @@
 //! The web backend check: who listens on `web.port`, how full its accept queue is, what the
 //! kernel programs saw of its connections, what its processes are doing (stopped, burning
-//! CPU, waiting on their own outbound requests), and what the active probe got — merged into
-//! one verdict (`up`, `slow`, `waiting`, `hung`, `unresponsive`, `down`) that names its
-//! evidence. Without eBPF the probe, the accept queue and /proc still decide, and the report
-//! says the kernel view is unavailable.
+//! CPU, waiting on their own outbound requests, one worker stuck), and what the active probe
+//! got — merged into one verdict (`up`, `slow`, `waiting`, `partial_hang`, `hung`,
+//! `unresponsive`, `down`) that names its evidence. Without eBPF the probe, the accept queue
+//! and /proc still decide, and the report says the kernel view is unavailable.
 //!
 //! - `verdict`: the rules, a pure function of the evidence;
 //! - `progress`: when the server last moved, from the kernel counters read every tick;
