@@ -259,12 +259,17 @@ fn group_waits<'a>(
 
 /// The processes whose parent is `parent` (one scan of /proc/*/stat).
 pub fn children(parent: u32) -> Vec<u32> {
+    children_of(&[parent])
+}
+
+/// The processes whose parent is one of `parents` (one scan of /proc/*/stat).
+pub fn children_of(parents: &[u32]) -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
     dir.filter_map(Result::ok)
         .filter_map(|e| e.file_name().to_str()?.parse().ok())
-        .filter(|&pid| stat(pid).is_some_and(|s| s.parent == parent))
+        .filter(|&pid| stat(pid).is_some_and(|s| parents.contains(&s.parent)))
         .collect()
 }
 
