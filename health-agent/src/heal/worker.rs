@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime};
 use serde::Serialize;
 use tokio::task::JoinHandle;
 
-use super::{futures_now, Action, HealAttempt, HealError, HealOutcome, Healer, State, LOG_LEN};
+use super::{futures_now, Action, HealAttempt, HealError, HealOutcome, Healer, LOG_LEN};
 use crate::{
     checks::web::{process, WebReport, WorkerView},
     net,
@@ -191,7 +191,8 @@ impl Healer {
             return;
         }
         let budget_left = (self.restarts.len() as u32) < self.cfg.max_restarts;
-        let restart_running = !matches!(self.state, State::Idle);
+        // A restart under way (or one that failed this incident) goes first.
+        let restart_running = self.busy();
         let target = match may_replace(w, self.cfg.replace_workers, restart_running, budget_left) {
             Ok(t) => t,
             Err(refusal) => {
