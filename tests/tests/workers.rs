@@ -99,6 +99,18 @@ fn named(s: &HealthSample) -> Option<u64> {
         .flatten()
 }
 
+/// Whether this answer shows the verdict named `pid`: it says `partial_hang` naming it, or a
+/// worker replacement already logged the verdict naming it (a replacement can be over between
+/// two polls, 200 ms apart).
+fn shows_named(s: &HealthSample, pid: u32) -> bool {
+    named(s) == Some(u64::from(pid))
+        || replacements(s).iter().any(|a| {
+            a["reason"].as_str().is_some_and(|r| {
+                r.contains("partially hung") && r.contains(&format!("process {pid} ("))
+            })
+        })
+}
+
 /// The heal attempts that replace a worker.
 fn replacements(s: &HealthSample) -> Vec<Value> {
     s.body["details"]["heal"]["attempts"]
@@ -141,13 +153,19 @@ fn named_replaced_healthy(
         puma,
         name_within + Duration::from_secs(2),
         "partial_hang naming the stuck worker",
-        |s| named(s) == Some(u64::from(stuck)),
+        |s| shows_named(s, stuck),
     );
     let named_in = seen.at.saturating_sub(stuck_at);
+    let reason = match named(&seen) {
+        Some(_) => seen.web()["detail"].clone(),
+        None => replacements(&seen)
+            .last()
+            .map(|a| a["reason"].clone())
+            .unwrap_or_default(),
+    };
     println!(
-        "stuck → partial_hang naming {stuck} in {:.1}s: {}",
-        secs(named_in),
-        seen.web()["detail"]
+        "stuck → partial_hang naming {stuck} in {:.1}s: {reason}",
+        secs(named_in)
     );
 
     let replaced = wait(
@@ -238,9 +256,16 @@ fn named_replaced_healthy(
     );
     // What the stuck worker held: the most it was seen holding, plus the requests it took
     // between two looks of the agent (one tick each way).
+    let held_in_reason =
+        |r: &str| -> Option<u64> { r.split("holds ").nth(1)?.split(' ').next()?.parse().ok() };
     let held = samples
         .iter()
         .filter_map(|s| s.web()["stuck_worker"]["unanswered"].as_u64())
+        .chain(
+            replacements(&healthy)
+                .iter()
+                .filter_map(|a| held_in_reason(a["reason"].as_str()?)),
+        )
         .max()
         .unwrap_or(0);
     let failures = stats.timeouts + stats.errors;
