@@ -76,10 +76,12 @@ impl Diag {
             .collect())
     }
 
-    /// Established and connecting TCP sockets of the namespace, with `tcp_info`.
+    /// Established and connecting TCP sockets of the namespace, and those whose peer closed
+    /// its side (a client that gave up on a request still held by a stuck server), with
+    /// `tcp_info`.
     pub fn connections(&self) -> io::Result<Vec<TcpConn>> {
         let mut out = Vec::new();
-        let states = (1u32 << TCP_ESTABLISHED) | (1u32 << TCP_SYN_SENT);
+        let states = (1u32 << TCP_ESTABLISHED) | (1u32 << TCP_SYN_SENT) | (1u32 << TCP_CLOSE_WAIT);
         self.dump_tcp(states, 1 << (INET_DIAG_INFO - 1), |m, attrs| {
             out.push(parse_conn(m, attrs))
         })?;
@@ -120,6 +122,7 @@ pub struct TcpConn {
 
 pub const TCP_ESTABLISHED: u8 = 1;
 pub const TCP_SYN_SENT: u8 = 2;
+pub const TCP_CLOSE_WAIT: u8 = 8;
 
 impl TcpConn {
     /// A request went out after the last answer came in (or the handshake is still under

@@ -252,7 +252,13 @@ fn ietf(decision: &Decision, report: &Report, time: &str, details: bool) -> Valu
             "componentId": format!("port {}", web.port),
             "componentType": "component",
             "observedValue": web.verdict.as_str(),
-            "status": level(web_fault, web.verdict == crate::policy::WebVerdict::Slow),
+            "status": level(
+                web_fault,
+                matches!(
+                    web.verdict,
+                    crate::policy::WebVerdict::Slow | crate::policy::WebVerdict::PartialHang
+                )
+            ),
             "time": time,
             "output": web.detail,
         }]),

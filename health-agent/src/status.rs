@@ -63,6 +63,10 @@ states! {
         Slow => "slow",
         /// Its own outbound requests (database, cache, API) go unanswered: a dependency's fault.
         Waiting => "waiting",
+        /// Some of the server's processes answer while one holds work that does not move (a
+        /// stopped, frozen or deadlocked worker): half capacity, which replacing that one
+        /// worker fixes, not a new instance and not scaling up.
+        PartialHang => "partial_hang",
         Hung => "hung",
         Unresponsive => "unresponsive",
         Down => "down",
@@ -226,7 +230,7 @@ mod tests {
         check(&Recommendation::ALL, |v| v.as_str());
         check(&FaultClass::ALL, |v| v.as_str());
         check(&Scope::ALL, |v| v.as_str());
-        assert_eq!(WebVerdict::ALL.len(), 8);
+        assert_eq!(WebVerdict::ALL.len(), 9);
         assert_eq!(DbState::ALL.len(), 6);
         assert_eq!(Status::Recovering.to_string(), "recovering");
     }

@@ -316,6 +316,10 @@ pub struct HealConfig {
     pub window: Duration,
     #[serde(with = "dur")]
     pub timeout: Duration,
+    /// Replace one stuck worker of a pre-fork server (SIGTERM, SIGKILL after a grace) when its
+    /// parent, the master, holds the listener too and can run: the master starts a new one.
+    /// Never the master, never a process without such a parent; counted in the restart budget.
+    pub replace_workers: bool,
 }
 
 impl Default for HealConfig {
@@ -325,6 +329,7 @@ impl Default for HealConfig {
             max_restarts: 3,
             window: Duration::from_secs(600),
             timeout: Duration::from_secs(30),
+            replace_workers: true,
         }
     }
 }

@@ -8,9 +8,11 @@
 //!
 //! The composer evaluates the policy once per round; `Healer::step` takes that decision and
 //! returns the phase, and `applied` turns decision and phase into the answer — a pure step.
-//! `command` runs `web.restart_command`.
+//! `command` runs `web.restart_command`; `worker` replaces one stuck worker of a pre-fork
+//! server (`partial_hang`), within the same budget and log.
 
 mod command;
+mod worker;
 
 use std::{
     collections::VecDeque,
@@ -22,6 +24,7 @@ use serde::Serialize;
 use tokio::task::JoinHandle;
 
 pub use self::command::{run_command, CommandError};
+pub use self::worker::WorkerError;
 use crate::{
     config::{HealConfig, WebConfig},
     docker::Docker,
@@ -40,6 +43,8 @@ pub enum HealError {
     Docker(#[from] crate::docker::DockerError),
     #[error(transparent)]
     Command(#[from] CommandError),
+    #[error(transparent)]
+    Worker(#[from] WorkerError),
     #[error("restart task ended abnormally")]
     TaskEnded,
     #[error("restart did not finish within {}s", .0.as_secs())]
@@ -89,6 +94,8 @@ pub fn applied(mut decision: Decision, phase: HealPhase) -> Decision {
 pub enum Action {
     RestartContainer(String),
     Command(String),
+    /// One stuck worker of a pre-fork server, which its master replaces (`worker.rs`).
+    ReplaceWorker(worker::Target),
 }
 
 impl Action {
@@ -96,6 +103,10 @@ impl Action {
         match self {
             Self::RestartContainer(n) => format!("docker restart {n}"),
             Self::Command(c) => format!("restart_command `{c}`"),
+            Self::ReplaceWorker(t) => format!(
+                "replace worker {} of master {} (SIGTERM, SIGKILL after a grace)",
+                t.pid, t.master
+            ),
         }
     }
 }
@@ -151,6 +162,7 @@ pub struct Healer {
     /// The current incident already had a failed attempt: answer 503 from now on.
     incident_failed: bool,
     log: HealLog,
+    worker: worker::WorkerHeal,
 }
 
 impl Healer {
@@ -168,6 +180,7 @@ impl Healer {
             restarts: VecDeque::new(),
             incident_failed: false,
             log,
+            worker: worker::WorkerHeal::default(),
         }
     }
 
@@ -400,6 +413,7 @@ async fn run(
                 .map_err(HealError::Docker)
         }
         Action::Command(cmd) => Ok(run_command(&cmd, timeout).await?),
+        Action::ReplaceWorker(t) => Ok(worker::replace(t, timeout).await?),
     }
 }
 
@@ -426,6 +440,7 @@ mod tests {
                 max_restarts: max,
                 window: Duration::from_secs(600),
                 timeout: Duration::from_secs(2),
+                replace_workers: true,
             },
             WebConfig {
                 port: 9000,

@@ -355,6 +355,13 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
         scale_up = true;
         reasons.push("sustained high CPU or memory".into());
     }
+    if i.web == WebVerdict::PartialHang {
+        // Half capacity that replacing one worker restores: neither a new instance nor more
+        // instances, whatever the CPU of the workers left says meanwhile.
+        degraded = true;
+        scale_up = false;
+        reasons.push(web("partially hung (one process stuck, the others answer)"));
+    }
 
     let recommendation = if infrastructure {
         Recommendation::InfrastructureIssue

@@ -28,6 +28,33 @@ fn status_table() {
     let cases: &[Case] = &[
         ("all fine", |_| {}, Healthy, 200, Stable),
         (
+            "one worker stuck, the others answer",
+            |i| i.web = WebVerdict::PartialHang,
+            Degraded,
+            200,
+            Stable,
+        ),
+        (
+            "one worker stuck while the rest run hot: still no scale_up",
+            |i| {
+                i.web = WebVerdict::PartialHang;
+                i.pressure = Pressure::High;
+            },
+            Degraded,
+            200,
+            Stable,
+        ),
+        (
+            "one worker stuck while the database is down: the database's issue",
+            |i| {
+                i.web = WebVerdict::PartialHang;
+                i.database = DbState::Unreachable;
+            },
+            Degraded,
+            200,
+            InfrastructureIssue,
+        ),
+        (
             "all fine, sustained low use",
             |i| i.pressure = Pressure::Low,
             Healthy,

@@ -139,6 +139,7 @@ impl Composer {
         now.saturating_duration_since(self.last_full) >= self.cfg.checks.interval
             || self.web.hot()
             || self.healer.busy()
+            || self.healer.replacing_worker()
             || self.guard.pending()
             || self.slots.changed()
     }
@@ -257,7 +258,9 @@ impl Composer {
         let phase = if in_grace {
             HealPhase::Idle
         } else {
-            self.healer.step(&raw, &report.containers.faulty, now)
+            let phase = self.healer.step(&raw, &report.containers.faulty, now);
+            self.healer.replace_worker(&report.web, now);
+            phase
         };
         let decision = self.guard.apply(heal::applied(raw, phase), now);
         let answer = (decision.http, decision.status, report.web.verdict);

@@ -1,19 +1,20 @@
 //! The web backend check: who listens on `web.port`, how full its accept queue is, what the
 //! kernel programs saw of its connections, what its processes are doing (stopped, burning
-//! CPU, waiting on their own outbound requests), and what the active probe got — merged into
-//! one verdict (`up`, `slow`, `waiting`, `hung`, `unresponsive`, `down`) that names its
-//! evidence. Without eBPF the probe, the accept queue and /proc still decide, and the report
-//! says the kernel view is unavailable.
+//! CPU, waiting on their own outbound requests, one worker stuck), and what the active probe
+//! got — merged into one verdict (`up`, `slow`, `waiting`, `partial_hang`, `hung`,
+//! `unresponsive`, `down`) that names its evidence. Without eBPF the probe, the accept queue
+//! and /proc still decide, and the report says the kernel view is unavailable.
 //!
 //! - `verdict`: the rules, a pure function of the evidence;
 //! - `progress`: when the server last moved, from the kernel counters read every tick;
-//! - `process`: the server's processes — stopped or frozen, CPU, outbound waits;
+//! - `process`: the server's processes — stopped or frozen, CPU, outbound waits, and each
+//!   worker's own unanswered requests (a partial hang);
 //! - `latency`: server-side latency over a sliding window;
 //! - `monitor`: gathers the evidence each round and builds the report.
 
 mod latency;
 mod monitor;
-mod process;
+pub(crate) mod process;
 mod progress;
 mod target;
 mod verdict;
@@ -22,7 +23,7 @@ use serde::Serialize;
 
 pub use latency::LatencySummary;
 pub use monitor::{load_kernel, WebMonitor};
-pub use process::DependencyWait;
+pub use process::{DependencyWait, WorkerView};
 pub use target::NamespaceView;
 
 use super::probe::ProbeResult;
@@ -138,6 +139,10 @@ pub struct WebReport {
     /// `web.container` or `web.netns` names nothing. Degraded and alerted, never a 503.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub config_error: Option<String>,
+    /// The process a `partial_hang` verdict names: what it holds, and whether its master can
+    /// replace it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stuck_worker: Option<WorkerView>,
 }
 
 impl WebReport {
@@ -165,6 +170,7 @@ impl WebReport {
             processes: None,
             disagreement: None,
             config_error: None,
+            stuck_worker: None,
         }
     }
 

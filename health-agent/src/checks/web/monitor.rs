@@ -3,7 +3,7 @@
 //! state, CPU and outbound waits — and turns it into a `WebReport` through `verdict::decide`.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -12,7 +12,7 @@ use health_common::{AcceptKey, PortCounters};
 
 use super::{
     latency::LatencyWindow,
-    process::{self, CpuMeter},
+    process::{self, CpuMeter, WorkerView},
     progress::Progress,
     target::{self, Target, Unresolved},
     verdict::{self, Evidence, KernelEvidence},
@@ -40,6 +40,12 @@ pub struct WebMonitor {
     kernel_status: KernelStatus,
     owners: Vec<u32>,
     owners_inode: u64,
+    /// When `owners` was last read from /proc: a pre-fork master replaces workers, so the
+    /// list is read again when one has gone, and new children of its processes are looked
+    /// for before a look at stuck work once it is OWNERS_FRESH old.
+    owners_scanned: Option<Instant>,
+    /// CPU of each process holding the listener, sampled while work is stuck.
+    worker_cpu: HashMap<u32, CpuMeter>,
     /// (process, listen fd) → socket inode, resolved once through /proc.
     accept_fds: HashMap<AcceptKey, Option<u64>>,
     latency: LatencyWindow,
@@ -75,6 +81,8 @@ pub struct WebMonitor {
 const GONE_FOR_GOOD: Duration = Duration::from_secs(60);
 
 const DROPS_EVERY: Duration = Duration::from_secs(2);
+/// How old the list of processes holding the listener may be when stuck work is looked at.
+const OWNERS_FRESH: Duration = Duration::from_secs(5);
 /// Work stuck this long makes the monitor look at the server's processes.
 const LOOK_AFTER: Duration = Duration::from_millis(200);
 /// An outbound request counts as what the server waits on if it went out no earlier than
@@ -137,6 +145,8 @@ impl WebMonitor {
             kernel_status,
             owners: Vec::new(),
             owners_inode: 0,
+            owners_scanned: None,
+            worker_cpu: HashMap::new(),
             accept_fds: HashMap::new(),
             latency: LatencyWindow::default(),
             progress: Progress::default(),
@@ -216,6 +226,7 @@ impl WebMonitor {
             self.last_verdict,
             WebVerdict::Slow
                 | WebVerdict::Waiting
+                | WebVerdict::PartialHang
                 | WebVerdict::Hung
                 | WebVerdict::Unresponsive
                 | WebVerdict::Down
@@ -383,10 +394,13 @@ impl WebMonitor {
             self.queue_busy_since = None;
         }
         if let Some(first) = listeners.first() {
-            if first.inode != self.owners_inode || self.owners.is_empty() {
-                self.owners = net::socket_owners(first.inode);
-                self.owners_inode = first.inode;
-                self.owner_name = self.owners.first().and_then(|&p| net::process_name(p));
+            // One stat per owner per round: a worker that died (and was replaced) is noticed.
+            let gone = self
+                .owners
+                .iter()
+                .any(|p| !std::path::Path::new(&format!("/proc/{p}")).exists());
+            if first.inode != self.owners_inode || self.owners.is_empty() || gone {
+                self.scan_owners(first.inode, now);
             }
         } else {
             self.owners.clear();
@@ -428,6 +442,9 @@ impl WebMonitor {
         };
         let processes = self.look_at_processes(&mut evidence, now);
         let (verdict, mut detail) = verdict::decide(&evidence, &self.cfg);
+        let stuck_worker = (verdict == WebVerdict::PartialHang)
+            .then(|| verdict::stuck_process(&evidence, &self.cfg))
+            .flatten();
         if let Some(err) = self.probe_trouble.as_ref().and_then(|p| p.error.as_deref()) {
             detail.push_str(&format!(
                 "; the agent could not probe ({err}: its own error, not the backend's)"
@@ -502,7 +519,33 @@ impl WebMonitor {
                 .or_else(|| self.probe_trouble.clone()),
             dependencies: std::mem::take(&mut evidence.dependencies),
             processes,
+            stuck_worker,
         }
+    }
+
+    /// A pre-fork master's workers come and go: adds the children of the processes holding the
+    /// listener that hold it too. One read of /proc/*/stat, and the fds of those children
+    /// only, far cheaper than `socket_owners`' look at every process's fds.
+    fn add_new_workers(&mut self, now: Instant) {
+        self.owners_scanned = Some(now);
+        let listener = self.owners_inode;
+        let new: Vec<u32> = process::children_of(&self.owners)
+            .into_iter()
+            .filter(|c| !self.owners.contains(c) && net::socket_inodes(*c).contains(&listener))
+            .collect();
+        if !new.is_empty() {
+            self.owners.extend(new);
+            self.owners.sort_unstable();
+        }
+    }
+
+    fn scan_owners(&mut self, inode: u64, now: Instant) {
+        self.owners = net::socket_owners(inode);
+        self.owners_inode = inode;
+        self.owners_scanned = Some(now);
+        self.owner_name = self.owners.first().and_then(|&p| net::process_name(p));
+        let owners = &self.owners;
+        self.worker_cpu.retain(|p, _| owners.contains(p));
     }
 
     /// While the backend's work is stuck, looks at its processes: stopped or frozen, CPU,
@@ -518,12 +561,29 @@ impl WebMonitor {
             .or(e.queue_busy_for.filter(|_| e.queue > 0))
             .is_some_and(|d| d >= LOOK_AFTER)
             || e.probe.as_ref().is_some_and(|p| p.timed_out);
-        if !stuck || self.owners.is_empty() {
+        // A worker that accepted connections and stopped before reading them leaves them
+        // waiting with the accept queue empty: worth a look at the workers, nothing more.
+        let held = e
+            .kernel
+            .as_ref()
+            .and_then(|k| k.oldest_waiting)
+            .is_some_and(|d| d >= LOOK_AFTER);
+        if !(stuck || held) || self.owners.is_empty() {
             self.cpu.clear();
+            self.worker_cpu.clear();
             return None;
         }
+        if self.owners.len() > 1
+            && self
+                .owners_scanned
+                .is_none_or(|t| now.saturating_duration_since(t) >= OWNERS_FRESH)
+        {
+            self.add_new_workers(now);
+        }
         if let Some(p) = process::look_at(&self.owners) {
-            e.frozen = p.frozen;
+            if stuck {
+                e.frozen = p.frozen;
+            }
             self.cpu.observe(now, p.cpu_ticks);
         }
         e.cpu_percent = self.cpu.percent();
@@ -533,26 +593,84 @@ impl WebMonitor {
             .kernel
             .as_ref()
             .and_then(|k| [k.since_claim, k.since_answer].into_iter().flatten().min());
+        let sent_within = since_progress.map(|d| d + SENT_BEFORE_STALL);
         let mut error = None;
         let web_port = self.target.as_ref().map_or(self.cfg.port, |t| t.port);
-        e.dependencies = match self.target.as_ref().map(Target::connections) {
-            Some(Ok(conns)) => process::dependency_waits(
-                &self.owners,
-                &conns,
-                web_port,
-                since_progress.map(|d| d + SENT_BEFORE_STALL),
-            ),
+        let conns = match self.target.as_ref().map(Target::connections) {
+            Some(Ok(conns)) => conns,
             Some(Err(err)) => {
                 error = Some(format!("reading the server's connections failed: {err}"));
                 Vec::new()
             }
             None => Vec::new(),
         };
+        if stuck {
+            e.dependencies = process::dependency_waits(&self.owners, &conns, web_port, sent_within);
+        }
+        if self.owners.len() > 1 && error.is_none() {
+            e.workers = self.look_at_workers(&conns, web_port, now);
+        }
         Some(ProcessView {
             frozen: e.frozen.clone(),
             cpu_percent: e.cpu_percent,
             error,
         })
+    }
+
+    /// Each process holding the listener, when there are several (a pre-fork server): which of
+    /// them hold requests nobody answers, whether they can run, their CPU, their own outbound
+    /// requests, and whether their parent (a master) holds the listener too.
+    fn look_at_workers(
+        &mut self,
+        conns: &[net::TcpConn],
+        web_port: u16,
+        now: Instant,
+    ) -> Vec<WorkerView> {
+        let stats: Vec<(u32, process::Stat)> = self
+            .owners
+            .iter()
+            .filter_map(|&p| process::stat(p).map(|s| (p, s)))
+            .collect();
+        let mut out = Vec::new();
+        for &(pid, st) in &stats {
+            let meter = self.worker_cpu.entry(pid).or_default();
+            meter.observe(now, st.ticks);
+            let cpu_percent = meter.percent();
+            let inodes: HashSet<u64> = net::socket_inodes(pid).into_iter().collect();
+            let (unanswered, oldest, last_sent) =
+                process::web_connections(&inodes, conns, web_port);
+            let Some(oldest) = oldest.filter(|_| unanswered > 0) else {
+                continue;
+            };
+            let parent_holds_listener = self.owners.contains(&st.parent);
+            let parent_unable = parent_holds_listener
+                .then(|| match process::stat(st.parent) {
+                    Some(ps) => process::frozen_why(st.parent, ps.state).map(str::to_string),
+                    None => Some("gone".into()),
+                })
+                .flatten();
+            let outbound_waiting = process::dependency_waits(&[pid], conns, web_port, None)
+                .iter()
+                .map(|w| w.connections)
+                .sum();
+            out.push(WorkerView {
+                pid,
+                command: process::command(pid).unwrap_or_else(|| "?".into()),
+                parent: st.parent,
+                parent_holds_listener,
+                parent_unable,
+                is_master: stats.iter().any(|(_, s)| s.parent == pid),
+                frozen: process::frozen_why(pid, st.state).map(str::to_string),
+                unanswered,
+                oldest_unanswered_ms: oldest,
+                last_sent_ms: last_sent,
+                cpu_percent,
+                outbound_waiting,
+                start: st.start,
+                listener: self.owners_inode,
+            });
+        }
+        out
     }
 
     fn kernel_counters(

@@ -29,24 +29,63 @@ pub fn look_at(pids: &[u32]) -> Option<Processes> {
     }
     let (mut why, mut all_frozen, mut cpu_ticks) = (Vec::new(), true, 0);
     for &pid in pids {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        let (state, ticks) = parse_stat(&stat)?;
-        cpu_ticks += ticks;
+        let st = stat(pid)?;
+        cpu_ticks += st.ticks;
         if !all_frozen {
             continue;
         }
-        if matches!(state, 'T' | 't') {
-            why.push(format!("{pid} stopped"));
-        } else if cgroup_frozen(pid) {
-            why.push(format!("{pid} in a frozen cgroup"));
-        } else {
-            all_frozen = false;
+        match frozen_why(pid, st.state) {
+            Some(w) => why.push(format!("{pid} {w}")),
+            None => all_frozen = false,
         }
     }
     Some(Processes {
         frozen: all_frozen.then(|| format!("server processes {}", why.join(", "))),
         cpu_ticks,
     })
+}
+
+/// One read of `/proc/PID/stat`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stat {
+    pub state: char,
+    pub parent: u32,
+    /// utime + stime, all threads, in clock ticks.
+    pub ticks: u64,
+    /// Clock ticks after boot when it started: with the pid, names this process and not a
+    /// later one that reused the pid.
+    pub start: u64,
+}
+
+/// None when the process has gone.
+pub fn stat(pid: u32) -> Option<Stat> {
+    parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// Why `pid` cannot run (`stopped`, `in a frozen cgroup`), if it cannot; `state` from its stat.
+pub fn frozen_why(pid: u32, state: char) -> Option<&'static str> {
+    if matches!(state, 'T' | 't') {
+        Some("stopped")
+    } else if cgroup_frozen(pid) {
+        Some("in a frozen cgroup")
+    } else {
+        None
+    }
+}
+
+/// Its command line, spaces for NULs, cut at 120 characters (a Puma worker's title says
+/// which worker of which master it is); its `comm` when the command line is empty.
+pub fn command(pid: u32) -> Option<String> {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let line: String = String::from_utf8_lossy(&raw)
+        .split('\0')
+        .filter(|a| !a.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+    if line.is_empty() {
+        return net::process_name(pid);
+    }
+    Some(line.chars().take(120).collect())
 }
 
 /// Whether `pid`'s cgroup is frozen: `frozen 1` in its v2 `cgroup.events` (under
@@ -78,16 +117,23 @@ fn cgroup_frozen(pid: u32) -> bool {
     })
 }
 
-/// (state, utime + stime) from `/proc/<pid>/stat`. The command name may hold spaces and
+/// The fields of `/proc/<pid>/stat` used here. The command name may hold spaces and
 /// parentheses, so fields are counted from the last `)`.
-fn parse_stat(text: &str) -> Option<(char, u64)> {
+fn parse_stat(text: &str) -> Option<Stat> {
     let rest = &text[text.rfind(')')? + 1..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    // After the name: state is field 3 of the file, utime 14 and stime 15.
+    // After the name: state is field 3 of the file, ppid 4, utime 14, stime 15, starttime 22.
     let state = fields.first()?.chars().next()?;
+    let parent: u32 = fields.get(1)?.parse().ok()?;
     let utime: u64 = fields.get(11)?.parse().ok()?;
     let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some((state, utime + stime))
+    let start = fields.get(19).and_then(|f| f.parse().ok()).unwrap_or(0);
+    Some(Stat {
+        state,
+        parent,
+        ticks: utime + stime,
+        start,
+    })
 }
 
 fn ticks_per_second() -> f64 {
@@ -170,9 +216,12 @@ pub fn dependency_waits(
 ) -> Vec<DependencyWait> {
     let inodes: HashSet<u64> = pids.iter().flat_map(|&p| net::socket_inodes(p)).collect();
     group_waits(
-        conns
-            .iter()
-            .filter(|c| inodes.contains(&c.inode) && c.local.port() != web_port),
+        conns.iter().filter(|c| {
+            // A peer that closed its side answers nothing more: not waited on.
+            c.state != net::TCP_CLOSE_WAIT
+                && inodes.contains(&c.inode)
+                && c.local.port() != web_port
+        }),
         sent_within,
     )
 }
@@ -208,6 +257,96 @@ fn group_waits<'a>(
     out
 }
 
+/// The processes whose parent is `parent` (one scan of /proc/*/stat).
+pub fn children(parent: u32) -> Vec<u32> {
+    children_of(&[parent])
+}
+
+/// The processes whose parent is one of `parents` (one scan of /proc/*/stat).
+pub fn children_of(parents: &[u32]) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|&pid| stat(pid).is_some_and(|s| parents.contains(&s.parent)))
+        .collect()
+}
+
+/// One process holding the listener whose own requests went unanswered while it was looked
+/// at: the facts a partial hang (one stuck worker of a pre-fork server) is decided from, and
+/// what replacing it must check first.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct WorkerView {
+    pub pid: u32,
+    pub command: String,
+    pub parent: u32,
+    /// The parent holds the listener too: the master of a pre-fork server, which replaces a
+    /// worker that dies.
+    pub parent_holds_listener: bool,
+    /// Why the parent could not replace it: stopped, frozen, gone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent_unable: Option<String>,
+    /// Other processes holding the listener are its children: a master, never replaced.
+    pub is_master: bool,
+    /// Set when it cannot run: `stopped`, `in a frozen cgroup`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub frozen: Option<String>,
+    /// Its connections on the web port with a request in and no answer out.
+    pub unanswered: u32,
+    /// The oldest of them: since its request came in.
+    pub oldest_unanswered_ms: u64,
+    /// Since it last sent anything on any of its web connections (None: nothing since they
+    /// were opened).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_sent_ms: Option<u64>,
+    /// Percent of one core over the last second (None until a second of samples).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_percent: Option<f64>,
+    /// Its own outbound requests waiting for an answer.
+    pub outbound_waiting: u32,
+    /// With the pid, names this process and not a later one that reused the pid.
+    #[serde(skip)]
+    pub start: u64,
+    /// The listener's socket inode: a replacement is a new child of the parent holding it.
+    #[serde(skip)]
+    pub listener: u64,
+}
+
+/// What one process's connections on the web port show: (requests in and unanswered, the
+/// oldest of them in ms, ms since it last sent on any). A connection counts as unanswered
+/// when data came in after the last it sent, or it got bytes and never sent one; one whose
+/// client gave up and closed (CLOSE_WAIT) still counts: the process holds it unanswered. The
+/// timers are jiffies: a keep-alive request that came in within the same tick as the previous
+/// answer ties with it and is not counted (never a false stuck, at worst a missed one).
+pub fn web_connections(
+    inodes: &HashSet<u64>,
+    conns: &[net::TcpConn],
+    web_port: u16,
+) -> (u32, Option<u64>, Option<u64>) {
+    let (mut unanswered, mut oldest, mut last_sent) = (0u32, None::<u64>, None::<u64>);
+    for c in conns.iter().filter(|c| {
+        matches!(c.state, net::TCP_ESTABLISHED | net::TCP_CLOSE_WAIT)
+            && c.local.port() == web_port
+            && inodes.contains(&c.inode)
+    }) {
+        // The SYN-ACK is the one byte acknowledged before any data.
+        let sent_data = c.bytes_acked > 1 || c.unacked > 0;
+        if sent_data {
+            let s = u64::from(c.last_data_sent_ms);
+            last_sent = Some(last_sent.map_or(s, |l| l.min(s)));
+        }
+        let waits =
+            c.bytes_received > 0 && (!sent_data || c.last_data_recv_ms < c.last_data_sent_ms);
+        if waits {
+            unanswered += 1;
+            let age = u64::from(c.last_data_recv_ms);
+            oldest = Some(oldest.map_or(age, |o| o.max(age)));
+        }
+    }
+    (unanswered, oldest, last_sent)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,7 +354,17 @@ mod tests {
     #[test]
     fn stat_fields_after_an_awkward_name() {
         let line = "4242 (web (worker) 1) T 1 4242 4242 0 -1 4194560 100 0 0 0 250 37 0 0 20 0 9 0";
-        assert_eq!(parse_stat(line), Some(('T', 287)));
+        assert_eq!(
+            parse_stat(line),
+            Some(Stat {
+                state: 'T',
+                parent: 1,
+                ticks: 287,
+                start: 0
+            })
+        );
+        let full = format!("{line} 123456 7");
+        assert_eq!(parse_stat(&full).map(|s| s.start), Some(123456));
         assert_eq!(parse_stat("garbage"), None);
     }
 

@@ -9,13 +9,15 @@
 //!   whatever the queue; a CPU-bound livelock only turns `unresponsive` after
 //!   `unanswered_after`;
 //! - **waiting on someone else** — its own outbound requests (database, cache, API) have gone
-//!   unanswered: `waiting`, which a restart or a new instance does not fix.
+//!   unanswered: `waiting`, which a restart or a new instance does not fix;
+//! - **one process stuck while the others answer** — a pre-fork server's worker stopped,
+//!   frozen or deadlocked: `partial_hang`, named by pid, which replacing that worker fixes.
 
 use std::time::{Duration, Instant};
 
 use super::{
     latency::LatencySummary,
-    process::{DependencyWait, BUSY_PERCENT},
+    process::{DependencyWait, WorkerView, BUSY_PERCENT},
 };
 use crate::{checks::probe::ProbeResult, config::WebConfig, status::WebVerdict};
 
@@ -36,6 +38,9 @@ pub struct Evidence {
     pub cpu_percent: Option<f64>,
     /// The server's outbound requests that wait for an answer, longest first.
     pub dependencies: Vec<DependencyWait>,
+    /// The processes holding the listener (when there are several) whose own requests went
+    /// unanswered, read while work was stuck.
+    pub workers: Vec<WorkerView>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -183,6 +188,83 @@ fn waiting_on(d: &DependencyWait) -> String {
     s
 }
 
+/// How long until `w` counts as stuck on this evidence; zero: it does now; None: not on this
+/// evidence. Stopped or frozen: its oldest request FREEZE_CONFIRM old. Otherwise: requests
+/// unanswered and nothing sent on any of its connections for `unanswered_after`, and (checked
+/// by `stuck_worker`, not timed) no CPU and no outbound request in flight.
+fn until_worker_stuck(w: &WorkerView, cfg: &WebConfig) -> Option<Duration> {
+    let oldest = Duration::from_millis(w.oldest_unanswered_ms);
+    if w.frozen.is_some() {
+        return Some(freeze_confirm(cfg).saturating_sub(oldest));
+    }
+    if w.outbound_waiting > 0 || w.cpu_percent.is_some_and(|p| p >= BUSY_PERCENT) {
+        return None;
+    }
+    let quiet = w.last_sent_ms.map_or(oldest, Duration::from_millis);
+    Some(
+        cfg.unanswered_after
+            .saturating_sub(oldest)
+            .max(cfg.unanswered_after.saturating_sub(quiet)),
+    )
+}
+
+/// Whether someone else answers while `w` is stuck: a response byte went out on the port
+/// since `w`'s oldest request came in (without the kernel view: the probe was answered).
+fn others_answer(e: &Evidence, w: &WorkerView) -> bool {
+    match &e.kernel {
+        Some(k) => k.answered_within(Duration::from_millis(w.oldest_unanswered_ms)),
+        None => e.probe.as_ref().is_some_and(|p| p.ok),
+    }
+}
+
+/// The process that holds work which does not move while the other processes answer (the
+/// longest stuck first). A deadlocked process must have been seen idle (its CPU known).
+fn stuck_worker<'a>(e: &'a Evidence, cfg: &WebConfig) -> Option<&'a WorkerView> {
+    e.workers
+        .iter()
+        .filter(|w| until_worker_stuck(w, cfg).is_some_and(|d| d.is_zero()))
+        .filter(|w| w.frozen.is_some() || w.cpu_percent.is_some())
+        .filter(|w| others_answer(e, w))
+        .max_by_key(|w| w.oldest_unanswered_ms)
+}
+
+/// "process 4242 (puma: cluster worker 1: 4200) stopped: 2 requests unanswered (oldest 1.2s)…"
+fn describe_stuck(w: &WorkerView, k: Option<&KernelEvidence>) -> String {
+    let held = format!(
+        "{} request{} unanswered (oldest {})",
+        w.unanswered,
+        if w.unanswered == 1 { "" } else { "s" },
+        secs(Duration::from_millis(w.oldest_unanswered_ms))
+    );
+    let how = match &w.frozen {
+        Some(why) => format!("{why}: holds {held}"),
+        None => format!(
+            "holds {held} and sent nothing for {}, {:.0}% CPU, no outbound request in flight",
+            secs(Duration::from_millis(
+                w.last_sent_ms.unwrap_or(w.oldest_unanswered_ms)
+            )),
+            w.cpu_percent.unwrap_or_default()
+        ),
+    };
+    let others = match k {
+        Some(_) => format!("the other processes answer ({})", last_answer(k)),
+        None => "the probe is answered".into(),
+    };
+    let parent = if w.is_master {
+        "it is the master of other processes holding the listener".to_string()
+    } else if !w.parent_holds_listener {
+        format!("its parent {} does not hold the listener", w.parent)
+    } else if let Some(why) = &w.parent_unable {
+        format!("its parent {} (the master) is {why}", w.parent)
+    } else {
+        format!("its parent {} (the master) holds the listener", w.parent)
+    };
+    format!(
+        "process {} ({}) {how}; {others}; {parent}",
+        w.pid, w.command
+    )
+}
+
 pub fn decide(e: &Evidence, cfg: &WebConfig) -> (WebVerdict, String) {
     if !e.listening {
         return (
@@ -206,6 +288,12 @@ pub fn decide(e: &Evidence, cfg: &WebConfig) -> (WebVerdict, String) {
                 format!("{why}: {}; {}", work(e), last_answer(k)),
             );
         }
+    }
+
+    // One process stuck while the others answer: half capacity, not a reason to scale up,
+    // and no reason to take the whole instance out.
+    if let Some(w) = stuck_worker(e, cfg) {
+        return (WebVerdict::PartialHang, describe_stuck(w, k));
     }
 
     // Waiting on someone else: its own requests go unanswered and nothing comes back out.
@@ -439,6 +527,11 @@ fn until_hung(oldest: Duration, since_progress: Option<Duration>, limit: Duratio
         .max(limit.saturating_sub(stalled_for))
 }
 
+/// The process `decide` named in a `partial_hang` verdict on this evidence.
+pub fn stuck_process(e: &Evidence, cfg: &WebConfig) -> Option<WorkerView> {
+    stuck_worker(e, cfg).cloned()
+}
+
 /// The earliest instant at which `decide` could turn on this evidence: the composer looks
 /// again right then rather than at its next tick, so a hang is reported when it crosses its
 /// threshold, not up to an `eval_interval` later.
@@ -462,8 +555,14 @@ pub fn next_look(e: &Evidence, cfg: &WebConfig, now: Instant) -> Option<Instant>
         }
         None => (None, None, None),
     };
+    let worker = e
+        .workers
+        .iter()
+        .filter_map(|w| until_worker_stuck(w, cfg))
+        .filter(|w| !w.is_zero())
+        .min();
     // Ages are whole milliseconds, read a moment after `now`: aim a little past the edge.
-    [frozen, waiting, hung, unresponsive, unanswered]
+    [frozen, waiting, hung, unresponsive, unanswered, worker]
         .into_iter()
         .flatten()
         .filter(|w| !w.is_zero())

@@ -481,3 +481,132 @@ fn disagreement_is_reported() {
     };
     assert!(disagreement(WebVerdict::Unknown, &e).is_some());
 }
+
+/// A worker of a two-worker pre-fork server, holding `unanswered` requests the oldest `oldest`
+/// old, its parent the master holding the listener.
+fn worker(oldest: Duration, frozen: bool) -> WorkerView {
+    WorkerView {
+        pid: 4242,
+        command: "puma: cluster worker 1: 4200 [app]".into(),
+        parent: 4200,
+        parent_holds_listener: true,
+        parent_unable: None,
+        is_master: false,
+        frozen: frozen.then(|| "stopped".into()),
+        unanswered: 2,
+        oldest_unanswered_ms: oldest.as_millis() as u64,
+        last_sent_ms: None,
+        cpu_percent: (!frozen).then_some(0.0),
+        outbound_waiting: 0,
+        start: 1,
+        listener: 7,
+    }
+}
+
+/// The others answer: a response went out `since_answer` ago, requests of the stuck worker
+/// pending in the kernel's view too.
+fn others_answering(since_answer: Duration, w: WorkerView) -> Evidence {
+    Evidence {
+        kernel: Some(KernelEvidence {
+            since_answer: Some(since_answer),
+            since_claim: Some(since_answer),
+            pending: w.unanswered,
+            oldest_pending: Some(ms(w.oldest_unanswered_ms)),
+            answered: 100,
+            ..Default::default()
+        }),
+        probe: Some(probe_ok(2.0)),
+        workers: vec![w],
+        ..listening()
+    }
+}
+
+#[test]
+fn one_stopped_worker_while_the_others_answer_is_a_partial_hang_naming_it() {
+    let (v, why) = decide(&others_answering(ms(10), worker(ms(600), true)), &cfg());
+    assert_eq!(v, WebVerdict::PartialHang, "{why}");
+    for part in [
+        "4242",
+        "puma: cluster worker 1",
+        "stopped",
+        "2 requests",
+        "0.6s",
+        "4200",
+    ] {
+        assert!(why.contains(part), "{part} in {why}");
+    }
+    // Under the freeze confirmation, not yet; the next look lands on it.
+    let e = others_answering(ms(10), worker(ms(300), true));
+    assert_ne!(decide(&e, &cfg()).0, WebVerdict::PartialHang);
+    let now = Instant::now();
+    assert_eq!(next_look(&e, &cfg(), now).unwrap() - now, ms(202));
+}
+
+#[test]
+fn a_deadlocked_worker_needs_unanswered_after_no_cpu_and_no_outbound_request() {
+    let c = cfg();
+    let e = |w: WorkerView| others_answering(ms(10), w);
+    let stuck = worker(c.unanswered_after, false);
+    let (v, why) = decide(&e(stuck.clone()), &c);
+    assert_eq!(v, WebVerdict::PartialHang, "{why}");
+    assert!(why.contains("sent nothing for 10.0s"), "{why}");
+    // Younger than unanswered_after: the other rules (here: slow, requests wait while
+    // answers go out).
+    let young = worker(c.unanswered_after - ms(500), false);
+    assert_eq!(decide(&e(young), &c).0, WebVerdict::Slow);
+    // It sent something on another connection recently: it moves.
+    let moving = WorkerView {
+        last_sent_ms: Some(200),
+        ..stuck.clone()
+    };
+    assert_ne!(decide(&e(moving), &c).0, WebVerdict::PartialHang);
+    // It burns CPU (a long computation), or its CPU is not known yet.
+    for cpu in [Some(60.0), None] {
+        let busy = WorkerView {
+            cpu_percent: cpu,
+            ..stuck.clone()
+        };
+        assert_ne!(decide(&e(busy), &c).0, WebVerdict::PartialHang, "{cpu:?}");
+    }
+    // It waits on its own outbound request: a slow query is not a stuck worker.
+    let querying = WorkerView {
+        outbound_waiting: 1,
+        ..stuck
+    };
+    assert_ne!(decide(&e(querying), &c).0, WebVerdict::PartialHang);
+}
+
+#[test]
+fn nobody_else_answering_is_not_a_partial_hang() {
+    // No answer went out since the stuck worker's oldest request came in: the whole server
+    // is stuck, and the hang rules decide.
+    let e = others_answering(ms(5000), worker(ms(3000), true));
+    assert_ne!(decide(&e, &cfg()).0, WebVerdict::PartialHang);
+    // Every process stopped: hung, as before.
+    let mut e = others_answering(ms(5000), worker(ms(3000), true));
+    e.frozen = Some("server processes 4200 stopped, 4242 stopped".into());
+    assert_eq!(decide(&e, &cfg()).0, WebVerdict::Hung);
+    // Without the kernel view, an answered probe is the others answering.
+    let mut e = others_answering(ms(10), worker(ms(600), true));
+    e.kernel = None;
+    assert_eq!(decide(&e, &cfg()).0, WebVerdict::PartialHang);
+    e.probe = Some(probe_timeout());
+    assert_ne!(decide(&e, &cfg()).0, WebVerdict::PartialHang);
+}
+
+#[test]
+fn a_partial_hang_is_named_whatever_its_parent_but_says_who_can_replace_it() {
+    let orphan = WorkerView {
+        parent_holds_listener: false,
+        ..worker(ms(800), true)
+    };
+    let (v, why) = decide(&others_answering(ms(10), orphan), &cfg());
+    assert_eq!(v, WebVerdict::PartialHang);
+    assert!(why.contains("does not hold the listener"), "{why}");
+    let master_stopped = WorkerView {
+        parent_unable: Some("stopped".into()),
+        ..worker(ms(800), true)
+    };
+    let (_, why) = decide(&others_answering(ms(10), master_stopped), &cfg());
+    assert!(why.contains("(the master) is stopped"), "{why}");
+}
