@@ -251,6 +251,8 @@ impl Composer {
         let phase = if in_grace {
             HealPhase::Idle
         } else {
+            // Fresh evidence judges a restart that returned (did it take?).
+            self.healer.see(heal::WebSigns::of(&report.web));
             self.healer.step(&raw, &report.containers.faulty, now)
         };
         let decision = self.guard.apply(heal::applied(raw, phase), now);
