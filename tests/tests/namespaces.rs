@@ -338,6 +338,104 @@ fn bridge_container(by_published_port: bool) {
     );
 }
 
+/// Issue 18 §2: a server listening on `::` (dual-stack) in a bridge container with Docker's
+/// default IPv6 setting (off inside the container). `::1` cannot even be tried there, so the
+/// probe goes to 127.0.0.1, which the dual-stack listener answers: 200 `up` while it serves —
+/// without traffic, past the boot grace and for longer than `unanswered_after`, then with
+/// traffic — and `docker pause` is 503 `hung` within 4 s.
+#[test]
+fn bridge_container_dual_stack_listener_without_ipv6() {
+    require_root();
+    let web = BridgeContainer::run_listening_on("dual", "[::]", &[]);
+    assert!(
+        web.ipv6_addresses().is_empty(),
+        "the container has IPv6 addresses (harness: Docker's default turns IPv6 off): {:?}",
+        web.ipv6_addresses()
+    );
+    let agent = Agent::start(&merge_toml(
+        &config(web.container_port, &format!("container = {:?}\n", web.name)),
+        "[checks]\nboot_grace = \"2s\"\n",
+    ));
+    let poller = HealthPoller::start(agent.port);
+    let logs = || web.logs();
+    let quiet = poller.wait_for_explained(
+        READY,
+        "the first 200 without traffic",
+        |s| s.code == 200,
+        || {
+            format!(
+                "\n/health answers:\n{}agent log (tail):\n{}",
+                timeline(&poller.samples()),
+                tail(&agent.logs(), 40)
+            )
+        },
+    );
+    // No traffic at all: past the 2 s boot grace and past unanswered_after (3 s).
+    while poller.elapsed() < quiet.at + SERVE {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let idle = since(poller.samples(), &quiet);
+    let idle_ctx = format!(
+        "\n/health answers:\n{}backend log (tail):\n{}\nagent log (tail):\n{}",
+        timeline(&idle),
+        tail(&logs(), 20),
+        tail(&agent.logs(), 40)
+    );
+    if let Some(s) = idle.iter().find(|s| s.code != 200 || s.webserver != "up") {
+        panic!(
+            "without traffic, an answer was not 200 `up`: {s}\nits body: {}{idle_ctx}",
+            pretty(&s.body)
+        );
+    }
+    let last = idle.last().expect("answers while idle");
+    assert!(
+        idle.iter().any(|s| s.status == "healthy"),
+        "never `healthy` after the boot grace{idle_ctx}"
+    );
+    assert_field(
+        last,
+        "probe.target (127.0.0.1: the namespace has no ::1)",
+        &last.web()["probe"]["target"],
+        format!("127.0.0.1:{}", web.container_port).into(),
+    );
+    println!(
+        "idle: {last}\n  details.web.probe = {}",
+        last.web()["probe"]
+    );
+
+    let load = traffic(web.host_addr());
+    let (_, serving) = serve(&poller, &agent, &load, &logs);
+    assert_field(
+        &serving,
+        "namespace.inode (the container's network namespace)",
+        &namespace(&serving)["inode"],
+        web.netns_inode().into(),
+    );
+    freeze_and_thaw(
+        "docker pause",
+        &poller,
+        &agent,
+        &load,
+        &logs,
+        || web.pause(),
+        || web.unpause(),
+    );
+    let stats = load.stop();
+    let samples = since(poller.stop(), &quiet);
+    println!(
+        "dual-stack listener, no IPv6: {stats}\n{}",
+        timeline(&samples)
+    );
+    assert_answered(
+        &samples,
+        &format!(
+            "\n{}agent log:\n{}",
+            timeline(&samples),
+            tail(&agent.logs(), 40)
+        ),
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // A namespace of its own
 // ---------------------------------------------------------------------------------------

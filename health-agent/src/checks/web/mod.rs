@@ -134,6 +134,11 @@ pub struct WebReport {
     /// Set when the probe and the kernel view tell different stories.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub disagreement: Option<String>,
+    /// The verdict is `unknown` because of the agent's own error (it could not enter the
+    /// namespace, make or bind the probe socket, or had no permission; `detail` says which):
+    /// never evidence against the backend, never a 503.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub agent_error: bool,
 }
 
 impl WebReport {
@@ -160,6 +165,7 @@ impl WebReport {
             dependencies: Vec::new(),
             processes: None,
             disagreement: None,
+            agent_error: false,
         }
     }
 

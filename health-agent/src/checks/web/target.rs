@@ -89,6 +89,9 @@ pub enum Unresolved {
     Unknown(String),
     /// The backend's container is not running: nothing can listen.
     NotRunning(String),
+    /// The agent's own error: it cannot open the namespace or make its sock_diag socket there
+    /// (no permission, a path that is not a namespace). Never evidence against the backend.
+    AgentError(String),
 }
 
 /// Finds the target for the configured source, keeping the current one while it still holds.
@@ -127,7 +130,7 @@ pub fn resolve(
             return Ok(t);
         }
         let ns = Namespace::open(&path).map_err(|e| {
-            unknown(format!(
+            Unresolved::AgentError(format!(
                 "opening container {}'s network namespace {}: {e}",
                 cfg.container,
                 path.display()
@@ -140,20 +143,25 @@ pub fn resolve(
             Some(cfg.container.clone()),
             published,
         )
-        .map_err(|e| unknown(format!("sock_diag in container {}: {e}", cfg.container)));
+        .map_err(|e| {
+            Unresolved::AgentError(format!("sock_diag in container {}: {e}", cfg.container))
+        });
     }
     if let Some(t) = current {
         return Ok(t);
     }
     if !cfg.netns.is_empty() {
         let path = Path::new(&cfg.netns);
-        let ns = Namespace::open(path)
-            .map_err(|e| unknown(format!("opening web.netns {}: {e}", path.display())))?;
+        let ns = Namespace::open(path).map_err(|e| {
+            Unresolved::AgentError(format!("opening web.netns {}: {e}", path.display()))
+        })?;
         return Target::new(ns, cfg.port, "netns", None, None)
-            .map_err(|e| unknown(format!("sock_diag in {}: {e}", path.display())));
+            .map_err(|e| Unresolved::AgentError(format!("sock_diag in {}: {e}", path.display())));
     }
-    let ns = Namespace::own().map_err(|e| unknown(format!("the agent's namespace: {e}")))?;
-    Target::new(ns, cfg.port, "own", None, None).map_err(|e| unknown(format!("sock_diag: {e}")))
+    let ns = Namespace::own()
+        .map_err(|e| Unresolved::AgentError(format!("the agent's namespace: {e}")))?;
+    Target::new(ns, cfg.port, "own", None, None)
+        .map_err(|e| Unresolved::AgentError(format!("sock_diag: {e}")))
 }
 
 /// Whether `path` is (still) the namespace `ns`: a restarted container has a new one.
@@ -162,22 +170,33 @@ fn same_namespace(ns: &Namespace, path: &Path) -> bool {
     std::fs::metadata(path).is_ok_and(|m| m.ino() == ns.inode())
 }
 
-/// Where the probe should connect: the listener's own address. An IPv4 wildcard or loopback
-/// listener is probed on 127.0.0.1, an IPv6 wildcard on ::1, anything else on the address it
-/// is bound to — inside its namespace, that is the address the server answers on.
-pub fn probe_addr(listeners: &[Listener], port: u16) -> Option<SocketAddr> {
+/// Where the probe should connect: the listener's own address, and where to go when that
+/// cannot even be tried. An IPv4 wildcard or loopback listener is probed on 127.0.0.1, an IPv6
+/// wildcard on ::1, anything else on the address it is bound to — inside its namespace, that
+/// is the address the server answers on. A `::` listener is dual-stack by default, and the
+/// namespace may have no IPv6 at all (Docker turns it off in containers): then `::1` cannot be
+/// assigned and the probe goes to 127.0.0.1, the fallback, instead.
+pub fn probe_addr(listeners: &[Listener], port: u16) -> Option<(SocketAddr, Option<SocketAddr>)> {
     let pick = |l: &Listener| match l.addr {
-        IpAddr::V4(a) if a.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
-        IpAddr::V6(a) if a.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
-        a => a,
+        IpAddr::V4(a) if a.is_unspecified() => (IpAddr::V4(Ipv4Addr::LOCALHOST), None),
+        IpAddr::V6(a) if a.is_unspecified() => (
+            IpAddr::V6(Ipv6Addr::LOCALHOST),
+            Some(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+        ),
+        a => (a, None),
     };
     // Loopback first (no route involved), then IPv4, then anything.
-    let rank = |a: &IpAddr| (!a.is_loopback(), !a.is_ipv4());
+    let rank = |(a, _): &(IpAddr, Option<IpAddr>)| (!a.is_loopback(), !a.is_ipv4());
     listeners
         .iter()
         .map(pick)
         .min_by_key(rank)
-        .map(|ip| SocketAddr::new(ip, port))
+        .map(|(ip, fallback)| {
+            (
+                SocketAddr::new(ip, port),
+                fallback.map(|f| SocketAddr::new(f, port)),
+            )
+        })
 }
 
 #[cfg(test)]
@@ -198,7 +217,7 @@ mod tests {
     fn the_probe_goes_to_the_listeners_own_address() {
         let at = |addrs: &[&str]| {
             let ls: Vec<Listener> = addrs.iter().map(|a| listener(a)).collect();
-            probe_addr(&ls, 9000).map(|a| a.to_string())
+            probe_addr(&ls, 9000).map(|(a, _)| a.to_string())
         };
         assert_eq!(at(&["0.0.0.0"]), Some("127.0.0.1:9000".into()));
         assert_eq!(at(&["::"]), Some("[::1]:9000".into()));
@@ -207,6 +226,17 @@ mod tests {
         assert_eq!(at(&["10.213.0.2", "::1"]), Some("[::1]:9000".into()));
         assert_eq!(at(&["::", "0.0.0.0"]), Some("127.0.0.1:9000".into()));
         assert_eq!(at(&[]), None);
+    }
+
+    /// A dual-stack `::` listener in a namespace without IPv6 is reached on 127.0.0.1; every
+    /// other listener has one address only.
+    #[test]
+    fn a_wildcard_ipv6_listener_falls_back_to_ipv4_loopback() {
+        let fallback = |addr: &str| probe_addr(&[listener(addr)], 9000).and_then(|(_, f)| f);
+        assert_eq!(fallback("::"), Some("127.0.0.1:9000".parse().unwrap()));
+        for one in ["0.0.0.0", "::1", "127.0.0.1", "10.213.0.2", "fd00::2"] {
+            assert_eq!(fallback(one), None, "{one}");
+        }
     }
 
     #[test]
