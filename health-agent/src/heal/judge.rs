@@ -3,7 +3,7 @@
 //! rules are tested as a table.
 //!
 //! A restart that did not take leaves the same strong evidence of a hang behind: the same
-//! stopped or frozen processes hold the listener and nothing is taken or answered. That is a
+//! stopped or frozen processes hold the listener and nothing is answered. That is a
 //! failed attempt at once, not at `heal.timeout`. A restart under way looks different: the
 //! listener is gone (the old server stopped, the new one not bound yet), or new processes hold
 //! it and have not served yet, or the old ones run again. Only then does `recovering` last,
@@ -22,8 +22,9 @@ pub struct WebSigns {
     pub pids: Vec<u32>,
     /// Set, with the reason, when every process holding the listener is stopped or frozen.
     pub frozen: Option<String>,
-    /// Connections taken plus responses sent, as the kernel counted them (None without the
-    /// kernel view): any change is the server moving.
+    /// Answers going out, as the kernel counted them (connections answered plus send calls;
+    /// None without the kernel view): any change is the server moving. Connections taken alone
+    /// are not: an unresponsive server keeps reading requests it never answers.
     pub progress: Option<u64>,
 }
 
@@ -37,7 +38,7 @@ impl WebSigns {
             progress: web
                 .counters
                 .as_ref()
-                .map(|c| c.claimed.saturating_add(c.answered).saturating_add(c.sent)),
+                .map(|c| c.answered.saturating_add(c.sent)),
         }
     }
 }
@@ -107,7 +108,7 @@ pub fn judge(
                 secs(since_return),
                 pids(&same),
                 if moved.is_some() {
-                    ", nothing taken or answered since"
+                    ", nothing answered since"
                 } else {
                     ""
                 }
@@ -116,13 +117,13 @@ pub fn judge(
     }
     match moved {
         Some(false) if since_return >= quiet_limit => Judgement::Failed(format!(
-            "the same processes ({}) hold the listener and took or answered nothing in the {} \
-             after the restart returned",
+            "the same processes ({}) hold the listener and answered nothing in the {} after \
+             the restart returned",
             pids(&same),
             secs(since_return)
         )),
         Some(true) => Judgement::UnderWay(format!(
-            "the same processes ({}) run and move again (connections taken or answered)",
+            "the same processes ({}) run and answer again",
             pids(&same)
         )),
         _ => Judgement::UnderWay(format!(
