@@ -601,6 +601,20 @@ mod tests {
         let r = m.evaluate(t0 + Duration::from_secs(60));
         assert_eq!(r.verdict, WebVerdict::Unknown, "{}", r.detail);
         assert!(r.detail.contains("its own error"), "{}", r.detail);
+        assert!(r.agent_error, "the report says the agent could not look");
+        assert!(!r.served);
+        // Never served, yet no 503 for it: not while booting, not after the grace.
+        for in_boot_grace in [true, false] {
+            let d = crate::policy::evaluate(&crate::policy::PolicyInput {
+                web: r.verdict,
+                web_detail: r.detail.clone(),
+                web_agent_error: r.agent_error,
+                web_served: r.served,
+                in_boot_grace,
+                ..crate::policy::PolicyInput::default()
+            });
+            assert_eq!(d.http, 200, "boot grace {in_boot_grace}: {d:?}");
+        }
         assert!(r.probe.is_some_and(|p| p.agent_error));
         // The backend's own failures still count once the agent can probe again.
         let t1 = t0 + Duration::from_secs(61);
