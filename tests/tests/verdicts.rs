@@ -320,6 +320,31 @@ fn frozen_puma_under_traffic_is_hung_503() {
             .all(|s| s.code == 200),
         "503 before the SIGSTOP{ctx}"
     );
+    // Issue 23 item 14: while the recovery is held back (`recover_after`), the 503's hang
+    // evidence is what the instance recovers from, not what it sees now.
+    let held: Vec<&HealthSample> = samples
+        .iter()
+        .filter(|s| s.at > continued && s.code == 503 && s.webserver == "up")
+        .collect();
+    println!("{} answers held back after SIGCONT", held.len());
+    for s in &held {
+        let reasons = s.body["reasons"].as_array().cloned().unwrap_or_default();
+        let text = |r: &serde_json::Value| r.as_str().unwrap_or_default().to_string();
+        assert!(
+            reasons
+                .iter()
+                .any(|r| text(r).starts_with("recovering from: web backend hung")),
+            "the held 503 does not say what it recovers from: {}{ctx}",
+            s.body["reasons"]
+        );
+        assert!(
+            !reasons
+                .iter()
+                .any(|r| text(r).starts_with("web backend hung")),
+            "the held 503 quotes the old evidence as current: {}{ctx}",
+            s.body["reasons"]
+        );
+    }
     assert!(stats.count(200) >= 10, "the load got too few answers{ctx}");
     assert_contract(&samples, &ctx);
 }
