@@ -338,6 +338,78 @@ fn bridge_container(by_published_port: bool) {
     );
 }
 
+/// Issue 18 §1 on Docker's bridge: a container frozen with `docker pause` under traffic is
+/// `hung`, self-heal restarts it (`docker restart`, thawed first) and it comes back in a new
+/// network namespace: `recovering` meanwhile, `healthy` after, never a 503, one attempt judged
+/// recovered.
+#[test]
+fn bridge_container_paused_and_restarted_is_healthy_again_without_a_503() {
+    require_root();
+    let web = BridgeContainer::run("heal", &[]);
+    let agent = Agent::start(&merge_toml(
+        &config(web.container_port, &format!("container = {:?}\n", web.name)),
+        "[heal]\nenabled = true\n",
+    ));
+    let poller = HealthPoller::start(agent.port);
+    let load = traffic(web.host_addr());
+    let logs = || web.logs();
+    let (ready, serving) = serve(&poller, &agent, &load, &logs);
+    let inode_before = namespace(&serving)["inode"].clone();
+
+    web.pause();
+    let paused = poller.elapsed();
+    let healed = poller.wait_for_explained(
+        Duration::from_secs(40),
+        "healthy again after docker restart",
+        |s| {
+            s.code == 200
+                && s.status == "healthy"
+                && s.webserver == "up"
+                && s.body["details"]["heal"]["total_recovered"] == 1
+        },
+        || context(&poller.samples(), &load, &logs(), &agent),
+    );
+    println!(
+        "docker pause → healthy again in {:.1}s ({healed})",
+        after(&healed, paused)
+    );
+    let samples = since(poller.stop(), &ready);
+    let ctx = context(&samples, &load, &logs(), &agent);
+    let stats = load.stop();
+    println!("{stats}\n{}", timeline(&samples));
+    if let Some(s) = samples.iter().find(|s| s.code != 200) {
+        panic!(
+            "a {} while self-heal restarted the container: {s}{ctx}",
+            s.code
+        );
+    }
+    // `docker restart` thaws the container first: its server drains the queue and answers
+    // (`up`, honestly) until it is stopped, so `recovering` may last less than one poll.
+    let heal = &healed.body["details"]["heal"];
+    assert_eq!(heal["total_attempts"], 1, "{heal}{ctx}");
+    let a = &heal["attempts"][0];
+    assert!(
+        a["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("hung") && r.contains("frozen")),
+        "the restart was for the frozen server: {a}{ctx}"
+    );
+    assert_eq!(a["action"], format!("docker restart {}", web.name), "{a}");
+    assert_eq!(a["outcome"], "recovered", "{a}{ctx}");
+    assert!(
+        a["why"]
+            .as_str()
+            .is_some_and(|w| w.contains("webserver up")),
+        "the attempt says why it was judged recovered: {a}{ctx}"
+    );
+    let inode_after = namespace(&healed)["inode"].clone();
+    assert_ne!(
+        inode_after, inode_before,
+        "the restarted container's new namespace is watched{ctx}"
+    );
+    assert_eq!(inode_after, Value::from(web.netns_inode()), "{ctx}");
+}
+
 /// Issue 18 §2: a server listening on `::` (dual-stack) in a bridge container with Docker's
 /// default IPv6 setting (off inside the container). `::1` cannot even be tried there, so the
 /// probe goes to 127.0.0.1, which the dual-stack listener answers: 200 `up` while it serves —

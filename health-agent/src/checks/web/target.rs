@@ -130,11 +130,18 @@ pub fn resolve(
             return Ok(t);
         }
         let ns = Namespace::open(&path).map_err(|e| {
-            Unresolved::AgentError(format!(
+            let why = format!(
                 "opening container {}'s network namespace {}: {e}",
                 cfg.container,
                 path.display()
-            ))
+            );
+            // Gone: the process Docker last named has exited (a restart under way); the next
+            // Docker report names the new one. Anything else is the agent's own trouble.
+            if e.kind() == std::io::ErrorKind::NotFound {
+                Unresolved::Unknown(why)
+            } else {
+                Unresolved::AgentError(why)
+            }
         })?;
         return Target::new(
             ns,
@@ -267,6 +274,32 @@ mod tests {
         assert!(matches!(
             resolve(&cfg, None, Some(&docker_down)),
             Err(Unresolved::Unknown(m)) if m.contains("connection refused")
+        ));
+        // The process Docker named is gone (the container restarts): not the agent's error,
+        // just a view to refresh. Above pid_max: no such process, ever.
+        let gone = Ok(ContainerNet {
+            pid: Some(4_194_305),
+            host_network: false,
+            published: Vec::new(),
+        });
+        assert!(matches!(
+            resolve(&cfg, None, Some(&gone)),
+            Err(Unresolved::Unknown(m)) if m.contains("/proc/4194305/ns/net")
+        ));
+    }
+
+    /// A `web.netns` the agent cannot open is its own trouble (a wrong path, no permission),
+    /// never evidence against the backend.
+    #[test]
+    fn a_namespace_the_agent_cannot_open_is_its_own_error() {
+        let cfg = WebConfig {
+            port: 9000,
+            netns: "/nonexistent/netns".into(),
+            ..WebConfig::default()
+        };
+        assert!(matches!(
+            resolve(&cfg, None, None),
+            Err(Unresolved::AgentError(m)) if m.contains("web.netns")
         ));
     }
 
