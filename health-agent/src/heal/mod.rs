@@ -308,9 +308,7 @@ impl Healer {
             at_return,
         } = &self.state
         else {
-            if matches!(self.state, State::Running { .. }) {
-                return HealPhase::Recovering;
-            }
+            // Idle or failed (a running action was finished above): the next attempt, if any.
             return self.try_start(fault, decision, faulty_containers, now);
         };
         let started = attempt.started;
@@ -368,9 +366,6 @@ impl Healer {
             self.finish_last(HealOutcome::Recovered, Some(why), None, started, now);
             self.log.total_recovered += 1;
         }
-        if matches!(self.state, State::Running { .. }) {
-            return HealPhase::Recovering;
-        }
         self.state = State::Idle;
         self.incident_failed = false;
         HealPhase::Idle
@@ -398,7 +393,8 @@ impl Healer {
             return self.phase();
         };
         if self.restarts.len() as u32 >= self.cfg.max_restarts {
-            if !matches!(self.state, State::Failed) {
+            // Said once, when the answer turns to 503 for it.
+            if self.log.phase != Some(HealPhase::Exhausted) {
                 tracing::warn!(
                     "self-heal budget spent ({} restarts in {}s): not restarting",
                     self.cfg.max_restarts,
