@@ -1,6 +1,7 @@
 //! Real Ruby behind RAII guards: Debian's Puma (5.6, Ruby 3.1) running a small generated Rack
-//! app in single mode, and [`TcpProxy`], a forwarder the tests freeze with SIGSTOP to stand in
-//! for a network path to the database that silently stops answering.
+//! app in single mode (and a script that really restarts it, for self-heal), and
+//! [`TcpProxy`], a forwarder the tests freeze with SIGSTOP to stand in for a network path to
+//! the database that silently stops answering.
 //!
 //! Puma facts these tests rely on (checked against Debian 12's puma 5.6.5):
 //! - `-w 0` is single mode: one process, the pid of the child we spawn (`/usr/bin/puma` is a

@@ -1,12 +1,13 @@
 //! Backends the agent sees in another network namespace: a container on Docker's bridge
-//! network (watched by its container port, or by the port it is published on), a process in
-//! a namespace of its own reached over a veth pair, a backend on `::1` only, and the same port
-//! in two namespaces, each with its own agent.
+//! network (watched by its container port, or by the port it is published on; a server on `::`
+//! in a container without IPv6), a process in a namespace of its own reached over a veth pair,
+//! a backend on `::1` only, and the same port in two namespaces, each with its own agent.
 //!
 //! Each test serves real traffic (~10 new connections a second) for longer than
 //! `unanswered_after`, with every `/health` answer 200 `up`; then freezes the backend under
-//! that traffic (503 `hung` within 4 s, self-heal off); then thaws it (200 again). Every
-//! answer of the run is recorded ([`HealthPoller`]) and asserted over.
+//! that traffic (503 `hung` within 4 s, self-heal off); then thaws it (200 again). One test
+//! turns self-heal on instead: the paused container is restarted, never a 503. Every answer
+//! of the run is recorded ([`HealthPoller`]) and asserted over.
 //!
 //! Test traffic goes to 127.0.0.0/8, `::1` and addresses inside namespaces the tests create
 //! (10.213.0.0/16); containers are published on 127.0.0.1 only. The `harness_*` tests check
