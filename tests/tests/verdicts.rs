@@ -2,9 +2,9 @@
 //! Debian's Puma under load (a busy pool is `slow`, never a 503 or a restart), a frozen Puma
 //! (`hung`, 503; with a restart command that does nothing, 503 within 5 s after the budget's
 //! three attempts; with one that really replaces Puma, healthy again without a 503), a Puma
-//! waiting on a frozen path to its database (`waiting`,
-//! `infrastructure_issue`, never a 503), a wrong database password next to a frozen app (the
-//! web fault still counts), and booting (503 until the backend has served, 200 after).
+//! waiting on a frozen path to its database (`waiting`, `infrastructure_issue`, never a 503),
+//! a wrong database password next to a frozen app (the web fault still counts), and booting
+//! (503 until the backend has served, 200 after).
 //!
 //! Every test records every `/health` answer of the whole run ([`HealthPoller`]) and asserts
 //! over all of them, so a single 503 in the middle of a run is caught. Restarts are counted
