@@ -199,6 +199,13 @@ impl BridgeContainer {
     /// `GET http://127.0.0.1:<host_port>/up` answers 200. Tries again on new host ports when
     /// Docker could not publish one (taken in between).
     pub fn run(label: &str, fixture_args: &[&str]) -> Self {
+        Self::run_listening_on(label, "0.0.0.0", fixture_args)
+    }
+
+    /// [`BridgeContainer::run`] with the fixture listening on `ip` inside the container:
+    /// `"[::]"` is a dual-stack listener (IPv4 reaches it too), which a container keeps even
+    /// where Docker turned IPv6 off (its default on the bridge network).
+    pub fn run_listening_on(label: &str, ip: &str, fixture_args: &[&str]) -> Self {
         sweep_stale_containers();
         static N: AtomicU32 = AtomicU32::new(0);
         let image = fixture_image();
@@ -219,7 +226,7 @@ impl BridgeContainer {
             };
             let web = format!("127.0.0.1:{host_port}:{}", c.container_port);
             let control = format!("127.0.0.1:{control_host_port}:{}", c.container_control_port);
-            let listen = format!("0.0.0.0:{}", c.container_port);
+            let listen = format!("{ip}:{}", c.container_port);
             let control_listen = format!("0.0.0.0:{}", c.container_control_port);
             let out = Command::new("docker")
                 .args(["run", "-d", "--name", &c.name, "--network", "bridge"])
@@ -281,6 +288,16 @@ impl BridgeContainer {
         let pid = docker(&["inspect", "-f", "{{.State.Pid}}", &self.name]);
         pid.parse()
             .unwrap_or_else(|_| panic!("docker inspect gave pid {pid:?}"))
+    }
+
+    /// The container's IPv6 addresses as its namespace lists them (`/proc/PID/net/if_inet6`):
+    /// none where IPv6 is off.
+    pub fn ipv6_addresses(&self) -> Vec<String> {
+        std::fs::read_to_string(format!("/proc/{}/net/if_inet6", self.pid()))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
     }
 
     /// The nsfs inode of the container's network namespace.

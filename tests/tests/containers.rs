@@ -140,8 +140,11 @@ fn crash_looping_container_turns_503_within_the_budget() {
          [heal]\nmax_restarts = 2\nwindow = \"10m\"\ntimeout = \"3s\"\n",
         web.port, web.name, web.name
     ));
+    // `budget_spent` turns true when the last attempt starts; `exhausted` once it failed too.
     let (code, body) = agent.wait_health(WAIT, "503 once heals failed", |c, b| {
-        c == 503 && b["details"]["heal"]["budget_spent"] == true
+        c == 503
+            && b["details"]["heal"]["budget_spent"] == true
+            && b["details"]["heal"]["phase"] == "exhausted"
     });
     assert_eq!(code, 503);
     assert_eq!(body["status"], "unhealthy");

@@ -1,12 +1,13 @@
 //! Backends the agent sees in another network namespace: a container on Docker's bridge
-//! network (watched by its container port, or by the port it is published on), a process in
-//! a namespace of its own reached over a veth pair, a backend on `::1` only, and the same port
-//! in two namespaces, each with its own agent.
+//! network (watched by its container port, or by the port it is published on; a server on `::`
+//! in a container without IPv6), a process in a namespace of its own reached over a veth pair,
+//! a backend on `::1` only, and the same port in two namespaces, each with its own agent.
 //!
 //! Each test serves real traffic (~10 new connections a second) for longer than
 //! `unanswered_after`, with every `/health` answer 200 `up`; then freezes the backend under
-//! that traffic (503 `hung` within 4 s, self-heal off); then thaws it (200 again). Every
-//! answer of the run is recorded ([`HealthPoller`]) and asserted over.
+//! that traffic (503 `hung` within 4 s, self-heal off); then thaws it (200 again). One test
+//! turns self-heal on instead: the paused container is restarted, never a 503. Every answer
+//! of the run is recorded ([`HealthPoller`]) and asserted over.
 //!
 //! Test traffic goes to 127.0.0.0/8, `::1` and addresses inside namespaces the tests create
 //! (10.213.0.0/16); containers are published on 127.0.0.1 only. The `harness_*` tests check
@@ -326,6 +327,176 @@ fn bridge_container(by_published_port: bool) {
         } else {
             "container"
         },
+        timeline(&samples)
+    );
+    assert_answered(
+        &samples,
+        &format!(
+            "\n{}agent log:\n{}",
+            timeline(&samples),
+            tail(&agent.logs(), 40)
+        ),
+    );
+}
+
+/// Issue 18 §1 on Docker's bridge: a container frozen with `docker pause` under traffic is
+/// `hung`, self-heal restarts it (`docker restart`, thawed first) and it comes back in a new
+/// network namespace: `recovering` meanwhile, `healthy` after, never a 503, one attempt judged
+/// recovered.
+#[test]
+fn bridge_container_paused_and_restarted_is_healthy_again_without_a_503() {
+    require_root();
+    let web = BridgeContainer::run("heal", &[]);
+    let agent = Agent::start(&merge_toml(
+        &config(web.container_port, &format!("container = {:?}\n", web.name)),
+        "[heal]\nenabled = true\n",
+    ));
+    let poller = HealthPoller::start(agent.port);
+    let load = traffic(web.host_addr());
+    let logs = || web.logs();
+    let (ready, serving) = serve(&poller, &agent, &load, &logs);
+    let inode_before = namespace(&serving)["inode"].clone();
+
+    web.pause();
+    let paused = poller.elapsed();
+    let healed = poller.wait_for_explained(
+        Duration::from_secs(40),
+        "healthy again after docker restart",
+        |s| {
+            s.code == 200
+                && s.status == "healthy"
+                && s.webserver == "up"
+                && s.body["details"]["heal"]["total_recovered"] == 1
+        },
+        || context(&poller.samples(), &load, &logs(), &agent),
+    );
+    println!(
+        "docker pause → healthy again in {:.1}s ({healed})",
+        after(&healed, paused)
+    );
+    let samples = since(poller.stop(), &ready);
+    let ctx = context(&samples, &load, &logs(), &agent);
+    let stats = load.stop();
+    println!("{stats}\n{}", timeline(&samples));
+    if let Some(s) = samples.iter().find(|s| s.code != 200) {
+        panic!(
+            "a {} while self-heal restarted the container: {s}{ctx}",
+            s.code
+        );
+    }
+    // `docker restart` thaws the container first: its server drains the queue and answers
+    // (`up`, honestly) until it is stopped, so `recovering` may last less than one poll.
+    let heal = &healed.body["details"]["heal"];
+    assert_eq!(heal["total_attempts"], 1, "{heal}{ctx}");
+    let a = &heal["attempts"][0];
+    assert!(
+        a["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("hung") && r.contains("frozen")),
+        "the restart was for the frozen server: {a}{ctx}"
+    );
+    assert_eq!(a["action"], format!("docker restart {}", web.name), "{a}");
+    assert_eq!(a["outcome"], "recovered", "{a}{ctx}");
+    assert!(
+        a["why"]
+            .as_str()
+            .is_some_and(|w| w.contains("webserver up")),
+        "the attempt says why it was judged recovered: {a}{ctx}"
+    );
+    let inode_after = namespace(&healed)["inode"].clone();
+    assert_ne!(
+        inode_after, inode_before,
+        "the restarted container's new namespace is watched{ctx}"
+    );
+    assert_eq!(inode_after, Value::from(web.netns_inode()), "{ctx}");
+}
+
+/// Issue 18 §2: a server listening on `::` (dual-stack) in a bridge container with Docker's
+/// default IPv6 setting (off inside the container). `::1` cannot even be tried there, so the
+/// probe goes to 127.0.0.1, which the dual-stack listener answers: 200 `up` while it serves —
+/// without traffic, past the boot grace and for longer than `unanswered_after`, then with
+/// traffic — and `docker pause` is 503 `hung` within 4 s.
+#[test]
+fn bridge_container_dual_stack_listener_without_ipv6() {
+    require_root();
+    let web = BridgeContainer::run_listening_on("dual", "[::]", &[]);
+    assert!(
+        web.ipv6_addresses().is_empty(),
+        "the container has IPv6 addresses (harness: Docker's default turns IPv6 off): {:?}",
+        web.ipv6_addresses()
+    );
+    let agent = Agent::start(&merge_toml(
+        &config(web.container_port, &format!("container = {:?}\n", web.name)),
+        "[checks]\nboot_grace = \"2s\"\n",
+    ));
+    let poller = HealthPoller::start(agent.port);
+    let logs = || web.logs();
+    let quiet = poller.wait_for_explained(
+        READY,
+        "the first 200 without traffic",
+        |s| s.code == 200,
+        || {
+            format!(
+                "\n/health answers:\n{}agent log (tail):\n{}",
+                timeline(&poller.samples()),
+                tail(&agent.logs(), 40)
+            )
+        },
+    );
+    // No traffic at all: past the 2 s boot grace and past unanswered_after (3 s).
+    while poller.elapsed() < quiet.at + SERVE {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let idle = since(poller.samples(), &quiet);
+    let idle_ctx = format!(
+        "\n/health answers:\n{}backend log (tail):\n{}\nagent log (tail):\n{}",
+        timeline(&idle),
+        tail(&logs(), 20),
+        tail(&agent.logs(), 40)
+    );
+    if let Some(s) = idle.iter().find(|s| s.code != 200 || s.webserver != "up") {
+        panic!(
+            "without traffic, an answer was not 200 `up`: {s}\nits body: {}{idle_ctx}",
+            pretty(&s.body)
+        );
+    }
+    let last = idle.last().expect("answers while idle");
+    assert!(
+        idle.iter().any(|s| s.status == "healthy"),
+        "never `healthy` after the boot grace{idle_ctx}"
+    );
+    assert_field(
+        last,
+        "probe.target (127.0.0.1: the namespace has no ::1)",
+        &last.web()["probe"]["target"],
+        format!("127.0.0.1:{}", web.container_port).into(),
+    );
+    println!(
+        "idle: {last}\n  details.web.probe = {}",
+        last.web()["probe"]
+    );
+
+    let load = traffic(web.host_addr());
+    let (_, serving) = serve(&poller, &agent, &load, &logs);
+    assert_field(
+        &serving,
+        "namespace.inode (the container's network namespace)",
+        &namespace(&serving)["inode"],
+        web.netns_inode().into(),
+    );
+    freeze_and_thaw(
+        "docker pause",
+        &poller,
+        &agent,
+        &load,
+        &logs,
+        || web.pause(),
+        || web.unpause(),
+    );
+    let stats = load.stop();
+    let samples = since(poller.stop(), &quiet);
+    println!(
+        "dual-stack listener, no IPv6: {stats}\n{}",
         timeline(&samples)
     );
     assert_answered(

@@ -1,8 +1,10 @@
 //! The verdicts that decide whether an instance leaves the load balancer, against real Ruby:
 //! Debian's Puma under load (a busy pool is `slow`, never a 503 or a restart), a frozen Puma
-//! (`hung`, 503), a Puma waiting on a frozen path to its database (`waiting`,
-//! `infrastructure_issue`, never a 503), a wrong database password next to a frozen app (the
-//! web fault still counts), and booting (503 until the backend has served, 200 after).
+//! (`hung`, 503; with a restart command that does nothing, 503 within 5 s after the budget's
+//! three attempts; with one that really replaces Puma, healthy again without a 503), a Puma
+//! waiting on a frozen path to its database (`waiting`, `infrastructure_issue`, never a 503),
+//! a wrong database password next to a frozen app (the web fault still counts), and booting
+//! (503 until the backend has served, 200 after).
 //!
 //! Every test records every `/health` answer of the whole run ([`HealthPoller`]) and asserts
 //! over all of them, so a single 503 in the middle of a run is caught. Restarts are counted
@@ -319,6 +321,205 @@ fn frozen_puma_under_traffic_is_hung_503() {
             .filter(|s| s.at < stopped)
             .all(|s| s.code == 200),
         "503 before the SIGSTOP{ctx}"
+    );
+    // Issue 23 item 14: while the recovery is held back (`recover_after`), the 503's hang
+    // evidence is what the instance recovers from, not what it sees now.
+    let held: Vec<&HealthSample> = samples
+        .iter()
+        .filter(|s| s.at > continued && s.code == 503 && s.webserver == "up")
+        .collect();
+    println!("{} answers held back after SIGCONT", held.len());
+    for s in &held {
+        let reasons = s.body["reasons"].as_array().cloned().unwrap_or_default();
+        let text = |r: &serde_json::Value| r.as_str().unwrap_or_default().to_string();
+        assert!(
+            reasons
+                .iter()
+                .any(|r| text(r).starts_with("recovering from: web backend hung")),
+            "the held 503 does not say what it recovers from: {}{ctx}",
+            s.body["reasons"]
+        );
+        assert!(
+            !reasons
+                .iter()
+                .any(|r| text(r).starts_with("web backend hung")),
+            "the held 503 quotes the old evidence as current: {}{ctx}",
+            s.body["reasons"]
+        );
+    }
+    assert!(stats.count(200) >= 10, "the load got too few answers{ctx}");
+    assert_contract(&samples, &ctx);
+}
+
+/// Issue 18: a frozen Puma under traffic and a `restart_command` that exits 0 and changes
+/// nothing (a script that signals the wrong pid, a stuck supervisor). Each attempt returns,
+/// the same stopped process still holds the listener: failed at once, not after
+/// `heal.timeout` (30 s). With the default budget (3) that is 503 `unhealthy` within 5 s of
+/// the SIGSTOP, after exactly three attempts, each saying why it failed.
+#[test]
+fn frozen_puma_and_a_restart_that_does_nothing_is_503_within_5s() {
+    require_root();
+    let puma = Puma::start(PumaOptions {
+        threads: 4,
+        ..Default::default()
+    });
+    let restarts = Restarts::new();
+    // Default [heal]: max_restarts 3, timeout 30s.
+    let agent = Agent::start(&config(puma.port, Some(&restarts.command()), ""));
+    let poller = HealthPoller::start(agent.port);
+    let load = Load::new_connections(
+        puma.port,
+        "/",
+        2,
+        Duration::from_millis(200),
+        Duration::from_secs(5),
+    );
+    let ready = wait(&poller, &agent, &puma, WAIT, "healthy under traffic", |s| {
+        s.code == 200 && s.status == "healthy" && s.webserver == "up"
+    });
+
+    puma.signal(libc::SIGSTOP);
+    let stopped = poller.elapsed();
+    // Waits past the bound, so a late 503 is reported with its time, not as a timeout.
+    let down = wait(
+        &poller,
+        &agent,
+        &puma,
+        Duration::from_secs(20),
+        "503 unhealthy after the futile restarts",
+        |s| s.code == 503 && s.status == "unhealthy",
+    );
+    let took = after(&down, stopped);
+    println!("SIGSTOP → 503 unhealthy in {took:.1}s ({down})");
+    // A moment more: a fourth attempt would show now.
+    std::thread::sleep(Duration::from_secs(2));
+    puma.signal(libc::SIGCONT);
+    let stats = load.stop();
+    let samples = since(poller.stop(), &ready);
+    let ctx = context(&agent, &puma, &samples, &stats.to_string());
+    println!("{}", timeline(&samples));
+
+    assert!(
+        took <= 5.0,
+        "503 only {took:.1}s after the SIGSTOP (≤ 5 s){ctx}"
+    );
+    assert_eq!(down.webserver, "hung", "{down}{ctx}");
+    let heal = &samples.last().expect("samples").body["details"]["heal"];
+    println!(
+        "details.heal: {}",
+        serde_json::to_string_pretty(heal).unwrap_or_default()
+    );
+    assert_eq!(restarts.count(), 3, "max_restarts = 3 is three runs{ctx}");
+    assert_eq!(heal["total_attempts"], 3, "{heal}{ctx}");
+    assert_eq!(heal["budget_spent"], true, "{heal}{ctx}");
+    for a in heal["attempts"].as_array().expect("attempts") {
+        assert_eq!(a["outcome"], "failed", "{a}{ctx}");
+        let why = a["why"].as_str().unwrap_or_default();
+        assert!(
+            why.contains("changed nothing") && why.contains(&puma.pid().to_string()),
+            "each attempt says why it failed, naming the stopped process: {a}{ctx}"
+        );
+        assert!(
+            a["duration_ms"].as_u64().is_some_and(|d| d < 2000),
+            "judged within about a second of the command returning: {a}{ctx}"
+        );
+    }
+    assert!(
+        down.body["reasons"]
+            .to_string()
+            .contains("self-heal failed or its budget is spent"),
+        "{down}{ctx}"
+    );
+    assert!(
+        samples
+            .iter()
+            .filter(|s| s.at < stopped)
+            .all(|s| s.code == 200),
+        "503 before the SIGSTOP{ctx}"
+    );
+    // Before the 503 the attempts ran: 200 `recovering`, never another 503 status.
+    assert!(
+        samples
+            .iter()
+            .filter(|s| s.at >= stopped && s.at < down.at)
+            .all(|s| s.code == 200),
+        "a 503 before the budget was spent{ctx}"
+    );
+    assert_contract(&samples, &ctx);
+}
+
+/// A frozen Puma under traffic and a `restart_command` that really replaces it (kill, start
+/// again, detached): `recovering` while the new Puma comes up, then `healthy` — no 503 at
+/// any point, one attempt, judged recovered with the new process named.
+#[test]
+fn frozen_puma_really_restarted_is_healthy_again_without_a_503() {
+    require_root();
+    let puma = Puma::start(PumaOptions {
+        threads: 4,
+        ..Default::default()
+    });
+    let script = puma.restart_script();
+    let agent = Agent::start(&config(puma.port, Some(&script.display().to_string()), ""));
+    let poller = HealthPoller::start(agent.port);
+    let load = Load::new_connections(
+        puma.port,
+        "/",
+        2,
+        Duration::from_millis(200),
+        Duration::from_secs(5),
+    );
+    let ready = wait(&poller, &agent, &puma, WAIT, "healthy under traffic", |s| {
+        s.code == 200 && s.status == "healthy" && s.webserver == "up"
+    });
+    let first = puma.pid();
+
+    puma.signal(libc::SIGSTOP);
+    let stopped = poller.elapsed();
+    let healed = wait(
+        &poller,
+        &agent,
+        &puma,
+        Duration::from_secs(40),
+        "healthy again after the restart",
+        |s| {
+            s.code == 200
+                && s.status == "healthy"
+                && s.body["details"]["heal"]["total_recovered"] == 1
+        },
+    );
+    println!(
+        "SIGSTOP → healthy again in {:.1}s ({healed})",
+        after(&healed, stopped)
+    );
+    // Traffic flows to the new Puma.
+    std::thread::sleep(Duration::from_secs(1));
+    let stats = load.stop();
+    let samples = since(poller.stop(), &ready);
+    let ctx = context(&agent, &puma, &samples, &stats.to_string());
+    println!("{}", timeline(&samples));
+
+    let now = puma.current_pid();
+    assert_ne!(now, first, "the restart script did not replace Puma{ctx}");
+    if let Some(s) = samples.iter().find(|s| s.code != 200) {
+        panic!(
+            "a {} while the restart healed the backend: {s}{ctx}",
+            s.code
+        );
+    }
+    assert!(
+        samples
+            .iter()
+            .any(|s| s.status == "recovering" && s.at >= stopped),
+        "never `recovering` while the restart ran{ctx}"
+    );
+    let heal = &healed.body["details"]["heal"];
+    assert_eq!(heal["total_attempts"], 1, "{heal}{ctx}");
+    let a = &heal["attempts"][0];
+    assert_eq!(a["outcome"], "recovered", "{a}{ctx}");
+    let why = a["why"].as_str().unwrap_or_default();
+    assert!(
+        why.contains(&now.to_string()),
+        "the attempt names the new process that serves: {a}{ctx}"
     );
     assert!(stats.count(200) >= 10, "the load got too few answers{ctx}");
     assert_contract(&samples, &ctx);

@@ -203,7 +203,8 @@ pub fn run(args: &Args) -> Result<()> {
             c = bport + 1
         ),
     )?;
-    cmd::run(Command::new("chmod").arg("+x").arg(&script))?;
+    // Set in-process: a `chmod` through cmd::run would print its trace line into the story.
+    fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
     let cfg_path = dir.join("act2.toml");
     fs::write(
         &cfg_path,

@@ -1,6 +1,9 @@
 //! The active probe: `GET <probe_path>` at the listener's own address (127.0.0.1, ::1 or the
 //! specific address it is bound to), inside its network namespace, with a timeout. It gives
 //! evidence when there is no real traffic, and the kernel view sees it like any other request.
+//! A probe the agent cannot even make (no namespace entry, no socket, no such local address,
+//! no permission) is the agent's own error, never evidence against the backend; for a `::`
+//! listener in a namespace without IPv6 it tries 127.0.0.1 instead of `::1`.
 
 use std::{
     net::SocketAddr,
@@ -20,6 +23,9 @@ use crate::netns::Namespace;
 #[derive(Debug, Clone)]
 pub struct ProbeTarget {
     pub addr: SocketAddr,
+    /// Tried when `addr` cannot even be tried (`cannot_be_tried`): 127.0.0.1 for a dual-stack
+    /// `::` listener in a namespace without IPv6.
+    pub fallback: Option<SocketAddr>,
     pub ns: Arc<Namespace>,
 }
 
@@ -50,8 +56,11 @@ pub struct ProbeResult {
 
 pub async fn probe(target: &ProbeTarget, path: &str, timeout: Duration) -> ProbeResult {
     let start = Instant::now();
-    let outcome = tokio::time::timeout(timeout, request(target, path, timeout)).await;
+    // Where the request went: the fallback once the first address could not be tried.
+    let tried = Arc::new(Mutex::new(target.addr));
+    let outcome = tokio::time::timeout(timeout, request(target, path, timeout, &tried)).await;
     let latency_ms = start.elapsed().as_secs_f64() * 1000.0;
+    let target_text = tried.lock().unwrap_or_else(|e| e.into_inner()).to_string();
     let failed = |error: String, timed_out: bool, refused: bool, agent_error: bool| ProbeResult {
         ok: false,
         status: None,
@@ -60,7 +69,7 @@ pub async fn probe(target: &ProbeTarget, path: &str, timeout: Duration) -> Probe
         timed_out,
         refused,
         agent_error,
-        target: target.addr.to_string(),
+        target: target_text.clone(),
     };
     match outcome {
         Err(_) => failed(
@@ -83,16 +92,38 @@ pub async fn probe(target: &ProbeTarget, path: &str, timeout: Duration) -> Probe
             timed_out: false,
             refused: false,
             agent_error: false,
-            target: target.addr.to_string(),
+            target: target_text,
         },
     }
 }
 
-/// Errors that are the agent's own: it ran out of something before the backend was asked.
+/// Errors that are the agent's own: the backend was never asked. It ran out of something
+/// (descriptors, buffers, memory), could not enter the namespace or make the socket there, had
+/// no permission, or the address cannot be used from here (no such local address, no such
+/// family, no route). Only the backend's own behaviour — a refusal, a reset, a timeout, an
+/// error status — is evidence against it.
 fn is_agent_error(e: &std::io::Error) -> bool {
+    cannot_be_tried(e)
+        || matches!(
+            e.raw_os_error(),
+            Some(
+                libc::EMFILE
+                    | libc::ENFILE
+                    | libc::ENOBUFS
+                    | libc::ENOMEM
+                    | libc::EPERM
+                    | libc::EACCES
+                    | libc::EINVAL
+            )
+        )
+}
+
+/// The address cannot even be tried from this namespace: `::1` where IPv6 is off, an address
+/// family the kernel lacks. Another address of the same listener may still work.
+fn cannot_be_tried(e: &std::io::Error) -> bool {
     matches!(
         e.raw_os_error(),
-        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM | libc::EADDRNOTAVAIL)
+        Some(libc::EADDRNOTAVAIL | libc::EAFNOSUPPORT | libc::ENETUNREACH)
     )
 }
 
@@ -106,16 +137,45 @@ pub async fn probe_shared(
     Some(probe(&current, path, timeout).await)
 }
 
-async fn connect(target: &ProbeTarget, timeout: Duration) -> std::io::Result<TcpStream> {
-    if target.ns.is_own() {
-        return TcpStream::connect(target.addr).await;
+/// Connects to `addr`, else — when that cannot even be tried — to `fallback`, noting in
+/// `tried` where it went.
+fn connect_blocking(
+    addr: SocketAddr,
+    fallback: Option<SocketAddr>,
+    timeout: Duration,
+    tried: &Mutex<SocketAddr>,
+) -> std::io::Result<std::net::TcpStream> {
+    match std::net::TcpStream::connect_timeout(&addr, timeout) {
+        Err(e) if cannot_be_tried(&e) => {
+            let Some(other) = fallback else {
+                return Err(e);
+            };
+            *tried.lock().unwrap_or_else(|p| p.into_inner()) = other;
+            std::net::TcpStream::connect_timeout(&other, timeout)
+        }
+        r => r,
+    }
+}
+
+async fn connect(
+    target: &ProbeTarget,
+    timeout: Duration,
+    tried: &Arc<Mutex<SocketAddr>>,
+) -> std::io::Result<TcpStream> {
+    let (ns, addr, fallback, tried) = (
+        target.ns.clone(),
+        target.addr,
+        target.fallback,
+        tried.clone(),
+    );
+    if ns.is_own() && fallback.is_none() {
+        return TcpStream::connect(addr).await;
     }
     // The socket must be made inside the backend's namespace: connect on a thread that entered
     // it, then hand the connected socket to tokio.
-    let (ns, addr) = (target.ns.clone(), target.addr);
     let stream = tokio::task::spawn_blocking(move || {
         ns.run(|| {
-            let s = std::net::TcpStream::connect_timeout(&addr, timeout)?;
+            let s = connect_blocking(addr, fallback, timeout, &tried)?;
             s.set_nonblocking(true)?;
             Ok(s)
         })
@@ -125,11 +185,16 @@ async fn connect(target: &ProbeTarget, timeout: Duration) -> std::io::Result<Tcp
     TcpStream::from_std(stream)
 }
 
-async fn request(target: &ProbeTarget, path: &str, timeout: Duration) -> std::io::Result<u16> {
-    let mut s = connect(target, timeout).await?;
+async fn request(
+    target: &ProbeTarget,
+    path: &str,
+    timeout: Duration,
+    tried: &Arc<Mutex<SocketAddr>>,
+) -> std::io::Result<u16> {
+    let mut s = connect(target, timeout, tried).await?;
+    let host = *tried.lock().unwrap_or_else(|e| e.into_inner());
     let req = format!(
-        "GET {path} HTTP/1.1\r\nHost: {}\r\nUser-Agent: health-agent\r\nConnection: close\r\n\r\n",
-        target.addr
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: health-agent\r\nConnection: close\r\n\r\n"
     );
     s.write_all(req.as_bytes()).await?;
     let mut buf = [0u8; 64];
@@ -198,6 +263,7 @@ mod tests {
         let ns = Arc::new(Namespace::own().unwrap());
         let at = |port| ProbeTarget {
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            fallback: None,
             ns: ns.clone(),
         };
         let r = probe(&at(port), "/up", Duration::from_secs(2)).await;

@@ -1,17 +1,23 @@
 //! Self-healing: detect → restart → re-check, before any 503. One state machine per incident:
 //! a healable fault starts a restart (container via the Docker Engine API, or
-//! `web.restart_command`), `/health` says `recovering` until the fault clears or `heal.timeout`
-//! passes; a failed first attempt turns the answer to 503 while later attempts (within the
-//! `heal.max_restarts` per `heal.window` budget) go on in the background. Never two restarts at
-//! once; never during boot grace or for a shared-dependency fault (the policy gives no
-//! healable fault then). Every attempt is kept in a bounded log.
+//! `web.restart_command`); `/health` says `recovering` while that restart is really under way —
+//! its action runs, or, once it returned, the listener is gone, new processes are coming up or
+//! the old ones run again (`judge`) — never past `heal.timeout`. A restart that returned and
+//! left the same strong evidence of a hang behind has failed at once; the next attempt starts
+//! (`recovering` again) while the `heal.max_restarts` per `heal.window` budget allows, and once
+//! it is spent the answer is 503. One incident is `recovering` for at most `heal.timeout` all
+//! told; attempts after that run under a 503. Never two restarts at once; never during boot grace or for a
+//! shared-dependency fault (the policy gives no healable fault then). Every attempt is kept in
+//! a bounded log, with why it was judged failed or recovered.
 //!
 //! The composer evaluates the policy once per round; `Healer::step` takes that decision and
 //! returns the phase, and `applied` turns decision and phase into the answer — a pure step.
-//! `command` runs `web.restart_command`; `worker` replaces one stuck worker of a pre-fork
-//! server (`partial_hang`), within the same budget and log.
+//! `command` runs `web.restart_command`; `judge` decides whether a returned restart took;
+//! `worker` replaces one stuck worker of a pre-fork server (`partial_hang`), within the same
+//! budget and log.
 
 mod command;
+mod judge;
 mod worker;
 
 use std::{
@@ -23,8 +29,11 @@ use std::{
 use serde::Serialize;
 use tokio::task::JoinHandle;
 
-pub use self::command::{run_command, CommandError};
-pub use self::worker::WorkerError;
+pub use self::{
+    command::{run_command, CommandError},
+    judge::WebSigns,
+    worker::WorkerError,
+};
 use crate::{
     config::{HealConfig, WebConfig},
     docker::Docker,
@@ -51,6 +60,16 @@ pub enum HealError {
     Overran(Duration),
     #[error("still faulty ({reasons}) {}s after the restart", .timeout.as_secs())]
     StillFaulty { reasons: String, timeout: Duration },
+    /// The action returned and the fresh evidence says it changed nothing (`judge`).
+    #[error("{0}")]
+    DidNotTake(String),
+}
+
+impl HealError {
+    /// Whether the action itself failed (as opposed to being judged by its effect).
+    fn of_the_action(&self) -> bool {
+        !matches!(self, Self::StillFaulty { .. } | Self::DidNotTake(_))
+    }
 }
 
 /// How an attempt went; serialized as `running`, `waiting`, `recovered`, `failed`.
@@ -59,7 +78,7 @@ pub enum HealError {
 pub enum HealOutcome {
     /// The restart action is running.
     Running,
-    /// The action finished; waiting for the fault to clear.
+    /// The action returned; the fresh evidence is being judged (a restart under way).
     Waiting,
     Recovered,
     Failed,
@@ -67,9 +86,9 @@ pub enum HealOutcome {
 
 /// The round's decision with self-healing applied: what `policy::evaluate` answers with
 /// `PolicyInput::heal = phase` for the same input outside boot grace (the healer does not act
-/// within it). A fault self-healing covers answers 200 `recovering` while a restart runs; any
-/// other fault stays 503 and says where healing stands. Without a fault the phase changes
-/// nothing.
+/// within it). A fault self-healing covers answers 200 `recovering` while a restart is under
+/// way; any other fault stays 503 and says where healing stands. Without a fault the phase
+/// changes nothing.
 pub fn applied(mut decision: Decision, phase: HealPhase) -> Decision {
     if decision.faults.is_empty() {
         return decision;
@@ -117,6 +136,11 @@ pub struct HealAttempt {
     pub reason: String,
     pub action: String,
     pub outcome: HealOutcome,
+    /// Why it was judged failed or recovered; while `waiting`, why the restart counts as
+    /// under way.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+    /// The action's own failure (the command's exit, Docker's error, the timeout).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -138,18 +162,29 @@ pub struct HealLog {
     pub total_failed: u64,
 }
 
+/// One attempt in flight: when it began and what the web check showed then.
+struct Attempt {
+    started: Instant,
+    /// The attempt restarts the web backend (its evidence judges it), not another container.
+    web: bool,
+    before: WebSigns,
+}
+
 enum State {
     Idle,
     /// The restart action is running.
     Running {
-        started: Instant,
+        attempt: Attempt,
         task: JoinHandle<Result<String, HealError>>,
     },
-    /// The action finished; waiting for the fault to clear until `heal.timeout`.
-    Waiting {
-        started: Instant,
+    /// The action returned at `returned`; judging whether it took, until `heal.timeout`.
+    Judging {
+        attempt: Attempt,
+        returned: Instant,
+        /// The progress counter at the first look after the return.
+        at_return: Option<u64>,
     },
-    /// This incident's attempt failed; the next one may start once the budget allows.
+    /// This incident's attempt failed and no other could start (budget spent, no action).
     Failed,
 }
 
@@ -159,8 +194,13 @@ pub struct Healer {
     docker: Option<Docker>,
     state: State,
     restarts: VecDeque<Instant>,
-    /// The current incident already had a failed attempt: answer 503 from now on.
+    /// The current incident already had a failed attempt.
     incident_failed: bool,
+    /// When the current incident's first attempt started: `recovering` lasts at most
+    /// `heal.timeout` from then, whatever the number of attempts.
+    incident_started: Option<Instant>,
+    /// This round's evidence from the web check (`see`).
+    signs: WebSigns,
     log: HealLog,
     worker: worker::WorkerHeal,
 }
@@ -179,18 +219,25 @@ impl Healer {
             state: State::Idle,
             restarts: VecDeque::new(),
             incident_failed: false,
+            incident_started: None,
+            signs: WebSigns::default(),
             log,
             worker: worker::WorkerHeal::default(),
         }
     }
 
-    /// A restart is running or being waited on, or the current incident already failed.
+    /// A restart is running or being judged, or the current incident already failed.
     pub fn busy(&self) -> bool {
         !matches!(self.state, State::Idle) || self.incident_failed
     }
 
     pub fn log(&self) -> HealLog {
         self.log.clone()
+    }
+
+    /// This round's web evidence, before `step`: what judges a restart that returned.
+    pub fn see(&mut self, signs: WebSigns) {
+        self.signs = signs;
     }
 
     /// What a restart would do for `fault`, if anything can.
@@ -226,7 +273,19 @@ impl Healer {
         }
         self.log.restarts_in_window = self.restarts.len() as u32;
         self.log.budget_spent = self.restarts.len() as u32 >= self.cfg.max_restarts;
-        let phase = self.advance(decision, faulty_containers, now);
+        let mut phase = self.advance(decision, faulty_containers, now);
+        // Attempts after a failed one may go on, but one incident answers `recovering` for at
+        // most `heal.timeout`: a backend that nothing brings back (a restart that returns at
+        // once while nothing listens looks the same as one coming up) must not stay in
+        // rotation for `max_restarts` × `timeout`.
+        if phase == HealPhase::Recovering
+            && self.incident_failed
+            && self
+                .incident_started
+                .is_some_and(|t| now.saturating_duration_since(t) > self.cfg.timeout)
+        {
+            phase = HealPhase::Exhausted;
+        }
         self.log.phase = Some(phase);
         phase
     }
@@ -237,67 +296,118 @@ impl Healer {
         faulty_containers: &[String],
         now: Instant,
     ) -> HealPhase {
-        let fault = decision.healable_fault();
         // Finish a running action first, whatever the fault does meanwhile.
-        if let State::Running { started, task } = &mut self.state {
-            if task.is_finished() {
-                let started = *started;
-                let result = match futures_now(task) {
-                    Some(r) => r,
-                    None => Err(HealError::TaskEnded),
-                };
-                match result {
-                    Ok(output) => {
-                        self.update_last(|a| {
-                            a.outcome = HealOutcome::Waiting;
-                            a.output = (!output.is_empty()).then_some(output);
-                        });
-                        self.state = State::Waiting { started };
-                    }
-                    Err(e) => self.fail(e, started, now),
-                }
-            } else if now.saturating_duration_since(*started) > self.cfg.timeout {
-                task.abort();
-                let started = *started;
-                self.fail(HealError::Overran(self.cfg.timeout), started, now);
+        if let State::Running { attempt, task } = &mut self.state {
+            let ran_for = now.saturating_duration_since(attempt.started);
+            if !task.is_finished() && ran_for <= self.cfg.timeout {
+                return HealPhase::Recovering;
+            }
+            let State::Running { attempt, mut task } =
+                std::mem::replace(&mut self.state, State::Idle)
+            else {
+                unreachable!("matched above")
+            };
+            let result = if task.is_finished() {
+                futures_now(&mut task).unwrap_or(Err(HealError::TaskEnded))
             } else {
-                return self.phase();
+                task.abort();
+                Err(HealError::Overran(self.cfg.timeout))
+            };
+            match result {
+                Ok(output) => {
+                    self.update_last(|a| {
+                        a.outcome = HealOutcome::Waiting;
+                        a.output = (!output.is_empty()).then_some(output);
+                    });
+                    self.state = State::Judging {
+                        at_return: self.signs.progress,
+                        attempt,
+                        returned: now,
+                    };
+                }
+                Err(e) => self.fail(e, attempt.started, now),
             }
         }
 
-        let Some(fault) = fault else {
-            if let State::Waiting { started } = self.state {
-                self.finish_last(HealOutcome::Recovered, None, started, now);
-                self.log.total_recovered += 1;
-                tracing::info!("self-heal worked: the fault cleared");
-            }
-            self.state = State::Idle;
-            self.incident_failed = false;
-            return HealPhase::Idle;
+        let Some(fault) = decision.healable_fault() else {
+            return self.fault_cleared(now);
         };
 
-        match self.state {
-            State::Waiting { started } => {
-                if now.saturating_duration_since(started) <= self.cfg.timeout {
-                    return self.phase();
-                }
-                let e = HealError::StillFaulty {
-                    reasons: decision.reasons.join("; "),
-                    timeout: self.cfg.timeout,
-                };
-                self.fail(e, started, now);
+        let State::Judging {
+            attempt,
+            returned,
+            at_return,
+        } = &self.state
+        else {
+            // Idle or failed (a running action was finished above): the next attempt, if any.
+            return self.try_start(fault, decision, faulty_containers, now);
+        };
+        let started = attempt.started;
+        if now.saturating_duration_since(started) > self.cfg.timeout {
+            let e = HealError::StillFaulty {
+                reasons: decision.reasons.join("; "),
+                timeout: self.cfg.timeout,
+            };
+            self.fail(e, started, now);
+            return self.try_start(fault, decision, faulty_containers, now);
+        }
+        let since_return = now.saturating_duration_since(*returned);
+        if since_return < judge::SETTLE || !attempt.web || !matches!(fault, Fault::Web(_)) {
+            return HealPhase::Recovering;
+        }
+        match judge::judge(
+            &attempt.before,
+            &self.signs,
+            *at_return,
+            since_return,
+            self.web.hung_after,
+        ) {
+            judge::Judgement::UnderWay(why) => {
+                self.update_last(|a| a.why = Some(why));
+                HealPhase::Recovering
+            }
+            judge::Judgement::Failed(why) => {
+                self.fail(HealError::DidNotTake(why), started, now);
                 self.try_start(fault, decision, faulty_containers, now)
             }
-            State::Idle | State::Failed => self.try_start(fault, decision, faulty_containers, now),
-            State::Running { .. } => self.phase(),
         }
     }
 
+    /// No healable fault this round: an attempt being judged has recovered (once the web
+    /// check can confirm it), and the incident is over.
+    fn fault_cleared(&mut self, now: Instant) -> HealPhase {
+        if let State::Judging { attempt, .. } = &self.state {
+            let started = attempt.started;
+            let why = if attempt.web {
+                judge::recovered(&self.signs)
+            } else {
+                Some("the fault cleared".into())
+            };
+            let why = match why {
+                Some(w) => w,
+                // The web check sees nothing yet (a restarted container's new namespace not
+                // found): wait for it, within the timeout.
+                None if now.saturating_duration_since(started) <= self.cfg.timeout => {
+                    return HealPhase::Recovering
+                }
+                None => "the fault cleared; the web check could not confirm it (unknown)".into(),
+            };
+            let after = now.saturating_duration_since(started);
+            tracing::info!("self-heal worked after {:.1}s: {why}", after.as_secs_f64());
+            self.finish_last(HealOutcome::Recovered, Some(why), None, started, now);
+            self.log.total_recovered += 1;
+        }
+        self.state = State::Idle;
+        self.incident_failed = false;
+        self.incident_started = None;
+        HealPhase::Idle
+    }
+
     fn phase(&self) -> HealPhase {
-        if self.incident_failed {
-            HealPhase::Exhausted
-        } else {
-            HealPhase::Recovering
+        match self.state {
+            State::Running { .. } | State::Judging { .. } => HealPhase::Recovering,
+            State::Idle | State::Failed if self.incident_failed => HealPhase::Exhausted,
+            State::Idle | State::Failed => HealPhase::Idle,
         }
     }
 
@@ -312,14 +422,11 @@ impl Healer {
             return HealPhase::Idle;
         }
         let Some(action) = self.action_for(fault, faulty_containers) else {
-            return if self.incident_failed {
-                HealPhase::Exhausted
-            } else {
-                HealPhase::Idle
-            };
+            return self.phase();
         };
         if self.restarts.len() as u32 >= self.cfg.max_restarts {
-            if !self.log.budget_spent || !self.incident_failed {
+            // Said once, when the answer turns to 503 for it.
+            if self.log.phase != Some(HealPhase::Exhausted) {
                 tracing::warn!(
                     "self-heal budget spent ({} restarts in {}s): not restarting",
                     self.cfg.max_restarts,
@@ -335,12 +442,14 @@ impl Healer {
         tracing::warn!(action = %action.describe(), %reason, "self-heal: restarting");
         self.restarts.push_back(now);
         self.log.restarts_in_window = self.restarts.len() as u32;
+        self.log.budget_spent = self.restarts.len() as u32 >= self.cfg.max_restarts;
         self.log.total_attempts += 1;
         self.log.attempts.push_back(HealAttempt {
             started_at: rfc3339(SystemTime::now()),
             reason,
             action: action.describe(),
             outcome: HealOutcome::Running,
+            why: None,
             error: None,
             output: None,
             duration_ms: 0,
@@ -350,14 +459,23 @@ impl Healer {
         }
         let docker = self.docker.clone();
         let timeout = self.cfg.timeout;
+        let attempt = Attempt {
+            started: now,
+            web: matches!(fault, Fault::Web(_)),
+            before: self.signs.clone(),
+        };
+        self.incident_started.get_or_insert(now);
         let task = tokio::spawn(async move { run(action, docker, timeout).await });
-        self.state = State::Running { started: now, task };
-        self.phase()
+        self.state = State::Running { attempt, task };
+        HealPhase::Recovering
     }
 
-    /// The current attempt failed: log it, and answer 503 for the rest of this incident.
+    /// The current attempt failed: log it; the caller starts the next one if it can.
     fn fail(&mut self, error: HealError, started: Instant, now: Instant) {
-        self.finish_last(HealOutcome::Failed, Some(error.to_string()), started, now);
+        let text = error.to_string();
+        tracing::warn!("self-heal attempt failed: {text}");
+        let action_error = error.of_the_action().then(|| text.clone());
+        self.finish_last(HealOutcome::Failed, Some(text), action_error, started, now);
         self.log.total_failed += 1;
         self.incident_failed = true;
         self.state = State::Failed;
@@ -372,15 +490,14 @@ impl Healer {
     fn finish_last(
         &mut self,
         outcome: HealOutcome,
+        why: Option<String>,
         error: Option<String>,
         started: Instant,
         now: Instant,
     ) {
-        if let Some(e) = &error {
-            tracing::warn!("self-heal attempt failed: {e}");
-        }
         self.update_last(|a| {
             a.outcome = outcome;
+            a.why = why;
             a.error = error;
             a.duration_ms = u64::try_from(now.saturating_duration_since(started).as_millis())
                 .unwrap_or(u64::MAX);
@@ -520,16 +637,73 @@ mod tests {
         }
     }
 
+    /// Steps every 20 ms with `signs` until `done` says so or `limit` passes; returns the
+    /// phases seen, in order, without repeats.
+    async fn drive(
+        h: &mut Healer,
+        d: &Decision,
+        signs: &WebSigns,
+        limit: Duration,
+        done: impl Fn(&Healer, HealPhase) -> bool,
+    ) -> Vec<HealPhase> {
+        let end = Instant::now() + limit;
+        let mut seen = Vec::new();
+        loop {
+            h.see(signs.clone());
+            let p = h.step(d, &[], Instant::now());
+            if seen.last() != Some(&p) {
+                seen.push(p);
+            }
+            if done(h, p) || Instant::now() > end {
+                return seen;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn stopped(pids: &[u32], progress: u64) -> WebSigns {
+        WebSigns {
+            verdict: Some(WebVerdict::Hung),
+            listening: true,
+            pids: pids.to_vec(),
+            frozen: Some(format!("server processes {pids:?} stopped")),
+            progress: Some(progress),
+        }
+    }
+
+    /// Issue 23 item 6: a second attempt that runs is `recovering` (200), like the first; 503
+    /// comes once the budget is spent, and then says so.
     #[tokio::test]
-    async fn the_answer_is_recovering_while_a_restart_runs_then_503_once_it_fails() {
-        let mut h = healer("sleep 0.3; exit 1", 3);
+    async fn every_running_attempt_is_recovering_and_503_only_once_the_budget_is_spent() {
+        let mut h = healer("sleep 0.2; exit 1", 3);
         let raw = hung();
         let phase = h.step(&raw, &[], Instant::now());
         let d = applied(raw.clone(), phase);
         assert_eq!((d.status, d.http), (Status::Recovering, 200), "{d:?}");
         assert_eq!(d.reasons.last().unwrap(), "self-heal in progress");
-        let phase = settle(&mut h, &raw).await;
-        let d = applied(raw.clone(), phase);
+        let phases = drive(
+            &mut h,
+            &raw,
+            &WebSigns::default(),
+            Duration::from_secs(5),
+            |_, p| p == HealPhase::Exhausted,
+        )
+        .await;
+        assert_eq!(
+            phases,
+            [HealPhase::Recovering, HealPhase::Exhausted],
+            "recovering through all three attempts, then exhausted"
+        );
+        let log = h.log();
+        assert_eq!((log.total_attempts, log.total_failed), (3, 3), "{log:?}");
+        assert!(log.budget_spent);
+        for a in &log.attempts {
+            assert!(
+                a.error.as_deref().is_some_and(|e| e.contains("exited")),
+                "{a:?}"
+            );
+        }
+        let d = applied(raw.clone(), HealPhase::Exhausted);
         assert_eq!((d.status, d.http), (Status::Unhealthy, 503), "{d:?}");
         assert_eq!(
             d.reasons.last().unwrap(),
@@ -538,6 +712,189 @@ mod tests {
         // Once the fault clears, healing changes nothing.
         let phase = h.step(&fine(), &[], Instant::now());
         assert_eq!(applied(fine(), phase), fine());
+    }
+
+    /// Issue 18: a restart command that exits 0 and changes nothing. The same stopped
+    /// processes hold the listener and nothing moves: each attempt fails at its first fresh
+    /// look, not at `heal.timeout`, and the budget (3) is spent within about a second each.
+    #[tokio::test]
+    async fn a_restart_that_did_not_take_fails_at_once_and_the_budget_counts_three() {
+        let mut h = healer("true", 3);
+        h.cfg.timeout = Duration::from_secs(30);
+        let signs = stopped(&[4242], 17);
+        h.see(signs.clone());
+        let t0 = Instant::now();
+        let phases = drive(&mut h, &hung(), &signs, Duration::from_secs(10), |_, p| {
+            p == HealPhase::Exhausted
+        })
+        .await;
+        let took = t0.elapsed();
+        assert_eq!(phases, [HealPhase::Recovering, HealPhase::Exhausted]);
+        assert!(took < Duration::from_secs(3), "{took:?} for three attempts");
+        let log = h.log();
+        assert_eq!((log.total_attempts, log.total_failed), (3, 3), "{log:?}");
+        assert_eq!((log.restarts_in_window, log.max_restarts), (3, 3));
+        for a in &log.attempts {
+            assert_eq!(a.outcome, HealOutcome::Failed);
+            let why = a.why.as_deref().unwrap_or_default();
+            assert!(
+                why.contains("changed nothing") && why.contains("4242"),
+                "{why}"
+            );
+            assert_eq!(a.error, None, "the command itself worked: {a:?}");
+            assert!(a.duration_ms < 1500, "{a:?}");
+        }
+        // Spent: the next round (and the next incident) is 503 at once, no fourth attempt.
+        assert_eq!(h.step(&hung(), &[], Instant::now()), HealPhase::Exhausted);
+        assert_eq!(h.step(&fine(), &[], Instant::now()), HealPhase::Idle);
+        assert_eq!(h.step(&hung(), &[], Instant::now()), HealPhase::Exhausted);
+        assert_eq!(h.log().total_attempts, 3);
+    }
+
+    /// A restart under way: the listener goes away, new processes bind it and serve. No
+    /// failure meanwhile, and the attempt says why it was judged recovered.
+    #[tokio::test]
+    async fn a_restart_under_way_is_recovering_until_the_new_server_serves() {
+        let mut h = healer("true", 3);
+        h.see(stopped(&[4242], 17));
+        assert_eq!(h.step(&hung(), &[], Instant::now()), HealPhase::Recovering);
+        let gone = WebSigns {
+            verdict: Some(WebVerdict::Down),
+            ..WebSigns::default()
+        };
+        let down = evaluate(&PolicyInput {
+            web: WebVerdict::Down,
+            ..PolicyInput::default()
+        });
+        let phases = drive(&mut h, &down, &gone, Duration::from_secs(1), |_, _| false).await;
+        assert_eq!(phases, [HealPhase::Recovering]);
+        let last = h.log().attempts[0].clone();
+        assert_eq!(last.outcome, HealOutcome::Waiting);
+        assert!(last.why.unwrap().contains("listener is gone"));
+        // New processes bound it and do not answer yet: still under way.
+        let coming = WebSigns {
+            verdict: Some(WebVerdict::Hung),
+            listening: true,
+            pids: vec![5151],
+            frozen: None,
+            progress: Some(17),
+        };
+        let phases = drive(
+            &mut h,
+            &hung(),
+            &coming,
+            Duration::from_millis(500),
+            |_, _| false,
+        )
+        .await;
+        assert_eq!(phases, [HealPhase::Recovering]);
+        let serving = WebSigns {
+            verdict: Some(WebVerdict::Up),
+            progress: Some(30),
+            ..coming
+        };
+        h.see(serving);
+        assert_eq!(h.step(&fine(), &[], Instant::now()), HealPhase::Idle);
+        let log = h.log();
+        assert_eq!((log.total_attempts, log.total_recovered), (1, 1), "{log:?}");
+        let a = &log.attempts[0];
+        assert_eq!(a.outcome, HealOutcome::Recovered);
+        assert!(
+            a.why
+                .as_deref()
+                .is_some_and(|w| w.contains("up") && w.contains("5151")),
+            "{a:?}"
+        );
+    }
+
+    /// A listener that never comes back is bounded by `heal.timeout`, then the next attempt.
+    #[tokio::test]
+    async fn under_way_lasts_no_longer_than_the_timeout() {
+        let mut h = healer("true", 1);
+        h.cfg.timeout = Duration::from_millis(600);
+        let gone = WebSigns::default();
+        let down = evaluate(&PolicyInput {
+            web: WebVerdict::Down,
+            ..PolicyInput::default()
+        });
+        let t0 = Instant::now();
+        let phases = drive(&mut h, &down, &gone, Duration::from_secs(5), |_, p| {
+            p == HealPhase::Exhausted
+        })
+        .await;
+        assert_eq!(phases, [HealPhase::Recovering, HealPhase::Exhausted]);
+        assert!(t0.elapsed() >= Duration::from_millis(600));
+        let a = &h.log().attempts[0];
+        assert!(
+            a.why.as_deref().is_some_and(|w| w.contains("still faulty")),
+            "{a:?}"
+        );
+    }
+
+    /// A backend that is down and a restart that returns at once while nothing listens: each
+    /// attempt looks like a server coming up, so each waits for its timeout. One incident is
+    /// `recovering` for at most `heal.timeout` all told: once an attempt has failed and that
+    /// long has passed, later attempts still run, under a 503.
+    #[tokio::test]
+    async fn one_incident_is_recovering_for_at_most_the_timeout() {
+        let mut h = healer("true", 3);
+        h.cfg.timeout = Duration::from_millis(500);
+        let down = evaluate(&PolicyInput {
+            web: WebVerdict::Down,
+            ..PolicyInput::default()
+        });
+        let t0 = Instant::now();
+        let mut first_503: Option<(Duration, u64)> = None;
+        while t0.elapsed() < Duration::from_secs(5) && h.log().total_failed < 3 {
+            h.see(WebSigns::default());
+            let phase = h.step(&down, &[], Instant::now());
+            if phase == HealPhase::Exhausted && first_503.is_none() {
+                first_503 = Some((t0.elapsed(), h.log().total_attempts));
+            }
+            if first_503.is_some() {
+                assert_eq!(phase, HealPhase::Exhausted, "never back to recovering");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let (at, attempts) = first_503.expect("503 within the incident");
+        assert!(
+            at < Duration::from_millis(1500),
+            "recovering for {at:?}, not one timeout (0.5 s) plus a round"
+        );
+        assert_eq!(attempts, 2, "the 503 came while the second attempt ran");
+        let log = h.log();
+        assert_eq!((log.total_attempts, log.total_failed), (3, 3), "{log:?}");
+    }
+
+    /// A restarted container's namespace is not found yet (`unknown`): not recovered until
+    /// the web check sees it serve.
+    #[tokio::test]
+    async fn recovered_needs_the_web_check_to_see_it() {
+        let mut h = healer("true", 3);
+        h.see(stopped(&[4242], 17));
+        h.step(&hung(), &[], Instant::now());
+        let unknown = WebSigns {
+            verdict: Some(WebVerdict::Unknown),
+            ..WebSigns::default()
+        };
+        let phases = drive(
+            &mut h,
+            &fine(),
+            &unknown,
+            Duration::from_millis(500),
+            |_, _| false,
+        )
+        .await;
+        assert_eq!(phases, [HealPhase::Recovering]);
+        assert_eq!(h.log().total_recovered, 0);
+        h.see(WebSigns {
+            verdict: Some(WebVerdict::Up),
+            listening: true,
+            pids: vec![9],
+            ..WebSigns::default()
+        });
+        assert_eq!(h.step(&fine(), &[], Instant::now()), HealPhase::Idle);
+        assert_eq!(h.log().total_recovered, 1);
     }
 
     #[tokio::test]
@@ -560,9 +917,9 @@ mod tests {
     async fn failing_command_exhausts_and_budget_holds() {
         let mut h = healer("echo nope >&2; exit 4", 2);
         assert_eq!(h.step(&hung(), &[], Instant::now()), HealPhase::Recovering);
-        // First failure: 503 from now on, a second attempt runs in the background.
+        // The first failure starts the second attempt (recovering); its failure spends the
+        // budget of 2.
         assert_eq!(settle(&mut h, &hung()).await, HealPhase::Exhausted);
-        settle(&mut h, &hung()).await;
         for _ in 0..5 {
             assert_eq!(settle(&mut h, &hung()).await, HealPhase::Exhausted);
         }

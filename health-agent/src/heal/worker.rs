@@ -171,7 +171,8 @@ impl Healer {
             WorkerState::Waiting { started, pid } => {
                 let (started, pid) = (*started, *pid);
                 if stuck.is_none_or(|w| w.pid != pid) {
-                    self.finish_last(HealOutcome::Recovered, None, started, now);
+                    let why = format!("worker {pid} is gone and the partial hang cleared");
+                    self.finish_last(HealOutcome::Recovered, Some(why), None, started, now);
                     self.log.total_recovered += 1;
                     tracing::info!("worker {pid} replaced: the partial hang cleared");
                     self.worker.state = WorkerState::Idle;
@@ -217,6 +218,7 @@ impl Healer {
             reason,
             action: action.describe(),
             outcome: HealOutcome::Running,
+            why: None,
             error: None,
             output: None,
             duration_ms: 0,
@@ -239,7 +241,13 @@ impl Healer {
     }
 
     fn worker_failed(&mut self, e: HealError, started: Instant, now: Instant) {
-        self.finish_last(HealOutcome::Failed, Some(e.to_string()), started, now);
+        // The action's own failure is its `error`; a judgement of its effect is its `why`.
+        let (why, error) = if e.of_the_action() {
+            (None, Some(e.to_string()))
+        } else {
+            (Some(e.to_string()), None)
+        };
+        self.finish_last(HealOutcome::Failed, why, error, started, now);
         self.log.total_failed += 1;
         self.worker.state = WorkerState::Idle;
     }

@@ -62,6 +62,13 @@ impl FlapGuard {
             return raw;
         }
         let mut kept = published.clone();
+        if raw.http < 500 && kept.http >= 500 {
+            // The published 503's evidence is what the instance is recovering from, no longer
+            // what it sees now: say so, rather than quote "oldest 7.7s" as if current.
+            for r in &mut kept.reasons {
+                *r = format!("recovering from: {r}");
+            }
+        }
         kept.reasons.push(format!(
             "turning {} ({}) once it has held {:.1}s of {}s",
             raw.status.as_str(),

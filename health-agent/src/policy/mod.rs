@@ -64,6 +64,9 @@ pub struct PolicyInput {
     /// The web backend has been seen serving since the agent started (true when there is no
     /// web check).
     pub web_served: bool,
+    /// The web verdict is `unknown` by the agent's own error (no namespace, no probe socket,
+    /// no permission): never evidence against the backend, so never a 503 for "never served".
+    pub web_agent_error: bool,
     pub disk: DiskLevel,
     pub database: DbState,
     pub containers: ContainersState,
@@ -91,6 +94,7 @@ impl Default for PolicyInput {
             web_detail: String::new(),
             web_stopped: false,
             web_served: true,
+            web_agent_error: false,
             disk: DiskLevel::Ok,
             database: DbState::NotConfigured,
             containers: ContainersState::NotConfigured,
@@ -136,6 +140,7 @@ impl PolicyInput {
                 .processes
                 .as_ref()
                 .is_some_and(|p| p.frozen.is_some()),
+            web_agent_error: report.web.agent_error,
             disk: report.disk.level,
             database: report.database.state,
             containers: report.containers.state,
@@ -173,10 +178,15 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
         shared_dependency,
     };
 
+    // The agent cannot look (its own error): whether the backend serves is not known, and
+    // the agent's trouble is no evidence against it — never a 503 for that, booting or not.
+    let agent_blind = i.web == WebVerdict::Unknown && i.web_agent_error;
     // Not ready until the backend has served once: a 200 would put it into rotation. A web
     // config error means the agent cannot tell (it cannot find the backend): never a 503.
-    let never_served =
-        i.web != WebVerdict::NotConfigured && !i.web_served && i.web_config_error.is_none();
+    let never_served = i.web != WebVerdict::NotConfigured
+        && !i.web_served
+        && !agent_blind
+        && i.web_config_error.is_none();
     if never_served && i.in_boot_grace {
         return decided(
             Status::Booting,
@@ -318,6 +328,10 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
                 .map(|j| j.reason.clone()),
         );
     }
+    if agent_blind {
+        degraded = true;
+        reasons.push(web("not checked: the agent's own error, not the backend's"));
+    }
     if i.database == DbState::Misconfigured {
         degraded = true;
         reasons.push("database check misconfigured (credentials, database name or TLS)".into());
@@ -377,7 +391,9 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
         // may be warming up.
         reasons.insert(
             0,
-            if i.warming_up {
+            if agent_blind && !i.web_served {
+                "booting: whether the web backend serves is unknown (the agent cannot check it)"
+            } else if i.warming_up {
                 "booting: the web backend serves, other checks are warming up"
             } else {
                 "booting: the web backend serves, within checks.boot_grace"

@@ -278,6 +278,29 @@ fn status_table() {
             Stable,
         ),
         (
+            "the agent's own probe error while booting: not evidence, no 503",
+            |i| {
+                i.in_boot_grace = true;
+                i.web_served = false;
+                i.web = WebVerdict::Unknown;
+                i.web_agent_error = true;
+            },
+            Booting,
+            200,
+            Stable,
+        ),
+        (
+            "the agent's own probe error after the grace, never served: no 503",
+            |i| {
+                i.web_served = false;
+                i.web = WebVerdict::Unknown;
+                i.web_agent_error = true;
+            },
+            Degraded,
+            200,
+            Stable,
+        ),
+        (
             "waiting on a dependency",
             |i| i.web = WebVerdict::Waiting,
             Degraded,
@@ -537,6 +560,101 @@ fn guarded_fault_is_not_healable() {
         ..input()
     });
     assert_eq!(d.healable_fault(), None, "a restart does not empty a disk");
+}
+
+/// Issue 18 §2: an error that is the agent's own (it cannot enter the namespace, make or bind
+/// the probe socket, has no permission) never yields a 503 — during boot grace, after it, with
+/// `boot_status` at its default — and the reason says whose error it is. The backend's own
+/// failure to serve still does.
+#[test]
+fn an_agent_side_probe_error_never_yields_503() {
+    let blind = |in_boot_grace: bool| {
+        evaluate(&PolicyInput {
+            web: WebVerdict::Unknown,
+            web_detail: "listening; the agent could not probe (Cannot assign requested address \
+                         (os error 99): its own error, not the backend's)"
+                .into(),
+            web_agent_error: true,
+            web_served: false,
+            in_boot_grace,
+            ..input()
+        })
+    };
+    for grace in [true, false] {
+        let d = blind(grace);
+        assert_eq!(d.http, 200, "boot grace {grace}: {d:?}");
+        assert!(d.faults.is_empty(), "{d:?}");
+        assert!(
+            d.reasons
+                .iter()
+                .any(|r| r.contains("the agent's own error")),
+            "{d:?}"
+        );
+    }
+    assert_eq!(blind(true).status, Status::Booting);
+    assert_eq!(blind(false).status, Status::Degraded);
+    // The same `unknown` without the agent's error is the backend's silence: 503.
+    let silent = evaluate(&PolicyInput {
+        web: WebVerdict::Unknown,
+        web_served: false,
+        ..input()
+    });
+    assert_eq!((silent.status, silent.http), (Status::Unhealthy, 503));
+    // An agent error does not hide what the backend itself shows.
+    let refused = evaluate(&PolicyInput {
+        web: WebVerdict::Down,
+        web_agent_error: true,
+        web_served: false,
+        ..input()
+    });
+    assert_eq!(refused.http, 503);
+}
+
+/// Issue 23 item 14: while a recovery waits out `recover_after`, the reasons quote the hang
+/// evidence as what the instance is recovering from, not as if it were current.
+#[test]
+fn the_recovery_hold_names_the_old_evidence_as_the_past() {
+    let t0 = Instant::now();
+    let s = Duration::from_secs(1);
+    let hung = evaluate(&PolicyInput {
+        web: WebVerdict::Hung,
+        web_detail: "7 connections wait in the accept queue (oldest 7.7s)".into(),
+        ..input()
+    });
+    let mut g = FlapGuard::new(Duration::ZERO, 4 * s);
+    g.apply(evaluate(&input()), t0);
+    let bad = g.apply(hung.clone(), t0);
+    assert_eq!(bad.http, 503);
+    assert!(bad.reasons[0].starts_with("web backend hung"), "{bad:?}");
+    let held = g.apply(evaluate(&input()), t0 + s);
+    assert_eq!(held.http, 503);
+    assert!(
+        held.reasons
+            .iter()
+            .any(|r| r.starts_with("recovering from: web backend hung") && r.contains("7.7s")),
+        "{held:?}"
+    );
+    assert!(
+        !held
+            .reasons
+            .iter()
+            .any(|r| r.starts_with("web backend hung")),
+        "the old evidence reads as current: {held:?}"
+    );
+    assert!(
+        held.reasons.last().unwrap().contains("turning healthy"),
+        "{held:?}"
+    );
+    // Held twice: said once.
+    let again = g.apply(evaluate(&input()), t0 + 2 * s);
+    assert!(
+        !again
+            .reasons
+            .iter()
+            .any(|r| r.contains("recovering from: recovering from")),
+        "{again:?}"
+    );
+    assert_eq!(g.apply(evaluate(&input()), t0 + 5 * s).http, 200);
 }
 
 #[test]

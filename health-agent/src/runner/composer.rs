@@ -258,6 +258,8 @@ impl Composer {
         let phase = if in_grace {
             HealPhase::Idle
         } else {
+            // Fresh evidence judges a restart that returned (did it take?).
+            self.healer.see(heal::WebSigns::of(&report.web));
             let phase = self.healer.step(&raw, &report.containers.faulty, now);
             self.healer.replace_worker(&report.web, now);
             phase

@@ -143,6 +143,11 @@ pub struct WebReport {
     /// replace it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stuck_worker: Option<WorkerView>,
+    /// The verdict is `unknown` because of the agent's own error (it could not enter the
+    /// namespace, make or bind the probe socket, or had no permission; `detail` says which):
+    /// never evidence against the backend, never a 503.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub agent_error: bool,
 }
 
 impl WebReport {
@@ -171,6 +176,7 @@ impl WebReport {
             disagreement: None,
             config_error: None,
             stuck_worker: None,
+            agent_error: false,
         }
     }
 

@@ -360,6 +360,11 @@ impl WebMonitor {
             Ok(t) => t,
             // The agent could not look: never a verdict on the backend.
             Err(Unresolved::Unknown(why)) => return self.without_target(WebVerdict::Unknown, why),
+            Err(Unresolved::AgentError(why)) => {
+                let mut r = self.without_target(WebVerdict::Unknown, why);
+                r.agent_error = true;
+                return r;
+            }
             Err(Unresolved::NotRunning(why)) => return self.without_target(WebVerdict::Down, why),
             Err(Unresolved::NotFound { key, what }) => return self.not_found(key, what, now),
         };
@@ -372,17 +377,18 @@ impl WebMonitor {
                     namespace.path
                 );
                 tracing::warn!("{why}");
-                return self.without_target(WebVerdict::Unknown, why);
+                let mut r = self.without_target(WebVerdict::Unknown, why);
+                r.agent_error = true;
+                return r;
             }
         };
-        if let Some(addr) = target::probe_addr(&listeners, port) {
+        if let Some((addr, fallback)) = target::probe_addr(&listeners, port) {
             let ns = target.ns.clone();
             let mut shared = self.probe_target.lock().unwrap_or_else(|e| e.into_inner());
-            if shared
-                .as_ref()
-                .is_none_or(|t| t.addr != addr || !Arc::ptr_eq(&t.ns, &ns))
-            {
-                *shared = Some(ProbeTarget { addr, ns });
+            if shared.as_ref().is_none_or(|t| {
+                t.addr != addr || t.fallback != fallback || !Arc::ptr_eq(&t.ns, &ns)
+            }) {
+                *shared = Some(ProbeTarget { addr, fallback, ns });
             }
         }
         let listening = !listeners.is_empty();
@@ -464,13 +470,20 @@ impl WebMonitor {
         // Ready once it has served: the probe (a readiness path) got an answer that is not a
         // server error. Without a probe nothing would ever ask it while the balancer holds
         // traffic back, so a listener is all the readiness there is to see.
+        // While the agent cannot make the probe (its own error), answers the kernel saw go
+        // out are the readiness there is: the agent's trouble must not keep it "never served".
         self.served |= if self.cfg.probe_path.is_empty() {
             listening
         } else {
             self.last_probe
                 .as_ref()
                 .is_some_and(|p| p.status.is_some_and(|s| s < 500))
+                || (self.probe_trouble.is_some()
+                    && evidence.kernel.as_ref().is_some_and(|k| k.answered > 0))
         };
+        // Nothing but the agent's own trouble to go on: say so, so the policy never reads it
+        // as the backend's failure.
+        let agent_error = verdict == WebVerdict::Unknown && self.probe_trouble.is_some();
         let stale = self
             .drops_seen
             .is_none_or(|(t, _)| now.saturating_duration_since(t) >= DROPS_EVERY);
@@ -520,6 +533,7 @@ impl WebMonitor {
             dependencies: std::mem::take(&mut evidence.dependencies),
             processes,
             stuck_worker,
+            agent_error,
         }
     }
 
@@ -772,6 +786,20 @@ mod tests {
         let r = m.evaluate(t0 + Duration::from_secs(60));
         assert_eq!(r.verdict, WebVerdict::Unknown, "{}", r.detail);
         assert!(r.detail.contains("its own error"), "{}", r.detail);
+        assert!(r.agent_error, "the report says the agent could not look");
+        assert!(!r.served);
+        // Never served, yet no 503 for it: not while booting, not after the grace.
+        for in_boot_grace in [true, false] {
+            let d = crate::policy::evaluate(&crate::policy::PolicyInput {
+                web: r.verdict,
+                web_detail: r.detail.clone(),
+                web_agent_error: r.agent_error,
+                web_served: r.served,
+                in_boot_grace,
+                ..crate::policy::PolicyInput::default()
+            });
+            assert_eq!(d.http, 200, "boot grace {in_boot_grace}: {d:?}");
+        }
         assert!(r.probe.is_some_and(|p| p.agent_error));
         // The backend's own failures still count once the agent can probe again.
         let t1 = t0 + Duration::from_secs(61);

@@ -89,10 +89,13 @@ pub enum Unresolved {
     Unknown(String),
     /// The backend's container is not running: nothing can listen.
     NotRunning(String),
-    /// What `web.container` or `web.netns` names does not exist: a configuration mistake,
-    /// or a container being recreated (the monitor tells these apart by whether it was ever
-    /// found). Never a verdict on the backend.
+    /// What `web.container` or `web.netns` names does not exist (or is not a namespace): a
+    /// configuration mistake, or a container being recreated (the monitor tells these apart by
+    /// whether it was ever found). Never a verdict on the backend.
     NotFound { key: &'static str, what: String },
+    /// The agent's own error: it cannot open the namespace or make its sock_diag socket there
+    /// (no permission). Never evidence against the backend.
+    AgentError(String),
 }
 
 /// Finds the target for the configured source, keeping the current one while it still holds.
@@ -137,11 +140,18 @@ pub fn resolve(
             return Ok(t);
         }
         let ns = Namespace::open(&path).map_err(|e| {
-            unknown(format!(
+            let why = format!(
                 "opening container {}'s network namespace {}: {e}",
                 cfg.container,
                 path.display()
-            ))
+            );
+            // Gone: the process Docker last named has exited (a restart under way); the next
+            // Docker report names the new one. Anything else is the agent's own trouble.
+            if e.kind() == std::io::ErrorKind::NotFound {
+                Unresolved::Unknown(why)
+            } else {
+                Unresolved::AgentError(why)
+            }
         })?;
         return Target::new(
             ns,
@@ -150,7 +160,9 @@ pub fn resolve(
             Some(cfg.container.clone()),
             published,
         )
-        .map_err(|e| unknown(format!("sock_diag in container {}: {e}", cfg.container)));
+        .map_err(|e| {
+            Unresolved::AgentError(format!("sock_diag in container {}: {e}", cfg.container))
+        });
     }
     if let Some(t) = current {
         return Ok(t);
@@ -162,13 +174,19 @@ pub fn resolve(
                 key: "web.netns",
                 what: format!("{} not found", path.display()),
             },
-            _ => unknown(format!("opening web.netns {}: {e}", path.display())),
+            std::io::ErrorKind::InvalidInput => Unresolved::NotFound {
+                key: "web.netns",
+                what: e.to_string(),
+            },
+            _ => Unresolved::AgentError(format!("opening web.netns {}: {e}", path.display())),
         })?;
         return Target::new(ns, cfg.port, "netns", None, None)
-            .map_err(|e| unknown(format!("sock_diag in {}: {e}", path.display())));
+            .map_err(|e| Unresolved::AgentError(format!("sock_diag in {}: {e}", path.display())));
     }
-    let ns = Namespace::own().map_err(|e| unknown(format!("the agent's namespace: {e}")))?;
-    Target::new(ns, cfg.port, "own", None, None).map_err(|e| unknown(format!("sock_diag: {e}")))
+    let ns = Namespace::own()
+        .map_err(|e| Unresolved::AgentError(format!("the agent's namespace: {e}")))?;
+    Target::new(ns, cfg.port, "own", None, None)
+        .map_err(|e| Unresolved::AgentError(format!("sock_diag: {e}")))
 }
 
 /// Whether `path` is (still) the namespace `ns`: a restarted container has a new one.
@@ -177,22 +195,33 @@ fn same_namespace(ns: &Namespace, path: &Path) -> bool {
     std::fs::metadata(path).is_ok_and(|m| m.ino() == ns.inode())
 }
 
-/// Where the probe should connect: the listener's own address. An IPv4 wildcard or loopback
-/// listener is probed on 127.0.0.1, an IPv6 wildcard on ::1, anything else on the address it
-/// is bound to — inside its namespace, that is the address the server answers on.
-pub fn probe_addr(listeners: &[Listener], port: u16) -> Option<SocketAddr> {
+/// Where the probe should connect: the listener's own address, and where to go when that
+/// cannot even be tried. An IPv4 wildcard or loopback listener is probed on 127.0.0.1, an IPv6
+/// wildcard on ::1, anything else on the address it is bound to — inside its namespace, that
+/// is the address the server answers on. A `::` listener is dual-stack by default, and the
+/// namespace may have no IPv6 at all (Docker turns it off in containers): then `::1` cannot be
+/// assigned and the probe goes to 127.0.0.1, the fallback, instead.
+pub fn probe_addr(listeners: &[Listener], port: u16) -> Option<(SocketAddr, Option<SocketAddr>)> {
     let pick = |l: &Listener| match l.addr {
-        IpAddr::V4(a) if a.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
-        IpAddr::V6(a) if a.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
-        a => a,
+        IpAddr::V4(a) if a.is_unspecified() => (IpAddr::V4(Ipv4Addr::LOCALHOST), None),
+        IpAddr::V6(a) if a.is_unspecified() => (
+            IpAddr::V6(Ipv6Addr::LOCALHOST),
+            Some(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+        ),
+        a => (a, None),
     };
     // Loopback first (no route involved), then IPv4, then anything.
-    let rank = |a: &IpAddr| (!a.is_loopback(), !a.is_ipv4());
+    let rank = |(a, _): &(IpAddr, Option<IpAddr>)| (!a.is_loopback(), !a.is_ipv4());
     listeners
         .iter()
         .map(pick)
         .min_by_key(rank)
-        .map(|ip| SocketAddr::new(ip, port))
+        .map(|(ip, fallback)| {
+            (
+                SocketAddr::new(ip, port),
+                fallback.map(|f| SocketAddr::new(f, port)),
+            )
+        })
 }
 
 #[cfg(test)]
@@ -213,7 +242,7 @@ mod tests {
     fn the_probe_goes_to_the_listeners_own_address() {
         let at = |addrs: &[&str]| {
             let ls: Vec<Listener> = addrs.iter().map(|a| listener(a)).collect();
-            probe_addr(&ls, 9000).map(|a| a.to_string())
+            probe_addr(&ls, 9000).map(|(a, _)| a.to_string())
         };
         assert_eq!(at(&["0.0.0.0"]), Some("127.0.0.1:9000".into()));
         assert_eq!(at(&["::"]), Some("[::1]:9000".into()));
@@ -222,6 +251,17 @@ mod tests {
         assert_eq!(at(&["10.213.0.2", "::1"]), Some("[::1]:9000".into()));
         assert_eq!(at(&["::", "0.0.0.0"]), Some("127.0.0.1:9000".into()));
         assert_eq!(at(&[]), None);
+    }
+
+    /// A dual-stack `::` listener in a namespace without IPv6 is reached on 127.0.0.1; every
+    /// other listener has one address only.
+    #[test]
+    fn a_wildcard_ipv6_listener_falls_back_to_ipv4_loopback() {
+        let fallback = |addr: &str| probe_addr(&[listener(addr)], 9000).and_then(|(_, f)| f);
+        assert_eq!(fallback("::"), Some("127.0.0.1:9000".parse().unwrap()));
+        for one in ["0.0.0.0", "::1", "127.0.0.1", "10.213.0.2", "fd00::2"] {
+            assert_eq!(fallback(one), None, "{one}");
+        }
     }
 
     #[test]
@@ -253,6 +293,17 @@ mod tests {
             resolve(&cfg, None, Some(&docker_down)),
             Err(Unresolved::Unknown(m)) if m.contains("connection refused")
         ));
+        // The process Docker named is gone (the container restarts): not the agent's error,
+        // just a view to refresh. Above pid_max: no such process, ever.
+        let gone = Ok(ContainerNet {
+            pid: Some(4_194_305),
+            host_network: false,
+            published: Vec::new(),
+        });
+        assert!(matches!(
+            resolve(&cfg, None, Some(&gone)),
+            Err(Unresolved::Unknown(m)) if m.contains("/proc/4194305/ns/net")
+        ));
     }
 
     #[test]
@@ -275,6 +326,16 @@ mod tests {
         assert!(matches!(
             resolve(&cfg, None, None),
             Err(Unresolved::NotFound { key: "web.netns", what }) if what.contains("no-such-namespace")
+        ));
+        // A file that is not a namespace is the same mistake.
+        let cfg = WebConfig {
+            port: 9000,
+            netns: "/etc/hostname".into(),
+            ..WebConfig::default()
+        };
+        assert!(matches!(
+            resolve(&cfg, None, None),
+            Err(Unresolved::NotFound { key: "web.netns", what }) if what.contains("not a namespace")
         ));
     }
 

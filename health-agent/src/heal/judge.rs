@@ -1,0 +1,238 @@
+//! Whether a restart took, judged from fresh evidence once its action has returned: a pure
+//! function of what the web check saw when the attempt started and what it sees now, so the
+//! rules are tested as a table.
+//!
+//! A restart that did not take leaves the same strong evidence of a hang behind: the same
+//! stopped or frozen processes hold the listener and nothing is answered. That is a
+//! failed attempt at once, not at `heal.timeout`. A restart under way looks different: the
+//! listener is gone (the old server stopped, the new one not bound yet), or new processes hold
+//! it and have not served yet, or the old ones run again. Only then does `recovering` last,
+//! and never past `heal.timeout`.
+
+use std::time::Duration;
+
+use crate::{checks::web::WebReport, status::WebVerdict};
+
+/// What the web check shows of the backend's processes, as far as judging a restart needs.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WebSigns {
+    pub verdict: Option<WebVerdict>,
+    pub listening: bool,
+    /// The processes holding the listener (empty when unknown or not listening).
+    pub pids: Vec<u32>,
+    /// Set, with the reason, when every process holding the listener is stopped or frozen.
+    pub frozen: Option<String>,
+    /// Answers going out, as the kernel counted them (connections answered plus send calls;
+    /// None without the kernel view): any change is the server moving. Connections taken alone
+    /// are not: an unresponsive server keeps reading requests it never answers.
+    pub progress: Option<u64>,
+}
+
+impl WebSigns {
+    pub fn of(web: &WebReport) -> Self {
+        Self {
+            verdict: Some(web.verdict),
+            listening: web.listening,
+            pids: web.pids.clone(),
+            frozen: web.processes.as_ref().and_then(|p| p.frozen.clone()),
+            progress: web
+                .counters
+                .as_ref()
+                .map(|c| c.answered.saturating_add(c.sent)),
+        }
+    }
+}
+
+/// What the fresh evidence says about an attempt whose action has returned and whose fault
+/// is still there.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Judgement {
+    /// A restart is really under way (why): `recovering`, until `heal.timeout`.
+    UnderWay(String),
+    /// It did not take (why): the attempt failed.
+    Failed(String),
+}
+
+/// Fresh evidence only: the first look after the action returned may have been taken before
+/// it did, and a resumed process needs a moment to be seen running.
+pub const SETTLE: Duration = Duration::from_millis(300);
+
+fn pids(p: &[u32]) -> String {
+    p.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.1}s", d.as_secs_f64())
+}
+
+/// Judges a web fault that is still there `since_return` after the restart action returned.
+/// `before`: the signs when the attempt started; `at_return`: the progress counter at the
+/// first look after the action returned; `quiet_limit`: how long the same running processes
+/// may take or answer nothing before the restart counts as having changed nothing
+/// (`web.hung_after`).
+pub fn judge(
+    before: &WebSigns,
+    now: &WebSigns,
+    at_return: Option<u64>,
+    since_return: Duration,
+    quiet_limit: Duration,
+) -> Judgement {
+    if !now.listening {
+        return Judgement::UnderWay("the listener is gone: a new server may be coming up".into());
+    }
+    let same: Vec<u32> = now
+        .pids
+        .iter()
+        .copied()
+        .filter(|p| before.pids.contains(p))
+        .collect();
+    if same.is_empty() && !now.pids.is_empty() {
+        return Judgement::UnderWay(format!(
+            "new processes ({}) hold the listener and have not served yet",
+            pids(&now.pids)
+        ));
+    }
+    if now.pids.is_empty() {
+        // The agent could not tell who holds the listener: nothing to judge by but time.
+        return Judgement::UnderWay("the processes holding the listener are not known".into());
+    }
+    let moved = match (at_return, now.progress) {
+        (Some(a), Some(n)) => Some(n != a),
+        _ => None,
+    };
+    if let Some(why) = &now.frozen {
+        if moved != Some(true) {
+            return Judgement::Failed(format!(
+                "the restart returned {} ago and changed nothing: the same processes ({}) hold \
+                 the listener, {why}{}",
+                secs(since_return),
+                pids(&same),
+                if moved.is_some() {
+                    ", nothing answered since"
+                } else {
+                    ""
+                }
+            ));
+        }
+    }
+    match moved {
+        Some(false) if since_return >= quiet_limit => Judgement::Failed(format!(
+            "the same processes ({}) hold the listener and answered nothing in the {} after \
+             the restart returned",
+            pids(&same),
+            secs(since_return)
+        )),
+        Some(true) => Judgement::UnderWay(format!(
+            "the same processes ({}) run and answer again",
+            pids(&same)
+        )),
+        _ => Judgement::UnderWay(format!(
+            "the same processes ({}) are no longer stopped",
+            pids(&same)
+        )),
+    }
+}
+
+/// Why the fault counts as gone, or None while the web check cannot confirm it (it sees
+/// nothing: `unknown`, e.g. a restarted container's new namespace not found yet).
+pub fn recovered(now: &WebSigns) -> Option<String> {
+    match now.verdict {
+        Some(WebVerdict::Unknown) => None,
+        Some(v) if v != WebVerdict::NotConfigured => Some(format!(
+            "the fault cleared: webserver {}{}",
+            v.as_str(),
+            if now.pids.is_empty() {
+                String::new()
+            } else {
+                format!(", processes {} hold the listener", pids(&now.pids))
+            }
+        )),
+        _ => Some("the fault cleared".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn signs(listening: bool, p: &[u32], frozen: bool, progress: Option<u64>) -> WebSigns {
+        WebSigns {
+            verdict: Some(WebVerdict::Hung),
+            listening,
+            pids: p.to_vec(),
+            frozen: frozen.then(|| "server processes 7 stopped".to_string()),
+            progress,
+        }
+    }
+
+    const QUIET: Duration = Duration::from_secs(2);
+
+    fn failed(j: &Judgement) -> bool {
+        matches!(j, Judgement::Failed(_))
+    }
+
+    #[test]
+    fn the_same_stopped_processes_fail_the_attempt_at_the_first_fresh_look() {
+        let before = signs(true, &[7], true, Some(40));
+        let now = signs(true, &[7], true, Some(40));
+        let j = judge(&before, &now, Some(40), SETTLE, QUIET);
+        assert!(failed(&j), "{j:?}");
+        let Judgement::Failed(why) = j else {
+            unreachable!()
+        };
+        assert!(
+            why.contains("same processes (7)") && why.contains("stopped"),
+            "{why}"
+        );
+        // Without the kernel view the stopped processes alone say it.
+        let j = judge(
+            &signs(true, &[7], true, None),
+            &signs(true, &[7], true, None),
+            None,
+            SETTLE,
+            QUIET,
+        );
+        assert!(failed(&j), "{j:?}");
+    }
+
+    #[test]
+    fn a_restart_under_way_is_not_failed() {
+        let before = signs(true, &[7], true, Some(40));
+        let table = [
+            (signs(false, &[], false, Some(40)), "listener gone"),
+            (signs(true, &[9], false, Some(40)), "new processes"),
+            (signs(true, &[9], true, Some(40)), "new processes, stopped"),
+            (signs(true, &[7], false, Some(41)), "the old ones move"),
+            (
+                signs(true, &[7], false, Some(40)),
+                "resumed, not quiet long",
+            ),
+            (signs(true, &[7], true, Some(45)), "stopped but moved since"),
+        ];
+        for (now, what) in table {
+            let j = judge(&before, &now, Some(40), SETTLE, QUIET);
+            assert!(matches!(j, Judgement::UnderWay(_)), "{what}: {j:?}");
+        }
+    }
+
+    #[test]
+    fn the_same_running_processes_quiet_past_the_limit_fail_it() {
+        let before = signs(true, &[7, 8], false, Some(40));
+        let now = signs(true, &[7, 8], false, Some(40));
+        assert!(!failed(&judge(&before, &now, Some(40), QUIET / 2, QUIET)));
+        let j = judge(&before, &now, Some(40), QUIET, QUIET);
+        assert!(failed(&j), "{j:?}");
+        // Without counters, time alone (heal.timeout) decides.
+        let now = signs(true, &[7, 8], false, None);
+        assert!(!failed(&judge(&before, &now, None, QUIET * 5, QUIET)));
+    }
+
+    #[test]
+    fn unknown_is_not_recovered() {
+        let mut s = signs(true, &[9], false, Some(1));
+        s.verdict = Some(WebVerdict::Unknown);
+        assert_eq!(recovered(&s), None);
+        s.verdict = Some(WebVerdict::Up);
+        assert!(recovered(&s).is_some_and(|w| w.contains("up") && w.contains('9')));
+    }
+}
