@@ -15,6 +15,7 @@
 //! | `load` | `Load`: background HTTP clients |
 //! | `fixture`, `nginx`, `postgres`, `puma`, `docker`, `receiver`, `tmpfs` | one server each |
 //! | `netns` | network namespaces reached over a veth pair |
+//! | `nspawn` | a Debian system booted with `systemd-nspawn -b` (the shipped unit under real systemd) |
 //! | `fleet` | stub servers, `/etc/hosts` lines, `/metrics` gauges for the fleet tests |
 
 pub mod agent;
@@ -27,6 +28,7 @@ pub mod load;
 pub mod net;
 pub mod netns;
 pub mod nginx;
+pub mod nspawn;
 pub mod poller;
 pub mod postgres;
 pub mod process;
@@ -44,6 +46,7 @@ pub use load::{Load, LoadStats};
 pub use net::{free_port, free_port_on, free_port_on_all, loopback};
 pub use netns::{netns_inode, NetNs};
 pub use nginx::{Nginx, NginxOptions};
+pub use nspawn::Machine;
 pub use poller::{timeline, HealthPoller, HealthSample, Timed};
 pub use postgres::Postgres;
 pub(crate) use process::kill_and_wait;
