@@ -7,6 +7,7 @@ mod bench;
 mod cmd;
 mod demo;
 mod fuzz;
+mod image;
 mod live;
 mod package;
 mod run;
@@ -49,6 +50,9 @@ enum Command {
     /// The Debian package: target/debian/health-agent_<version>_<arch>.deb (release binary,
     /// systemd unit, default config as a conffile).
     Package,
+    /// The DaemonSet's OCI image in the local Docker daemon: health-agent:<version> and :latest,
+    /// a static (musl) agent alone, imported without any registry pull.
+    Image,
     /// The full check CI runs: setup, fmt, clippy, tests — stops at the first failing stage.
     Test(test::Args),
     /// Coverage-guided fuzzing of the parsers (cargo-fuzz, nightly), each target for --seconds.
@@ -62,6 +66,7 @@ fn main() -> ExitCode {
         Command::Build(args) => run::build(&args).map(|_| ()),
         Command::Run(args) => run::run(args),
         Command::Package => package::run().map(|_| ()),
+        Command::Image => image::run().map(|_| ()),
         Command::Test(args) => test::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Bench(args) => bench::run(&args),
