@@ -258,6 +258,11 @@ fn the_shipped_unit_starts_detects_restarts_on_watchdog_and_stops_clean_under_re
         frozen.elapsed().as_secs_f64(),
         body["reasons"][0]
     );
+    // Connections waiting attach the accept tracepoints (perf_event_open under the unit's
+    // syscall filter).
+    wait_health(listen, "the accept tracepoints attached", |_, b| {
+        b["details"]["web"]["counters"]["accepts_traced"] == true
+    });
     machine.run(&["systemctl", "kill", "--signal=SIGCONT", "backend.service"]);
     for t in stuck {
         let _ = t.join();
@@ -301,6 +306,17 @@ fn the_shipped_unit_starts_detects_restarts_on_watchdog_and_stops_clean_under_re
     wait_health(listen, "/health answering after the restart", |c, b| {
         c == 200 && b["details"]["web"]["kernel"]["state"] == "active"
     });
+
+    // Nothing the sandbox denied (seccomp's EPERM, a read-only path) showed up in either run.
+    let denied: Vec<String> = journal(&machine)
+        .lines()
+        .filter(|l| l.contains("Operation not permitted") || l.contains("Read-only file system"))
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        denied.is_empty(),
+        "the sandbox denied the agent: {denied:#?}"
+    );
 
     // Reload is not on offer: the agent has no reload path, so the unit has no ExecReload.
     assert_eq!(show("CanReload"), "no");
