@@ -14,9 +14,9 @@
 //! | `--boot` | systemd as PID 1: the unit runs under real systemd, with its sandbox and watchdog |
 //! | `--volatile=overlay` | writes land in a tmpfs; the cached root file system stays as mmdebstrap made it |
 //! | `--register=no --keep-unit` | no machined or D-Bus on the host: nspawn neither registers the machine nor asks the host's systemd for a scope |
-//! | `--capability=CAP_BPF,CAP_PERFMON` | nspawn's default set lacks both; the unit's bounding set asks for them (nspawn keeps `CAP_SYS_ADMIN` and `CAP_SYS_PTRACE` by default) |
-//! | `--system-call-filter=bpf perf_event_open` | nspawn's seccomp allow-list does not have them; the agent loads its programs with `bpf(2)` and the tracepoints attach through `perf_event_open(2)` |
-//! | `--bind=/sys/kernel/tracing` | nspawn mounts a fresh sysfs without tracefs on it; the agent reads the tracepoint formats there |
+//! | `--capability=CAP_BPF,CAP_PERFMON` | nspawn's default set lacks both (it keeps `CAP_SYS_ADMIN` and `CAP_SYS_PTRACE`). Without them the agent still loads, on `CAP_SYS_ADMIN` alone, so the unit's own set would go untested; with them its `CapEff` is exactly the unit's |
+//! | `--system-call-filter=bpf perf_event_open` | nspawn's seccomp allow-list blocks both: without `bpf(2)` "failed to create map MAP_ERRORS", without `perf_event_open(2)` the accept tracepoints cannot attach ("perf_event_open_trace_point failed") |
+//! | `--bind=/sys/kernel/tracing` | nspawn mounts a fresh sysfs without tracefs on it, where a real host has one (without it the agent mounts its own, which works too) |
 //! | host network (no `--private-network`) | the test reaches `/health` and the backend on 127.0.0.1, on ports it picked free |
 //! | `--bind-ro=<dir>:/mnt/deb`, `--bind-ro=<fixture>:/usr/local/bin/fixture-backend` | the .deb to install and the backend, without copying them into the cache |
 //!
