@@ -33,8 +33,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Make this machine ready (run as root; a second run changes nothing): nightly rust-src,
-    /// bpf-linker on the nightly's LLVM, Debian packages, tracefs, the deploy-file validators,
-    /// dockerd and PostgreSQL.
+    /// bpf-linker on the nightly's LLVM, Debian packages, the musl target, tracefs, the
+    /// deploy-file validators, dockerd and PostgreSQL.
     Setup(setup::Args),
     /// Start dockerd and PostgreSQL 15 if they are not running.
     Services,
