@@ -74,6 +74,49 @@ fn manifest_image() -> String {
         .to_owned()
 }
 
+/// Newest modification time under `dir`, in Unix seconds.
+fn newest(dir: &Path) -> u64 {
+    let mut newest = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if let Ok(m) = e.metadata().and_then(|m| m.modified()) {
+                let secs = m
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                newest = newest.max(secs);
+            }
+        }
+    }
+    newest
+}
+
+/// An image built before the agent's last source change would test old code.
+fn assert_newer_than_sources(image: &str) {
+    let built: u64 = docker(&[
+        "image",
+        "inspect",
+        "-f",
+        "{{index .Config.Labels \"health-agent.built-unix\"}}",
+        image,
+    ])
+    .parse()
+    .unwrap_or_else(|_| panic!("{image} has no build time label: run `cargo xtask image`"));
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let sources = ["health-agent", "health-common", "health-agent-ebpf"]
+        .iter()
+        .map(|c| newest(&root.join(c).join("src")))
+        .max()
+        .unwrap_or(0);
+    assert!(
+        built >= sources,
+        "{image} is older than the agent's sources: run `cargo xtask image`"
+    );
+}
+
 #[test]
 fn the_image_runs_as_the_daemonset_asks_and_turns_503_for_a_frozen_host_backend() {
     require_root();
@@ -95,6 +138,7 @@ fn the_image_runs_as_the_daemonset_asks_and_turns_503_for_a_frozen_host_backend(
         "image {image}: {}",
         String::from_utf8_lossy(&inspect.stdout).trim()
     );
+    assert_newer_than_sources(&image);
 
     // The backend on the host, in the host's network namespace (hostNetwork: true).
     let fixture = Fixture::start_with("normal", &["--backlog", "128"]);

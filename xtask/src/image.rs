@@ -55,8 +55,15 @@ pub fn run() -> Result<String> {
 
     let entrypoint = format!("ENTRYPOINT [\"/usr/bin/{NAME}\"]");
     let default_args = format!("CMD [\"--config\", \"/{CONFIG}\", \"serve\"]");
+    // When it was built, in Unix seconds: tests/tests/image.rs refuses an image older than the
+    // agent's sources.
+    let built = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .context("the clock is before 1970")?
+        .as_secs();
     let labels = format!(
-        "LABEL org.opencontainers.image.title={NAME} org.opencontainers.image.version={version}"
+        "LABEL org.opencontainers.image.title={NAME} org.opencontainers.image.version={version} \
+         health-agent.built-unix={built}"
     );
     cmd::run(
         Command::new("docker")
