@@ -9,7 +9,7 @@ use std::{
     fs,
     path::{Path, PathBuf},
     process::Command,
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use health_agent_tests::{
@@ -46,12 +46,35 @@ fn built_deb() -> PathBuf {
             )
         });
     let mtime = |p: &Path| fs::metadata(p).and_then(|m| m.modified()).expect("mtime");
+    let sources = ["health-agent", "health-common", "health-agent-ebpf"]
+        .iter()
+        .map(|c| newest(&workspace().join(c).join("src")))
+        .chain([mtime(&workspace().join(UNIT))])
+        .max()
+        .expect("sources");
     assert!(
-        mtime(&deb) >= mtime(&workspace().join(UNIT)),
-        "{} is older than {UNIT}: run `cargo xtask package`",
+        mtime(&deb) >= sources,
+        "{} is older than {UNIT} or the agent's sources: run `cargo xtask package`",
         deb.display()
     );
     deb
+}
+
+/// Newest modification time of the files under `dir`.
+fn newest(dir: &Path) -> SystemTime {
+    let mut newest = SystemTime::UNIX_EPOCH;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if let Ok(m) = e.metadata().and_then(|m| m.modified()) {
+                newest = newest.max(m);
+            }
+        }
+    }
+    newest
 }
 
 /// `/health` from the host (the container shares its network namespace).
