@@ -61,6 +61,16 @@ pub fn rootfs() -> PathBuf {
         fs::read_to_string(&sources).unwrap_or_else(|_| sources.clone())
     );
     let dir = PathBuf::from(CACHE).join(format!("rootfs-{:016x}", fnv1a(&key)));
+    // A run killed mid-mmdebstrap leaves its half tree behind: drop those of dead processes.
+    for e in fs::read_dir(CACHE).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let pid = name
+            .rsplit_once(".tmp-")
+            .and_then(|(_, pid)| pid.parse::<u32>().ok());
+        if pid.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists()) {
+            let _ = fs::remove_dir_all(e.path());
+        }
+    }
     if dir.join("usr/lib/os-release").exists() {
         return dir;
     }
