@@ -51,7 +51,8 @@ impl Namespace {
         // SAFETY: statfs into a struct we own, on a path we just opened.
         let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
         if unsafe { libc::fstatfs(file.as_raw_fd(), &mut fs) } == 0
-            && fs.f_type != NSFS_MAGIC as libc::__fsword_t
+            // f_type is i64 on glibc and u64 on musl (the static image): compare them widened.
+            && i128::from(fs.f_type) != i128::from(NSFS_MAGIC)
         {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,

@@ -16,6 +16,7 @@
 //! | `fixture`, `nginx`, `postgres`, `redis`, `puma`, `docker`, `receiver`, `tmpfs` | one server each |
 //! | `certs` | a CA and the certificates it signs, made with the openssl CLI |
 //! | `netns` | network namespaces reached over a veth pair |
+//! | `nspawn` | a Debian system booted with `systemd-nspawn -b` (the shipped unit under real systemd) |
 //! | `fleet` | stub servers, `/etc/hosts` lines, `/metrics` gauges for the fleet tests |
 
 pub mod agent;
@@ -29,6 +30,7 @@ pub mod load;
 pub mod net;
 pub mod netns;
 pub mod nginx;
+pub mod nspawn;
 pub mod poller;
 pub mod postgres;
 pub mod process;
@@ -48,6 +50,7 @@ pub use load::{Load, LoadStats};
 pub use net::{free_port, free_port_on, free_port_on_all, loopback};
 pub use netns::{netns_inode, NetNs};
 pub use nginx::{Nginx, NginxOptions};
+pub use nspawn::Machine;
 pub use poller::{timeline, HealthPoller, HealthSample, Timed};
 pub use postgres::Postgres;
 pub(crate) use process::kill_and_wait;

@@ -7,6 +7,7 @@ mod bench;
 mod cmd;
 mod demo;
 mod fuzz;
+mod image;
 mod live;
 mod package;
 mod run;
@@ -32,8 +33,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Make this machine ready (run as root; a second run changes nothing): nightly rust-src,
-    /// bpf-linker on the nightly's LLVM, Debian packages, tracefs, the deploy-file validators,
-    /// dockerd and PostgreSQL.
+    /// bpf-linker on the nightly's LLVM, Debian packages, the musl target, tracefs, the
+    /// deploy-file validators, dockerd and PostgreSQL.
     Setup(setup::Args),
     /// Start dockerd and PostgreSQL 15 if they are not running.
     Services,
@@ -49,6 +50,9 @@ enum Command {
     /// The Debian package: target/debian/health-agent_<version>_<arch>.deb (release binary,
     /// systemd unit, default config as a conffile).
     Package,
+    /// The DaemonSet's OCI image in the local Docker daemon: health-agent:<version> and :latest,
+    /// a static (musl) agent alone, imported without any registry pull.
+    Image,
     /// The full check CI runs: setup, fmt, clippy, tests — stops at the first failing stage.
     Test(test::Args),
     /// Coverage-guided fuzzing of the parsers (cargo-fuzz, nightly), each target for --seconds.
@@ -62,6 +66,7 @@ fn main() -> ExitCode {
         Command::Build(args) => run::build(&args).map(|_| ()),
         Command::Run(args) => run::run(args),
         Command::Package => package::run().map(|_| ()),
+        Command::Image => image::run().map(|_| ()),
         Command::Test(args) => test::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Bench(args) => bench::run(&args),

@@ -43,6 +43,13 @@ const PACKAGES: &[&str] = &[
     // The service: `systemd-analyze verify` of the unit, a venv for the deploy-file linters.
     "systemd",
     "python3-venv",
+    // tests/tests/systemd.rs: a Debian root file system, booted with systemd-nspawn; bpftool
+    // sees what the agent left in the kernel after `systemctl stop`.
+    "mmdebstrap",
+    "systemd-container",
+    "bpftool",
+    // cargo xtask image: the static (musl) agent; ring's C parts need musl-gcc.
+    "musl-tools",
 ];
 /// The deploy-file validators that come from PyPI, by the command each installs.
 const PIP_TOOLS: &[&str] = &["cfn-lint", "kubernetes-validate"];
@@ -72,9 +79,25 @@ pub fn run(args: &Args) -> Result<()> {
         bpf_linker(args.bpf_linker_root.as_deref())
     })?;
     step("setup", "debian packages", packages)?;
+    step("setup", "rust target (musl, for the image)", musl_target)?;
     step("setup", "tracefs", tracefs)?;
     step("setup", "deploy validators (PyPI)", pip_tools)?;
     services::run("setup")
+}
+
+/// The static target `cargo xtask image` builds for, on the workspace's (stable) toolchain.
+fn musl_target() -> Result<Outcome> {
+    let installed = cmd::stdout(Command::new("rustup").args(["target", "list", "--installed"]))
+        .context("rustup target list failed")?;
+    if installed
+        .lines()
+        .any(|line| line.trim() == crate::image::TARGET)
+    {
+        return Ok(Outcome::Ok("already present"));
+    }
+    cmd::run(Command::new("rustup").args(["target", "add", crate::image::TARGET]))
+        .context("could not add the musl target (about 40 MB download) — check the network")?;
+    Ok(Outcome::Done("installed"))
 }
 
 /// cargo-fuzz, for `cargo xtask fuzz` only: a few minutes to build, so `cargo xtask test` (whose

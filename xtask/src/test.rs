@@ -5,7 +5,7 @@ use std::{process::Command, time::Instant};
 
 use anyhow::Result;
 
-use crate::{cmd, package, setup};
+use crate::{cmd, image, package, setup};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -26,6 +26,8 @@ enum Stage {
     Deploy,
     /// The .deb the service tests install (target/debian/).
     Package,
+    /// The DaemonSet's image tests/tests/image.rs runs (`cargo xtask image`).
+    Image,
     Run(Command),
 }
 
@@ -93,8 +95,10 @@ pub fn run(args: &Args) -> Result<()> {
     // The integration tests run the agent and fixture binaries: build them first.
     stages.push(("build", cargo(&["build", "--bins"])));
     if !args.unit {
-        // tests/tests/service.rs installs it.
+        // tests/tests/service.rs installs it; tests/tests/systemd.rs boots systemd with it.
         stages.push(("package", Stage::Package));
+        // tests/tests/image.rs runs it as the DaemonSet would.
+        stages.push(("image", Stage::Image));
     }
     let targets: &[&str] = if args.unit {
         &["--lib", "--bins"]
@@ -129,6 +133,7 @@ pub fn run(args: &Args) -> Result<()> {
             Stage::Setup => setup::run(&setup::Args::default()),
             Stage::Deploy => deploy(),
             Stage::Package => package::run().map(|_| ()),
+            Stage::Image => image::run().map(|_| ()),
             Stage::Run(mut command) => cmd::run(&mut command),
         };
         timings.push(format!("{name} {} s", cmd::secs(stage_start)));

@@ -1,0 +1,279 @@
+//! The DaemonSet's image (`cargo xtask image`) run by Docker with exactly what
+//! deploy/kubernetes/health-agent.yaml asks for, each field translated to its `docker run` flag
+//! (README "The container image" lists the same table): `/health` answers, the kernel view is
+//! active, and a backend on the host frozen with SIGSTOP turns it 503 `hung`.
+
+use std::{
+    path::Path,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use health_agent_tests::{background_requests, docker, free_port, get, require_root, Fixture};
+use serde_json::Value;
+
+const WAIT: Duration = Duration::from_secs(30);
+const MANIFEST: &str = "deploy/kubernetes/health-agent.yaml";
+
+/// The container, removed on drop (its logs printed first, for a failed assertion).
+struct Agent {
+    name: String,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let logs = Command::new("docker").args(["logs", &self.name]).output();
+            if let Ok(out) = logs {
+                eprintln!(
+                    "agent container logs:\n{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+        let _ = Command::new("docker")
+            .args(["rm", "-f", &self.name])
+            .output();
+    }
+}
+
+fn health(port: u16) -> Option<(u16, Value)> {
+    let (code, body) = get(port, "/health").ok()?;
+    Some((code, serde_json::from_str(&body).ok()?))
+}
+
+fn wait_health(port: u16, what: &str, ok: impl Fn(u16, &Value) -> bool) -> (u16, Value) {
+    let mut last = None;
+    let start = Instant::now();
+    while start.elapsed() < WAIT {
+        if let Some((code, body)) = health(port) {
+            if ok(code, &body) {
+                return (code, body);
+            }
+            last = Some((code, body));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("timed out after {WAIT:?} waiting for {what}; last /health: {last:?}");
+}
+
+/// The image the manifest names, which `cargo xtask image` tags.
+fn manifest_image() -> String {
+    let manifest = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(MANIFEST),
+    )
+    .expect("the DaemonSet manifest");
+    manifest
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("image: "))
+        .expect("the manifest names an image")
+        .trim()
+        .to_owned()
+}
+
+/// Newest modification time under `dir`, in Unix seconds.
+fn newest(dir: &Path) -> u64 {
+    let mut newest = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if let Ok(m) = e.metadata().and_then(|m| m.modified()) {
+                let secs = m
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                newest = newest.max(secs);
+            }
+        }
+    }
+    newest
+}
+
+/// An image built before the agent's last source change would test old code.
+fn assert_newer_than_sources(image: &str) {
+    let built: u64 = docker(&[
+        "image",
+        "inspect",
+        "-f",
+        "{{index .Config.Labels \"health-agent.built-unix\"}}",
+        image,
+    ])
+    .parse()
+    .unwrap_or_else(|_| panic!("{image} has no build time label: run `cargo xtask image`"));
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let sources = ["health-agent", "health-common", "health-agent-ebpf"]
+        .iter()
+        .map(|c| newest(&root.join(c).join("src")))
+        .max()
+        .unwrap_or(0);
+    assert!(
+        built >= sources,
+        "{image} is older than the agent's sources: run `cargo xtask image`"
+    );
+}
+
+#[test]
+fn the_image_runs_as_the_daemonset_asks_and_turns_503_for_a_frozen_host_backend() {
+    require_root();
+    let image = manifest_image();
+    assert_eq!(
+        image,
+        format!("health-agent:{}", env!("CARGO_PKG_VERSION")),
+        "{MANIFEST} names the image `cargo xtask image` builds"
+    );
+    let inspect = Command::new("docker")
+        .args(["image", "inspect", "-f", "{{.Size}} {{.Created}}", &image])
+        .output()
+        .expect("running docker");
+    assert!(
+        inspect.status.success(),
+        "no image {image}: run `cargo xtask image` (cargo xtask test does)"
+    );
+    println!(
+        "image {image}: {}",
+        String::from_utf8_lossy(&inspect.stdout).trim()
+    );
+    assert_newer_than_sources(&image);
+
+    // The backend on the host, in the host's network namespace (hostNetwork: true).
+    let fixture = Fixture::start_with("normal", &["--backlog", "128"]);
+    let listen = free_port();
+    let config = tempfile::tempdir().expect("tempdir");
+    // The ConfigMap, with ports this test picked free (tests run in parallel on the host network).
+    std::fs::write(
+        config.path().join("health-agent.toml"),
+        format!(
+            "[server]\nlisten = \"127.0.0.1:{listen}\"\n[web]\nport = {}\nprobe_path = \"/\"\n",
+            fixture.port
+        ),
+    )
+    .expect("writing the config");
+    // DirectoryOrCreate, as the kubelet does for the netns hostPath.
+    std::fs::create_dir_all("/var/run/netns").expect("/var/run/netns");
+
+    let name = format!("ha-test-image-{}", std::process::id());
+    let config_mount = format!("{}:/etc/health-agent:ro", config.path().display());
+    #[rustfmt::skip]
+    let args: Vec<&str> = vec![
+        "run", "--detach", "--name", &name,
+        // hostNetwork: true / hostPID: true
+        "--network", "host",
+        "--pid", "host",
+        // securityContext
+        "--user", "0:0",                                       // runAsUser: 0
+        "--security-opt", "no-new-privileges",                 // allowPrivilegeEscalation: false
+        "--read-only",                                         // readOnlyRootFilesystem: true
+        "--cap-drop", "ALL",                                   // capabilities.drop: [ALL]
+        "--cap-add", "SYS_PTRACE", "--cap-add", "SYS_ADMIN",   // capabilities.add, and below
+        "--security-opt", "seccomp=unconfined",                // seccompProfile: Unconfined
+        "--security-opt", "apparmor=unconfined",               // appArmorProfile: Unconfined
+        // env
+        "--env", "HEALTH_AGENT_LOG=info",
+        // resources.limits.memory: 128Mi; requests.cpu: 20m as CPU shares (20/1000 of 1024)
+        "--memory", "128m", "--cpu-shares", "20",
+        // terminationGracePeriodSeconds: 20
+        "--stop-timeout", "20",
+        // volumeMounts
+        "--volume", &config_mount,
+        "--volume", "/sys/kernel/btf:/sys/kernel/btf:ro",
+        "--volume", "/sys/kernel/tracing:/sys/kernel/tracing:ro",
+        "--volume", "/sys/kernel/debug:/sys/kernel/debug:ro",
+        "--volume", "/sys/fs/cgroup:/sys/fs/cgroup:ro",
+        "--volume", "/var/run/docker.sock:/var/run/docker.sock",
+        "--volume", "/var/run/netns:/var/run/netns:ro,rslave",   // mountPropagation: HostToContainer
+        &image,
+        // args
+        "--config", "/etc/health-agent/health-agent.toml", "serve",
+    ];
+    let _agent = Agent { name: name.clone() };
+    let started = Instant::now();
+    let with_bpf: Vec<&str> = {
+        let at = args
+            .iter()
+            .position(|a| *a == "SYS_ADMIN")
+            .expect("the cap-adds")
+            + 1;
+        let mut with = args.clone();
+        with.splice(at..at, ["--cap-add", "BPF", "--cap-add", "PERFMON"]);
+        with
+    };
+    let run = Command::new("docker")
+        .args(&with_bpf)
+        .output()
+        .expect("running docker");
+    let mut want_caps = (1u64 << 19) | (1 << 21) | (1 << 38) | (1 << 39);
+    if !run.status.success() {
+        let err = String::from_utf8_lossy(&run.stderr);
+        // Debian 12's Docker 20.10 predates CAP_BPF and CAP_PERFMON and refuses their names. The
+        // kernel (since 5.8) grants what they allow to CAP_SYS_ADMIN as well, which the DaemonSet
+        // asks for too: the nearest Docker can do, and the same powers.
+        assert!(
+            err.contains("unknown capability: \"CAP_BPF\""),
+            "docker run failed: {err}"
+        );
+        println!("image: this Docker refuses BPF and PERFMON ({}); running with SYS_ADMIN and SYS_PTRACE, which grant the same", err.lines().next().unwrap_or_default().trim());
+        let _ = Command::new("docker").args(["rm", "-f", &name]).output();
+        docker(&args);
+        want_caps = (1 << 19) | (1 << 21);
+    }
+    let pid = docker(&["inspect", "-f", "{{.State.Pid}}", &name]);
+    let status =
+        std::fs::read_to_string(format!("/proc/{pid}/status")).expect("the agent's status");
+    let cap_eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .map(|hex| u64::from_str_radix(hex.trim(), 16).expect("hex"))
+        .expect("CapEff");
+    println!("image: the agent's CapEff {cap_eff:016x}");
+    assert_eq!(cap_eff, want_caps, "exactly the capabilities asked for");
+
+    for _ in 0..5 {
+        let _ = get(fixture.port, "/");
+    }
+    let (code, body) = wait_health(listen, "200 with the kernel view active", |c, b| {
+        c == 200
+            && b["details"]["web"]["kernel"]["state"] == "active"
+            && b["details"]["web"]["counters"]["answered"].as_u64() > Some(0)
+    });
+    println!(
+        "image: /health {code} {} after {:.1} s, kernel view {}, {} answers seen",
+        body["status"],
+        started.elapsed().as_secs_f64(),
+        body["details"]["web"]["kernel"]["state"],
+        body["details"]["web"]["counters"]["answered"]
+    );
+    let (code, _) = get(listen, "/livez").expect("/livez");
+    assert_eq!(code, 200, "the liveness probe's path");
+
+    fixture.signal(libc::SIGSTOP);
+    let frozen = Instant::now();
+    let stuck = background_requests(fixture.port, 4, Duration::from_secs(6));
+    let (code, body) = wait_health(listen, "503 hung for the frozen host backend", |c, b| {
+        c == 503 && b["checks"]["webserver"] == "hung"
+    });
+    println!(
+        "image: /health {code} {} webserver {} {:.1} s after SIGSTOP: {}",
+        body["status"],
+        body["checks"]["webserver"],
+        frozen.elapsed().as_secs_f64(),
+        body["reasons"][0]
+    );
+    fixture.signal(libc::SIGCONT);
+    for t in stuck {
+        let _ = t.join();
+    }
+
+    let stop = Instant::now();
+    docker(&["stop", &name]);
+    let exit = docker(&["inspect", "-f", "{{.State.ExitCode}}", &name]);
+    println!(
+        "image: docker stop took {:.1} s, exit code {exit}",
+        stop.elapsed().as_secs_f64()
+    );
+    assert_eq!(exit, "0", "the agent exits cleanly on SIGTERM");
+}

@@ -1,0 +1,413 @@
+//! The shipped unit under real systemd: a Debian 12 system booted with `systemd-nspawn -b`
+//! (tests/src/nspawn.rs says how and why), the .deb from `cargo xtask package` installed inside,
+//! and the agent driven through `systemctl` and `journalctl` there — start through `Type=notify`,
+//! a frozen backend turning 503, the watchdog restarting a frozen agent, a clean stop that
+//! leaves nothing in the kernel, and no reload on offer.
+
+use std::{
+    collections::BTreeSet,
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant, SystemTime},
+};
+
+use health_agent_tests::{
+    background_requests, binary, free_port, get, nspawn, require_root, target_dir, wait_until,
+    Machine,
+};
+use serde_json::Value;
+
+const UNIT: &str = "deploy/systemd/health-agent.service";
+const SERVICE: &str = "health-agent.service";
+const WAIT: Duration = Duration::from_secs(30);
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The newest .deb in target/debian, refused when it is older than the unit it ships.
+fn built_deb() -> PathBuf {
+    let debian = target_dir()
+        .parent()
+        .expect("target/<profile> has a parent")
+        .join("debian");
+    let deb = fs::read_dir(&debian)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "deb"))
+        .max_by_key(|p| fs::metadata(p).and_then(|m| m.modified()).ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "no .deb in {}: run `cargo xtask package` (cargo xtask test does)",
+                debian.display()
+            )
+        });
+    let mtime = |p: &Path| fs::metadata(p).and_then(|m| m.modified()).expect("mtime");
+    let sources = ["health-agent", "health-common", "health-agent-ebpf"]
+        .iter()
+        .map(|c| newest(&workspace().join(c).join("src")))
+        .chain([mtime(&workspace().join(UNIT))])
+        .max()
+        .expect("sources");
+    assert!(
+        mtime(&deb) >= sources,
+        "{} is older than {UNIT} or the agent's sources: run `cargo xtask package`",
+        deb.display()
+    );
+    deb
+}
+
+/// Newest modification time of the files under `dir`.
+fn newest(dir: &Path) -> SystemTime {
+    let mut newest = SystemTime::UNIX_EPOCH;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if let Ok(m) = e.metadata().and_then(|m| m.modified()) {
+                newest = newest.max(m);
+            }
+        }
+    }
+    newest
+}
+
+/// `/health` from the host (the container shares its network namespace).
+fn health(port: u16) -> Option<(u16, Value)> {
+    let (code, body) = get(port, "/health").ok()?;
+    Some((code, serde_json::from_str(&body).ok()?))
+}
+
+fn wait_health(port: u16, what: &str, ok: impl Fn(u16, &Value) -> bool) -> (u16, Value) {
+    let mut last = None;
+    let start = Instant::now();
+    while start.elapsed() < WAIT {
+        if let Some((code, body)) = health(port) {
+            if ok(code, &body) {
+                return (code, body);
+            }
+            last = Some((code, body));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("timed out after {WAIT:?} waiting for {what}; last /health: {last:?}");
+}
+
+/// The `prog_id:` and `link_id:` values of a process's open BPF objects (its fdinfo).
+fn bpf_ids(host_pid: u32) -> (BTreeSet<u32>, BTreeSet<u32>) {
+    let (mut progs, mut links) = (BTreeSet::new(), BTreeSet::new());
+    for fd in fs::read_dir(format!("/proc/{host_pid}/fdinfo"))
+        .expect("the agent's fdinfo")
+        .flatten()
+    {
+        let info = fs::read_to_string(fd.path()).unwrap_or_default();
+        for line in info.lines() {
+            let id = |key: &str| line.strip_prefix(key).and_then(|v| v.trim().parse().ok());
+            if let Some(id) = id("prog_id:") {
+                progs.insert(id);
+            }
+            if let Some(id) = id("link_id:") {
+                links.insert(id);
+            }
+        }
+    }
+    (progs, links)
+}
+
+/// Whether the kernel still has BPF object `kind` ("prog", "link") with this id.
+fn bpf_exists(kind: &str, id: u32) -> bool {
+    Command::new("bpftool")
+        .args([kind, "show", "id", &id.to_string()])
+        .output()
+        .expect("running bpftool (cargo xtask setup installs it)")
+        .status
+        .success()
+}
+
+/// A systemd time span as `systemctl show` prints it: "20s", "1min 30s", "500ms".
+fn timespan(text: &str) -> Duration {
+    text.split_whitespace()
+        .map(|word| {
+            let split = word
+                .find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(word.len());
+            let (n, unit) = word.split_at(split);
+            let n: u64 = n.parse().unwrap_or_else(|_| panic!("time span {text:?}"));
+            match unit {
+                "us" => Duration::from_micros(n),
+                "ms" => Duration::from_millis(n),
+                "s" | "" => Duration::from_secs(n),
+                "min" => Duration::from_secs(60 * n),
+                "h" => Duration::from_secs(3600 * n),
+                _ => panic!("time span {text:?}: unit {unit:?}"),
+            }
+        })
+        .sum()
+}
+
+fn journal(machine: &Machine) -> String {
+    machine.run(&["journalctl", "-u", SERVICE, "--no-pager", "-o", "cat"])
+}
+
+#[test]
+fn the_shipped_unit_starts_detects_restarts_on_watchdog_and_stops_clean_under_real_systemd() {
+    require_root();
+    let deb = built_deb();
+    let started = Instant::now();
+    let rootfs = nspawn::rootfs();
+    let fixture = binary("fixture-backend", "health-agent-tests");
+    let deb_dir = deb.parent().expect("target/debian");
+    let machine = Machine::boot(
+        &rootfs,
+        &[
+            (deb_dir, "/mnt/deb"),
+            (&fixture, "/usr/local/bin/fixture-backend"),
+        ],
+    );
+
+    let deb_name = deb.file_name().and_then(|n| n.to_str()).expect("deb name");
+    machine.run(&["dpkg", "-i", &format!("/mnt/deb/{deb_name}")]);
+    let installed = machine.run(&["cat", "/lib/systemd/system/health-agent.service"]);
+    let shipped = fs::read_to_string(workspace().join(UNIT)).expect("the unit");
+    assert_eq!(
+        installed.trim(),
+        shipped.trim(),
+        "the unit the .deb installed is not {UNIT}: run `cargo xtask package`"
+    );
+
+    // A backend in the container, and the conffile edited as an operator would: ports picked
+    // free, since the container shares the host's network namespace with parallel tests.
+    let (web, control, listen) = (free_port(), free_port(), free_port());
+    machine.run(&[
+        "systemd-run",
+        "--unit=backend",
+        "/usr/local/bin/fixture-backend",
+        "--listen",
+        &format!("127.0.0.1:{web}"),
+        "--control",
+        &format!("127.0.0.1:{control}"),
+        "--mode",
+        "normal",
+        "--backlog",
+        "128",
+    ]);
+    wait_until(WAIT, "the backend in the container", || {
+        get(control, "/mode").ok()
+    });
+    machine.write(
+        "/etc/health-agent/health-agent.toml",
+        &format!(
+            "[server]\nlisten = \"127.0.0.1:{listen}\"\n[web]\nport = {web}\nprobe_path = \"/\"\n"
+        ),
+    );
+
+    // Start: `systemctl start` of a Type=notify unit returns once READY=1 arrived.
+    let start = Instant::now();
+    machine.run(&["systemctl", "start", SERVICE]);
+    let took = start.elapsed();
+    let show = |name: &str| machine.unit_property(SERVICE, name);
+    assert_eq!(show("Type"), "notify");
+    assert_eq!(
+        (show("ActiveState").as_str(), show("SubState").as_str()),
+        ("active", "running"),
+        "{}",
+        journal(&machine)
+    );
+    let status_text = show("StatusText");
+    let main_pid: u32 = show("MainPID").parse().expect("MainPID");
+    let host_pid = machine.host_pid(main_pid).expect("the agent's host pid");
+    let proc_status = fs::read_to_string(format!("/proc/{host_pid}/status")).expect("status");
+    let field = |key: &str| {
+        proc_status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .map(str::trim)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    println!(
+        "start: active (running) {:.2} s after `systemctl start` (READY=1; status {status_text:?}); \
+         CapEff {}, NoNewPrivs {}, Seccomp {}",
+        took.as_secs_f64(),
+        field("CapEff:"),
+        field("NoNewPrivs:"),
+        field("Seccomp:")
+    );
+    // The unit's four capabilities and nothing else: BPF 39, PERFMON 38, SYS_ADMIN 21, SYS_PTRACE 19.
+    assert_eq!(
+        field("CapEff:"),
+        "000000c000280000",
+        "the unit's capability set"
+    );
+    assert_eq!(field("NoNewPrivs:"), "1");
+    assert!(
+        journal(&machine).contains("told systemd we are ready"),
+        "{}",
+        journal(&machine)
+    );
+
+    for _ in 0..5 {
+        let _ = get(web, "/");
+    }
+    let (code, body) = wait_health(listen, "200 with the kernel view active", |c, b| {
+        c == 200
+            && b["details"]["web"]["kernel"]["state"] == "active"
+            && b["details"]["web"]["counters"]["answered"].as_u64() > Some(0)
+    });
+    println!(
+        "start: /health {code} {}, webserver {}, kernel view {}, {} answers seen",
+        body["status"],
+        body["checks"]["webserver"],
+        body["details"]["web"]["kernel"]["state"],
+        body["details"]["web"]["counters"]["answered"]
+    );
+
+    // Detection: the backend frozen, connections queue behind it.
+    machine.run(&["systemctl", "kill", "--signal=SIGSTOP", "backend.service"]);
+    let frozen = Instant::now();
+    let stuck = background_requests(web, 4, Duration::from_secs(6));
+    let (code, body) = wait_health(listen, "503 hung for the frozen backend", |c, b| {
+        c == 503 && b["checks"]["webserver"] == "hung"
+    });
+    println!(
+        "detection: /health {code} {} webserver {} {:.1} s after SIGSTOP: {}",
+        body["status"],
+        body["checks"]["webserver"],
+        frozen.elapsed().as_secs_f64(),
+        body["reasons"][0]
+    );
+    // Connections waiting attach the accept tracepoints (perf_event_open under the unit's
+    // syscall filter).
+    wait_health(listen, "the accept tracepoints attached", |_, b| {
+        b["details"]["web"]["counters"]["accepts_traced"] == true
+    });
+    machine.run(&["systemctl", "kill", "--signal=SIGCONT", "backend.service"]);
+    for t in stuck {
+        let _ = t.join();
+    }
+    wait_health(listen, "200 again after SIGCONT", |c, _| c == 200);
+
+    // Watchdog: the agent frozen; its check loop stops sending WATCHDOG=1.
+    let watchdog = timespan(&show("WatchdogUSec"));
+    let restarts_before: u32 = show("NRestarts").parse().expect("NRestarts");
+    // Signalled from the host: minbase has no kill(1) outside a shell.
+    // SAFETY: a plain signal to a process this test started (through systemd).
+    unsafe { libc::kill(host_pid as i32, libc::SIGSTOP) };
+    let stopped = Instant::now();
+    let new_pid = wait_until(
+        watchdog + Duration::from_secs(30),
+        "the watchdog restart",
+        || {
+            let pid: u32 = show("MainPID").parse().ok()?;
+            (pid != 0 && pid != main_pid && show("ActiveState") == "active").then_some(pid)
+        },
+    );
+    let restarted = stopped.elapsed();
+    let log = journal(&machine);
+    let said = log
+        .lines()
+        .find(|l| l.contains("Watchdog timeout"))
+        .unwrap_or_else(|| panic!("the journal does not say watchdog:\n{log}"))
+        .to_owned();
+    println!(
+        "watchdog: agent SIGSTOPped, active again as pid {new_pid} after {:.1} s (WatchdogSec {} s, \
+         NRestarts {} → {}); journal: {said:?}",
+        restarted.as_secs_f64(),
+        watchdog.as_secs(),
+        restarts_before,
+        show("NRestarts")
+    );
+    assert!(
+        restarted <= watchdog + Duration::from_secs(5),
+        "restarted after {restarted:?}, want within WatchdogSec + 5 s"
+    );
+    wait_health(listen, "/health answering after the restart", |c, b| {
+        c == 200 && b["details"]["web"]["kernel"]["state"] == "active"
+    });
+
+    // Nothing the sandbox denied (seccomp's EPERM, a read-only path) showed up in either run.
+    let denied: Vec<String> = journal(&machine)
+        .lines()
+        .filter(|l| l.contains("Operation not permitted") || l.contains("Read-only file system"))
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        denied.is_empty(),
+        "the sandbox denied the agent: {denied:#?}"
+    );
+
+    // Reload is not on offer: the agent has no reload path, so the unit has no ExecReload.
+    assert_eq!(show("CanReload"), "no");
+    let reload = machine.exec(&["systemctl", "reload", SERVICE]);
+    assert!(!reload.status.success(), "systemctl reload must be refused");
+    println!(
+        "reload: not offered ({})",
+        String::from_utf8_lossy(&reload.stderr).trim()
+    );
+
+    // Stop: clean, quick, and nothing of the agent left in the kernel.
+    let host_pid = machine.host_pid(new_pid).expect("the new agent's host pid");
+    let (progs, links) = bpf_ids(host_pid);
+    assert!(
+        !progs.is_empty() && progs.iter().all(|&id| bpf_exists("prog", id)),
+        "the running agent holds loaded programs: {progs:?}"
+    );
+    assert!(
+        links.iter().all(|&id| bpf_exists("link", id)),
+        "the running agent's links: {links:?}"
+    );
+    let stop = Instant::now();
+    machine.run(&["systemctl", "stop", SERVICE]);
+    let took = stop.elapsed();
+    let (state, result, code) = (show("ActiveState"), show("Result"), show("ExecMainStatus"));
+    let left = wait_until(Duration::from_secs(3), "programs and links gone", || {
+        let left: Vec<String> = progs
+            .iter()
+            .filter(|&&id| bpf_exists("prog", id))
+            .map(|id| format!("prog {id}"))
+            .chain(
+                links
+                    .iter()
+                    .filter(|&&id| bpf_exists("link", id))
+                    .map(|id| format!("link {id}")),
+            )
+            .collect();
+        left.is_empty().then_some(left)
+    });
+    println!(
+        "stop: {state} ({result}, exit status {code}) {:.2} s after `systemctl stop`; {} programs \
+         and {} links before, {} left",
+        took.as_secs_f64(),
+        progs.len(),
+        links.len(),
+        left.len()
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "systemctl stop took {took:?}"
+    );
+    assert_eq!(
+        (state.as_str(), result.as_str(), code.as_str()),
+        ("inactive", "success", "0")
+    );
+    // Power off: nothing of the container may stay behind on the host.
+    let name = machine.name.clone();
+    drop(machine);
+    let mounts = fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    assert!(
+        !mounts.contains(&name)
+            && !Path::new("/run/systemd/nspawn/propagate")
+                .join(&name)
+                .exists(),
+        "{name} left mounts behind"
+    );
+    println!(
+        "systemd test: {:.1} s in all",
+        started.elapsed().as_secs_f64()
+    );
+}
