@@ -11,8 +11,8 @@ use prometheus_client::{
 };
 
 use crate::{
-    policy::{DbState, WebVerdict},
     snapshot::Snapshot,
+    status::{DbState, WebVerdict},
 };
 
 type Labels = Vec<(&'static str, String)>;
@@ -410,7 +410,8 @@ mod tests {
             ContainersReport, DatabaseReport, Report,
         },
         heal::HealLog,
-        policy::{evaluate, DbState},
+        policy::evaluate,
+        status::DbState,
     };
 
     #[test]

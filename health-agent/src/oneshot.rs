@@ -82,7 +82,7 @@ async fn decide(cfg: &Config) -> (Decision, Report) {
         match (&docker, docker_error) {
             (Some(d), _) => crate::checks::containers::check(d, &cfg.containers).await,
             (None, e) => ContainersReport {
-                state: crate::policy::ContainersState::Unknown,
+                state: crate::status::ContainersState::Unknown,
                 summary: "unknown".into(),
                 reason: e.map(|e| e.to_string()),
                 faulty: Vec::new(),
@@ -94,7 +94,7 @@ async fn decide(cfg: &Config) -> (Decision, Report) {
         Database::NotConfigured => DatabaseReport::not_configured(),
         Database::On(mut m) => m.check().await,
         Database::Broken(e) => DatabaseReport {
-            state: crate::policy::DbState::Unknown,
+            state: crate::status::DbState::Unknown,
             reason: Some(e.to_string()),
             databases: Vec::new(),
         },

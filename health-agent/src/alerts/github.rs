@@ -25,7 +25,7 @@ use super::{
     redact::Secrets,
     report,
 };
-use crate::snapshot::rfc3339;
+use crate::text::rfc3339;
 
 /// How long a trigger waits for its process evidence before reporting without it.
 const EVIDENCE_WAIT: Duration = Duration::from_secs(10);

@@ -13,8 +13,9 @@ use serde_json::Value;
 
 use super::evidence::Pending;
 use crate::{
-    policy::{DbState, Fault, HealPhase, Recommendation, Status},
+    policy::Fault,
     snapshot::Snapshot,
+    status::{DbState, HealPhase, Recommendation, Status},
 };
 
 /// `dedup_key` (PagerDuty) and fingerprint (GitHub) length limit.

@@ -13,7 +13,7 @@ use super::{
     redact::Secrets,
     sink::JsonSink,
 };
-use crate::{snapshot::rfc3339, text::truncate};
+use crate::text::{rfc3339, truncate};
 
 const SUMMARY_LIMIT: usize = 1024;
 

@@ -13,7 +13,7 @@ use super::{
     redact::Secrets,
     sink::JsonSink,
 };
-use crate::snapshot::rfc3339;
+use crate::text::rfc3339;
 
 /// The webhook destination: the URL is its only secret.
 pub fn sink(url: &str, pacer: Pacer) -> JsonSink {

@@ -20,7 +20,7 @@ use crate::{
     config::Config,
     docker::{ContainerNet, DockerError},
     fleet::Round,
-    policy::{ContainersState, DiskLevel},
+    status::{ContainersState, DiskLevel},
 };
 
 /// A check result and when it was taken.

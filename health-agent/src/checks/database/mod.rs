@@ -274,7 +274,7 @@ impl DatabaseMonitor {
                         .map(|f| f.message().to_string()),
                     detail: good.and_then(|g| g.detail.clone()),
                     consecutive_failures: tr.damper.consecutive_failures(),
-                    last_checked: last.map(|o| crate::snapshot::rfc3339(o.at)),
+                    last_checked: last.map(|o| crate::text::rfc3339(o.at)),
                 }
             })
             .collect();
