@@ -30,6 +30,7 @@ pub(crate) mod net;
 pub(crate) mod netns;
 pub mod oneshot;
 pub(crate) mod policy;
+pub(crate) mod redact;
 pub mod runner;
 pub mod sd_notify;
 pub mod server;

@@ -22,9 +22,9 @@ use super::{
     evidence::Pending,
     http::{Http, Pacer},
     incident::{human, Event, Kind},
-    redact::Secrets,
     report,
 };
+use crate::redact::Secrets;
 use crate::text::rfc3339;
 
 /// How long a trigger waits for its process evidence before reporting without it.

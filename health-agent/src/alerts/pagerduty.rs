@@ -10,9 +10,9 @@ use serde_json::{json, Value};
 use super::{
     http::Pacer,
     incident::{Event, Kind},
-    redact::Secrets,
     sink::JsonSink,
 };
+use crate::redact::Secrets;
 use crate::text::{rfc3339, truncate};
 
 const SUMMARY_LIMIT: usize = 1024;
