@@ -428,7 +428,7 @@ mod tests {
         };
         let report = Report {
             web: crate::checks::web::WebReport::not_configured(),
-            disk: Report::disk_unknown(),
+            disk: crate::checks::disk::DiskReport::unknown(),
             system: None,
             containers: ContainersReport::not_configured(),
             database: DatabaseReport {
@@ -484,7 +484,7 @@ mod tests {
         });
         let report = Report {
             web,
-            disk: Report::disk_unknown(),
+            disk: crate::checks::disk::DiskReport::unknown(),
             system: None,
             containers: ContainersReport::not_configured(),
             database: DatabaseReport::not_configured(),

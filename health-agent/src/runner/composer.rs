@@ -190,7 +190,7 @@ impl Composer {
         }
         let disk = self.fresh(&self.slots.disk, now).unwrap_or_else(|| {
             // Not run yet, or hung past stale_after (a dead NFS mount, say).
-            let mut d = Report::disk_unknown();
+            let mut d = disk::DiskReport::unknown();
             if now.saturating_duration_since(self.started) > self.cfg.checks.stale_after {
                 d.mounts = self
                     .cfg
@@ -211,12 +211,8 @@ impl Composer {
         });
         let containers = match &self.slots.containers {
             None => ContainersReport::not_configured(),
-            Some(slot) => self.fresh(slot, now).unwrap_or_else(|| ContainersReport {
-                state: crate::status::ContainersState::Unknown,
-                summary: "unknown".into(),
-                reason: Some("container check has not answered yet".into()),
-                faulty: Vec::new(),
-                containers: Vec::new(),
+            Some(slot) => self.fresh(slot, now).unwrap_or_else(|| {
+                ContainersReport::unknown("container check has not answered yet".into())
             }),
         };
         let database = match &self.slots.database {
