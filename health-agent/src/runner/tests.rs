@@ -326,5 +326,8 @@ async fn the_first_snapshot_carries_every_checks_first_result() {
     assert_eq!(first.report.web.verdict, crate::status::WebVerdict::Up);
     assert_eq!(first.decision.http, 200, "{:?}", first.decision);
     shutdown.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(10), agent.composer).await;
+    tokio::time::timeout(Duration::from_secs(10), agent.composer)
+        .await
+        .expect("the composer stops on shutdown")
+        .expect("composer task");
 }
