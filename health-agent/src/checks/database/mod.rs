@@ -367,6 +367,8 @@ async fn connect_tcp(t: &Target, timeout: Duration) -> Result<TcpStream, Failure
 }
 
 #[cfg(test)]
+mod test_helpers;
+#[cfg(test)]
 pub(crate) mod test_support;
 #[cfg(test)]
 mod tests;
