@@ -28,8 +28,8 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    policy::{Status, WebVerdict},
     snapshot::{SharedSnapshot, Snapshot},
+    status::{Status, WebVerdict},
 };
 
 /// Connections answered with a proper goodbye at once; beyond that a connection gets its line
@@ -203,7 +203,8 @@ mod tests {
             DatabaseReport, Report,
         },
         heal::HealLog,
-        policy::{Decision, DiskLevel, Pressure, Recommendation},
+        policy::Decision,
+        status::{DiskLevel, Pressure, Recommendation},
     };
     use arc_swap::ArcSwap;
 

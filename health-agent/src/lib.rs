@@ -3,16 +3,33 @@
 //! and connections; user space merges that with disk, container, database, CPU and memory
 //! checks into one cached snapshot served as `GET /health`.
 //!
-//! Module map: `config` (TOML), `status` (every state enum: the shared vocabulary, a leaf),
-//! `dburl` (database URLs: parsing and redaction; a leaf shared by `config` and the database
-//! check), `text` (truncation and rounding for display, a leaf), `ebpf` (loader and map reads),
-//! `net` (listen sockets without eBPF), `checks` (one module per check), `policy` (the status
-//! table, pure), `heal` (self-healing), `docker` (the Engine API client), `runner`
-//! (`Checks::build`, the one wiring of every check; background checks, the composer, the
-//! supervisor), `snapshot` (what /health serves), `server` (HTTP), `metrics` (OpenMetrics),
-//! `oneshot` (`health-agent check`), `alerts` (incidents to Slack, PagerDuty, a webhook and
-//! GitHub), `suspicious` (miner and /tmp-executable detection for incident reports),
-//! `agent_check` (HAProxy's agent protocol), `sd_notify` (systemd readiness and watchdog).
+//! Module map, from the leaves up (outside tests, a module imports only from those above it):
+//! - `status`: every state enum, the shared vocabulary (a leaf);
+//! - `text`: truncation, rounding and RFC 3339 timestamps for display (a leaf);
+//! - `dburl`: database URLs, parsing and redaction (a leaf shared by `config` and the database
+//!   check);
+//! - `redact`: secrets out of log lines and messages (a leaf used by `config` and `alerts`);
+//! - `docker`: the Docker Engine API client;
+//! - `netns`: network namespaces, where the web backend's sockets live;
+//! - `sd_notify`: systemd readiness and watchdog;
+//! - `config`: the TOML file (`sections`, `bounds`, `validate`, `secrets`, `default.toml`);
+//! - `ebpf`: the kernel programs' loader and map reads (`btf`: the BTF reader; `tracefs`);
+//! - `net`: listen sockets and connections without eBPF (sock_diag, /proc);
+//! - `suspicious`: miner and /tmp-executable detection for incident reports;
+//! - `checks`: one module per check (`web`, `database`, `containers`, `disk`, `system`,
+//!   `probe`);
+//! - `policy`: the status table, pure (`flap`: holding a change of HTTP code back);
+//! - `fuzzing`: the parser fuzz targets (tests and the `fuzzing` feature only);
+//! - `fleet`: fleet-aware verdicts, each fault compared with the peers' (`exchange`);
+//! - `heal`: self-healing (`command`, `judge`, `worker`);
+//! - `snapshot`: what /health serves;
+//! - `alerts`: incidents to Slack, PagerDuty, a webhook and GitHub;
+//! - `metrics`: OpenMetrics;
+//! - `agent_check`: HAProxy's agent protocol;
+//! - `server`: HTTP (`conn`: connection limits and the accept loop);
+//! - `runner`: `Checks::build`, the one wiring of every check; background checks, the composer,
+//!   the supervisor;
+//! - `oneshot`: `health-agent check`.
 
 pub mod agent_check;
 pub mod alerts;
@@ -30,6 +47,7 @@ pub(crate) mod net;
 pub(crate) mod netns;
 pub mod oneshot;
 pub(crate) mod policy;
+pub(crate) mod redact;
 pub mod runner;
 pub mod sd_notify;
 pub mod server;

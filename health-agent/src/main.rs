@@ -97,10 +97,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Config { .. } => anyhow::bail!("config needs --dump or --validate FILE"),
         Command::Check { json } => {
             let cfg = Config::load(&cli.config)?;
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .context("starting the async runtime")?;
+            let rt = runtime()?;
             let snap = rt.block_on(oneshot::run(&cfg));
             if json {
                 println!("{}", oneshot::json(&snap));
@@ -117,10 +114,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             command: AlertCommand::Test,
         } => {
             let cfg = Config::load(&cli.config)?;
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .context("starting the async runtime")?;
+            let rt = runtime()?;
             let results = rt.block_on(alerts::send_test(&cfg.alerts, &alerts::hostname()));
             if results.is_empty() {
                 eprintln!(
@@ -142,14 +136,19 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let cfg = Arc::new(Config::load(&cli.config)?);
             // The background checks are light and mostly waiting: one thread is plenty, and it
             // wakes fewer threads per tick than a work-stealing pool. HTTP has its own threads.
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .context("starting the async runtime")?;
+            let rt = runtime()?;
             rt.block_on(serve(cfg))?;
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// Every command runs on one current-thread runtime: the work is light and mostly waiting.
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
 }
 
 async fn serve(cfg: Arc<Config>) -> anyhow::Result<()> {

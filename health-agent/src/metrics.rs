@@ -11,8 +11,8 @@ use prometheus_client::{
 };
 
 use crate::{
-    policy::{DbState, WebVerdict},
     snapshot::Snapshot,
+    status::{DbState, WebVerdict},
 };
 
 type Labels = Vec<(&'static str, String)>;
@@ -410,7 +410,8 @@ mod tests {
             ContainersReport, DatabaseReport, Report,
         },
         heal::HealLog,
-        policy::{evaluate, DbState},
+        policy::evaluate,
+        status::DbState,
     };
 
     #[test]
@@ -427,7 +428,7 @@ mod tests {
         };
         let report = Report {
             web: crate::checks::web::WebReport::not_configured(),
-            disk: Report::disk_unknown(),
+            disk: crate::checks::disk::DiskReport::unknown(),
             system: None,
             containers: ContainersReport::not_configured(),
             database: DatabaseReport {
@@ -483,7 +484,7 @@ mod tests {
         });
         let report = Report {
             web,
-            disk: Report::disk_unknown(),
+            disk: crate::checks::disk::DiskReport::unknown(),
             system: None,
             containers: ContainersReport::not_configured(),
             database: DatabaseReport::not_configured(),

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use crate::{
-    checks::{probe, ContainersReport, DatabaseReport, Report},
+    checks::{disk::DiskReport, probe, ContainersReport, DatabaseReport, Report},
     config::Config,
     docker::DockerError,
     heal::HealLog,
@@ -75,26 +75,21 @@ async fn decide(cfg: &Config) -> (Decision, Report) {
     }
     let disk = tokio::time::timeout(cfg.checks.timeout, check_disk(cfg.disk.clone()))
         .await
-        .unwrap_or_else(|_| Report::disk_unknown());
+        .unwrap_or_else(|_| DiskReport::unknown());
     let containers = if !containers_wanted(cfg) {
         ContainersReport::not_configured()
     } else {
         match (&docker, docker_error) {
             (Some(d), _) => crate::checks::containers::check(d, &cfg.containers).await,
-            (None, e) => ContainersReport {
-                state: crate::policy::ContainersState::Unknown,
-                summary: "unknown".into(),
-                reason: e.map(|e| e.to_string()),
-                faulty: Vec::new(),
-                containers: Vec::new(),
-            },
+            // Always an error here: the container check is configured, so a client was wanted.
+            (None, e) => ContainersReport::unknown(e.map(|e| e.to_string()).unwrap_or_default()),
         }
     };
     let database = match database {
         Database::NotConfigured => DatabaseReport::not_configured(),
         Database::On(mut m) => m.check().await,
         Database::Broken(e) => DatabaseReport {
-            state: crate::policy::DbState::Unknown,
+            state: crate::status::DbState::Unknown,
             reason: Some(e.to_string()),
             databases: Vec::new(),
         },

@@ -16,7 +16,9 @@ use serde_json::{json, Value};
 use crate::{
     checks::Report,
     heal::HealLog,
-    policy::{DbState, Decision, DiskLevel, Status},
+    policy::Decision,
+    status::{DbState, DiskLevel, Status},
+    text::rfc3339,
 };
 
 pub type SharedSnapshot = Arc<ArcSwap<Snapshot>>;
@@ -125,9 +127,9 @@ impl Snapshot {
     /// reason). For the alerts only; never served.
     pub fn as_stopped(&self, why: &str) -> Self {
         let decision = Decision {
-            status: crate::policy::Status::Unhealthy,
+            status: crate::status::Status::Unhealthy,
             http: 503,
-            recommendation: crate::policy::Recommendation::Stable,
+            recommendation: crate::status::Recommendation::Stable,
             reasons: vec![format!(
                 "{why}: the agent can no longer vouch for this instance"
             )],
@@ -197,12 +199,6 @@ pub fn host_uptime() -> u64 {
     ts.tv_sec.max(0) as u64
 }
 
-pub fn rfc3339(t: SystemTime) -> String {
-    time::OffsetDateTime::from(t)
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_default()
-}
-
 /// The draft ties `warn` to 2xx–3xx and `fail` to 4xx–5xx: the HTTP code decides first, so a
 /// 503 while booting is `fail`, a 200 while booting `warn`.
 fn ietf_status(s: Status, http: u16) -> &'static str {
@@ -241,9 +237,9 @@ fn ietf(decision: &Decision, report: &Report, time: &str, details: bool) -> Valu
     let web = &report.web;
     let web_fault = matches!(
         web.verdict,
-        crate::policy::WebVerdict::Hung
-            | crate::policy::WebVerdict::Unresponsive
-            | crate::policy::WebVerdict::Down
+        crate::status::WebVerdict::Hung
+            | crate::status::WebVerdict::Unresponsive
+            | crate::status::WebVerdict::Down
     );
     let mut checks = serde_json::Map::new();
     checks.insert(
@@ -256,7 +252,7 @@ fn ietf(decision: &Decision, report: &Report, time: &str, details: bool) -> Valu
                 web_fault,
                 matches!(
                     web.verdict,
-                    crate::policy::WebVerdict::Slow | crate::policy::WebVerdict::PartialHang
+                    crate::status::WebVerdict::Slow | crate::status::WebVerdict::PartialHang
                 )
             ),
             "time": time,
@@ -271,7 +267,7 @@ fn ietf(decision: &Decision, report: &Report, time: &str, details: bool) -> Valu
                 "componentType": "component",
                 "observedValue": p99,
                 "observedUnit": "ms",
-                "status": level(false, web.verdict == crate::policy::WebVerdict::Slow),
+                "status": level(false, web.verdict == crate::status::WebVerdict::Slow),
                 "time": time,
             }]),
         );
@@ -294,7 +290,7 @@ fn ietf(decision: &Decision, report: &Report, time: &str, details: bool) -> Valu
         .collect();
     checks.insert("disk:utilization".into(), Value::Array(disks));
     if let Some(s) = &report.system {
-        let high = s.pressure == crate::policy::Pressure::High;
+        let high = s.pressure == crate::status::Pressure::High;
         checks.insert(
             "cpu:utilization".into(),
             json!([{"componentType": "system", "observedValue": s.cpu_avg_percent, "observedUnit": "percent", "status": level(false, high), "time": time}]),
@@ -355,13 +351,13 @@ fn ietf(decision: &Decision, report: &Report, time: &str, details: bool) -> Valu
         }
     }
     let c = &report.containers;
-    if c.state != crate::policy::ContainersState::NotConfigured {
+    if c.state != crate::status::ContainersState::NotConfigured {
         checks.insert(
             "containers:running".into(),
             json!([{
                 "componentType": "component",
                 "observedValue": c.summary,
-                "status": level(c.state == crate::policy::ContainersState::Faulty, c.state == crate::policy::ContainersState::Unknown),
+                "status": level(c.state == crate::status::ContainersState::Faulty, c.state == crate::status::ContainersState::Unknown),
                 "time": time,
                 "output": c.reason.clone().unwrap_or_default(),
             }]),

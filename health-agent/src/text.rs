@@ -1,5 +1,7 @@
-//! How values are shown: UTF-8-safe truncation and one-decimal rounding. A leaf: it imports
-//! nothing from the crate, so any module may use it.
+//! How values are shown: UTF-8-safe truncation, one-decimal rounding and RFC 3339 timestamps.
+//! A leaf: it imports nothing from the crate, so any module may use it.
+
+use std::time::SystemTime;
 
 /// The longest prefix of `s` that is at most `limit` bytes and ends on a character boundary.
 pub fn cut(s: &str, limit: usize) -> &str {
@@ -18,6 +20,14 @@ pub fn truncate(s: &str, limit: usize) -> String {
 /// Rounded to one decimal, as reports show percentages and milliseconds.
 pub fn round1(v: f64) -> f64 {
     (v * 10.0).round() / 10.0
+}
+
+/// A wall-clock time as RFC 3339 (UTC), as every report and payload shows it; empty in the
+/// unrepresentable case rather than a panic.
+pub fn rfc3339(t: SystemTime) -> String {
+    time::OffsetDateTime::from(t)
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -23,30 +23,10 @@ use health_agent_tests::{
     free_port, require_root, Agent, Ca, Fixture, Postgres, Receiver, Redis, TcpProxy,
 };
 
-fn cfg(urls: &[&str]) -> DatabaseConfig {
-    DatabaseConfig {
-        urls: urls.iter().map(|u| u.to_string()).collect(),
-        fail_after: 1,
-        recover_after: 1,
-        // A busy machine must not turn a good round trip "slow".
-        slow_after: Duration::from_secs(30),
-        ..DatabaseConfig::default()
-    }
-}
-
-fn monitor(c: &DatabaseConfig) -> DatabaseMonitor {
-    DatabaseMonitor::new(c)
-        .expect("valid database config")
-        .expect("a database is configured")
-}
-
-/// Fails if any secret shows in the report (names, errors, reasons: all of its JSON).
-fn assert_no_secret(r: &DatabaseReport, secrets: &[&str]) {
-    let json = serde_json::to_string(r).expect("report serialises");
-    for s in secrets {
-        assert!(!json.contains(s), "secret {s:?} leaked into {json}");
-    }
-}
+// cfg, monitor, assert_no_secret: the same helpers the check's unit tests use.
+#[path = "../../health-agent/src/checks/database/test_helpers.rs"]
+mod test_helpers;
+use test_helpers::{assert_no_secret, cfg, monitor};
 
 /// The server's superuser URL, with `password` in it if given.
 fn pg_url(pg: &Postgres, password: Option<&str>) -> String {

@@ -1,4 +1,5 @@
-//! Child processes: echo what runs, and fail with the command line in the error.
+//! Child processes: echo what runs, and fail with the command line in the error; and the
+//! one-line steps setup and services print.
 
 use std::{
     env,
@@ -149,6 +150,24 @@ pub fn home() -> Result<PathBuf> {
     env::var_os("HOME")
         .map(PathBuf::from)
         .context("HOME is not set — set it to the user's home directory")
+}
+
+/// What a step found.
+pub enum Outcome {
+    /// Nothing to do; the note says why ("already present").
+    Ok(&'static str),
+    /// It changed something ("installed"); printed with the time it took.
+    Done(&'static str),
+}
+
+/// Runs one step and prints its one-line result; `verb` prefixes the line.
+pub fn step(verb: &str, thing: &str, f: impl FnOnce() -> Result<Outcome>) -> Result<()> {
+    let start = Instant::now();
+    match f().with_context(|| format!("{verb}: {thing} failed"))? {
+        Outcome::Ok(note) => println!("{verb}: {thing}: ok ({note})"),
+        Outcome::Done(what) => println!("{verb}: {thing}: {what} in {} s", secs(start)),
+    }
+    Ok(())
 }
 
 /// Whole seconds since `start`, for the timing lines.

@@ -26,7 +26,7 @@ pub struct Args {
 }
 
 pub fn run(args: &Args) -> Result<()> {
-    setup::step("fuzz", "cargo-fuzz", setup::cargo_fuzz)?;
+    cmd::step("fuzz", "cargo-fuzz", setup::cargo_fuzz)?;
     let fuzz_dir = cmd::root().join("fuzz");
     let cargo_fuzz = |target: &str| {
         let mut c = Command::new("cargo");

@@ -12,11 +12,12 @@ use std::{
 
 use anyhow::{bail, ensure, Context, Result};
 
-use crate::{cmd, setup};
+use crate::{
+    cmd,
+    setup::{self, TARGET},
+};
 
 pub const NAME: &str = "health-agent";
-/// Needs no libc from the image; rustup's target, musl-tools for the C parts (ring).
-pub const TARGET: &str = "x86_64-unknown-linux-musl";
 const CONFIG: &str = "etc/health-agent/health-agent.toml";
 
 /// Builds the image and returns its `name:version` tag.

@@ -11,10 +11,7 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
-use crate::{
-    cmd,
-    setup::{step, Outcome},
-};
+use crate::cmd::{self, step, Outcome};
 
 const DOCKERD_LOG: &str = "/var/log/dockerd.log";
 const POSTGRES: SocketAddr =

@@ -6,12 +6,14 @@ use std::{
     os::unix::fs::symlink,
     path::{Path, PathBuf},
     process::Command,
-    time::Instant,
 };
 
 use anyhow::{bail, ensure, Context, Result};
 
-use crate::{cmd, services};
+use crate::{
+    cmd::{self, step, Outcome},
+    services,
+};
 
 #[derive(clap::Args, Default)]
 pub struct Args {
@@ -54,24 +56,9 @@ const PACKAGES: &[&str] = &[
 /// The deploy-file validators that come from PyPI, by the command each installs.
 const PIP_TOOLS: &[&str] = &["cfn-lint", "kubernetes-validate"];
 const TRACEFS: &str = "/sys/kernel/tracing";
-
-/// What a step found.
-pub enum Outcome {
-    /// Nothing to do; the note says why ("already present").
-    Ok(&'static str),
-    /// It changed something ("installed"); printed with the time it took.
-    Done(&'static str),
-}
-
-/// Runs one step and prints its one-line result; `verb` prefixes the line.
-pub fn step(verb: &str, thing: &str, f: impl FnOnce() -> Result<Outcome>) -> Result<()> {
-    let start = Instant::now();
-    match f().with_context(|| format!("{verb}: {thing} failed"))? {
-        Outcome::Ok(note) => println!("{verb}: {thing}: ok ({note})"),
-        Outcome::Done(what) => println!("{verb}: {thing}: {what} in {} s", cmd::secs(start)),
-    }
-    Ok(())
-}
+/// The static target `cargo xtask image` builds for: it needs no libc from the image; rustup's
+/// target, musl-tools for the C parts (ring).
+pub const TARGET: &str = "x86_64-unknown-linux-musl";
 
 pub fn run(args: &Args) -> Result<()> {
     step("setup", "rust-src (nightly)", rust_src)?;
@@ -89,13 +76,10 @@ pub fn run(args: &Args) -> Result<()> {
 fn musl_target() -> Result<Outcome> {
     let installed = cmd::stdout(Command::new("rustup").args(["target", "list", "--installed"]))
         .context("rustup target list failed")?;
-    if installed
-        .lines()
-        .any(|line| line.trim() == crate::image::TARGET)
-    {
+    if installed.lines().any(|line| line.trim() == TARGET) {
         return Ok(Outcome::Ok("already present"));
     }
-    cmd::run(Command::new("rustup").args(["target", "add", crate::image::TARGET]))
+    cmd::run(Command::new("rustup").args(["target", "add", TARGET]))
         .context("could not add the musl target (about 40 MB download) — check the network")?;
     Ok(Outcome::Done("installed"))
 }

@@ -22,10 +22,10 @@ use super::{
     evidence::Pending,
     http::{Http, Pacer},
     incident::{human, Event, Kind},
-    redact::Secrets,
     report,
 };
-use crate::snapshot::rfc3339;
+use crate::redact::Secrets;
+use crate::text::rfc3339;
 
 /// How long a trigger waits for its process evidence before reporting without it.
 const EVIDENCE_WAIT: Duration = Duration::from_secs(10);

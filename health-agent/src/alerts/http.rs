@@ -9,11 +9,9 @@ use std::time::{Duration, Instant, SystemTime};
 use bytes::Bytes;
 use reqwest::{header::HeaderMap, RequestBuilder, StatusCode};
 
-use super::{
-    error::AlertError,
-    redact::{describe_error, Secrets},
-};
+use super::error::AlertError;
 use crate::config::AlertsConfig;
+use crate::redact::{describe_error, Secrets};
 
 /// A `Retry-After` longer than this is cut: the flap guard and the next incident will not wait.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);

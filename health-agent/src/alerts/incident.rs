@@ -13,8 +13,9 @@ use serde_json::Value;
 
 use super::evidence::Pending;
 use crate::{
-    policy::{DbState, Fault, HealPhase, Recommendation, Status},
+    policy::Fault,
     snapshot::Snapshot,
+    status::{DbState, HealPhase, Recommendation, Status},
 };
 
 /// `dedup_key` (PagerDuty) and fingerprint (GitHub) length limit.
@@ -31,8 +32,9 @@ pub enum Condition {
     /// Self-healing tried and failed, or its budget is spent.
     HealFailed,
     /// A check is misconfigured: the database refused the agent's credentials or database
-    /// name, the web probe path answers 4xx, or `web.container` / `web.netns` names nothing.
-    /// Nothing is replaced for it, but a person has to fix it.
+    /// name, or its TLS handshake or certificate check failed; the web probe path answers 4xx,
+    /// or `web.container` / `web.netns` names nothing. Nothing is replaced for it, but a person
+    /// has to fix it.
     ConfigError,
 }
 

@@ -6,10 +6,10 @@
 //! order.
 //!
 //! Files: `incident` (conditions, the per-condition state machine, the event), `queue` (the
-//! bounded queue and its drop rule), `http` (pacing, timeout, retry/backoff), `redact`
-//! (secrets out of logs), `error` (why a message did not go out), `sink` (one JSON POST per
-//! message, told what to send by `slack`, `pagerduty` and `webhook`), `github`,
-//! `report` (the incident report), `evidence` (its process evidence).
+//! bounded queue and its drop rule), `http` (pacing, timeout, retry/backoff), `error` (why a
+//! message did not go out), `sink` (one JSON POST per message, told what to send by `slack`,
+//! `pagerduty` and `webhook`), `github`, `report` (the incident report), `evidence` (its process
+//! evidence). Secrets are kept out of logs by `crate::redact`.
 
 pub mod error;
 pub mod evidence;
@@ -18,7 +18,6 @@ pub mod http;
 pub mod incident;
 pub mod pagerduty;
 pub mod queue;
-pub mod redact;
 pub mod report;
 pub mod sink;
 pub mod slack;
@@ -45,9 +44,9 @@ use self::{
     http::{Http, Pacer, Tuning},
     incident::{Condition, Event, Kind, Tracker},
     queue::{Pushed, Queue},
-    redact::{host_of, Secrets},
     sink::JsonSink,
 };
+use crate::redact::{host_of, Secrets};
 use crate::{config::AlertsConfig, snapshot::Snapshot};
 
 /// `alert test` answers promptly: at most this many retries whatever `alerts.max_retries` says.

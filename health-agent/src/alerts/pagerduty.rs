@@ -10,10 +10,10 @@ use serde_json::{json, Value};
 use super::{
     http::Pacer,
     incident::{Event, Kind},
-    redact::Secrets,
     sink::JsonSink,
 };
-use crate::{snapshot::rfc3339, text::truncate};
+use crate::redact::Secrets;
+use crate::text::{rfc3339, truncate};
 
 const SUMMARY_LIMIT: usize = 1024;
 

@@ -13,7 +13,7 @@ use super::{
     evidence::{Evidence, TOP},
     incident::{human, priority, Event, Kind},
 };
-use crate::{snapshot::rfc3339, text::truncate};
+use crate::text::{rfc3339, truncate};
 
 /// GitHub rejects bodies above 65536 characters.
 const BODY_LIMIT: usize = 60_000;
@@ -372,8 +372,8 @@ mod tests {
             peers_asked: vec!["10.0.0.3:8080".into(), "10.0.0.4:8080".into()],
             peers_answered: vec!["10.0.0.3:8080".into()],
             judgements: vec![crate::policy::Judgement {
-                class: crate::policy::FaultClass::Web,
-                scope: crate::policy::Scope::Local,
+                class: crate::status::FaultClass::Web,
+                scope: crate::status::Scope::Local,
                 peers_with: 0,
                 peers_answered: 1,
                 reason: "1/1 peers answering have no web fault".into(),

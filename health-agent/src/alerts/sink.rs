@@ -8,8 +8,8 @@ use super::{
     error::AlertError,
     http::{Http, Pacer},
     incident::Event,
-    redact::Secrets,
 };
+use crate::redact::Secrets;
 
 /// The body one incident event becomes.
 type EventPayload = Box<dyn Fn(&Event) -> Value + Send + Sync>;

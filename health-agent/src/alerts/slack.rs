@@ -7,9 +7,9 @@ use serde_json::{json, Value};
 use super::{
     http::Pacer,
     incident::{human, Event, Kind},
-    redact::Secrets,
     sink::JsonSink,
 };
+use crate::redact::Secrets;
 
 /// The Slack destination: the URL is its only secret.
 pub fn sink(url: &str, pacer: Pacer) -> JsonSink {

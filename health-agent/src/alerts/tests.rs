@@ -32,8 +32,9 @@ use crate::{
     },
     config::AlertsConfig,
     heal::HealLog,
-    policy::{evaluate, DbState, DiskLevel, HealPhase, WebVerdict},
+    policy::evaluate,
     snapshot::Snapshot,
+    status::{DbState, DiskLevel, HealPhase, WebVerdict},
 };
 
 const SLACK_PATH: &str = "/services/T0000/B0000/XXXXslackSECRETXXXX";

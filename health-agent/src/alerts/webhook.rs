@@ -10,10 +10,10 @@ use serde_json::{json, Value};
 use super::{
     http::Pacer,
     incident::{Event, Kind},
-    redact::Secrets,
     sink::JsonSink,
 };
-use crate::snapshot::rfc3339;
+use crate::redact::Secrets;
+use crate::text::rfc3339;
 
 /// The webhook destination: the URL is its only secret.
 pub fn sink(url: &str, pacer: Pacer) -> JsonSink {

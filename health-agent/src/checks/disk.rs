@@ -23,6 +23,14 @@ pub struct DiskReport {
 }
 
 impl DiskReport {
+    /// No answer from the disk check (it timed out or has not run yet).
+    pub fn unknown() -> Self {
+        Self {
+            level: DiskLevel::Unknown,
+            mounts: Vec::new(),
+        }
+    }
+
     /// The seed's one-word `checks.disk`: `ok`, `warning`, `critical` or `unknown`.
     pub fn summary(&self) -> &'static str {
         match self.level {

@@ -12,7 +12,7 @@ use serde::Serialize;
 
 pub use containers::{ContainerInfo, ContainersReport};
 
-use crate::status::{DbState, DiskLevel};
+use crate::status::DbState;
 
 /// Database slot: filled by the database check when `database.url` or `database.urls` is set.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -47,13 +47,4 @@ pub struct Report {
     pub system: Option<system::SystemReport>,
     pub containers: ContainersReport,
     pub database: DatabaseReport,
-}
-
-impl Report {
-    pub fn disk_unknown() -> disk::DiskReport {
-        disk::DiskReport {
-            level: DiskLevel::Unknown,
-            mounts: Vec::new(),
-        }
-    }
 }

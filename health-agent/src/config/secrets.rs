@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use super::{redact_urls_in, url_secrets, Config};
-use crate::alerts::redact::Secrets;
+use crate::redact::Secrets;
 
 /// The config keys that hold a secret in this config, with their values: alert URLs and keys,
 /// database URLs with a password, URLs with credentials in them.
@@ -240,7 +240,7 @@ fn scrub(message: &str, values: &[String]) -> String {
             out = Secrets::new().with(v).replace(&out);
         }
     }
-    crate::alerts::redact::redact(&redact_urls_in(&out), &[])
+    crate::redact::redact(&redact_urls_in(&out), &[])
 }
 
 #[cfg(test)]

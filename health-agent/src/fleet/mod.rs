@@ -20,7 +20,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     checks::Report,
-    policy::{ContainersState, DbState, FaultClass, Judgement, Scope, WebVerdict},
+    policy::Judgement,
+    status::{ContainersState, DbState, FaultClass, Scope, WebVerdict},
 };
 
 /// The peer endpoint's path; the version is in the path, so agents of different versions

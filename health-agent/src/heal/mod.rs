@@ -37,8 +37,9 @@ pub use self::{
 use crate::{
     config::{HealConfig, WebConfig},
     docker::Docker,
-    policy::{Decision, Fault, HealPhase, Status},
-    snapshot::rfc3339,
+    policy::{Decision, Fault},
+    status::{HealPhase, Status},
+    text::rfc3339,
 };
 
 const LOG_LEN: usize = 20;
@@ -537,7 +538,8 @@ async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{evaluate, PolicyInput, WebVerdict};
+    use crate::policy::{evaluate, PolicyInput};
+    use crate::status::WebVerdict;
 
     fn hung() -> Decision {
         evaluate(&PolicyInput {
@@ -584,7 +586,7 @@ mod tests {
     /// (the composer's flow before healing became a pure step).
     #[test]
     fn applied_matches_evaluating_with_the_phase() {
-        use crate::policy::{ContainersState, DbState, DiskLevel};
+        use crate::status::{ContainersState, DbState, DiskLevel};
         let inputs = [
             PolicyInput::default(),
             PolicyInput {
@@ -941,7 +943,7 @@ mod tests {
         let mut h = healer("echo hi", 3);
         let guarded = evaluate(&PolicyInput {
             web: WebVerdict::Hung,
-            database: crate::policy::DbState::Unreachable,
+            database: crate::status::DbState::Unreachable,
             ..PolicyInput::default()
         });
         assert_eq!(h.step(&guarded, &[], Instant::now()), HealPhase::Idle);

@@ -19,8 +19,8 @@ use super::{futures_now, Action, HealAttempt, HealError, HealOutcome, Healer, LO
 use crate::{
     checks::web::{process, WebReport, WorkerView},
     net,
-    snapshot::rfc3339,
     status::WebVerdict,
+    text::rfc3339,
 };
 
 /// How long a worker gets to exit on SIGTERM before SIGKILL: a stuck worker rarely finishes

@@ -1,10 +1,10 @@
-//! The status policy of SPEC.md as one pure function: check results in, (`status`, HTTP code,
-//! `recommendation`, reasons) out. 503 only for what a new instance or a restart would fix;
-//! a shared dependency (the database) never takes the fleet out. `FlapGuard` (flap.rs) holds a
-//! change of HTTP code back until the new condition has lasted its configured time.
+//! The status policy (the table in the README's "What `/health` answers") as one pure
+//! function: check results in, (`status`, HTTP code, `recommendation`, reasons) out. 503 only
+//! for what a new instance or a restart would fix; a shared dependency (the database) never
+//! takes the fleet out. `FlapGuard` (flap.rs) holds a change of HTTP code back until the new
+//! condition has lasted its configured time.
 //!
-//! The states it reads and answers with live in `crate::status`; they are re-exported here so
-//! `crate::policy::Status` and the like keep working.
+//! The states it reads and answers with live in `crate::status`, a leaf; import them from there.
 
 use serde::Serialize;
 
@@ -14,7 +14,7 @@ mod flap;
 #[cfg(test)]
 mod tests;
 
-pub use crate::status::{
+use crate::status::{
     ContainersState, DbState, DiskLevel, FaultClass, HealPhase, Pressure, Recommendation, Scope,
     Status, WebVerdict,
 };

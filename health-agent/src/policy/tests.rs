@@ -13,7 +13,8 @@ fn input() -> PolicyInput {
     }
 }
 
-/// One row per line of the SPEC.md status table (and the edges around it).
+/// One row per line of the README's status table, "What `/health` answers" (and the edges
+/// around it).
 #[test]
 fn status_table() {
     use Recommendation::*;

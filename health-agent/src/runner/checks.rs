@@ -12,7 +12,6 @@ use crate::{
         disk::{self, DiskReport},
         system::SystemMonitor,
         web::{load_kernel, WebMonitor},
-        Report,
     },
     config::{Config, DatabaseConfig, DiskConfig, WebConfig},
     docker::Docker,
@@ -134,5 +133,5 @@ pub fn probe_wanted(cfg: &Config) -> bool {
 pub async fn check_disk(cfg: DiskConfig) -> DiskReport {
     tokio::task::spawn_blocking(move || disk::check(&cfg))
         .await
-        .unwrap_or_else(|_| Report::disk_unknown())
+        .unwrap_or_else(|_| DiskReport::unknown())
 }

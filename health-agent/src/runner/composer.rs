@@ -18,8 +18,9 @@ use crate::{
     config::Config,
     fleet::{classes_of, Judge},
     heal::{self, Healer},
-    policy::{evaluate, DiskLevel, FlapGuard, HealPhase},
+    policy::{evaluate, FlapGuard},
     snapshot::Snapshot,
+    status::{DiskLevel, HealPhase},
 };
 
 pub(super) struct Composer {
@@ -44,7 +45,7 @@ pub(super) struct Composer {
 }
 
 /// What an operator reads in the journal when `/health` changes its mind.
-type Answer = (u16, crate::policy::Status, crate::policy::WebVerdict);
+type Answer = (u16, crate::status::Status, crate::status::WebVerdict);
 
 impl Composer {
     pub fn new(
@@ -121,7 +122,7 @@ impl Composer {
             Some(t) if now.saturating_duration_since(t.at) <= stale_after => t.value.clone(),
             Some(t) => {
                 let mut r = t.value.clone();
-                r.state = crate::policy::DbState::Unknown;
+                r.state = crate::status::DbState::Unknown;
                 r.reason = Some(format!(
                     "the database check has not reported for {}s",
                     now.saturating_duration_since(t.at).as_secs()
@@ -189,7 +190,7 @@ impl Composer {
         }
         let disk = self.fresh(&self.slots.disk, now).unwrap_or_else(|| {
             // Not run yet, or hung past stale_after (a dead NFS mount, say).
-            let mut d = Report::disk_unknown();
+            let mut d = disk::DiskReport::unknown();
             if now.saturating_duration_since(self.started) > self.cfg.checks.stale_after {
                 d.mounts = self
                     .cfg
@@ -210,12 +211,8 @@ impl Composer {
         });
         let containers = match &self.slots.containers {
             None => ContainersReport::not_configured(),
-            Some(slot) => self.fresh(slot, now).unwrap_or_else(|| ContainersReport {
-                state: crate::policy::ContainersState::Unknown,
-                summary: "unknown".into(),
-                reason: Some("container check has not answered yet".into()),
-                faulty: Vec::new(),
-                containers: Vec::new(),
+            Some(slot) => self.fresh(slot, now).unwrap_or_else(|| {
+                ContainersReport::unknown("container check has not answered yet".into())
             }),
         };
         let database = match &self.slots.database {
@@ -291,14 +288,14 @@ impl Composer {
         }
         let every = if matches!(
             report.web.verdict,
-            crate::policy::WebVerdict::Waiting
-                | crate::policy::WebVerdict::Hung
-                | crate::policy::WebVerdict::Unresponsive
+            crate::status::WebVerdict::Waiting
+                | crate::status::WebVerdict::Hung
+                | crate::status::WebVerdict::Unresponsive
         ) {
             RECHECK_STUCK_EVERY
         } else if matches!(
             report.database.state,
-            crate::policy::DbState::Unreachable | crate::policy::DbState::Slow
+            crate::status::DbState::Unreachable | crate::status::DbState::Slow
         ) {
             RECHECK_DOWN_EVERY
         } else {
@@ -344,7 +341,7 @@ impl Composer {
 fn log_answer_change(before: Option<Answer>, now: Answer, reasons: &[String]) {
     let line = answer_change_line(before, now, reasons);
     match now.1 {
-        crate::policy::Status::Healthy | crate::policy::Status::Booting => {
+        crate::status::Status::Healthy | crate::status::Status::Booting => {
             tracing::info!("{line}")
         }
         _ => tracing::warn!("{line}"),
@@ -370,7 +367,7 @@ const RECHECK_DOWN_EVERY: Duration = Duration::from_secs(5);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{Status, WebVerdict};
+    use crate::status::{Status, WebVerdict};
 
     #[test]
     fn an_answer_change_reads_as_words_with_its_reason() {

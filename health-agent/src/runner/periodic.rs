@@ -20,7 +20,6 @@ use crate::{
     config::Config,
     docker::{ContainerNet, DockerError},
     fleet::Round,
-    policy::{ContainersState, DiskLevel},
 };
 
 /// A check result and when it was taken.
@@ -71,10 +70,7 @@ impl Slots {
             timeout,
             shutdown.clone(),
             move || check_disk(disk_cfg.clone()),
-            || DiskReport {
-                level: DiskLevel::Unknown,
-                mounts: Vec::new(),
-            },
+            DiskReport::unknown,
         );
 
         let probe = probe_wanted(cfg).then(|| {
@@ -147,13 +143,7 @@ impl Slots {
                         let (d, c) = (d.clone(), ccfg.clone());
                         async move { crate::checks::containers::check(&d, &c).await }
                     },
-                    move || ContainersReport {
-                        state: ContainersState::Unknown,
-                        summary: "unknown".into(),
-                        reason: Some(docker_late().to_string()),
-                        faulty: Vec::new(),
-                        containers: Vec::new(),
-                    },
+                    move || ContainersReport::unknown(docker_late().to_string()),
                 )
             });
 

@@ -36,6 +36,9 @@ pub(super) async fn supervise(
         tokio::select! {
             r = &mut composer, if ended.is_none() => {
                 if shutdown.is_cancelled() {
+                    // Joined already: awaiting it again below would panic, and the alerts
+                    // would not be flushed.
+                    ended = Some("stopped at shutdown".into());
                     break;
                 }
                 let why = match r {

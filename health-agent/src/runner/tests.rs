@@ -12,7 +12,7 @@ use crate::{
         disk::DiskReport,
         DatabaseReport,
     },
-    policy::{DbState, DiskLevel, Recommendation, Status},
+    status::{DbState, DiskLevel, Recommendation, Status},
 };
 
 type DiskSender = watch::Sender<Option<Timed<DiskReport>>>;
@@ -104,7 +104,7 @@ async fn a_restart_answers_recovering_then_503_once_it_fails() {
         snap.decision.reasons.last().map(String::as_str),
         Some("self-heal in progress")
     );
-    assert_eq!(snap.heal.phase, Some(crate::policy::HealPhase::Recovering));
+    assert_eq!(snap.heal.phase, Some(crate::status::HealPhase::Recovering));
 
     let deadline = Instant::now() + Duration::from_secs(5);
     let snap = loop {
@@ -323,8 +323,11 @@ async fn the_first_snapshot_carries_every_checks_first_result() {
     assert_eq!(first.report.database.state, DbState::Connected);
     let probe = first.report.web.probe.as_ref().expect("a probe result");
     assert_eq!(probe.status, Some(200), "{probe:?}");
-    assert_eq!(first.report.web.verdict, crate::policy::WebVerdict::Up);
+    assert_eq!(first.report.web.verdict, crate::status::WebVerdict::Up);
     assert_eq!(first.decision.http, 200, "{:?}", first.decision);
     shutdown.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(10), agent.composer).await;
+    tokio::time::timeout(Duration::from_secs(10), agent.composer)
+        .await
+        .expect("the composer stops on shutdown")
+        .expect("composer task");
 }

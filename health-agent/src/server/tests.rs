@@ -2,8 +2,9 @@ use super::*;
 use crate::{
     checks::{ContainersReport, DatabaseReport, Report},
     heal::HealLog,
-    policy::{evaluate, DiskLevel},
+    policy::evaluate,
     snapshot::Snapshot,
+    status::DiskLevel,
 };
 use arc_swap::ArcSwap;
 use http_body_util::BodyExt as _;
@@ -445,11 +446,11 @@ async fn metrics_and_livez_and_404() {
 async fn every_5xx_is_fail_in_the_health_json_format() {
     // Booting, the backend not seen serving: 503 with status `booting`.
     let mut r = report(DiskLevel::Ok);
-    r.web.verdict = crate::policy::WebVerdict::Down;
+    r.web.verdict = crate::status::WebVerdict::Down;
     let mut input = crate::policy::PolicyInput::of(&r, true);
     input.web_served = false;
     let d = evaluate(&input);
-    assert_eq!((d.http, d.status), (503, crate::policy::Status::Booting));
+    assert_eq!((d.http, d.status), (503, crate::status::Status::Booting));
     let a = App {
         snapshot: Arc::new(ArcSwap::from_pointee(Snapshot::new(
             d,

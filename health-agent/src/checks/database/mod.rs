@@ -274,7 +274,7 @@ impl DatabaseMonitor {
                         .map(|f| f.message().to_string()),
                     detail: good.and_then(|g| g.detail.clone()),
                     consecutive_failures: tr.damper.consecutive_failures(),
-                    last_checked: last.map(|o| crate::snapshot::rfc3339(o.at)),
+                    last_checked: last.map(|o| crate::text::rfc3339(o.at)),
                 }
             })
             .collect();
@@ -366,6 +366,8 @@ async fn connect_tcp(t: &Target, timeout: Duration) -> Result<TcpStream, Failure
         .map_err(|e| Failure::Outage(format!("connect: {e}")))
 }
 
+#[cfg(test)]
+mod test_helpers;
 #[cfg(test)]
 pub(crate) mod test_support;
 #[cfg(test)]

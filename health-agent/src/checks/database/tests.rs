@@ -5,32 +5,7 @@ use tokio::{
     net::TcpListener,
 };
 
-use super::{test_support::*, *};
-
-fn cfg(urls: &[&str]) -> DatabaseConfig {
-    DatabaseConfig {
-        urls: urls.iter().map(|u| u.to_string()).collect(),
-        fail_after: 1,
-        recover_after: 1,
-        // Only the slow test wants "slow"; a busy CI machine must not make the others so.
-        slow_after: Duration::from_secs(30),
-        ..DatabaseConfig::default()
-    }
-}
-
-fn monitor(c: &DatabaseConfig) -> DatabaseMonitor {
-    DatabaseMonitor::new(c)
-        .expect("valid database config")
-        .expect("a database is configured")
-}
-
-/// Fails if any secret shows in the report (names, errors, reasons: all of its JSON).
-fn assert_no_secret(r: &DatabaseReport, secrets: &[&str]) {
-    let json = serde_json::to_string(r).expect("report serialises");
-    for s in secrets {
-        assert!(!json.contains(s), "secret {s:?} leaked into {json}");
-    }
-}
+use super::{test_helpers::*, test_support::*, *};
 
 #[test]
 fn monitor_new_names_the_key_and_skips_blank_urls() {

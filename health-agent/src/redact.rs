@@ -1,7 +1,8 @@
 //! Keeping secrets out of log lines and `alert test` output. Slack webhook URLs, PagerDuty
 //! routing keys, the generic webhook's URL (it often embeds a token) and the GitHub token are
 //! all credentials. Destinations are named, never shown by URL, and every error text passes
-//! through `redact` with the destination's secrets before it goes anywhere.
+//! through `redact` with the destination's secrets before it goes anywhere. A leaf, beside
+//! `dburl`'s URL redaction: `config` scrubs its errors with it, `alerts` its messages.
 
 /// The secrets one destination knows. A URL contributes itself and its path-and-query (a
 /// Slack URL's secret part), so an error that prints only the path is caught as well.
