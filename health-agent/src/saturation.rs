@@ -147,10 +147,10 @@ impl Meter {
         }
     }
 
-    /// Takes in one tick. `held`: a dependency fault holds now (S is withheld); on the tick it
-    /// starts, the last `lookback` of data goes too — the work was already blocked while the
-    /// fault was being recognised.
-    pub fn tick(&mut self, now: Instant, s: LoadSample, held: bool, lookback: Duration) {
+    /// Whether a dependency fault holds now (S is withheld): ticks from now on are left out
+    /// until it ends, and when it starts the last `lookback` of data goes too — the work was
+    /// already blocked while the fault was being recognised.
+    pub fn hold(&mut self, now: Instant, held: bool, lookback: Duration) {
         if held && !self.held {
             for r in self.records.iter_mut().rev() {
                 if now.saturating_duration_since(r.end) > lookback {
@@ -160,6 +160,11 @@ impl Meter {
             }
         }
         self.held = held;
+    }
+
+    /// Takes in one tick.
+    pub fn tick(&mut self, now: Instant, s: LoadSample) {
+        let held = self.held;
         let Some((t0, p)) = self.prev.replace((now, s)) else {
             return;
         };

@@ -83,7 +83,7 @@ fn run(meter: &mut Meter, jobs: &[Job], secs: f64, reads_early: bool) -> Instant
     let ticks = (secs / TICK.as_secs_f64()) as u32;
     for i in 0..=ticks {
         let t = TICK.as_secs_f64() * f64::from(i);
-        meter.tick(t0 + TICK * i, read(jobs, t, reads_early), false, WINDOW);
+        meter.tick(t0 + TICK * i, read(jobs, t, reads_early));
     }
     t0 + TICK * ticks
 }
@@ -171,7 +171,7 @@ fn blocked_work_is_dropped_with_what_led_up_to_it() {
     let mut s = LoadSample::default();
     for i in 0..=200u32 {
         s = read(&jobs, TICK.as_secs_f64() * f64::from(i), false);
-        m.tick(t0 + TICK * i, s, false, Duration::from_secs(5));
+        m.tick(t0 + TICK * i, s);
     }
     let before = m.estimate(t0 + TICK * 200, None).unwrap().web.unwrap();
     for i in 201..=280u32 {
@@ -179,7 +179,8 @@ fn blocked_work_is_dropped_with_what_led_up_to_it() {
         s.pending = 4;
         s.waiting += 10;
         let held = i >= 209; // noticed 2 s in
-        m.tick(t0 + TICK * i, s, held, Duration::from_secs(5));
+        m.hold(t0 + TICK * i, held, Duration::from_secs(5));
+        m.tick(t0 + TICK * i, s);
     }
     let during = m.estimate(t0 + TICK * 280, None).unwrap().web.unwrap();
     assert!(
@@ -205,7 +206,7 @@ fn a_cpu_bound_server_is_measured_against_the_cores_it_used_when_full() {
         s.waiting = 3;
         cpu += 0.25 * 0.98;
         s.backend_cpu_seconds = Some(cpu);
-        m.tick(t0 + TICK * i, s, false, WINDOW);
+        m.tick(t0 + TICK * i, s);
     }
     assert_eq!(
         (m.capacity().cores, m.capacity().cores_basis),
@@ -220,7 +221,7 @@ fn a_cpu_bound_server_is_measured_against_the_cores_it_used_when_full() {
         s.waiting = 0;
         cpu += 0.25 * 0.5;
         s.backend_cpu_seconds = Some(cpu);
-        m2.tick(t0 + TICK * i, s, false, WINDOW);
+        m2.tick(t0 + TICK * i, s);
     }
     let e = m2.estimate(t0 + TICK * 40, None).unwrap();
     let part = e.backend_cpu.unwrap();
