@@ -325,3 +325,51 @@ fn nothing_measured_is_unknown_not_zero() {
     let m = Meter::new(WINDOW, 4, 2);
     assert_eq!(m.estimate(Instant::now(), None), None);
 }
+
+#[test]
+fn stalled_work_is_not_load_even_before_the_fault_is_named() {
+    // Half load; then nothing is answered while arrivals go on, for 8 s before anyone names
+    // the dependency: the window must not show the stall meanwhile.
+    let jobs = simulate(0.5, 4, 0.05, 50.0, 21);
+    let mut m = Meter::new(WINDOW, 4, 2);
+    let t0 = Instant::now();
+    let mut s = LoadSample::default();
+    for i in 0..=200u32 {
+        s = read(&jobs, TICK.as_secs_f64() * f64::from(i), false);
+        m.tick(t0 + TICK * i, s);
+    }
+    let before = m.estimate(t0 + TICK * 200, None).unwrap().web.unwrap();
+    for i in 201..=232u32 {
+        s.established += 10;
+        s.pending = 4;
+        s.waiting += 10;
+        m.tick(t0 + TICK * i, s);
+        let now = m.estimate(t0 + TICK * i, None).unwrap().web.unwrap();
+        assert!(
+            now <= before + 0.1,
+            "{:.2}s into the stall S is {now}, before {before}",
+            f64::from(i - 200) / 4.0
+        );
+    }
+    // It was slow work after all: answers go out again, and the stall counts.
+    for i in 233..=240u32 {
+        s.answered += 12;
+        s.established += 2;
+        m.tick(t0 + TICK * i, s);
+    }
+    let after = m.estimate(t0 + TICK * 240, None).unwrap().web.unwrap();
+    assert!(
+        after > before + 0.1,
+        "the slow spell counts once it moved: {after}, {before}"
+    );
+}
+
+#[test]
+fn a_slow_servers_own_rhythm_is_no_stall() {
+    // Two workers, 3 s per request: no answer for 3 s at a time is its normal.
+    let jobs = simulate(0.5, 2, 3.0, 240.0, 31);
+    let mut m = Meter::new(Duration::from_secs(240), 2, 2);
+    let now = run(&mut m, &jobs, 240.0, false);
+    let web = m.estimate(now, None).unwrap().web.unwrap();
+    assert!((web - 0.5).abs() < 0.15, "{web}");
+}

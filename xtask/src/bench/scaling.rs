@@ -35,6 +35,7 @@ struct Row {
     true_util: f64,
     s: Option<f64>,
     web: Option<f64>,
+    backend_cpu: Option<f64>,
     largest: String,
     host_cpu: f64,
     puma_cpu: f64,
@@ -142,6 +143,7 @@ fn level(agent: u16, puma: &Puma, path: &str, rate: f64, cap: f64, window: u64, 
         true_util: sent / cap,
         s,
         web: d["parts"]["web"].as_f64(),
+        backend_cpu: d["parts"]["backend_cpu"].as_f64(),
         largest: d["largest"].as_str().unwrap_or("-").to_string(),
         host_cpu: host,
         puma_cpu,
@@ -167,7 +169,10 @@ struct Outage {
     max_during: Option<f64>,
     polls: usize,
     withheld: usize,
+    /// Answers from the first `infrastructure_issue` on, and how many of them said it.
+    after_named: usize,
     infra: usize,
+    first_infra_s: Option<f64>,
     host_cpu: f64,
     puma_cpu: f64,
     first_withheld_s: Option<f64>,
@@ -195,7 +200,9 @@ fn outage(
         max_during: None,
         polls: 0,
         withheld: 0,
+        after_named: 0,
         infra: 0,
+        first_infra_s: None,
         host_cpu: 0.0,
         puma_cpu: 0.0,
         first_withheld_s: None,
@@ -215,7 +222,13 @@ fn outage(
             }
         }
         if rec == "infrastructure_issue" {
-            o.infra += 1;
+            o.first_infra_s.get_or_insert(t0.elapsed().as_secs_f64());
+        }
+        if o.first_infra_s.is_some() {
+            o.after_named += 1;
+            if rec == "infrastructure_issue" {
+                o.infra += 1;
+            }
         }
         thread::sleep(Duration::from_millis(500));
     }
@@ -327,7 +340,7 @@ fn variant_table(v: &Variant, cap: f64, rows: &[Row], last: &Value) -> String {
         "### {} — capacity {cap:.1} requests/s; capacity as the agent saw it: {}\n",
         v.name, last["capacity"]
     );
-    md.push_str("| load | true utilisation | S | web part | largest part | host CPU | Puma CPU | recommendation | S vs true |\n|---|---|---|---|---|---|---|---|---|\n");
+    md.push_str("| load | true utilisation | S | web part | backend CPU part | largest part | host CPU | Puma CPU | recommendation | S vs true |\n|---|---|---|---|---|---|---|---|---|---|\n");
     let mut prev: Option<f64> = None;
     for r in rows {
         let verdict = match r.s {
@@ -355,11 +368,12 @@ fn variant_table(v: &Variant, cap: f64, rows: &[Row], last: &Value) -> String {
         prev = r.s;
         let _ = writeln!(
             md,
-            "| {} | {:.2} | {} | {} | {} | {:.0} % | {:.0} % | {} | {verdict}{rising} |",
+            "| {} | {:.2} | {} | {} | {} | {} | {:.0} % | {:.0} % | {} | {verdict}{rising} |",
             r.level,
             r.true_util,
             fmt_opt(r.s),
             r.web.map_or("-".into(), |w| format!("{w:.2}")),
+            r.backend_cpu.map_or("-".into(), |w| format!("{w:.2}")),
             r.largest,
             r.host_cpu,
             r.puma_cpu,
@@ -416,7 +430,7 @@ fn outage_table(o: &Outage, frozen_for: u64) -> String {
         md,
         "The proxy between Puma and PostgreSQL is stopped (SIGSTOP) for {frozen_for} s while the open-loop load goes on: every thread waits in `SELECT 1`, connections pile up in the accept queue. `/health` polled every 0.5 s.\n"
     );
-    md.push_str("| S before | highest S published during | answers withheld | first withheld after | `infrastructure_issue` | host CPU | Puma CPU | withheld because |\n|---|---|---|---|---|---|---|---|\n");
+    md.push_str("| S before | highest S published during | answers withheld | first withheld after | `infrastructure_issue` from (then held in) | host CPU | Puma CPU | withheld because |\n|---|---|---|---|---|---|---|---|\n");
     let held_ok = match (o.before, o.max_during) {
         (Some(b), Some(m)) => {
             if m <= b + 0.1 {
@@ -430,16 +444,18 @@ fn outage_table(o: &Outage, frozen_for: u64) -> String {
     };
     let _ = writeln!(
         md,
-        "| {} | {} {held_ok} | {}/{} | {} | {}/{} {} | {:.0} % | {:.0} % | {} |\n",
+        "| {} | {} {held_ok} | {}/{} | {} | {} ({}/{} {}) | {:.0} % | {:.0} % | {} |\n",
         fmt_opt(o.before),
         o.max_during.map_or("—".into(), |m| format!("{m:.2}")),
         o.withheld,
         o.polls,
         o.first_withheld_s
             .map_or("never ✗".into(), |s| format!("{s:.1} s")),
+        o.first_infra_s
+            .map_or("never ✗".into(), |s| format!("{s:.1} s")),
         o.infra,
-        o.polls,
-        if o.infra * 10 >= o.polls * 9 {
+        o.after_named,
+        if o.after_named > 0 && o.infra == o.after_named {
             "✓"
         } else {
             "✗"
