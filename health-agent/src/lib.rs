@@ -18,6 +18,8 @@
 //! - `suspicious`: miner and /tmp-executable detection for incident reports;
 //! - `checks`: one module per check (`web`, `database`, `containers`, `disk`, `system`,
 //!   `probe`);
+//! - `saturation`: the scaling signal S, how full this instance is (the estimator and its
+//!   report);
 //! - `policy`: the status table, pure (`flap`: holding a change of HTTP code back);
 //! - `fuzzing`: the parser fuzz targets (tests and the `fuzzing` feature only);
 //! - `fleet`: fleet-aware verdicts, each fault compared with the peers' (`exchange`);
@@ -49,6 +51,7 @@ pub mod oneshot;
 pub(crate) mod policy;
 pub(crate) mod redact;
 pub mod runner;
+pub(crate) mod saturation;
 pub mod sd_notify;
 pub mod server;
 pub(crate) mod snapshot;

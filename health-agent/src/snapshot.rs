@@ -17,6 +17,7 @@ use crate::{
     checks::Report,
     heal::HealLog,
     policy::Decision,
+    saturation::SaturationReport,
     status::{DbState, DiskLevel, Status},
     text::rfc3339,
 };
@@ -35,6 +36,8 @@ pub struct Snapshot {
     pub generated_at: String,
     /// What the peers said of this instance's faults (`configured: false` without `[fleet]`).
     pub fleet: crate::fleet::FleetReport,
+    /// The scaling signal (`details.saturation`).
+    pub saturation: SaturationReport,
     /// Rendered bodies, indexed by [`Rendering`].
     bodies: [OnceLock<Bytes>; 4],
 }
@@ -74,11 +77,13 @@ struct SeedChecks {
     containers: String,
     cpu: String,
     memory: String,
+    saturation: String,
 }
 
 fn seed<'a>(
     decision: &'a Decision,
     report: &Report,
+    saturation: &SaturationReport,
     uptime: u64,
     generated_at: &'a str,
 ) -> Seed<'a> {
@@ -93,6 +98,7 @@ fn seed<'a>(
             containers: report.containers.summary.clone(),
             cpu: pct(report.system.as_ref().map(|s| s.cpu_avg_percent)),
             memory: pct(report.system.as_ref().map(|s| s.memory_avg_percent)),
+            saturation: saturation.summary(),
         },
         recommendation: decision.recommendation.as_str(),
         reasons: &decision.reasons,
@@ -118,8 +124,22 @@ impl Snapshot {
             uptime,
             agent_uptime,
             fleet: crate::fleet::FleetReport::not_configured(),
+            saturation: SaturationReport::unknown(std::time::Duration::ZERO),
             bodies: Default::default(),
         }
+    }
+
+    /// Saturation S averaged over `scaling.window`: 0 idle, 1.0 at capacity, above 1
+    /// overloaded (not capped). None while withheld (a dependency fault holds: blocked work is
+    /// not load, and nothing must be published) or not known yet.
+    pub fn saturation(&self) -> Option<f64> {
+        self.saturation
+            .ratio
+            .filter(|_| self.saturation.withheld.is_none())
+    }
+
+    pub fn with_saturation(self, saturation: SaturationReport) -> Self {
+        Self { saturation, ..self }
     }
 
     /// What the agent's supervisor reports once the check loop has stopped: the last report,
@@ -145,6 +165,7 @@ impl Snapshot {
             uptime: self.uptime,
             agent_uptime: self.agent_uptime,
             fleet: self.fleet.clone(),
+            saturation: self.saturation.clone(),
             bodies: Default::default(),
         }
     }
@@ -160,10 +181,35 @@ impl Snapshot {
 
     fn render(&self, which: Rendering) -> Vec<u8> {
         let (decision, report) = (&self.decision, &self.report);
-        let mut seed = seed(decision, report, self.uptime, &self.generated_at);
+        let mut seed = seed(
+            decision,
+            report,
+            &self.saturation,
+            self.uptime,
+            &self.generated_at,
+        );
         let value = match which {
             Rendering::Brief => return serde_json::to_vec(&seed).unwrap_or_default(),
-            Rendering::IetfFull => ietf(decision, report, &self.generated_at, true),
+            Rendering::IetfFull => {
+                let mut body = ietf(decision, report, &self.generated_at, true);
+                // Withheld: no observation, as in /metrics.
+                if let (Some(ratio), Some(Value::Object(checks))) =
+                    (self.saturation(), body.get_mut("checks"))
+                {
+                    checks.insert(
+                        "saturation:utilization".into(),
+                        json!([{
+                            "componentType": "system",
+                            "observedValue": ratio,
+                            "observedUnit": "ratio",
+                            "status": "pass",
+                            "time": self.generated_at,
+                            "output": self.saturation.largest.unwrap_or_default(),
+                        }]),
+                    );
+                }
+                body
+            }
             Rendering::IetfBrief => ietf(decision, report, &self.generated_at, false),
             Rendering::Full => {
                 seed.details = Some(json!({
@@ -174,6 +220,7 @@ impl Snapshot {
                             "database": report.database,
                             "heal": self.heal,
                             "fleet": self.fleet,
+                            "saturation": self.saturation,
                             "agent": {
                                 "version": env!("CARGO_PKG_VERSION"),
                                 "uptime": self.agent_uptime,

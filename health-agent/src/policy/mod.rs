@@ -85,6 +85,12 @@ pub struct PolicyInput {
     /// namespace that does not exist), naming the key: degraded, like a misconfigured
     /// database, and never a 503.
     pub web_config_error: Option<String>,
+    /// Saturation averaged over `scaling.window` (None: withheld or unknown; then the CPU and
+    /// memory pressure alone decide `scale_down`).
+    pub saturation: Option<f64>,
+    /// `scaling.up_at`, `scaling.down_at`.
+    pub up_at: f64,
+    pub down_at: f64,
 }
 
 impl Default for PolicyInput {
@@ -105,6 +111,9 @@ impl Default for PolicyInput {
             heal: HealPhase::Idle,
             fleet: Vec::new(),
             web_config_error: None,
+            saturation: None,
+            up_at: 0.8,
+            down_at: 0.3,
         }
     }
 }
@@ -369,6 +378,15 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
         scale_up = true;
         reasons.push("sustained high CPU or memory".into());
     }
+    // Busy is not unwell: a high saturation asks for capacity without degrading the status.
+    if let Some(s) = i.saturation.filter(|&s| s >= i.up_at) {
+        scale_up = true;
+        reasons.push(format!(
+            "saturation {:.0}% at or above scaling.up_at ({:.0}%)",
+            s * 100.0,
+            i.up_at * 100.0
+        ));
+    }
     if i.web == WebVerdict::PartialHang {
         // Half capacity that replacing one worker restores: neither a new instance nor more
         // instances, whatever the CPU of the workers left says meanwhile.
@@ -376,12 +394,16 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
         scale_up = false;
         reasons.push(web("partially hung (one process stuck, the others answer)"));
     }
+    let quiet = match i.saturation {
+        Some(s) => s <= i.down_at,
+        None => i.pressure == Pressure::Low,
+    };
 
     let recommendation = if infrastructure {
         Recommendation::InfrastructureIssue
     } else if scale_up {
         Recommendation::ScaleUp
-    } else if !degraded && i.pressure == Pressure::Low {
+    } else if !degraded && quiet {
         Recommendation::ScaleDown
     } else {
         Recommendation::Stable

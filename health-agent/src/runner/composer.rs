@@ -19,6 +19,7 @@ use crate::{
     fleet::{classes_of, Judge},
     heal::{self, Healer},
     policy::{evaluate, FlapGuard},
+    saturation::{assess, Context, HostLoad, Meter, SaturationReport},
     snapshot::Snapshot,
     status::{DiskLevel, HealPhase},
 };
@@ -42,6 +43,10 @@ pub(super) struct Composer {
     last_recheck: Option<Instant>,
     /// The last answer logged: (HTTP code, status, web verdict).
     last_answer: Option<Answer>,
+    /// The saturation estimator, fed every tick.
+    meter: Meter,
+    /// A fault most peers share was judged in the last round: S stays withheld.
+    shared: bool,
 }
 
 /// What an operator reads in the journal when `/health` changes its mind.
@@ -56,6 +61,11 @@ impl Composer {
         healer: Healer,
         (slots, database): (Slots, DatabaseWiring),
     ) -> Self {
+        let meter = Meter::new(
+            cfg.scaling.window,
+            cfg.web.workers,
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+        );
         Self {
             guard: FlapGuard::new(cfg.checks.fail_after, cfg.checks.recover_after),
             judge: Judge::new(cfg.fleet.interval, cfg.fleet.timeout),
@@ -71,7 +81,51 @@ impl Composer {
             recheck_database: database.recheck,
             last_recheck: None,
             last_answer: None,
+            meter,
+            shared: false,
         }
+    }
+
+    /// Every tick: the kernel view (one map read) and the saturation meter.
+    pub fn observe(&mut self, now: Instant) {
+        self.web.observe(now);
+        if let Some(s) = self.web.load_sample() {
+            self.meter.tick(now, s);
+        }
+    }
+
+    /// S from the meter, the host's CPU and memory, and whether a dependency fault holds.
+    fn saturation(&mut self, report: &Report, now: Instant) -> SaturationReport {
+        let withheld = withheld(report).or_else(|| {
+            self.shared
+                .then(|| "a fault most peers share (a dependency)".to_string())
+        });
+        // The work was already blocked while the fault was being recognised, for at most the
+        // longest a web verdict waits.
+        self.meter
+            .hold(now, withheld.is_some(), self.cfg.web.unanswered_after);
+        let scaling = &self.cfg.scaling;
+        let cx = Context {
+            host: report.system.as_ref().map(|s| HostLoad {
+                cpu_percent: s.cpu_avg_percent,
+                memory_percent: s.memory_avg_percent,
+            }),
+            memory_low_percent: scaling.memory_low_percent,
+            memory_high_percent: scaling.memory_high_percent,
+            withheld,
+            no_kernel: (self.cfg.web.port != 0)
+                .then(|| self.web.kernel_missing())
+                .flatten(),
+            window: scaling.window,
+        };
+        assess(
+            self.meter.estimate(now, None).as_ref(),
+            self.meter
+                .estimate(now, Some(SaturationReport::instant_window()))
+                .as_ref(),
+            self.meter.capacity(),
+            &cx,
+        )
     }
 
     /// The interval between ticks.
@@ -250,7 +304,16 @@ impl Composer {
             .as_ref()
             .map(|f| f.judgements.clone())
             .unwrap_or_default();
+        let mut saturation = self.saturation(&report, now);
+        input.saturation = saturation.ratio;
+        input.up_at = self.cfg.scaling.up_at;
+        input.down_at = self.cfg.scaling.down_at;
         let raw = evaluate(&input);
+        if raw.shared_dependency && saturation.withheld.is_none() {
+            saturation.withheld = Some("a fault most peers share (a dependency)".into());
+            saturation.ratio = None;
+        }
+        self.shared = raw.shared_dependency;
         // No restarts within boot grace: an app may take its time to come up.
         let phase = if in_grace {
             HealPhase::Idle
@@ -275,6 +338,7 @@ impl Composer {
             now.saturating_duration_since(self.started).as_secs(),
         )
         .with_fleet(fleet.unwrap_or_else(crate::fleet::FleetReport::not_configured))
+        .with_saturation(saturation)
     }
 
     /// When the web backend looks stuck, the database check runs now rather than on its
@@ -359,6 +423,29 @@ fn answer_change_line(before: Option<Answer>, now: Answer, reasons: &[String]) -
         format!(": {}", reasons.join("; "))
     };
     format!("/health now {} ({was}){why}", show(now))
+}
+
+/// Why S must not be published: work blocked on a dependency is not load.
+fn withheld(report: &Report) -> Option<String> {
+    use crate::status::{DbState, WebVerdict};
+    if report.web.verdict == WebVerdict::Waiting {
+        let on: Vec<&str> = report
+            .web
+            .dependencies
+            .iter()
+            .map(|d| d.endpoint.as_str())
+            .collect();
+        return Some(if on.is_empty() {
+            "the web backend waits on a dependency".into()
+        } else {
+            format!("the web backend waits on a dependency ({})", on.join(", "))
+        });
+    }
+    match report.database.state {
+        DbState::Unreachable => Some("the database is unreachable".into()),
+        DbState::Slow => Some("the database is slow".into()),
+        _ => None,
+    }
 }
 
 const RECHECK_STUCK_EVERY: Duration = Duration::from_secs(1);

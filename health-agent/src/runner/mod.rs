@@ -141,7 +141,7 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
             if let Some(w) = watchdog.as_mut() {
                 w.kick(now);
             }
-            composer.web.observe(now);
+            composer.observe(now);
             if composer.due(now) {
                 publisher.publish(composer.compose(now));
             }

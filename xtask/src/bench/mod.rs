@@ -16,6 +16,8 @@
 //!    neither is restarted.
 //! 7. What asking the peers costs (`bench/fleet.rs`).
 //! 8. The health port under a flood (`bench/flood.rs`).
+//! 9. The scaling signal against CPU: saturation S of a real Puma under open-loop load, a
+//!    dependency outage, target tracking replayed (`bench/scaling.rs`).
 //!
 //! One file per section; `run` lists them in order. Servers, process guards, free ports and the
 //! `/health` poller come from the integration tests' harness (`health-agent-tests`).
@@ -25,6 +27,7 @@ mod fleet;
 mod flood;
 mod hang;
 mod saturation;
+mod scaling;
 mod socket_costs;
 mod throughput;
 mod verdicts;
@@ -63,6 +66,9 @@ pub struct Args {
     /// Run only the flood section (with `--baseline-agent`: the earlier build first).
     #[arg(long)]
     only_flood: bool,
+    /// Run only the scaling-signal section (saturation against CPU).
+    #[arg(long)]
+    only_scaling: bool,
 }
 
 /// The release binaries the bench runs.
@@ -87,6 +93,12 @@ pub fn run(args: &Args) -> Result<()> {
         return Ok(());
     }
     fs::create_dir_all(&dir)?;
+    if args.only_scaling {
+        let md = scaling::run(&bins.agent, &bins.proxy, &dir, args.quick)?;
+        fs::write(&args.out, &md)?;
+        println!("{md}\nbench: wrote {}", args.out.display());
+        return Ok(());
+    }
     if args.only_socket_costs {
         let md = socket_costs::run(&bins.agent, baseline, &dir, args.quick)?;
         fs::write(&args.out, &md)?;
@@ -104,6 +116,7 @@ pub fn run(args: &Args) -> Result<()> {
     md += &verdicts::run(&bins.agent, &bins.proxy, &dir, quick)?;
     md += &fleet::run(&bins.agent, &dir, quick)?;
     md += &flood::run(&bins.agent, baseline, &dir, quick)?;
+    md += &scaling::run(&bins.agent, &bins.proxy, &dir, quick)?;
     write_report(args, started, &md)?;
     let _ = fs::remove_dir_all(&dir);
     Ok(())
