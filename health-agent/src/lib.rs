@@ -17,6 +17,7 @@
 pub mod agent_check;
 pub mod alerts;
 pub mod checks;
+pub mod cloudwatch;
 pub mod config;
 pub(crate) mod dburl;
 pub(crate) mod docker;

@@ -293,6 +293,7 @@ pub struct ScalingConfig {
     pub memory_high_percent: f64,
     pub cpu_low_percent: f64,
     pub memory_low_percent: f64,
+    pub cloudwatch: CloudWatchConfig,
 }
 
 impl Default for ScalingConfig {
@@ -303,6 +304,7 @@ impl Default for ScalingConfig {
             memory_high_percent: 90.0,
             cpu_low_percent: 10.0,
             memory_low_percent: 30.0,
+            cloudwatch: CloudWatchConfig::default(),
         }
     }
 }
@@ -365,6 +367,47 @@ impl Default for AlertsConfig {
             max_retries: 5,
             timeout: Duration::from_secs(10),
             queue_size: 256,
+        }
+    }
+}
+
+/// `[scaling.cloudwatch]`: the saturation published as a CloudWatch metric, for target
+/// tracking. Checked by cloudwatch.rs (CloudWatch's own rules for names and values).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CloudWatchConfig {
+    pub enabled: bool,
+    pub namespace: String,
+    pub metric: String,
+    /// The `AutoScalingGroupName` dimension; "" = the instance's own group, from its metadata.
+    pub auto_scaling_group: String,
+    /// "" = `AWS_REGION`, else the instance metadata.
+    pub region: String,
+    /// "" = `https://monitoring.<region>.amazonaws.com`.
+    pub endpoint: String,
+    #[serde(with = "dur")]
+    pub interval: Duration,
+    pub high_resolution: bool,
+    /// Per HTTP request (metadata and PutMetricData).
+    #[serde(with = "dur")]
+    pub timeout: Duration,
+    /// Per batch, on connection errors, timeouts, throttling and 5xx.
+    pub max_retries: u32,
+}
+
+impl Default for CloudWatchConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            namespace: "HealthAgent".into(),
+            metric: "Saturation".into(),
+            auto_scaling_group: String::new(),
+            region: String::new(),
+            endpoint: String::new(),
+            interval: Duration::from_secs(60),
+            high_resolution: false,
+            timeout: Duration::from_secs(5),
+            max_retries: 3,
         }
     }
 }
