@@ -33,6 +33,8 @@ pub struct Snapshot {
     pub generated_at: String,
     /// What the peers said of this instance's faults (`configured: false` without `[fleet]`).
     pub fleet: crate::fleet::FleetReport,
+    /// The CloudWatch publisher's state (`details.scaling.cloudwatch`); `None` when it is off.
+    pub cloudwatch: Option<crate::cloudwatch::Status>,
     /// Rendered bodies, indexed by [`Rendering`].
     bodies: [OnceLock<Bytes>; 4],
 }
@@ -104,6 +106,7 @@ impl Snapshot {
             uptime,
             agent_uptime,
             fleet: Default::default(),
+            cloudwatch: None,
             bodies: Default::default(),
         }
     }
@@ -131,12 +134,17 @@ impl Snapshot {
             uptime: self.uptime,
             agent_uptime: self.agent_uptime,
             fleet: self.fleet.clone(),
+            cloudwatch: self.cloudwatch.clone(),
             bodies: Default::default(),
         }
     }
 
     pub fn with_fleet(self, fleet: crate::fleet::FleetReport) -> Self {
         Self { fleet, ..self }
+    }
+
+    pub fn with_cloudwatch(self, cloudwatch: Option<crate::cloudwatch::Status>) -> Self {
+        Self { cloudwatch, ..self }
     }
 
     /// The rendered body, rendering it on first use.
@@ -165,6 +173,10 @@ impl Snapshot {
                             "database": report.database,
                             "heal": self.heal,
                             "fleet": self.fleet,
+                            "scaling": {
+                                "cloudwatch": self.cloudwatch.clone()
+                                    .unwrap_or_else(crate::cloudwatch::Status::disabled),
+                            },
                             "agent": {
                                 "version": env!("CARGO_PKG_VERSION"),
                                 "uptime": self.agent_uptime,

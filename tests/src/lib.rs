@@ -13,7 +13,7 @@
 //! | `agent` | `Agent`: start on any address, `/health`, stop |
 //! | `poller` | `HealthPoller`: every `/health` answer of a run; `timeline` |
 //! | `load` | `Load`: background HTTP clients |
-//! | `fixture`, `nginx`, `postgres`, `puma`, `docker`, `receiver`, `tmpfs` | one server each |
+//! | `fixture`, `nginx`, `postgres`, `puma`, `docker`, `receiver`, `tmpfs`, `moto` | one server each |
 //! | `netns` | network namespaces reached over a veth pair |
 //! | `fleet` | stub servers, `/etc/hosts` lines, `/metrics` gauges for the fleet tests |
 
@@ -24,6 +24,7 @@ pub mod fixture;
 pub mod fleet;
 pub mod http;
 pub mod load;
+pub mod moto;
 pub mod net;
 pub mod netns;
 pub mod nginx;
@@ -41,6 +42,7 @@ pub use docker::{docker, fixture_image, BridgeContainer, Container};
 pub use fixture::{AddrFixture, Fixture};
 pub use http::{background_requests, counters, get, get_at, http, http_at, request_at, requests};
 pub use load::{Load, LoadStats};
+pub use moto::Moto;
 pub use net::{free_port, free_port_on, free_port_on_all, loopback};
 pub use netns::{netns_inode, NetNs};
 pub use nginx::{Nginx, NginxOptions};

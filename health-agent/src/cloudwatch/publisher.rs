@@ -72,7 +72,7 @@ pub struct Status {
     pub last_error_at: Option<String>,
     /// Samples in the interval being collected.
     pub pending_samples: u64,
-    /// Closed intervals waiting to be sent.
+    /// Closed intervals not yet accepted (queued, or in the request being sent).
     pub pending_data: usize,
     pub published_data: u64,
     /// Intervals given up: the queue overflowed, or CloudWatch refused them for good.
@@ -114,6 +114,8 @@ impl Acc {
 struct State {
     acc: Acc,
     pending: VecDeque<Datum>,
+    /// Data taken from `pending` by the request in progress.
+    in_flight: usize,
     status: Status,
 }
 
@@ -133,7 +135,7 @@ impl State {
             self.pending.pop_front();
             self.status.dropped_data += 1;
         }
-        self.status.pending_data = self.pending.len();
+        self.status.pending_data = self.pending.len() + self.in_flight;
     }
 
     fn error(&mut self, e: impl std::fmt::Display) {
@@ -178,6 +180,7 @@ pub fn start(
     let state = Arc::new(Mutex::new(State {
         acc: Acc::default(),
         pending: VecDeque::new(),
+        in_flight: 0,
         status: Status {
             enabled: true,
             namespace: cfg.namespace.clone(),
@@ -296,7 +299,7 @@ impl Sender {
                     let mut s = lock(&self.state);
                     let n = s.pending.len().min(MAX_BATCH);
                     let batch = s.pending.drain(..n).collect();
-                    s.status.pending_data = s.pending.len();
+                    s.in_flight = n;
                     batch
                 };
                 if batch.is_empty() {
@@ -304,6 +307,8 @@ impl Sender {
                 }
                 let sent = self.send(&batch).await;
                 let mut s = lock(&self.state);
+                s.in_flight = 0;
+                s.status.pending_data = s.pending.len();
                 match sent {
                     Ok(()) => {
                         s.status.published_data += batch.len() as u64;
@@ -464,6 +469,7 @@ mod tests {
         let mut s = State {
             acc: Acc::default(),
             pending: VecDeque::new(),
+            in_flight: 0,
             status: Status::default(),
         };
         let d = |i: u64| Datum {
