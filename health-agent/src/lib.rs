@@ -12,7 +12,7 @@
 //! supervisor), `snapshot` (what /health serves), `server` (HTTP), `metrics` (OpenMetrics),
 //! `oneshot` (`health-agent check`), `alerts` (incidents to Slack, PagerDuty, a webhook and
 //! GitHub), `suspicious` (miner and /tmp-executable detection for incident reports),
-//! `agent_check` (HAProxy's agent protocol), `sd_notify` (systemd readiness and watchdog).
+//! `saturation` (the scaling signal: the estimator and its report), `agent_check` (HAProxy's agent protocol), `sd_notify` (systemd readiness and watchdog).
 
 pub mod agent_check;
 pub mod alerts;
@@ -32,6 +32,7 @@ pub(crate) mod netns;
 pub mod oneshot;
 pub(crate) mod policy;
 pub mod runner;
+pub(crate) mod saturation;
 pub mod sd_notify;
 pub mod server;
 pub(crate) mod snapshot;

@@ -94,6 +94,24 @@ pub fn render(s: &Snapshot, detailed: bool) -> String {
         &["stable", "scale_up", "scale_down", "infrastructure_issue"],
         d.recommendation.as_str(),
     );
+    // Withheld (a dependency fault holds): no series at all, so an autoscaler reading them
+    // holds capacity instead of acting on blocked work.
+    if let Some(ratio) = s.saturation() {
+        o.gauge(
+            "saturation_ratio",
+            "Saturation averaged over scaling.window: 0 idle, 1 at capacity, above 1 overloaded",
+            ratio,
+        );
+        for (part, v) in s.saturation.parts.iter() {
+            if let Some(v) = v {
+                o.gauge(
+                    &format!("saturation_{part}_ratio"),
+                    &format!("Saturation's {part} part (1 = that resource at capacity)"),
+                    v,
+                );
+            }
+        }
+    }
     o.gauge("uptime_seconds", "Host uptime", s.uptime as f64);
     o.gauge(
         "agent_uptime_seconds",
@@ -501,5 +519,47 @@ mod tests {
         ] {
             assert!(text.contains(line), "missing {line} in:\n{text}");
         }
+    }
+
+    #[test]
+    fn saturation_gauges_are_absent_while_withheld() {
+        use crate::saturation::{Parts, SaturationReport};
+        let report = Report {
+            web: crate::checks::web::WebReport::not_configured(),
+            disk: Report::disk_unknown(),
+            system: None,
+            containers: ContainersReport::not_configured(),
+            database: DatabaseReport::not_configured(),
+        };
+        let decision = evaluate(&crate::policy::PolicyInput::of(&report, false));
+        let mut sat = SaturationReport::unknown(std::time::Duration::from_secs(60));
+        sat.parts = Parts {
+            web: Some(0.42),
+            cpu: Some(0.1),
+            ..Parts::default()
+        };
+        sat.ratio = Some(0.42);
+        let snap = |sat: SaturationReport| {
+            Snapshot::new(decision.clone(), report.clone(), HealLog::default(), 1, 1)
+                .with_saturation(sat)
+        };
+        let text = render(&snap(sat.clone()), false);
+        for line in [
+            "health_agent_saturation_ratio 0.42",
+            "health_agent_saturation_web_ratio 0.42",
+            "health_agent_saturation_cpu_ratio 0.1",
+        ] {
+            assert!(text.contains(line), "missing {line} in:\n{text}");
+        }
+        assert!(
+            !text.contains("saturation_memory_ratio"),
+            "unknown parts are left out"
+        );
+        sat.withheld = Some("the database is unreachable".into());
+        let text = render(&snap(sat), false);
+        assert!(
+            !text.contains("health_agent_saturation"),
+            "withheld:\n{text}"
+        );
     }
 }

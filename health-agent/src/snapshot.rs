@@ -17,6 +17,7 @@ use crate::{
     checks::Report,
     heal::HealLog,
     policy::{DbState, Decision, DiskLevel, Status},
+    saturation::SaturationReport,
 };
 
 pub type SharedSnapshot = Arc<ArcSwap<Snapshot>>;
@@ -33,6 +34,8 @@ pub struct Snapshot {
     pub generated_at: String,
     /// What the peers said of this instance's faults (`configured: false` without `[fleet]`).
     pub fleet: crate::fleet::FleetReport,
+    /// The scaling signal (`details.saturation`).
+    pub saturation: SaturationReport,
     /// The CloudWatch publisher's state (`details.scaling.cloudwatch`); `None` when it is off.
     pub cloudwatch: Option<crate::cloudwatch::Status>,
     /// Rendered bodies, indexed by [`Rendering`].
@@ -69,9 +72,15 @@ struct SeedChecks {
     containers: String,
     cpu: String,
     memory: String,
+    saturation: String,
 }
 
-fn seed<'a>(decision: &'a Decision, report: &Report, uptime: u64) -> Seed<'a> {
+fn seed<'a>(
+    decision: &'a Decision,
+    report: &Report,
+    saturation: &SaturationReport,
+    uptime: u64,
+) -> Seed<'a> {
     let pct = |v: Option<f64>| v.map_or("unknown".to_string(), |v| format!("{:.0}%", v));
     Seed {
         status: decision.status.as_str(),
@@ -83,6 +92,7 @@ fn seed<'a>(decision: &'a Decision, report: &Report, uptime: u64) -> Seed<'a> {
             containers: report.containers.summary.clone(),
             cpu: pct(report.system.as_ref().map(|s| s.cpu_avg_percent)),
             memory: pct(report.system.as_ref().map(|s| s.memory_avg_percent)),
+            saturation: saturation.summary(),
         },
         recommendation: decision.recommendation.as_str(),
         reasons: &decision.reasons,
@@ -106,9 +116,23 @@ impl Snapshot {
             uptime,
             agent_uptime,
             fleet: Default::default(),
+            saturation: SaturationReport::unknown(std::time::Duration::ZERO),
             cloudwatch: None,
             bodies: Default::default(),
         }
+    }
+
+    /// Saturation S averaged over `scaling.window`: 0 idle, 1.0 at capacity, above 1
+    /// overloaded (not capped). None while withheld (a dependency fault holds: blocked work is
+    /// not load, and nothing must be published) or not known yet.
+    pub fn saturation(&self) -> Option<f64> {
+        self.saturation
+            .ratio
+            .filter(|_| self.saturation.withheld.is_none())
+    }
+
+    pub fn with_saturation(self, saturation: SaturationReport) -> Self {
+        Self { saturation, ..self }
     }
 
     /// What the agent's supervisor reports once the check loop has stopped: the last report,
@@ -134,6 +158,7 @@ impl Snapshot {
             uptime: self.uptime,
             agent_uptime: self.agent_uptime,
             fleet: self.fleet.clone(),
+            saturation: self.saturation.clone(),
             cloudwatch: self.cloudwatch.clone(),
             bodies: Default::default(),
         }
@@ -154,7 +179,7 @@ impl Snapshot {
 
     fn render(&self, which: Rendering) -> Vec<u8> {
         let (decision, report) = (&self.decision, &self.report);
-        let seed = seed(decision, report, self.uptime);
+        let seed = seed(decision, report, &self.saturation, self.uptime);
         let value = match which {
             Rendering::Brief => return serde_json::to_vec(&seed).unwrap_or_default(),
             Rendering::IetfFull => ietf(decision, report, &self.generated_at, true),
@@ -173,6 +198,7 @@ impl Snapshot {
                             "database": report.database,
                             "heal": self.heal,
                             "fleet": self.fleet,
+                            "saturation": self.saturation,
                             "scaling": {
                                 "cloudwatch": self.cloudwatch.clone()
                                     .unwrap_or_else(crate::cloudwatch::Status::disabled),

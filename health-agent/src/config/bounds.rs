@@ -103,6 +103,19 @@ const COUNTS: &[CountBound] = &[
      "0 drops every message"),
     ("fleet.sample", |c| c.fleet.sample as u64, 1, 1000,
      "0 asks no peer: leave the peers empty instead"),
+    ("web.workers", |c| u64::from(c.web.workers), 0, 100_000,
+     "0 learns it; more threads than this is no single backend"),
+];
+
+/// (key, value, min, max, why the bounds): saturation ratios (1.0 = at capacity).
+type RatioBound = (&'static str, fn(&Config) -> f64, f64, f64, &'static str);
+
+#[rustfmt::skip]
+const RATIOS: &[RatioBound] = &[
+    ("scaling.up_at", |c| c.scaling.up_at, 0.05, 10.0,
+     "near 0 asks to scale up when idle; above 10 waits for a tenfold overload"),
+    ("scaling.down_at", |c| c.scaling.down_at, 0.0, 5.0,
+     "0 never scales down; above 5 scales down an overloaded instance"),
 ];
 
 /// (key, value): percentages, 0 to 100.
@@ -182,6 +195,22 @@ pub(super) fn check(cfg: &Config) -> Result<(), (&'static str, String)> {
                 return Err((low, format!("({l}) must be below {high} ({h})")));
             }
         }
+    }
+    for (key, get, min, max, why) in RATIOS {
+        let v = get(cfg);
+        if !(*min..=*max).contains(&v) {
+            return Err((
+                key,
+                format!("= {v} is out of range: allowed {min} to {max} ({why})"),
+            ));
+        }
+    }
+    let (down, up) = (cfg.scaling.down_at, cfg.scaling.up_at);
+    if down >= up {
+        return Err((
+            "scaling.down_at",
+            format!("({down}) must be below scaling.up_at ({up}): one load cannot ask for both"),
+        ));
     }
     Ok(())
 }
@@ -265,6 +294,33 @@ mod tests {
                 assert!(err(&toml).contains(&format!("`{key}`")), "{toml}");
             }
         }
+        for (key, get, min, max, _) in RATIOS {
+            let (section, field) = key.split_once('.').unwrap();
+            for v in [
+                format!("{}", min - 0.01),
+                format!("{}", max + 0.01),
+                "nan".into(),
+            ] {
+                let toml = format!("[{section}]\n{field} = {v}\n");
+                assert!(err(&toml).contains(&format!("`{key}`")), "{toml}");
+            }
+            // Each bound is allowed with the other key moved out of its way.
+            for v in [*min, *max] {
+                let other = if *key == "scaling.up_at" {
+                    "down_at = 0.0"
+                } else {
+                    "up_at = 10.0"
+                };
+                let toml = format!("[{section}]\n{field} = {v:?}\n{other}\n");
+                let cfg = Config::parse(&toml, "x").unwrap_or_else(|e| panic!("{toml}: {e}"));
+                assert_eq!(get(&cfg), v, "{toml}");
+            }
+        }
+        let e = err("[scaling]\nup_at = 0.5\ndown_at = 0.5\n");
+        assert!(
+            e.contains("`scaling.down_at`") && e.contains("up_at"),
+            "{e}"
+        );
         for (low, high) in ORDERED_PERCENTS {
             let (section, l) = low.split_once('.').unwrap();
             let (_, h) = high.split_once('.').unwrap();

@@ -170,6 +170,9 @@ pub struct WebConfig {
     /// or `/proc/PID/ns/net`. Empty: the agent's own (or `container`'s).
     pub netns: String,
     pub restart_command: String,
+    /// The backend's concurrency (Puma: workers × max threads): the capacity the saturation
+    /// number's web part is measured against. 0 = learn it.
+    pub workers: u32,
 }
 
 impl Default for WebConfig {
@@ -189,6 +192,7 @@ impl Default for WebConfig {
             container: String::new(),
             netns: String::new(),
             restart_command: String::new(),
+            workers: 0,
         }
     }
 }
@@ -293,6 +297,10 @@ pub struct ScalingConfig {
     pub memory_high_percent: f64,
     pub cpu_low_percent: f64,
     pub memory_low_percent: f64,
+    /// Saturation at or above this: `scale_up`.
+    pub up_at: f64,
+    /// Saturation at or below this, with nothing degraded: `scale_down`.
+    pub down_at: f64,
     pub cloudwatch: CloudWatchConfig,
 }
 
@@ -304,6 +312,8 @@ impl Default for ScalingConfig {
             memory_high_percent: 90.0,
             cpu_low_percent: 10.0,
             memory_low_percent: 30.0,
+            up_at: 0.8,
+            down_at: 0.3,
             cloudwatch: CloudWatchConfig::default(),
         }
     }

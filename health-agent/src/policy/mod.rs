@@ -78,6 +78,12 @@ pub struct PolicyInput {
     pub heal: HealPhase,
     /// The peers' judgement of this instance's faults (empty: judged alone).
     pub fleet: Vec<Judgement>,
+    /// Saturation averaged over `scaling.window` (None: withheld or unknown; then the CPU and
+    /// memory pressure alone decide `scale_down`).
+    pub saturation: Option<f64>,
+    /// `scaling.up_at`, `scaling.down_at`.
+    pub up_at: f64,
+    pub down_at: f64,
 }
 
 impl Default for PolicyInput {
@@ -96,6 +102,9 @@ impl Default for PolicyInput {
             boot_status: 503,
             heal: HealPhase::Idle,
             fleet: Vec::new(),
+            saturation: None,
+            up_at: 0.8,
+            down_at: 0.3,
         }
     }
 }
@@ -339,12 +348,25 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
         scale_up = true;
         reasons.push("sustained high CPU or memory".into());
     }
+    // Busy is not unwell: a high saturation asks for capacity without degrading the status.
+    if let Some(s) = i.saturation.filter(|&s| s >= i.up_at) {
+        scale_up = true;
+        reasons.push(format!(
+            "saturation {:.0}% at or above scaling.up_at ({:.0}%)",
+            s * 100.0,
+            i.up_at * 100.0
+        ));
+    }
+    let quiet = match i.saturation {
+        Some(s) => s <= i.down_at,
+        None => i.pressure == Pressure::Low,
+    };
 
     let recommendation = if infrastructure {
         Recommendation::InfrastructureIssue
     } else if scale_up {
         Recommendation::ScaleUp
-    } else if !degraded && i.pressure == Pressure::Low {
+    } else if !degraded && quiet {
         Recommendation::ScaleDown
     } else {
         Recommendation::Stable

@@ -574,3 +574,54 @@ fn flap_guard_passes_changes_within_a_code() {
     });
     assert_eq!(g.apply(warn, t0).status, Status::Degraded);
 }
+
+#[test]
+fn the_recommendation_follows_saturation() {
+    use Recommendation::*;
+    let at = |s: Option<f64>, tweak: fn(&mut PolicyInput)| {
+        let mut i = PolicyInput {
+            saturation: s,
+            ..input()
+        };
+        tweak(&mut i);
+        let d = evaluate(&i);
+        (d.status, d.http, d.recommendation)
+    };
+    assert_eq!(
+        at(Some(0.8), |_| {}),
+        (Status::Healthy, 200, ScaleUp),
+        "at up_at"
+    );
+    assert_eq!(
+        at(Some(1.7), |_| {}),
+        (Status::Healthy, 200, ScaleUp),
+        "busy is not unwell"
+    );
+    assert_eq!(at(Some(0.5), |_| {}), (Status::Healthy, 200, Stable));
+    assert_eq!(
+        at(Some(0.3), |_| {}),
+        (Status::Healthy, 200, ScaleDown),
+        "at down_at"
+    );
+    assert_eq!(
+        at(Some(0.1), |i| i.disk = DiskLevel::Warn).2,
+        Stable,
+        "never scale_down with something degraded"
+    );
+    // S decides over the old CPU/memory "low": a quiet host with busy workers is not idle.
+    assert_eq!(at(Some(0.5), |i| i.pressure = Pressure::Low).2, Stable);
+    // Unknown or withheld: the pressure alone, as before.
+    assert_eq!(at(None, |i| i.pressure = Pressure::Low).2, ScaleDown);
+    assert_eq!(at(None, |_| {}).2, Stable);
+    // A dependency fault outranks any load figure.
+    assert_eq!(
+        at(Some(2.0), |i| i.database = DbState::Unreachable).2,
+        InfrastructureIssue
+    );
+    let custom = |i: &mut PolicyInput| {
+        i.up_at = 0.6;
+        i.down_at = 0.1;
+    };
+    assert_eq!(at(Some(0.65), custom).2, ScaleUp);
+    assert_eq!(at(Some(0.2), custom).2, Stable);
+}

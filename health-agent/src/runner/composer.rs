@@ -19,6 +19,7 @@ use crate::{
     fleet::{classes_of, Judge},
     heal::{self, Healer},
     policy::{evaluate, DiskLevel, FlapGuard, HealPhase},
+    saturation::{assess, Context, HostLoad, Meter, SaturationReport},
     snapshot::Snapshot,
 };
 
@@ -39,6 +40,10 @@ pub(super) struct Composer {
     /// Wakes the database check for a round now, off its own cadence.
     recheck_database: Arc<Notify>,
     last_recheck: Option<Instant>,
+    /// The saturation estimator, fed every tick.
+    meter: Meter,
+    /// S was withheld in the last round: the meter leaves these ticks out.
+    held: bool,
 }
 
 impl Composer {
@@ -50,6 +55,11 @@ impl Composer {
         healer: Healer,
         (slots, database): (Slots, DatabaseWiring),
     ) -> Self {
+        let meter = Meter::new(
+            cfg.scaling.window,
+            cfg.web.workers,
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+        );
         Self {
             guard: FlapGuard::new(cfg.checks.fail_after, cfg.checks.recover_after),
             judge: Judge::new(cfg.fleet.interval, cfg.fleet.timeout),
@@ -64,7 +74,46 @@ impl Composer {
             last_full: started,
             recheck_database: database.recheck,
             last_recheck: None,
+            meter,
+            held: false,
         }
+    }
+
+    /// Every tick: the kernel view (one map read) and the saturation meter.
+    pub fn observe(&mut self, now: Instant) {
+        self.web.observe(now);
+        if let Some(s) = self.web.load_sample() {
+            // The work was already blocked while the fault was being recognised, for at most
+            // the longest a web verdict waits.
+            self.meter
+                .tick(now, s, self.held, self.cfg.web.unanswered_after);
+        }
+    }
+
+    /// S from the meter, the host's CPU and memory, and whether a dependency fault holds.
+    fn saturation(&self, report: &Report, now: Instant) -> SaturationReport {
+        let scaling = &self.cfg.scaling;
+        let cx = Context {
+            host: report.system.as_ref().map(|s| HostLoad {
+                cpu_percent: s.cpu_avg_percent,
+                memory_percent: s.memory_avg_percent,
+            }),
+            memory_low_percent: scaling.memory_low_percent,
+            memory_high_percent: scaling.memory_high_percent,
+            withheld: withheld(report),
+            no_kernel: (self.cfg.web.port != 0)
+                .then(|| self.web.kernel_missing())
+                .flatten(),
+            window: scaling.window,
+        };
+        assess(
+            self.meter.estimate(now, None).as_ref(),
+            self.meter
+                .estimate(now, Some(SaturationReport::instant_window()))
+                .as_ref(),
+            self.meter.capacity(),
+            &cx,
+        )
     }
 
     /// The interval between ticks.
@@ -246,7 +295,16 @@ impl Composer {
             .as_ref()
             .map(|f| f.judgements.clone())
             .unwrap_or_default();
+        let mut saturation = self.saturation(&report, now);
+        input.saturation = saturation.ratio;
+        input.up_at = self.cfg.scaling.up_at;
+        input.down_at = self.cfg.scaling.down_at;
         let raw = evaluate(&input);
+        if raw.shared_dependency && saturation.withheld.is_none() {
+            saturation.withheld = Some("a fault most peers share (a dependency)".into());
+            saturation.ratio = None;
+        }
+        self.held = saturation.withheld.is_some();
         // No restarts within boot grace: an app may take its time to come up.
         let phase = if in_grace {
             HealPhase::Idle
@@ -262,6 +320,7 @@ impl Composer {
             now.saturating_duration_since(self.started).as_secs(),
         )
         .with_fleet(fleet.unwrap_or_default())
+        .with_saturation(saturation)
     }
 
     /// When the web backend looks stuck, the database check runs now rather than on its
@@ -320,6 +379,29 @@ impl Composer {
                 .iter()
                 .any(|d| d.last_checked.is_none());
         probe || web_container || containers || database
+    }
+}
+
+/// Why S must not be published: work blocked on a dependency is not load.
+fn withheld(report: &Report) -> Option<String> {
+    use crate::policy::{DbState, WebVerdict};
+    if report.web.verdict == WebVerdict::Waiting {
+        let on: Vec<&str> = report
+            .web
+            .dependencies
+            .iter()
+            .map(|d| d.endpoint.as_str())
+            .collect();
+        return Some(if on.is_empty() {
+            "the web backend waits on a dependency".into()
+        } else {
+            format!("the web backend waits on a dependency ({})", on.join(", "))
+        });
+    }
+    match report.database.state {
+        DbState::Unreachable => Some("the database is unreachable".into()),
+        DbState::Slow => Some("the database is slow".into()),
+        _ => None,
     }
 }
 

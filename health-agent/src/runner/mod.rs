@@ -129,7 +129,7 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
     let cloudwatch = cloudwatch::start(
         &cfg.scaling.cloudwatch,
         shared.clone(),
-        Arc::new(saturation),
+        Arc::new(Snapshot::saturation),
         cloudwatch::Tuning::for_interval(cfg.scaling.cloudwatch.interval),
         shutdown.clone(),
     );
@@ -158,7 +158,7 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
             if let Some(w) = watchdog.as_mut() {
                 w.kick(now);
             }
-            composer.web.observe(now);
+            composer.observe(now);
             if composer.due(now) {
                 publisher.publish(composer.compose(now));
             }
@@ -173,19 +173,6 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
         composer: supervisor,
         check_loop,
     }
-}
-
-/// The number published to CloudWatch: the saturation ratio, `None` while withheld.
-fn saturation(snap: &Snapshot) -> Option<f64> {
-    // Interim until the saturation estimator lands: the larger of CPU and memory use, which
-    // are parts of it. Withheld on a shared dependency fault, as the saturation is.
-    if snap.decision.shared_dependency
-        || snap.decision.recommendation == crate::policy::Recommendation::InfrastructureIssue
-    {
-        return None;
-    }
-    let sys = snap.report.system.as_ref()?;
-    Some(sys.cpu_avg_percent.max(sys.memory_avg_percent) / 100.0)
 }
 
 /// Loading the kernel programs parsed the running kernel's BTF twice (aya's loader and

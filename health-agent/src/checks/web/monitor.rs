@@ -64,6 +64,8 @@ pub struct WebMonitor {
     last_stall: Option<Instant>,
     /// Attaching the accept tracepoints failed once: do not retry (and warn) every tick.
     accept_tracing_failed: bool,
+    /// The port's counters as the latest tick read them (for the saturation meter).
+    last_counters: Option<PortCounters>,
 }
 
 const DROPS_EVERY: Duration = Duration::from_secs(2);
@@ -145,6 +147,7 @@ impl WebMonitor {
             next_look: None,
             last_stall: None,
             accept_tracing_failed: false,
+            last_counters: None,
         }
     }
 
@@ -191,9 +194,35 @@ impl WebMonitor {
     /// Runs on every tick, so the time of the last answer is known to within one tick.
     pub fn observe(&mut self, now: Instant) {
         let Some(k) = &self.kernel else { return };
-        if let Some(c) = k.counters().first() {
+        self.last_counters = k.counters().first().copied();
+        if let Some(c) = &self.last_counters {
             self.progress.observe(c, now, self.cfg.latency_window);
         }
+    }
+
+    /// What the saturation meter needs from the latest tick: the kernel's counters (read by
+    /// `observe`, no map read here) and the server processes' CPU time (one small /proc read
+    /// each). None without the kernel view or before the backend is found.
+    pub fn load_sample(&self) -> Option<crate::saturation::LoadSample> {
+        let c = self.last_counters.as_ref()?;
+        self.target.as_ref()?;
+        Some(crate::saturation::LoadSample {
+            established: c.established,
+            answered: c.answered,
+            pending: c.pending(),
+            waiting: c.waiting(),
+            backend_cpu_seconds: process::cpu_seconds(&self.owners),
+        })
+    }
+
+    /// Why there is no kernel view, when there is none.
+    pub fn kernel_missing(&self) -> Option<String> {
+        self.kernel.is_none().then(|| {
+            self.kernel_status
+                .reason
+                .clone()
+                .unwrap_or_else(|| "the kernel view is not loaded".into())
+        })
     }
 
     /// Whether the backend needs a full round every tick: the last verdict was not fine, or

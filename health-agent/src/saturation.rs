@@ -1,0 +1,483 @@
+//! Saturation S: how full this instance is, as one number auto-scaling can act on (0 idle, 1.0
+//! at capacity, above 1 overloaded, never capped). Owns the estimator — a pure window of
+//! per-tick kernel counters — and the report `/health`, `/metrics` and CloudWatch show.
+//!
+//! The web part is the *offered* load ρ = λ·E[S]/c:
+//! - λ counts connections as their handshakes complete (they arrive whether or not a worker is
+//!   free), never completions, which cap at capacity and would hide overload;
+//! - E[S] is the worker time one request takes: the busy-worker seconds of the window (at each
+//!   tick `min(requests read and unanswered, c)`) per request answered. Work that waits in the
+//!   accept queue is not in it, and neither is work a server reads early and queues inside
+//!   (the `min` with c), so queueing is never counted as load — "requests in the system / c"
+//!   would give about 2.3 for five workers at ρ = 0.9;
+//! - c is `web.workers`, or learned: the number of requests in service whenever work kept
+//!   waiting in the accept queue for a tick (a server that is full stops taking connections).
+//!
+//! A server whose threads share one core (Ruby's GVL, a single-threaded event loop) runs out of
+//! CPU before it runs out of workers, so the backend's own CPU is a part too, in the same
+//! offered form: its processes' CPU rate over the cores it can use (the whole number of cores
+//! it used when work started to wait, else every core of the host). Host CPU and memory are
+//! the last parts; S is the largest.
+//!
+//! Work blocked on a dependency is not load: while one holds, S is withheld (not published, so
+//! target tracking holds capacity), and the ticks just before it was noticed — already blocked
+//! — are dropped from the window with the ones during it.
+
+use std::{
+    collections::VecDeque,
+    time::{Duration, Instant},
+};
+
+use serde::Serialize;
+
+/// "instant" is averaged over this much of the latest data (one tick alone is noise).
+const INSTANT: Duration = Duration::from_secs(5);
+/// Less data than this in the window: no estimate yet.
+const MIN_SPAN: Duration = Duration::from_secs(1);
+/// Ticks with work waiting needed before a capacity counts as learned.
+const LEARN_AFTER: usize = 8;
+/// The learned capacity is the median of at most this many recent observations.
+const LEARN_KEEP: usize = 240;
+
+/// What one tick read: the kernel's per-port counters and the backend's CPU time.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LoadSample {
+    /// Handshakes completed into the accept queue, since the programs loaded.
+    pub established: u64,
+    /// Connections whose first response byte went out, since the programs loaded.
+    pub answered: u64,
+    /// Requests read and not yet answered now.
+    pub pending: u64,
+    /// Connections in the accept queue that no process has touched yet, now.
+    pub waiting: u64,
+    /// CPU seconds of the processes holding the listener (None: could not be read).
+    pub backend_cpu_seconds: Option<f64>,
+}
+
+/// One tick's worth of evidence.
+#[derive(Debug, Clone, Copy)]
+struct Record {
+    end: Instant,
+    dt: f64,
+    arrivals: u64,
+    completions: u64,
+    pending: u64,
+    cpu_seconds: Option<f64>,
+    /// Taken while a dependency fault held (or just before it was noticed): not load.
+    excluded: bool,
+}
+
+/// The per-tick estimator. Pure: time and counters come in, estimates go out.
+#[derive(Debug)]
+pub struct Meter {
+    window: Duration,
+    workers: u32,
+    host_cores: f64,
+    prev: Option<(Instant, LoadSample)>,
+    records: VecDeque<Record>,
+    /// Work waited in the accept queue at the previous tick.
+    waited: bool,
+    held: bool,
+    /// In service when work kept waiting: what `c` is learned from.
+    full_at: VecDeque<u64>,
+    /// The backend's CPU rate (cores) at those ticks.
+    full_cpu: VecDeque<f64>,
+}
+
+/// Where the worker count came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Basis {
+    Configured,
+    Learned,
+    Unknown,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Capacity {
+    /// Concurrency the backend serves (`web.workers`, or learned); None while unknown.
+    pub workers: Option<u32>,
+    pub basis: Basis,
+    /// Cores the backend's processes can use: learned when they ran full, else the host's.
+    pub cores: u32,
+    pub cores_basis: Basis,
+}
+
+/// The web backend's load over a span, as the kernel saw it.
+#[derive(Debug, Clone, PartialEq, Serialize, Default)]
+pub struct WebLoad {
+    /// Connections arriving per second.
+    pub arrivals_per_second: f64,
+    /// Connections answered per second.
+    pub answered_per_second: f64,
+    /// Worker time per answered request (E[S]), when the worker count is known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service_ms: Option<f64>,
+    /// Requests read and unanswered, averaged (in service plus queued inside the server).
+    pub in_server: f64,
+    /// The backend's processes' CPU, in cores.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backend_cpu_cores: Option<f64>,
+}
+
+/// The meter's view of one span: the two web parts and what they rest on.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Estimate {
+    /// λ·E[S]/c; None while c is unknown.
+    pub web: Option<f64>,
+    /// The backend's offered CPU over its cores; None without CPU readings.
+    pub backend_cpu: Option<f64>,
+    pub load: WebLoad,
+    pub seconds: f64,
+}
+
+impl Meter {
+    /// `workers`: `web.workers` (0 = learn it).
+    pub fn new(window: Duration, workers: u32, host_cores: usize) -> Self {
+        Self {
+            window,
+            workers,
+            host_cores: host_cores.max(1) as f64,
+            prev: None,
+            records: VecDeque::new(),
+            waited: false,
+            held: false,
+            full_at: VecDeque::new(),
+            full_cpu: VecDeque::new(),
+        }
+    }
+
+    /// Takes in one tick. `held`: a dependency fault holds now (S is withheld); on the tick it
+    /// starts, the last `lookback` of data goes too — the work was already blocked while the
+    /// fault was being recognised.
+    pub fn tick(&mut self, now: Instant, s: LoadSample, held: bool, lookback: Duration) {
+        if held && !self.held {
+            for r in self.records.iter_mut().rev() {
+                if now.saturating_duration_since(r.end) > lookback {
+                    break;
+                }
+                r.excluded = true;
+            }
+        }
+        self.held = held;
+        let Some((t0, p)) = self.prev.replace((now, s)) else {
+            return;
+        };
+        let dt = now.saturating_duration_since(t0).as_secs_f64();
+        // Counters that went backwards: the programs reloaded; start over from here.
+        if dt <= 0.0 || s.established < p.established || s.answered < p.answered {
+            return;
+        }
+        let cpu_seconds = match (s.backend_cpu_seconds, p.backend_cpu_seconds) {
+            // Less CPU than before: another set of processes (a restart).
+            (Some(a), Some(b)) if a >= b => Some(a - b),
+            _ => None,
+        };
+        // A tick with work still waiting after a tick with work waiting: the server is full
+        // (a healthy one takes a connection within milliseconds while it has a free worker).
+        let full = s.waiting > 0 && self.waited && s.pending > 0 && !held;
+        self.waited = s.waiting > 0;
+        if full {
+            push_capped(&mut self.full_at, s.pending);
+            if let Some(c) = cpu_seconds {
+                push_capped(&mut self.full_cpu, c / dt);
+            }
+        }
+        self.records.push_back(Record {
+            end: now,
+            dt,
+            arrivals: s.established - p.established,
+            completions: s.answered - p.answered,
+            pending: s.pending,
+            cpu_seconds,
+            excluded: held,
+        });
+        while self
+            .records
+            .front()
+            .is_some_and(|r| now.saturating_duration_since(r.end) > self.window)
+        {
+            self.records.pop_front();
+        }
+    }
+
+    pub fn capacity(&self) -> Capacity {
+        let (workers, basis) = if self.workers > 0 {
+            (Some(self.workers), Basis::Configured)
+        } else if self.full_at.len() >= LEARN_AFTER {
+            let mut v: Vec<f64> = self.full_at.iter().map(|&p| p as f64).collect();
+            (Some(median(&mut v).round().max(1.0) as u32), Basis::Learned)
+        } else {
+            (None, Basis::Unknown)
+        };
+        let (cores, cores_basis) = if self.full_cpu.len() >= LEARN_AFTER {
+            let mut v: Vec<f64> = self.full_cpu.iter().copied().collect();
+            // A whole number of cores: a server that ran out of workers (I/O-bound) used a
+            // fraction of one, and that fraction is not its CPU limit.
+            (
+                median(&mut v).round().clamp(1.0, self.host_cores) as u32,
+                Basis::Learned,
+            )
+        } else {
+            (self.host_cores as u32, Basis::Unknown)
+        };
+        Capacity {
+            workers,
+            basis,
+            cores,
+            cores_basis,
+        }
+    }
+
+    /// The estimate over the window (`span = None`) or over the latest `span`.
+    pub fn estimate(&self, now: Instant, span: Option<Duration>) -> Option<Estimate> {
+        let span = span.unwrap_or(self.window);
+        let cap = self.capacity();
+        let (mut t, mut a, mut d, mut busy, mut in_server) = (0.0, 0u64, 0u64, 0.0, 0.0);
+        let (mut cpu, mut cpu_t) = (0.0, 0.0);
+        let c = cap.workers.map(f64::from);
+        for r in self.records.iter().rev() {
+            if now.saturating_duration_since(r.end) > span {
+                break;
+            }
+            if r.excluded {
+                continue;
+            }
+            t += r.dt;
+            a += r.arrivals;
+            d += r.completions;
+            in_server += r.pending as f64 * r.dt;
+            if let Some(c) = c {
+                busy += (r.pending as f64).min(c) * r.dt;
+            }
+            if let Some(s) = r.cpu_seconds {
+                cpu += s;
+                cpu_t += r.dt;
+            }
+        }
+        if t < MIN_SPAN.as_secs_f64() {
+            return None;
+        }
+        // Offered over served: above 1 only while work piles up (or the server stalls).
+        let offered = if a == 0 {
+            1.0
+        } else {
+            a as f64 / d.max(1) as f64
+        };
+        let web = c.map(|c| busy / (c * t) * offered);
+        let cpu_rate = (cpu_t > 0.0).then(|| cpu / cpu_t);
+        let backend_cpu = cpu_rate.map(|r| r / f64::from(cap.cores) * offered);
+        let load = WebLoad {
+            arrivals_per_second: round2(a as f64 / t),
+            answered_per_second: round2(d as f64 / t),
+            service_ms: (d > 0 && c.is_some()).then(|| round2(busy / d as f64 * 1000.0)),
+            in_server: round2(in_server / t),
+            backend_cpu_cores: cpu_rate.map(round2),
+        };
+        Some(Estimate {
+            web,
+            backend_cpu,
+            load,
+            seconds: t,
+        })
+    }
+}
+
+/// Two decimals: the figures are ratios and rates, not measurements to the last digit.
+fn round2(v: f64) -> f64 {
+    (v * 100.0).round() / 100.0
+}
+
+fn push_capped<T>(q: &mut VecDeque<T>, v: T) {
+    if q.len() == LEARN_KEEP {
+        q.pop_front();
+    }
+    q.push_back(v);
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// The parts of S, each a ratio (1.0 = that resource at capacity).
+#[derive(Debug, Clone, PartialEq, Serialize, Default)]
+pub struct Parts {
+    /// The web backend's workers: λ·E[S]/c.
+    pub web: Option<f64>,
+    /// The web backend's processes' CPU over the cores they can use.
+    pub backend_cpu: Option<f64>,
+    /// The host's CPU, averaged over the window (busy fraction of every core).
+    pub cpu: Option<f64>,
+    /// The host's memory between `scaling.memory_low_percent` (0) and
+    /// `scaling.memory_high_percent` (1.0): memory in use is no load until it nears the limit.
+    pub memory: Option<f64>,
+}
+
+impl Parts {
+    /// Each part by name, in a fixed order.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, Option<f64>)> {
+        [
+            ("web", self.web),
+            ("backend_cpu", self.backend_cpu),
+            ("cpu", self.cpu),
+            ("memory", self.memory),
+        ]
+        .into_iter()
+    }
+
+    /// The largest part and its name.
+    pub fn largest(&self) -> Option<(&'static str, f64)> {
+        self.iter().filter_map(|(n, v)| v.map(|v| (n, v))).fold(
+            None,
+            |best: Option<(&str, f64)>, (n, v)| match best {
+                Some((_, b)) if b >= v => best,
+                _ => Some((n, v)),
+            },
+        )
+    }
+
+    fn rounded(&self) -> Self {
+        let r = |v: Option<f64>| v.map(round2);
+        Self {
+            web: r(self.web),
+            backend_cpu: r(self.backend_cpu),
+            cpu: r(self.cpu),
+            memory: r(self.memory),
+        }
+    }
+}
+
+/// `details.saturation`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SaturationReport {
+    /// S averaged over the window; None while withheld or unknown.
+    pub ratio: Option<f64>,
+    /// S over the latest few seconds (shown while withheld too: what the blocked work looks
+    /// like).
+    pub instant: Option<f64>,
+    /// The part S is, by name.
+    pub largest: Option<&'static str>,
+    pub parts: Parts,
+    pub capacity: Capacity,
+    /// Why S is not published now (a dependency fault holds), or null.
+    pub withheld: Option<String>,
+    pub window_seconds: f64,
+    /// The web backend's load as the kernel saw it over the window.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub web: Option<WebLoad>,
+    /// What the web part cannot see, when something.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// Host CPU and memory, averaged over the window (percent).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HostLoad {
+    pub cpu_percent: f64,
+    pub memory_percent: f64,
+}
+
+/// Inputs of [`assess`] other than the meter's estimates.
+#[derive(Debug, Clone)]
+pub struct Context {
+    pub host: Option<HostLoad>,
+    pub memory_low_percent: f64,
+    pub memory_high_percent: f64,
+    /// Why S must not be published now, if a dependency fault holds.
+    pub withheld: Option<String>,
+    /// The kernel view is not running (no web part can be had).
+    pub no_kernel: Option<String>,
+    pub window: Duration,
+}
+
+/// S and its parts from the window's and the latest seconds' estimates.
+pub fn assess(
+    window: Option<&Estimate>,
+    latest: Option<&Estimate>,
+    capacity: Capacity,
+    cx: &Context,
+) -> SaturationReport {
+    let host = |e: Option<&Estimate>| Parts {
+        web: e.and_then(|e| e.web),
+        backend_cpu: e.and_then(|e| e.backend_cpu),
+        cpu: cx.host.map(|h| h.cpu_percent / 100.0),
+        memory: cx.host.map(|h| {
+            let span = (cx.memory_high_percent - cx.memory_low_percent).max(1.0);
+            ((h.memory_percent - cx.memory_low_percent) / span).max(0.0)
+        }),
+    };
+    let parts = host(window);
+    let largest = parts.largest();
+    let instant = host(latest).largest().map(|(_, v)| round2(v));
+    let note = if let Some(why) = &cx.no_kernel {
+        Some(format!("no web part without the kernel view: {why}"))
+    } else if capacity.basis == Basis::Unknown {
+        Some(
+            "web part unknown: no work has waited in the accept queue yet, so the number of \
+             workers is not learned — either the backend was never full, or it reads requests \
+             before a worker is free (Puma's reactor, an event loop), where the kernel cannot \
+             see the hand-over: set web.workers"
+                .into(),
+        )
+    } else {
+        None
+    };
+    SaturationReport {
+        ratio: largest
+            .filter(|_| cx.withheld.is_none())
+            .map(|(_, v)| round2(v)),
+        instant,
+        largest: largest.map(|(n, _)| n),
+        parts: parts.rounded(),
+        capacity,
+        withheld: cx.withheld.clone(),
+        window_seconds: cx.window.as_secs_f64(),
+        web: window.map(|e| e.load.clone()),
+        note,
+    }
+}
+
+impl SaturationReport {
+    /// Before the first round (and in `health-agent check`): nothing measured.
+    pub fn unknown(window: Duration) -> Self {
+        assess(
+            None,
+            None,
+            Capacity {
+                workers: None,
+                basis: Basis::Unknown,
+                cores: 0,
+                cores_basis: Basis::Unknown,
+            },
+            &Context {
+                host: None,
+                memory_low_percent: 30.0,
+                memory_high_percent: 90.0,
+                withheld: None,
+                no_kernel: None,
+                window,
+            },
+        )
+    }
+
+    /// `checks.saturation`: "42%", "withheld" or "unknown".
+    pub fn summary(&self) -> String {
+        match (self.ratio, &self.withheld) {
+            (_, Some(_)) => "withheld".into(),
+            (Some(r), None) => format!("{:.0}%", r * 100.0),
+            (None, None) => "unknown".into(),
+        }
+    }
+
+    pub fn instant_window() -> Duration {
+        INSTANT
+    }
+}
+
+#[cfg(test)]
+mod tests;

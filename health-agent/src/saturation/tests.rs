@@ -1,0 +1,326 @@
+//! The estimator against simulated servers whose offered load is known exactly: Poisson
+//! arrivals, exponential service, c workers, read at 250 ms ticks as the agent reads the kernel.
+
+use super::*;
+
+const TICK: Duration = Duration::from_millis(250);
+const WINDOW: Duration = Duration::from_secs(60);
+
+/// A small deterministic generator (xorshift), so the tests are repeatable.
+struct Rng(u64);
+
+impl Rng {
+    fn uniform(&mut self) -> f64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        ((self.0 >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+    fn exp(&mut self, mean: f64) -> f64 {
+        -mean * self.uniform().ln()
+    }
+}
+
+/// One request: when it arrived, when a worker took it, when it was answered (seconds).
+struct Job {
+    arrive: f64,
+    start: f64,
+    end: f64,
+}
+
+/// FIFO with `c` workers; `reads_early`: the server reads every request on arrival and
+/// queues it inside (Puma's reactor), so the kernel sees it pending, not waiting.
+fn simulate(rho: f64, c: usize, service: f64, secs: f64, seed: u64) -> Vec<Job> {
+    let mut rng = Rng(seed);
+    let lambda = rho * c as f64 / service;
+    let mut free = vec![0.0f64; c];
+    let mut jobs = Vec::new();
+    let mut t = 0.0;
+    loop {
+        t += rng.exp(1.0 / lambda);
+        if t > secs {
+            return jobs;
+        }
+        let (i, &at) = free
+            .iter()
+            .enumerate()
+            .min_by(|a, b| a.1.total_cmp(b.1))
+            .unwrap();
+        let start = at.max(t);
+        let end = start + rng.exp(service);
+        free[i] = end;
+        jobs.push(Job {
+            arrive: t,
+            start,
+            end,
+        });
+    }
+}
+
+/// What the kernel counters read at `t`.
+fn read(jobs: &[Job], t: f64, reads_early: bool) -> LoadSample {
+    let mut s = LoadSample::default();
+    for j in jobs {
+        if j.arrive <= t {
+            s.established += 1;
+        }
+        if j.end <= t {
+            s.answered += 1;
+        }
+        let taken = if reads_early { j.arrive } else { j.start };
+        if taken <= t && t < j.end {
+            s.pending += 1;
+        } else if j.arrive <= t && t < taken {
+            s.waiting += 1;
+        }
+    }
+    s
+}
+
+/// Feeds `secs` of ticks to a meter; returns it and the instant of the last tick.
+fn run(meter: &mut Meter, jobs: &[Job], secs: f64, reads_early: bool) -> Instant {
+    let t0 = Instant::now();
+    let ticks = (secs / TICK.as_secs_f64()) as u32;
+    for i in 0..=ticks {
+        let t = TICK.as_secs_f64() * f64::from(i);
+        meter.tick(t0 + TICK * i, read(jobs, t, reads_early), false, WINDOW);
+    }
+    t0 + TICK * ticks
+}
+
+#[test]
+fn offered_load_not_requests_in_system_near_capacity() {
+    // SPEC: five workers at ρ = 0.9; "requests in the system / c" gives about 2.3 (M/M/5,
+    // when everything waiting counts). The estimator must stay with the offered load.
+    let jobs = simulate(0.9, 5, 0.05, 240.0, 7);
+    let mut m = Meter::new(Duration::from_secs(240), 5, 2);
+    let now = run(&mut m, &jobs, 240.0, true);
+    let e = m.estimate(now, None).unwrap();
+    let web = e.web.unwrap();
+    assert!(
+        (web - 0.9).abs() < 0.08,
+        "web part {web}, want ≈ 0.9: {e:?}"
+    );
+    // The wrong estimator, on the same data, overshoots.
+    let wrong = e.load.in_server / 5.0;
+    assert!(wrong > 1.3, "requests in the system / c = {wrong}: {e:?}");
+}
+
+#[test]
+fn tracks_offered_load_from_idle_to_overload() {
+    let mut last = 0.0;
+    for (i, rho) in [0.25, 0.5, 0.75, 1.0, 1.5, 2.0].into_iter().enumerate() {
+        let jobs = simulate(rho, 4, 0.05, 60.0, 11 + i as u64);
+        let mut m = Meter::new(WINDOW, 4, 2);
+        let now = run(&mut m, &jobs, 60.0, false);
+        let web = m.estimate(now, None).unwrap().web.unwrap();
+        let tolerance = if rho <= 1.0 { 0.1 } else { 0.25 };
+        assert!(
+            (web - rho).abs() < tolerance,
+            "ρ = {rho}: web part {web} (tolerance {tolerance})"
+        );
+        assert!(
+            web > last,
+            "ρ = {rho}: {web} not above the step before, {last}"
+        );
+        last = web;
+    }
+}
+
+#[test]
+fn learns_the_workers_where_work_starts_to_wait() {
+    let jobs = simulate(1.3, 6, 0.05, 60.0, 3);
+    let mut m = Meter::new(WINDOW, 0, 2);
+    assert_eq!(m.capacity().basis, Basis::Unknown);
+    let now = run(&mut m, &jobs, 60.0, false);
+    let cap = m.capacity();
+    assert_eq!(
+        (cap.workers, cap.basis),
+        (Some(6), Basis::Learned),
+        "{cap:?}"
+    );
+    let web = m.estimate(now, None).unwrap().web.unwrap();
+    assert!((web - 1.3).abs() < 0.25, "{web}");
+}
+
+#[test]
+fn a_server_that_reads_everything_early_teaches_nothing() {
+    // Its accept queue stays empty however full it is: the hand-over is invisible, and the
+    // report must say so rather than guess.
+    let jobs = simulate(0.9, 4, 0.05, 60.0, 5);
+    let mut m = Meter::new(WINDOW, 0, 2);
+    let now = run(&mut m, &jobs, 60.0, true);
+    assert_eq!(m.capacity().basis, Basis::Unknown);
+    assert_eq!(m.estimate(now, None).unwrap().web, None);
+    let r = assess(
+        m.estimate(now, None).as_ref(),
+        None,
+        m.capacity(),
+        &cx(None, None),
+    );
+    assert!(r.note.as_deref().unwrap().contains("web.workers"), "{r:?}");
+}
+
+#[test]
+fn blocked_work_is_dropped_with_what_led_up_to_it() {
+    // Half load for 50 s; then a dependency stalls every worker: arrivals go on, nothing is
+    // answered. The agent notices after 2 s and withholds.
+    let jobs = simulate(0.5, 4, 0.05, 50.0, 9);
+    let mut m = Meter::new(WINDOW, 4, 2);
+    let t0 = Instant::now();
+    let mut s = LoadSample::default();
+    for i in 0..=200u32 {
+        s = read(&jobs, TICK.as_secs_f64() * f64::from(i), false);
+        m.tick(t0 + TICK * i, s, false, Duration::from_secs(5));
+    }
+    let before = m.estimate(t0 + TICK * 200, None).unwrap().web.unwrap();
+    for i in 201..=280u32 {
+        s.established += 10;
+        s.pending = 4;
+        s.waiting += 10;
+        let held = i >= 209; // noticed 2 s in
+        m.tick(t0 + TICK * i, s, held, Duration::from_secs(5));
+    }
+    let during = m.estimate(t0 + TICK * 280, None).unwrap().web.unwrap();
+    assert!(
+        (during - before).abs() < 0.05,
+        "during the stall {during}, before {before}"
+    );
+}
+
+#[test]
+fn a_cpu_bound_server_is_measured_against_the_cores_it_used_when_full() {
+    // One core's worth of CPU at saturation (threads sharing a lock), then half of it.
+    let mut m = Meter::new(WINDOW, 4, 2);
+    let t0 = Instant::now();
+    let mut s = LoadSample {
+        backend_cpu_seconds: Some(0.0),
+        ..LoadSample::default()
+    };
+    let mut cpu = 0.0;
+    for i in 0..=40u32 {
+        s.established += 12;
+        s.answered += 12;
+        s.pending = 4;
+        s.waiting = 3;
+        cpu += 0.25 * 0.98;
+        s.backend_cpu_seconds = Some(cpu);
+        m.tick(t0 + TICK * i, s, false, WINDOW);
+    }
+    assert_eq!(
+        (m.capacity().cores, m.capacity().cores_basis),
+        (1, Basis::Learned)
+    );
+    let mut m2 = Meter::new(WINDOW, 4, 2);
+    m2.full_cpu = m.full_cpu.clone();
+    for i in 0..=40u32 {
+        s.established += 6;
+        s.answered += 6;
+        s.pending = 1;
+        s.waiting = 0;
+        cpu += 0.25 * 0.5;
+        s.backend_cpu_seconds = Some(cpu);
+        m2.tick(t0 + TICK * i, s, false, WINDOW);
+    }
+    let e = m2.estimate(t0 + TICK * 40, None).unwrap();
+    let part = e.backend_cpu.unwrap();
+    assert!((part - 0.5).abs() < 0.05, "{part}: {e:?}");
+}
+
+fn cx(host: Option<HostLoad>, withheld: Option<&str>) -> Context {
+    Context {
+        host,
+        memory_low_percent: 30.0,
+        memory_high_percent: 90.0,
+        withheld: withheld.map(String::from),
+        no_kernel: None,
+        window: WINDOW,
+    }
+}
+
+fn estimate(web: f64) -> Estimate {
+    Estimate {
+        web: Some(web),
+        backend_cpu: Some(0.05),
+        seconds: 60.0,
+        ..Estimate::default()
+    }
+}
+
+#[test]
+fn s_is_the_largest_part_and_names_it() {
+    let cap = Meter::new(WINDOW, 4, 2).capacity();
+    let host = HostLoad {
+        cpu_percent: 20.0,
+        memory_percent: 60.0,
+    };
+    let r = assess(
+        Some(&estimate(0.42)),
+        None,
+        cap.clone(),
+        &cx(Some(host), None),
+    );
+    assert_eq!((r.ratio, r.largest), (Some(0.5), Some("memory")), "{r:?}");
+    assert_eq!(r.parts.cpu, Some(0.2));
+    let r = assess(
+        Some(&estimate(1.7)),
+        None,
+        cap.clone(),
+        &cx(Some(host), None),
+    );
+    assert_eq!((r.ratio, r.largest), (Some(1.7), Some("web")), "not capped");
+    assert_eq!(r.summary(), "170%");
+    assert_eq!(r.capacity.basis, Basis::Configured);
+    let quiet = HostLoad {
+        cpu_percent: 5.0,
+        memory_percent: 20.0,
+    };
+    let r = assess(Some(&estimate(0.1)), None, cap, &cx(Some(quiet), None));
+    assert_eq!(
+        r.parts.memory,
+        Some(0.0),
+        "below memory_low_percent is no load"
+    );
+}
+
+#[test]
+fn withheld_publishes_nothing_and_says_why() {
+    let cap = Meter::new(WINDOW, 4, 2).capacity();
+    let r = assess(
+        Some(&estimate(0.6)),
+        Some(&estimate(3.0)),
+        cap,
+        &cx(None, Some("database unreachable")),
+    );
+    assert_eq!(r.ratio, None);
+    assert_eq!(r.withheld.as_deref(), Some("database unreachable"));
+    assert_eq!(r.summary(), "withheld");
+    assert_eq!(
+        r.instant,
+        Some(3.0),
+        "the blocked work still shows in the details"
+    );
+    let v = serde_json::to_value(&r).unwrap();
+    for key in [
+        "ratio",
+        "instant",
+        "parts",
+        "capacity",
+        "withheld",
+        "window_seconds",
+    ] {
+        assert!(
+            v.get(key).is_some(),
+            "details.saturation.{key} missing: {v}"
+        );
+    }
+    assert_eq!(v["capacity"]["basis"], "configured");
+}
+
+#[test]
+fn nothing_measured_is_unknown_not_zero() {
+    let r = SaturationReport::unknown(WINDOW);
+    assert_eq!((r.ratio, r.summary().as_str()), (None, "unknown"));
+    let m = Meter::new(WINDOW, 4, 2);
+    assert_eq!(m.estimate(Instant::now(), None), None);
+}
