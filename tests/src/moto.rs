@@ -12,24 +12,23 @@ use serde_json::Value;
 
 use crate::{free_port, wait_until, Proc};
 
-/// Where `cargo xtask setup` installs moto (the deploy validators' venv) when it is not on PATH.
-fn venv_bin(name: &str) -> PathBuf {
-    if let Some(p) = std::env::var_os("PATH").and_then(|path| {
-        std::env::split_paths(&path)
-            .map(|d| d.join(name))
-            .find(|p| p.is_file())
-    }) {
-        return p;
-    }
+/// moto_server from `cargo xtask setup`'s venv (the deploy validators'), else from PATH; the
+/// python3 beside it has boto3 (a dependency of moto).
+fn moto_server() -> PathBuf {
     let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
-    let p = PathBuf::from(home)
-        .join(".local/share/health-agent/deploy-tools/bin")
-        .join(name);
-    assert!(
-        p.is_file(),
-        "{name} is not installed: run `cargo xtask setup` (it installs moto[server] from PyPI)"
-    );
-    p
+    let venv = PathBuf::from(home).join(".local/share/health-agent/deploy-tools/bin/moto_server");
+    if venv.is_file() {
+        return venv;
+    }
+    std::env::var_os("PATH")
+        .and_then(|path| {
+            std::env::split_paths(&path)
+                .map(|d| d.join("moto_server"))
+                .find(|p| p.is_file())
+        })
+        .unwrap_or_else(|| {
+            panic!("moto_server is not installed: run `cargo xtask setup` (it installs moto[server] from PyPI)")
+        })
 }
 
 /// A moto server (all services; the tests use CloudWatch). Stopped on drop.
@@ -43,7 +42,7 @@ pub struct Moto {
 
 impl Moto {
     pub fn start() -> Self {
-        let server = venv_bin("moto_server");
+        let server = moto_server();
         // boto3 beside moto_server: the same venv.
         let python = server.with_file_name("python3");
         let dir = tempfile::tempdir().expect("tempdir");

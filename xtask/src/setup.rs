@@ -39,7 +39,13 @@ const PACKAGES: &[&str] = &[
     "python3-venv",
 ];
 /// The deploy-file validators that come from PyPI, by the command each installs.
-const PIP_TOOLS: &[&str] = &["cfn-lint", "kubernetes-validate"];
+/// (command, PyPI requirement): the deploy validators, and moto (a CloudWatch API server for
+/// tests/tests/cloudwatch.rs and the bench; boto3 comes with it and reads back what arrived).
+const PIP_TOOLS: &[(&str, &str)] = &[
+    ("cfn-lint", "cfn-lint"),
+    ("kubernetes-validate", "kubernetes-validate"),
+    ("moto_server", "moto[server]"),
+];
 const TRACEFS: &str = "/sys/kernel/tracing";
 
 /// What a step found.
@@ -67,7 +73,7 @@ pub fn run(args: &Args) -> Result<()> {
     })?;
     step("setup", "debian packages", packages)?;
     step("setup", "tracefs", tracefs)?;
-    step("setup", "deploy validators (PyPI)", pip_tools)?;
+    step("setup", "deploy validators and moto (PyPI)", pip_tools)?;
     services::run("setup")
 }
 
@@ -376,8 +382,8 @@ pub fn pip_tool(name: &str) -> Result<PathBuf> {
 fn pip_tools() -> Result<Outcome> {
     let missing: Vec<&str> = PIP_TOOLS
         .iter()
-        .copied()
-        .filter(|t| pip_tool(t).is_err())
+        .filter(|(bin, _)| pip_tool(bin).is_err())
+        .map(|(_, package)| *package)
         .collect();
     if missing.is_empty() {
         return Ok(Outcome::Ok("already present"));
