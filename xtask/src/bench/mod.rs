@@ -16,11 +16,14 @@
 //!    neither is restarted.
 //! 7. What asking the peers costs (`bench/fleet.rs`).
 //! 8. The health port under a flood (`bench/flood.rs`).
+//! 9. Publishing to CloudWatch (healthy, down, stalling, throttling) does not slow `/health`
+//!    (`bench/cloudwatch.rs`).
 //!
 //! One file per section; `run` lists them in order. Servers, process guards, free ports and the
 //! `/health` poller come from the integration tests' harness (`health-agent-tests`).
 
 mod alerts;
+mod cloudwatch;
 mod fleet;
 mod flood;
 mod hang;
@@ -63,6 +66,9 @@ pub struct Args {
     /// Run only the flood section (with `--baseline-agent`: the earlier build first).
     #[arg(long)]
     only_flood: bool,
+    /// Run only the CloudWatch section, and put it in place of its section in `--out`.
+    #[arg(long)]
+    only_cloudwatch: bool,
 }
 
 /// The release binaries the bench runs.
@@ -87,6 +93,15 @@ pub fn run(args: &Args) -> Result<()> {
         return Ok(());
     }
     fs::create_dir_all(&dir)?;
+    if args.only_cloudwatch {
+        let md = cloudwatch::run(&bins.agent, &dir, args.quick)?;
+        let out = cmd::root().join(&args.out);
+        let report = fs::read_to_string(&out).unwrap_or_default();
+        fs::write(&out, cloudwatch::splice(&report, &md))?;
+        println!("{md}\nbench: wrote its section into {}", out.display());
+        let _ = fs::remove_dir_all(&dir);
+        return Ok(());
+    }
     if args.only_socket_costs {
         let md = socket_costs::run(&bins.agent, baseline, &dir, args.quick)?;
         fs::write(&args.out, &md)?;
@@ -104,6 +119,7 @@ pub fn run(args: &Args) -> Result<()> {
     md += &verdicts::run(&bins.agent, &bins.proxy, &dir, quick)?;
     md += &fleet::run(&bins.agent, &dir, quick)?;
     md += &flood::run(&bins.agent, baseline, &dir, quick)?;
+    md += &cloudwatch::run(&bins.agent, &dir, quick)?;
     write_report(args, started, &md)?;
     let _ = fs::remove_dir_all(&dir);
     Ok(())
