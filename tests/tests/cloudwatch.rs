@@ -420,3 +420,55 @@ fn nothing_is_published_while_the_saturation_is_withheld() {
         "nothing reached CloudWatch: {back}"
     );
 }
+
+#[test]
+fn config_validate_refuses_bad_namespace_and_dimension_with_exit_2() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = |toml: &str| {
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, toml).expect("write");
+        let out = std::process::Command::new(health_agent_tests::agent_binary())
+            .args(["config", "--validate"])
+            .arg(&path)
+            .output()
+            .expect("running health-agent");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    for (toml, key, says) in [
+        (
+            "[scaling.cloudwatch]\nnamespace = \"AWS/EC2\"\n",
+            "scaling.cloudwatch.namespace",
+            "reserved",
+        ),
+        (
+            "[scaling.cloudwatch]\nnamespace = \"Health|Agent\"\n",
+            "scaling.cloudwatch.namespace",
+            "'|'",
+        ),
+        (
+            "[scaling.cloudwatch]\nauto_scaling_group = \"   \"\n",
+            "scaling.cloudwatch.auto_scaling_group",
+            "white space",
+        ),
+        (
+            "[scaling.cloudwatch]\nauto_scaling_group = \"web-ä\"\n",
+            "scaling.cloudwatch.auto_scaling_group",
+            "ASCII",
+        ),
+        (
+            "[scaling.cloudwatch]\ninterval = \"5s\"\nhigh_resolution = true\n",
+            "scaling.cloudwatch.interval",
+            "allowed 10s",
+        ),
+    ] {
+        let (code, err) = run(toml);
+        assert_eq!(code, Some(2), "{toml}: {err}");
+        assert!(err.contains(key) && err.contains(says), "{toml}: {err}");
+    }
+    let (code, err) =
+        run("[scaling.cloudwatch]\nenabled = true\nauto_scaling_group = \"web-asg\"\n");
+    assert_eq!(code, Some(0), "{err}");
+}

@@ -15,7 +15,7 @@ const TOKEN_MARGIN: Duration = Duration::from_secs(60);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ImdsError {
-    #[error("instance metadata is disabled (AWS_EC2_METADATA_DISABLED)")]
+    #[error("instance metadata is off (AWS_EC2_METADATA_DISABLED, or AWS_EC2_METADATA_SERVICE_ENDPOINT is not a URL)")]
     Disabled,
     #[error("instance metadata at {endpoint}: {what}")]
     Http { endpoint: String, what: String },
@@ -39,9 +39,14 @@ impl Imds {
             .ok()
             .filter(|v| !v.trim().is_empty())
             .unwrap_or_else(|| DEFAULT_ENDPOINT.into());
-        let base = (!disabled)
-            .then(|| Url::parse(endpoint.trim()).ok())
-            .flatten();
+        let base = match Url::parse(endpoint.trim()) {
+            _ if disabled => None,
+            Ok(u) => Some(u),
+            Err(e) => {
+                tracing::warn!("AWS_EC2_METADATA_SERVICE_ENDPOINT {endpoint:?}: {e}");
+                None
+            }
+        };
         Self::new(base, timeout)
     }
 

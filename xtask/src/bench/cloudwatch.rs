@@ -1,5 +1,5 @@
 //! Section 9: publishing the saturation to CloudWatch never slows `/health`. One agent per
-//! case, each measured with wrk while its PutMetricData is in progress: no CloudWatch, moto
+//! case, all running at once and measured in turn with wrk while they publish: no CloudWatch, moto
 //! answering (healthy), nothing listening (down), a server that accepts and never answers
 //! (stalling), and one that answers every request 400 `Throttling` (as AWS does).
 
@@ -84,21 +84,21 @@ fn throttling() -> Result<u16> {
     Ok(port)
 }
 
+/// One agent and its measurements.
 struct Case {
     name: &'static str,
-    w: Wrk,
+    port: u16,
+    agent: Proc,
+    runs: Vec<Wrk>,
     status: Value,
 }
 
-/// Starts an agent publishing to `endpoint` (none: CloudWatch off), waits until its first
-/// PutMetricData is under way, and measures `/health` for `secs` while it goes on.
-fn measure(
-    agent_bin: &Path,
-    dir: &Path,
-    name: &'static str,
-    endpoint: Option<&str>,
-    secs: u32,
-) -> Result<Case> {
+fn cloudwatch_status(port: u16) -> Result<Value> {
+    Ok(health(port)?.1["details"]["scaling"]["cloudwatch"].clone())
+}
+
+/// Starts an agent publishing to `endpoint` (none: CloudWatch off).
+fn start(agent_bin: &Path, dir: &Path, name: &'static str, endpoint: Option<&str>) -> Result<Case> {
     let port = free_port();
     let mut cfg =
         format!("[server]\nlisten = \"127.0.0.1:{port}\"\n\n[checks]\nboot_grace = \"0s\"\n");
@@ -110,105 +110,113 @@ fn measure(
              timeout = \"1s\"\nmax_retries = {MAX_RETRIES}\n"
         );
     }
-    let path = dir.join(format!("cloudwatch-{name}.toml"));
+    let file = name.split_whitespace().next().unwrap_or(name);
+    let path = dir.join(format!("cloudwatch-{file}.toml"));
     fs::write(&path, cfg)?;
-    let log = dir.join(format!("cloudwatch-{name}.log"));
+    let log = dir.join(format!("cloudwatch-{file}.log"));
     let mut cmd = agent_command(agent_bin, &path, &log, "warn")?;
     cmd.env("AWS_ACCESS_KEY_ID", "AKIDBENCH")
         .env("AWS_SECRET_ACCESS_KEY", "bench-secret")
         .env("AWS_EC2_METADATA_DISABLED", "true");
-    let agent: Proc = spawn_agent(&mut cmd, &log, port, Duration::from_secs(20))?;
-    let cw =
-        || -> Result<Value> { Ok(health(port)?.1["details"]["scaling"]["cloudwatch"].clone()) };
-    if endpoint.is_some() {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while cw()?["requests"].as_u64().unwrap_or(0) == 0 {
-            if Instant::now() > deadline {
-                bail!("{name}: no PutMetricData within 30 s: {}", cw()?);
-            }
-            thread::sleep(Duration::from_millis(100));
-        }
-    }
-    let w = wrk(
-        &format!("http://127.0.0.1:{port}/health"),
-        10,
-        secs,
-        &[],
-        None,
-    )?;
-    let status = cw()?;
-    drop(agent);
-    Ok(Case { name, w, status })
+    let agent = spawn_agent(&mut cmd, &log, port, Duration::from_secs(20))?;
+    Ok(Case {
+        name,
+        port,
+        agent,
+        runs: Vec::new(),
+        status: Value::Null,
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 pub(super) fn run(agent_bin: &Path, dir: &Path, quick: bool) -> Result<String> {
     fs::create_dir_all(dir)?;
-    let secs = if quick { 5 } else { 12 };
+    let (rounds, secs) = if quick { (2, 3) } else { (3, 6) };
     let moto = harness("starting moto (cargo xtask setup installs it)", Moto::start)?;
     let (stall, throttle) = (stalling()?, throttling()?);
-    let cases = [
-        measure(agent_bin, dir, "off", None, secs)?,
-        measure(
-            agent_bin,
-            dir,
-            "healthy (moto)",
-            Some(&moto.endpoint()),
-            secs,
-        )?,
-        measure(
-            agent_bin,
-            dir,
-            "down (refused)",
-            Some(&format!("http://127.0.0.1:{}", free_port())),
-            secs,
-        )?,
-        measure(
+    let refused = format!("http://127.0.0.1:{}", free_port());
+    // All five run at once and are measured in turn, round after round: the machine's own
+    // noise (other processes, frequency) falls on every case alike.
+    let mut cases = vec![
+        start(agent_bin, dir, "off", None)?,
+        start(agent_bin, dir, "healthy (moto)", Some(&moto.endpoint()))?,
+        start(agent_bin, dir, "down (refused)", Some(&refused))?,
+        start(
             agent_bin,
             dir,
             "stalling",
             Some(&format!("http://127.0.0.1:{stall}")),
-            secs,
         )?,
-        measure(
+        start(
             agent_bin,
             dir,
             "throttling",
             Some(&format!("http://127.0.0.1:{throttle}")),
-            secs,
         )?,
     ];
+    let deadline = Instant::now() + Duration::from_secs(40);
+    for c in cases.iter().skip(1) {
+        while cloudwatch_status(c.port)?["requests"].as_u64().unwrap_or(0) == 0 {
+            if Instant::now() > deadline {
+                bail!(
+                    "{}: no PutMetricData within 40 s: {}",
+                    c.name,
+                    cloudwatch_status(c.port)?
+                );
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+    for _ in 0..rounds {
+        for c in cases.iter_mut() {
+            let w = wrk(
+                &format!("http://127.0.0.1:{}/health", c.port),
+                10,
+                secs,
+                &[],
+                None,
+            )?;
+            c.runs.push(w);
+        }
+    }
+    for c in cases.iter_mut() {
+        c.status = cloudwatch_status(c.port)?;
+    }
     let mut md = String::from("\n## 9. Publishing to CloudWatch does not slow `/health`\n\n");
     let _ = writeln!(
         md,
-        "`cargo xtask bench --only-cloudwatch`. One agent per row, `[scaling.cloudwatch]` every 10 s (high resolution), `timeout = \"1s\"`, `max_retries = {MAX_RETRIES}`; `/health` under `wrk -t2 -c10` for {secs} s, started once the first PutMetricData is under way, so its retries (backoff with jitter) run during the measurement. CloudWatch is moto (`moto[server]`, the real API), a closed port, a server that never answers, and one that answers every request 400 `Throttling`.\n"
+        "`cargo xtask bench --only-cloudwatch`. Five agents at once, one per row, `[scaling.cloudwatch]` every 10 s (high resolution), `timeout = \"1s\"`, `max_retries = {MAX_RETRIES}`. Once each has started publishing, `/health` of each in turn under `wrk -t2 -c10` for {secs} s, {rounds} rounds (median of the rounds; every round's p99 in brackets), while the failing ones keep retrying with backoff and jitter every interval. CloudWatch is moto (`moto[server]`, the real API), a closed port, a server that never answers, and one that answers every request 400 `Throttling`.\n"
     );
-    md.push_str("| CloudWatch | req/s | p50 ms | p99 ms | PutMetricData requests (retries) | published | last error |\n|---|---|---|---|---|---|---|\n");
+    md.push_str("| CloudWatch | req/s | p50 ms | p99 ms (each round) | PutMetricData requests (retries) | published | last error |\n|---|---|---|---|---|---|---|\n");
     for c in &cases {
         let s = &c.status;
-        let err = s["last_error"].as_str().unwrap_or("—");
+        let enabled = s["enabled"] == true;
+        let rounds_p99: Vec<String> = c.runs.iter().map(|w| format!("{:.2}", w.p99_ms)).collect();
         let _ = writeln!(
             md,
-            "| {} | {:.0} | {:.3} | {:.3} | {} | {} | {} |",
+            "| {} | {:.0} | {:.3} | {:.3} ({}) | {} | {} | {} |",
             c.name,
-            c.w.rps,
-            c.w.p50_ms,
-            c.w.p99_ms,
-            if s["enabled"] == true {
+            median(c.runs.iter().map(|w| w.rps).collect()),
+            median(c.runs.iter().map(|w| w.p50_ms).collect()),
+            median(c.runs.iter().map(|w| w.p99_ms).collect()),
+            rounds_p99.join(", "),
+            if enabled {
                 format!("{} ({})", s["requests"], s["retries"])
             } else {
                 "—".into()
             },
-            if s["enabled"] == true {
+            if enabled {
                 s["published_data"].to_string()
             } else {
                 "—".into()
             },
-            err.replace('|', "/"),
+            s["last_error"].as_str().unwrap_or("—").replace('|', "/"),
         );
-        println!(
-            "bench: cloudwatch {}: /health p99 {:.3} ms, {:.0} req/s; {}",
-            c.name, c.w.p99_ms, c.w.rps, c.status
-        );
+        println!("bench: cloudwatch {}: {}", c.name, c.status);
     }
     let healthy = &cases[1].status;
     if healthy["published_data"].as_u64().unwrap_or(0) == 0 {
@@ -219,10 +227,11 @@ pub(super) fn run(agent_bin: &Path, dir: &Path, quick: bool) -> Result<String> {
             c.status["requests"].as_u64().unwrap_or(0),
             c.status["retries"].as_u64().unwrap_or(0),
         );
-        if retries > (req - retries) * u64::from(MAX_RETRIES) {
+        if retries > req.saturating_sub(retries) * u64::from(MAX_RETRIES) {
             bail!("{}: retries not bounded: {}", c.name, c.status);
         }
     }
+    drop(cases.into_iter().map(|c| c.agent).collect::<Vec<_>>());
     Ok(md)
 }
 
