@@ -149,4 +149,103 @@ mod tests {
             "instance role (IMDSv2)"
         );
     }
+
+    /// An IMDSv2 stub on loopback: the token, the role, and keys expiring `expires_in` from
+    /// now. Records (method, path, token header) of every request.
+    async fn stub(expires_in: time::Duration) -> (reqwest::Url, Arc<std::sync::Mutex<Vec<Seen>>>) {
+        use axum::{extract::Request, http::StatusCode, response::IntoResponse, Router};
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let app = Router::new().fallback(move |req: Request| {
+            let log = log.clone();
+            async move {
+                let token = req
+                    .headers()
+                    .get("x-aws-ec2-metadata-token")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("")
+                    .to_string();
+                let (method, path) = (req.method().to_string(), req.uri().path().to_string());
+                log.lock()
+                    .unwrap()
+                    .push((method.clone(), path.clone(), token.clone()));
+                if method == "PUT" && path == "/latest/api/token" {
+                    return (StatusCode::OK, "T1".to_string()).into_response();
+                }
+                if token != "T1" {
+                    return StatusCode::UNAUTHORIZED.into_response();
+                }
+                let expires = (time::OffsetDateTime::now_utc() + expires_in)
+                    .format(&time::format_description::well_known::Rfc3339)
+                    .unwrap();
+                match path.as_str() {
+                    "/latest/meta-data/iam/security-credentials/" => {
+                        (StatusCode::OK, "role-a\n".to_string()).into_response()
+                    }
+                    "/latest/meta-data/iam/security-credentials/role-a" => (
+                        StatusCode::OK,
+                        serde_json::json!({
+                            "Code": "Success", "AccessKeyId": "ASIA1",
+                            "SecretAccessKey": "S1", "Token": "TOK1", "Expiration": expires,
+                        })
+                        .to_string(),
+                    )
+                        .into_response(),
+                    _ => StatusCode::NOT_FOUND.into_response(),
+                }
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url =
+            reqwest::Url::parse(&format!("http://{}", listener.local_addr().unwrap())).unwrap();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        (url, seen)
+    }
+
+    /// (method, path, token header).
+    type Seen = (String, String, String);
+
+    fn role_reads(seen: &std::sync::Mutex<Vec<Seen>>) -> usize {
+        seen.lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, p, _)| p.ends_with("/role-a"))
+            .count()
+    }
+
+    #[tokio::test]
+    async fn instance_role_keys_come_from_imdsv2_and_are_renewed_before_expiry() {
+        let none = |_: &str| None;
+        // Valid for an hour: fetched once, then served from the cache.
+        let (url, seen) = stub(time::Duration::hours(1)).await;
+        let imds = Arc::new(Imds::new(Some(url), Duration::from_secs(2)));
+        let mut p = Provider::new(none, imds);
+        for _ in 0..3 {
+            let c = p.get().await.unwrap();
+            assert_eq!(c.access_key_id, "ASIA1");
+            assert_eq!(c.session_token.as_deref(), Some("TOK1"));
+        }
+        assert_eq!(role_reads(&seen), 1, "cached while far from expiry");
+        {
+            let log = seen.lock().unwrap();
+            assert_eq!(log[0].0, "PUT", "the IMDSv2 token first: {log:?}");
+            assert!(log[1..].iter().all(|(_, _, t)| t == "T1"), "{log:?}");
+            let puts = log.iter().filter(|(m, ..)| m == "PUT").count();
+            assert_eq!(puts, 1, "one token for every read: {log:?}");
+        }
+        // CloudWatch said the keys expired: fetched again.
+        p.invalidate();
+        p.get().await.unwrap();
+        assert_eq!(role_reads(&seen), 2);
+
+        // Keys expiring within the renewal margin are renewed on every use.
+        let (url, seen) = stub(time::Duration::minutes(5)).await;
+        let imds = Arc::new(Imds::new(Some(url), Duration::from_secs(2)));
+        let mut p = Provider::new(none, imds);
+        p.get().await.unwrap();
+        p.get().await.unwrap();
+        assert_eq!(role_reads(&seen), 2, "renewed before expiry");
+    }
 }

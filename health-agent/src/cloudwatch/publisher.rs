@@ -77,6 +77,8 @@ pub struct Status {
     pub published_data: u64,
     /// Intervals given up: the queue overflowed, or CloudWatch refused them for good.
     pub dropped_data: u64,
+    /// Batches tried; each is at most 1 + `max_retries` requests.
+    pub batches: u64,
     pub requests: u64,
     pub retries: u64,
     /// Samples skipped because the saturation was withheld (a dependency fault).
@@ -395,6 +397,7 @@ impl Sender {
                 return Err(None);
             }
         };
+        lock(&self.state).status.batches += 1;
         let mut attempt = 0u32;
         loop {
             let creds = match self.provider.get().await {
