@@ -34,6 +34,9 @@ use serde::Serialize;
 const INSTANT: Duration = Duration::from_secs(5);
 /// Less data than this in the window: no estimate yet.
 const MIN_SPAN: Duration = Duration::from_secs(1);
+/// Work in service with no answer for this long (or four times the server's mean time in
+/// service, when longer) has stalled.
+const STALL_AFTER: Duration = Duration::from_secs(1);
 /// Ticks with work waiting needed before a capacity counts as learned.
 const LEARN_AFTER: usize = 8;
 /// The learned capacity is the median of at most this many recent observations.
@@ -63,8 +66,12 @@ struct Record {
     completions: u64,
     pending: u64,
     cpu_seconds: Option<f64>,
-    /// Taken while a dependency fault held (or just before it was noticed): not load.
+    /// Taken while a dependency fault holds (or just before it was noticed): not load.
     excluded: bool,
+    /// Taken while work in service stopped moving (nothing answered for far longer than this
+    /// server's requests take): left out until it moves again — then it was slow work, and
+    /// counts — or a dependency fault is named — then it was blocked, and stays out.
+    stalled: bool,
 }
 
 /// The per-tick estimator. Pure: time and counters come in, estimates go out.
@@ -82,6 +89,8 @@ pub struct Meter {
     full_at: VecDeque<u64>,
     /// The backend's CPU rate (cores) at those ticks.
     full_cpu: VecDeque<f64>,
+    /// The latest tick that saw an answer go out.
+    last_answer: Option<Instant>,
 }
 
 /// Where the worker count came from.
@@ -144,22 +153,44 @@ impl Meter {
             held: false,
             full_at: VecDeque::new(),
             full_cpu: VecDeque::new(),
+            last_answer: None,
         }
     }
 
-    /// Takes in one tick. `held`: a dependency fault holds now (S is withheld); on the tick it
-    /// starts, the last `lookback` of data goes too — the work was already blocked while the
-    /// fault was being recognised.
-    pub fn tick(&mut self, now: Instant, s: LoadSample, held: bool, lookback: Duration) {
+    /// How long work in service may go without an answer before it counts as stalled: four
+    /// times this server's mean time in service over the window, at least STALL_AFTER.
+    fn stall_after(&self) -> Duration {
+        let (mut in_server, mut answered) = (0.0, 0u64);
+        for r in self.records.iter().filter(|r| !r.excluded && !r.stalled) {
+            in_server += r.pending as f64 * r.dt;
+            answered += r.completions;
+        }
+        let mean = if answered > 0 {
+            in_server / answered as f64
+        } else {
+            0.0
+        };
+        STALL_AFTER.max(Duration::from_secs_f64((4.0 * mean).min(3600.0)))
+    }
+
+    /// Whether a dependency fault holds now (S is withheld): ticks from now on are left out
+    /// until it ends, and when it starts the last `lookback` of data goes too — the work was
+    /// already blocked while the fault was being recognised.
+    pub fn hold(&mut self, now: Instant, held: bool, lookback: Duration) {
         if held && !self.held {
             for r in self.records.iter_mut().rev() {
-                if now.saturating_duration_since(r.end) > lookback {
+                if now.saturating_duration_since(r.end) > lookback && !r.stalled {
                     break;
                 }
                 r.excluded = true;
             }
         }
         self.held = held;
+    }
+
+    /// Takes in one tick.
+    pub fn tick(&mut self, now: Instant, s: LoadSample) {
+        let held = self.held;
         let Some((t0, p)) = self.prev.replace((now, s)) else {
             return;
         };
@@ -173,9 +204,35 @@ impl Meter {
             (Some(a), Some(b)) if a >= b => Some(a - b),
             _ => None,
         };
+        let completions = s.answered - p.answered;
+        let stalled = if completions > 0 {
+            self.last_answer = Some(now);
+            // It moves again: what stalled was slow work, and counts.
+            for r in self.records.iter_mut().rev().take_while(|r| r.stalled) {
+                r.stalled = false;
+            }
+            false
+        } else {
+            let quiet = self
+                .last_answer
+                .is_some_and(|t| now.saturating_duration_since(t) > self.stall_after());
+            if s.pending > 0 && quiet {
+                // Back to the last answer: the whole stall, not only its recognised part.
+                let since = self.last_answer.unwrap_or(now);
+                for r in self.records.iter_mut().rev() {
+                    if r.end <= since {
+                        break;
+                    }
+                    r.stalled = true;
+                }
+                true
+            } else {
+                self.records.back().is_some_and(|r| r.stalled) && s.pending > 0
+            }
+        };
         // A tick with work still waiting after a tick with work waiting: the server is full
         // (a healthy one takes a connection within milliseconds while it has a free worker).
-        let full = s.waiting > 0 && self.waited && s.pending > 0 && !held;
+        let full = s.waiting > 0 && self.waited && s.pending > 0 && !held && !stalled;
         self.waited = s.waiting > 0;
         if full {
             push_capped(&mut self.full_at, s.pending);
@@ -187,10 +244,11 @@ impl Meter {
             end: now,
             dt,
             arrivals: s.established - p.established,
-            completions: s.answered - p.answered,
+            completions,
             pending: s.pending,
             cpu_seconds,
             excluded: held,
+            stalled,
         });
         while self
             .records
@@ -240,7 +298,7 @@ impl Meter {
             if now.saturating_duration_since(r.end) > span {
                 break;
             }
-            if r.excluded {
+            if r.excluded || r.stalled {
                 continue;
             }
             t += r.dt;

@@ -182,7 +182,26 @@ impl Snapshot {
         let seed = seed(decision, report, &self.saturation, self.uptime);
         let value = match which {
             Rendering::Brief => return serde_json::to_vec(&seed).unwrap_or_default(),
-            Rendering::IetfFull => ietf(decision, report, &self.generated_at, true),
+            Rendering::IetfFull => {
+                let mut body = ietf(decision, report, &self.generated_at, true);
+                // Withheld: no observation, as in /metrics.
+                if let (Some(ratio), Some(Value::Object(checks))) =
+                    (self.saturation(), body.get_mut("checks"))
+                {
+                    checks.insert(
+                        "saturation:utilization".into(),
+                        json!([{
+                            "componentType": "system",
+                            "observedValue": ratio,
+                            "observedUnit": "ratio",
+                            "status": "pass",
+                            "time": self.generated_at,
+                            "output": self.saturation.largest.unwrap_or_default(),
+                        }]),
+                    );
+                }
+                body
+            }
             Rendering::IetfBrief => ietf(decision, report, &self.generated_at, false),
             Rendering::Full => {
                 let mut full = serde_json::to_value(&seed).unwrap_or(Value::Null);

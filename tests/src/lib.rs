@@ -41,7 +41,7 @@ pub use build::{agent_binary, binary, target_dir};
 pub use docker::{docker, fixture_image, BridgeContainer, Container};
 pub use fixture::{AddrFixture, Fixture};
 pub use http::{background_requests, counters, get, get_at, http, http_at, request_at, requests};
-pub use load::{Load, LoadStats};
+pub use load::{Load, LoadStats, OpenLoop, OpenLoopStats};
 pub use moto::Moto;
 pub use net::{free_port, free_port_on, free_port_on_all, loopback};
 pub use netns::{netns_inode, NetNs};

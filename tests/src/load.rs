@@ -479,3 +479,233 @@ fn read_response(s: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<(u16, bool)
     buf.drain(..end);
     Ok((code, close))
 }
+
+/// What an [`OpenLoop`] got.
+#[derive(Debug, Clone, Default)]
+pub struct OpenLoopStats {
+    /// Requests sent (connections made and the request written), each on its Poisson time.
+    pub sent: u64,
+    /// Arrivals that could not be sent (connect or write failed).
+    pub send_errors: u64,
+    /// Answers by HTTP status.
+    pub by_status: BTreeMap<u16, u64>,
+    /// Requests without an answer within the timeout.
+    pub timeouts: u64,
+    /// Connections closed without an answer.
+    pub errors: u64,
+    /// The latest the dispatcher sent a request after its scheduled time: large means the
+    /// clock was not kept (the machine too busy), and the load was less than asked.
+    pub max_lag: Duration,
+    pub elapsed: Duration,
+}
+
+impl OpenLoopStats {
+    pub fn answers(&self) -> u64 {
+        self.by_status.values().sum()
+    }
+
+    /// Requests sent per second.
+    pub fn offered_rate(&self) -> f64 {
+        self.sent as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+/// One request in flight: its socket, what it read so far, when it was sent.
+struct InFlight {
+    stream: TcpStream,
+    raw: Vec<u8>,
+    sent: Instant,
+}
+
+/// Open-loop load: `GET path` on a new connection at the instants of a Poisson process of
+/// `rate` per second, whatever the server does — a closed-loop client (each waiting for its
+/// answer before the next) slows down with the server and hides overload. A dispatcher thread
+/// keeps the clock (connect and write only, both immediate on loopback while the accept queue
+/// has room); a reader thread polls every open connection for its answer.
+pub struct OpenLoop {
+    stop: Arc<AtomicBool>,
+    stats: Arc<Mutex<OpenLoopStats>>,
+    threads: Vec<JoinHandle<()>>,
+    started: Instant,
+}
+
+impl OpenLoop {
+    /// `seed` makes the arrival times repeatable; `timeout` bounds each answer.
+    pub fn start(port: u16, path: &str, rate: f64, seed: u64, timeout: Duration) -> Self {
+        assert!(rate > 0.0 && rate.is_finite(), "rate {rate}");
+        raise_open_files_limit();
+        let started = Instant::now();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stats = Arc::new(Mutex::new(OpenLoopStats::default()));
+        let inbox = Arc::new(Mutex::new(Vec::<InFlight>::new()));
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        let dispatcher = {
+            let (stop, stats, inbox) = (stop.clone(), stats.clone(), inbox.clone());
+            std::thread::spawn(move || {
+                let mut rng = seed.max(1);
+                let mut next = Instant::now();
+                while !stop.load(Ordering::SeqCst) && started.elapsed() < MAX_RUN {
+                    // Exponential gaps (xorshift uniform): a Poisson process of `rate`.
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    let u = ((rng >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+                    next += Duration::from_secs_f64(-u.ln() / rate);
+                    let now = Instant::now();
+                    if next > now {
+                        std::thread::sleep(next - now);
+                    }
+                    let lag = Instant::now().saturating_duration_since(next);
+                    let sent = (|| {
+                        let s = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
+                        s.set_nodelay(true)?;
+                        (&s).write_all(request.as_bytes())?;
+                        s.set_nonblocking(true)?;
+                        Ok::<_, io::Error>(s)
+                    })();
+                    if let Ok(mut st) = stats.lock() {
+                        st.max_lag = st.max_lag.max(lag);
+                        match &sent {
+                            Ok(_) => st.sent += 1,
+                            Err(_) => st.send_errors += 1,
+                        }
+                    }
+                    if let (Ok(stream), Ok(mut q)) = (sent, inbox.lock()) {
+                        q.push(InFlight {
+                            stream,
+                            raw: Vec::new(),
+                            sent: Instant::now(),
+                        });
+                    }
+                }
+            })
+        };
+        let reader = {
+            let (stop, stats) = (stop.clone(), stats.clone());
+            std::thread::spawn(move || read_answers(&stop, &stats, &inbox, timeout))
+        };
+        Self {
+            stop,
+            stats,
+            threads: vec![dispatcher, reader],
+            started,
+        }
+    }
+
+    /// What was recorded so far (the load keeps running).
+    pub fn stats(&self) -> OpenLoopStats {
+        let mut s = self.stats.lock().map(|s| s.clone()).unwrap_or_default();
+        s.elapsed = self.started.elapsed();
+        s
+    }
+
+    /// Stops sending, drops the connections still open, returns the totals.
+    pub fn stop(mut self) -> OpenLoopStats {
+        let s = self.stats();
+        self.halt();
+        s
+    }
+
+    fn halt(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for OpenLoop {
+    fn drop(&mut self) {
+        self.halt();
+    }
+}
+
+/// The reader: polls every connection in flight, reads answers to EOF, counts them.
+fn read_answers(
+    stop: &AtomicBool,
+    stats: &Mutex<OpenLoopStats>,
+    inbox: &Mutex<Vec<InFlight>>,
+    timeout: Duration,
+) {
+    use std::os::fd::AsRawFd;
+    let mut open: Vec<InFlight> = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !stop.load(Ordering::SeqCst) {
+        if let Ok(mut q) = inbox.lock() {
+            open.append(&mut q);
+        }
+        if open.is_empty() {
+            std::thread::sleep(Duration::from_millis(2));
+            continue;
+        }
+        let mut fds: Vec<libc::pollfd> = open
+            .iter()
+            .map(|f| libc::pollfd {
+                fd: f.stream.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        // SAFETY: `fds` is a valid array of pollfd for the length given.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 5) };
+        let now = Instant::now();
+        let mut done = vec![false; open.len()];
+        for (i, (f, p)) in open.iter_mut().zip(&fds).enumerate() {
+            if n > 0 && p.revents != 0 {
+                loop {
+                    match f.stream.read(&mut buf) {
+                        Ok(0) => {
+                            let code = parse_status(&f.raw);
+                            if let Ok(mut st) = stats.lock() {
+                                match code {
+                                    Ok(c) => *st.by_status.entry(c).or_default() += 1,
+                                    Err(_) => st.errors += 1,
+                                }
+                            }
+                            done[i] = true;
+                            break;
+                        }
+                        Ok(k) => f.raw.extend_from_slice(&buf[..k]),
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(_) => {
+                            if let Ok(mut st) = stats.lock() {
+                                st.errors += 1;
+                            }
+                            done[i] = true;
+                            break;
+                        }
+                    }
+                }
+            }
+            if !done[i] && now.saturating_duration_since(f.sent) > timeout {
+                if let Ok(mut st) = stats.lock() {
+                    st.timeouts += 1;
+                }
+                done[i] = true;
+            }
+        }
+        let mut i = 0;
+        open.retain(|_| {
+            let keep = !done[i];
+            i += 1;
+            keep
+        });
+    }
+}
+
+/// An overloaded server leaves thousands of connections open on the client side: lift the
+/// soft open-files limit to the hard one (often 1024 against 1M or more).
+fn raise_open_files_limit() {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit on a struct we own.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) == 0 && l.rlim_cur < l.rlim_max {
+            l.rlim_cur = l.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &l);
+        }
+    }
+}

@@ -57,6 +57,29 @@ rescue PG::Error => e
   reply(500, "database error: #{e.class}\n")
 end
 
+# /io and /cpu: the saturation bench's two kinds of work. /io sleeps HA_TEST_IO_SECONDS, then
+# (with a database) runs SELECT 1 on the thread's own connection, as a pooled Rails app does;
+# /cpu computes for HA_TEST_CPU_SECONDS of the thread's own CPU time.
+IO_SECONDS = Float(ENV.fetch("HA_TEST_IO_SECONDS", "0.05"))
+CPU_SECONDS = Float(ENV.fetch("HA_TEST_CPU_SECONDS", "0.02"))
+
+def pooled_select
+  conn = (Thread.current[:ha_pg] ||= PG.connect(DB_URL, connect_timeout: 30))
+  conn.exec("SELECT 1").getvalue(0, 0)
+rescue PG::Error
+  (Thread.current[:ha_pg].close rescue nil) if Thread.current[:ha_pg]
+  Thread.current[:ha_pg] = nil
+  raise
+end
+
+def burn(seconds)
+  clock = Process::CLOCK_THREAD_CPUTIME_ID
+  until_t = Process.clock_gettime(clock) + seconds
+  x = 0
+  x += 1 while Process.clock_gettime(clock) < until_t
+  x
+end
+
 run(lambda do |env|
   case env["PATH_INFO"]
   when "/up"
@@ -66,6 +89,20 @@ run(lambda do |env|
     reply(200, "slow\n")
   when "/db"
     with_db { |v| reply(200, "db #{v}\n") }
+  when "/io"
+    sleep IO_SECONDS
+    if DB_URL.empty?
+      reply(200, "io\n")
+    else
+      begin
+        reply(200, "io #{pooled_select}\n")
+      rescue PG::Error => e
+        reply(500, "database error: #{e.class}\n")
+      end
+    end
+  when "/cpu"
+    burn CPU_SECONDS
+    reply(200, "cpu\n")
   else
     reply(200, "hello\n")
   end
@@ -83,6 +120,13 @@ pub struct PumaOptions {
     pub db_url: Option<String>,
     /// `/up` does `SELECT 1` on a fresh connection first (500 on a database error).
     pub up_uses_db: bool,
+    /// How long `GET /io` sleeps (then, with `db_url`, a `SELECT 1` on its thread's own
+    /// connection).
+    pub io_seconds: f64,
+    /// How much of its thread's CPU time `GET /cpu` computes for.
+    pub cpu_seconds: f64,
+    /// The listen backlog (Puma's default is 1024): an overloaded server's queue in the kernel.
+    pub backlog: Option<u32>,
 }
 
 impl Default for PumaOptions {
@@ -92,6 +136,9 @@ impl Default for PumaOptions {
             slow_seconds: 3.0,
             db_url: None,
             up_uses_db: false,
+            io_seconds: 0.05,
+            cpu_seconds: 0.02,
+            backlog: None,
         }
     }
 }
@@ -140,11 +187,19 @@ impl Puma {
             let child = Command::new("puma")
                 // No config/puma.rb is picked up from an unrelated working directory.
                 .current_dir(dir.path())
-                .args(["-b", &format!("tcp://127.0.0.1:{port}")])
+                .args([
+                    "-b",
+                    &match options.backlog {
+                        Some(b) => format!("tcp://127.0.0.1:{port}?backlog={b}"),
+                        None => format!("tcp://127.0.0.1:{port}"),
+                    },
+                ])
                 .args(["-t", &format!("{0}:{0}", options.threads)])
                 .args(["-w", "0", "-e", "production"])
                 .arg(&app)
                 .env("HA_TEST_SLOW_SECONDS", options.slow_seconds.to_string())
+                .env("HA_TEST_IO_SECONDS", options.io_seconds.to_string())
+                .env("HA_TEST_CPU_SECONDS", options.cpu_seconds.to_string())
                 .env("HA_TEST_DB_URL", options.db_url.as_deref().unwrap_or(""))
                 .env(
                     "HA_TEST_UP_USES_DB",

@@ -40,7 +40,8 @@ fn deploy() -> Result<()> {
 
     let mut k8s = Command::new(setup::pip_tool("kubernetes-validate")?);
     k8s.args(["--strict", "--quiet"])
-        .arg(deploy.join("kubernetes/health-agent.yaml"));
+        .arg(deploy.join("kubernetes/health-agent.yaml"))
+        .arg(deploy.join("kubernetes/saturation-hpa.yaml"));
     checks.push(k8s);
 
     let mut haproxy = Command::new("haproxy");

@@ -42,8 +42,8 @@ pub(super) struct Composer {
     last_recheck: Option<Instant>,
     /// The saturation estimator, fed every tick.
     meter: Meter,
-    /// S was withheld in the last round: the meter leaves these ticks out.
-    held: bool,
+    /// A fault most peers share was judged in the last round: S stays withheld.
+    shared: bool,
 }
 
 impl Composer {
@@ -75,7 +75,7 @@ impl Composer {
             recheck_database: database.recheck,
             last_recheck: None,
             meter,
-            held: false,
+            shared: false,
         }
     }
 
@@ -83,15 +83,20 @@ impl Composer {
     pub fn observe(&mut self, now: Instant) {
         self.web.observe(now);
         if let Some(s) = self.web.load_sample() {
-            // The work was already blocked while the fault was being recognised, for at most
-            // the longest a web verdict waits.
-            self.meter
-                .tick(now, s, self.held, self.cfg.web.unanswered_after);
+            self.meter.tick(now, s);
         }
     }
 
     /// S from the meter, the host's CPU and memory, and whether a dependency fault holds.
-    fn saturation(&self, report: &Report, now: Instant) -> SaturationReport {
+    fn saturation(&mut self, report: &Report, now: Instant) -> SaturationReport {
+        let withheld = withheld(report).or_else(|| {
+            self.shared
+                .then(|| "a fault most peers share (a dependency)".to_string())
+        });
+        // The work was already blocked while the fault was being recognised, for at most the
+        // longest a web verdict waits.
+        self.meter
+            .hold(now, withheld.is_some(), self.cfg.web.unanswered_after);
         let scaling = &self.cfg.scaling;
         let cx = Context {
             host: report.system.as_ref().map(|s| HostLoad {
@@ -100,7 +105,7 @@ impl Composer {
             }),
             memory_low_percent: scaling.memory_low_percent,
             memory_high_percent: scaling.memory_high_percent,
-            withheld: withheld(report),
+            withheld,
             no_kernel: (self.cfg.web.port != 0)
                 .then(|| self.web.kernel_missing())
                 .flatten(),
@@ -304,7 +309,7 @@ impl Composer {
             saturation.withheld = Some("a fault most peers share (a dependency)".into());
             saturation.ratio = None;
         }
-        self.held = saturation.withheld.is_some();
+        self.shared = raw.shared_dependency;
         // No restarts within boot grace: an app may take its time to come up.
         let phase = if in_grace {
             HealPhase::Idle

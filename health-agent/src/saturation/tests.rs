@@ -83,7 +83,7 @@ fn run(meter: &mut Meter, jobs: &[Job], secs: f64, reads_early: bool) -> Instant
     let ticks = (secs / TICK.as_secs_f64()) as u32;
     for i in 0..=ticks {
         let t = TICK.as_secs_f64() * f64::from(i);
-        meter.tick(t0 + TICK * i, read(jobs, t, reads_early), false, WINDOW);
+        meter.tick(t0 + TICK * i, read(jobs, t, reads_early));
     }
     t0 + TICK * ticks
 }
@@ -171,7 +171,7 @@ fn blocked_work_is_dropped_with_what_led_up_to_it() {
     let mut s = LoadSample::default();
     for i in 0..=200u32 {
         s = read(&jobs, TICK.as_secs_f64() * f64::from(i), false);
-        m.tick(t0 + TICK * i, s, false, Duration::from_secs(5));
+        m.tick(t0 + TICK * i, s);
     }
     let before = m.estimate(t0 + TICK * 200, None).unwrap().web.unwrap();
     for i in 201..=280u32 {
@@ -179,7 +179,8 @@ fn blocked_work_is_dropped_with_what_led_up_to_it() {
         s.pending = 4;
         s.waiting += 10;
         let held = i >= 209; // noticed 2 s in
-        m.tick(t0 + TICK * i, s, held, Duration::from_secs(5));
+        m.hold(t0 + TICK * i, held, Duration::from_secs(5));
+        m.tick(t0 + TICK * i, s);
     }
     let during = m.estimate(t0 + TICK * 280, None).unwrap().web.unwrap();
     assert!(
@@ -205,7 +206,7 @@ fn a_cpu_bound_server_is_measured_against_the_cores_it_used_when_full() {
         s.waiting = 3;
         cpu += 0.25 * 0.98;
         s.backend_cpu_seconds = Some(cpu);
-        m.tick(t0 + TICK * i, s, false, WINDOW);
+        m.tick(t0 + TICK * i, s);
     }
     assert_eq!(
         (m.capacity().cores, m.capacity().cores_basis),
@@ -220,7 +221,7 @@ fn a_cpu_bound_server_is_measured_against_the_cores_it_used_when_full() {
         s.waiting = 0;
         cpu += 0.25 * 0.5;
         s.backend_cpu_seconds = Some(cpu);
-        m2.tick(t0 + TICK * i, s, false, WINDOW);
+        m2.tick(t0 + TICK * i, s);
     }
     let e = m2.estimate(t0 + TICK * 40, None).unwrap();
     let part = e.backend_cpu.unwrap();
@@ -323,4 +324,52 @@ fn nothing_measured_is_unknown_not_zero() {
     assert_eq!((r.ratio, r.summary().as_str()), (None, "unknown"));
     let m = Meter::new(WINDOW, 4, 2);
     assert_eq!(m.estimate(Instant::now(), None), None);
+}
+
+#[test]
+fn stalled_work_is_not_load_even_before_the_fault_is_named() {
+    // Half load; then nothing is answered while arrivals go on, for 8 s before anyone names
+    // the dependency: the window must not show the stall meanwhile.
+    let jobs = simulate(0.5, 4, 0.05, 50.0, 21);
+    let mut m = Meter::new(WINDOW, 4, 2);
+    let t0 = Instant::now();
+    let mut s = LoadSample::default();
+    for i in 0..=200u32 {
+        s = read(&jobs, TICK.as_secs_f64() * f64::from(i), false);
+        m.tick(t0 + TICK * i, s);
+    }
+    let before = m.estimate(t0 + TICK * 200, None).unwrap().web.unwrap();
+    for i in 201..=232u32 {
+        s.established += 10;
+        s.pending = 4;
+        s.waiting += 10;
+        m.tick(t0 + TICK * i, s);
+        let now = m.estimate(t0 + TICK * i, None).unwrap().web.unwrap();
+        assert!(
+            now <= before + 0.1,
+            "{:.2}s into the stall S is {now}, before {before}",
+            f64::from(i - 200) / 4.0
+        );
+    }
+    // It was slow work after all: answers go out again, and the stall counts.
+    for i in 233..=240u32 {
+        s.answered += 12;
+        s.established += 2;
+        m.tick(t0 + TICK * i, s);
+    }
+    let after = m.estimate(t0 + TICK * 240, None).unwrap().web.unwrap();
+    assert!(
+        after > before + 0.1,
+        "the slow spell counts once it moved: {after}, {before}"
+    );
+}
+
+#[test]
+fn a_slow_servers_own_rhythm_is_no_stall() {
+    // Two workers, 3 s per request: no answer for 3 s at a time is its normal.
+    let jobs = simulate(0.5, 2, 3.0, 240.0, 31);
+    let mut m = Meter::new(Duration::from_secs(240), 2, 2);
+    let now = run(&mut m, &jobs, 240.0, false);
+    let web = m.estimate(now, None).unwrap().web.unwrap();
+    assert!((web - 0.5).abs() < 0.15, "{web}");
 }

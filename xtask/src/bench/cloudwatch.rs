@@ -1,4 +1,4 @@
-//! Section 9: publishing the saturation to CloudWatch never slows `/health`. One agent per
+//! Section 10: publishing the saturation to CloudWatch never slows `/health`. One agent per
 //! case, all running at once and measured in turn with wrk while they publish: no CloudWatch, moto
 //! answering (healthy), nothing listening (down), a server that accepts and never answers
 //! (stalling), and one that answers every request 400 `Throttling` (as AWS does).
@@ -186,7 +186,7 @@ pub(super) fn run(agent_bin: &Path, dir: &Path, quick: bool) -> Result<String> {
     for c in cases.iter_mut() {
         c.status = cloudwatch_status(c.port)?;
     }
-    let mut md = String::from("\n## 9. Publishing to CloudWatch does not slow `/health`\n\n");
+    let mut md = String::from("\n## 10. Publishing to CloudWatch does not slow `/health`\n\n");
     let _ = writeln!(
         md,
         "`cargo xtask bench --only-cloudwatch`. Five agents at once, one per row, `[scaling.cloudwatch]` every 10 s (high resolution), `timeout = \"1s\"`, `max_retries = {MAX_RETRIES}`. Once each has started publishing, `/health` of each in turn under `wrk -t2 -c10` for {secs} s, {rounds} rounds (median of the rounds; every round's p99 in brackets), while the failing ones keep retrying with backoff and jitter every interval. CloudWatch is moto (`moto[server]`, the real API), a closed port, a server that never answers, and one that answers every request 400 `Throttling`.\n"

@@ -16,8 +16,10 @@
 //!    neither is restarted.
 //! 7. What asking the peers costs (`bench/fleet.rs`).
 //! 8. The health port under a flood (`bench/flood.rs`).
-//! 9. Publishing to CloudWatch (healthy, down, stalling, throttling) does not slow `/health`
-//!    (`bench/cloudwatch.rs`).
+//! 9. The scaling signal against CPU: saturation S of a real Puma under open-loop load, a
+//!    dependency outage, target tracking replayed (`bench/scaling.rs`).
+//! 10. Publishing to CloudWatch (healthy, down, stalling, throttling) does not slow `/health`
+//!     (`bench/cloudwatch.rs`).
 //!
 //! One file per section; `run` lists them in order. Servers, process guards, free ports and the
 //! `/health` poller come from the integration tests' harness (`health-agent-tests`).
@@ -28,6 +30,7 @@ mod fleet;
 mod flood;
 mod hang;
 mod saturation;
+mod scaling;
 mod socket_costs;
 mod throughput;
 mod verdicts;
@@ -66,6 +69,9 @@ pub struct Args {
     /// Run only the flood section (with `--baseline-agent`: the earlier build first).
     #[arg(long)]
     only_flood: bool,
+    /// Run only the scaling-signal section (saturation against CPU).
+    #[arg(long)]
+    only_scaling: bool,
     /// Run only the CloudWatch section, and put it in place of its section in `--out`.
     #[arg(long)]
     only_cloudwatch: bool,
@@ -93,6 +99,12 @@ pub fn run(args: &Args) -> Result<()> {
         return Ok(());
     }
     fs::create_dir_all(&dir)?;
+    if args.only_scaling {
+        let md = scaling::run(&bins.agent, &bins.proxy, &dir, args.quick)?;
+        fs::write(&args.out, &md)?;
+        println!("{md}\nbench: wrote {}", args.out.display());
+        return Ok(());
+    }
     if args.only_cloudwatch {
         let md = cloudwatch::run(&bins.agent, &dir, args.quick)?;
         let out = cmd::root().join(&args.out);
@@ -119,6 +131,7 @@ pub fn run(args: &Args) -> Result<()> {
     md += &verdicts::run(&bins.agent, &bins.proxy, &dir, quick)?;
     md += &fleet::run(&bins.agent, &dir, quick)?;
     md += &flood::run(&bins.agent, baseline, &dir, quick)?;
+    md += &scaling::run(&bins.agent, &bins.proxy, &dir, quick)?;
     md += &cloudwatch::run(&bins.agent, &dir, quick)?;
     write_report(args, started, &md)?;
     let _ = fs::remove_dir_all(&dir);

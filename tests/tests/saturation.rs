@@ -1,0 +1,147 @@
+//! The scaling signal against a real Puma: saturation grows with the offered load, shows in
+//! `/health` and `/metrics`, and is withheld (nothing published) while the app's path to its
+//! database is frozen — blocked work is not load.
+
+use std::time::{Duration, Instant};
+
+use health_agent_tests::{require_root, Agent, OpenLoop, Postgres, Puma, PumaOptions, TcpProxy};
+use serde_json::Value;
+
+/// Puma with 4 threads on `/io` (sleep 50 ms, then `SELECT 1` on the thread's own database
+/// connection): about 75 requests a second at capacity.
+const THREADS: usize = 4;
+
+fn saturation(agent: &Agent) -> (Value, Value) {
+    let (_, body) = agent.health();
+    let mut details = body["details"]["saturation"].clone();
+    details["kernel_latency"] = body["details"]["web"]["counters"]["latency"].clone();
+    (body["checks"]["saturation"].clone(), details)
+}
+
+/// Offered load at `rate` for `secs`, then S and its web part as the agent averages them (its
+/// window is shorter than the phase, so only this load is in it).
+fn s_at(agent: &Agent, puma: &Puma, rate: f64, secs: u64, seed: u64) -> (f64, f64, Value) {
+    let load = OpenLoop::start(puma.port, "/io", rate, seed, Duration::from_secs(20));
+    std::thread::sleep(Duration::from_secs(secs));
+    let (check, details) = saturation(agent);
+    let stats = load.stop();
+    let ratio = details["ratio"].as_f64().unwrap_or_else(|| {
+        panic!("no saturation at {rate}/s ({stats:?}): checks.saturation {check}, details {details:#}\nagent log:\n{}", agent.logs())
+    });
+    assert_eq!(
+        check.as_str().unwrap_or(""),
+        format!("{:.0}%", ratio * 100.0),
+        "checks.saturation says the ratio in percent: {details:#}"
+    );
+    // S is the largest part, and names it.
+    let parts = details["parts"]
+        .as_object()
+        .expect("details.saturation.parts");
+    let largest = parts.values().filter_map(Value::as_f64).fold(0.0, f64::max);
+    assert!(
+        (ratio - largest).abs() < 0.011,
+        "S is not its largest part: {details:#}"
+    );
+    assert!(
+        parts
+            .get(details["largest"].as_str().unwrap_or("?"))
+            .is_some(),
+        "details.saturation.largest names a part: {details:#}"
+    );
+    let web = details["parts"]["web"].as_f64().expect("a web part");
+    println!(
+        "asked {rate}/s ({} sent, {} answered): S = {ratio}, web part {web}, details {details}",
+        stats.sent,
+        stats.answers()
+    );
+    (ratio, web, details)
+}
+
+#[test]
+fn saturation_follows_offered_load_and_is_withheld_while_the_database_path_is_frozen() {
+    require_root();
+    let pg = Postgres::start();
+    let proxy = TcpProxy::start(pg.port);
+    let db = format!("127.0.0.1:{}", proxy.port);
+    let puma = Puma::start(PumaOptions {
+        threads: THREADS,
+        db_url: Some(format!("postgres://postgres:{}@{db}/postgres", pg.password)),
+        ..Default::default()
+    });
+    let agent = Agent::start_with_env(
+        &format!(
+            "[web]\nport = {}\nworkers = {THREADS}\n\n[scaling]\nwindow = \"8s\"\n\n\
+             [database]\nurl = \"postgres://postgres@{db}/postgres\"\ninterval = \"2s\"\n",
+            puma.port
+        ),
+        &[("PGPASSWORD", pg.password.as_str())],
+    );
+    agent.wait_health(Duration::from_secs(30), "healthy", |code, b| {
+        code == 200 && b["status"] == "healthy"
+    });
+
+    // About 0.15 and 0.6 of capacity. Host CPU is a part of S too, and this machine's CPU is
+    // shared with whatever else runs on it: the web part is what this load alone moves.
+    let (_, low, _) = s_at(&agent, &puma, 12.0, 10, 1);
+    let (high_s, high, details) = s_at(&agent, &puma, 45.0, 10, 2);
+    assert!(
+        high > low + 0.25,
+        "the web part did not grow with the load: {low} at 12/s, {high} at 45/s: {details:#}"
+    );
+    assert!(high_s >= high, "S below its web part: {details:#}");
+    assert_eq!(details["capacity"]["workers"], THREADS, "{details:#}");
+    assert_eq!(details["capacity"]["basis"], "configured", "{details:#}");
+    assert!(
+        agent.metrics().contains("health_agent_saturation_ratio "),
+        "/metrics has the gauge while S is published"
+    );
+
+    // The database path freezes under load: every thread waits in SELECT 1. That is no load a
+    // new instance would take off this one: S is withheld, and nothing is published.
+    // Back at the low load for longer than the window first, so what S was is this load's.
+    let load = OpenLoop::start(puma.port, "/io", 12.0, 3, Duration::from_secs(60));
+    std::thread::sleep(Duration::from_secs(10));
+    proxy.freeze();
+    let frozen = Instant::now();
+    let mut seen = None;
+    while frozen.elapsed() < Duration::from_secs(20) {
+        let (check, details) = saturation(&agent);
+        if check == "withheld" {
+            seen = Some((frozen.elapsed(), details));
+            break;
+        }
+        if details["ratio"].is_number() {
+            let web = details["parts"]["web"].as_f64().unwrap_or(0.0);
+            assert!(
+                web <= low + 0.25,
+                "the web part rose to {web} with the database path frozen (it was {low} at this load): {details:#}"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (after, details) = seen.unwrap_or_else(|| {
+        panic!(
+            "S was never withheld while the database path was frozen: {:#}\nagent log:\n{}",
+            saturation(&agent).1,
+            agent.logs()
+        )
+    });
+    println!(
+        "withheld {:.1}s after the freeze: {details}",
+        after.as_secs_f64()
+    );
+    assert!(details["ratio"].is_null(), "{details:#}");
+    assert!(
+        details["withheld"].as_str().is_some_and(|w| !w.is_empty()),
+        "withheld says why: {details:#}"
+    );
+    let metrics = agent.metrics();
+    assert!(
+        !metrics.contains("health_agent_saturation"),
+        "no saturation series while withheld:\n{metrics}"
+    );
+    let (_, body) = agent.health();
+    assert_eq!(body["recommendation"], "infrastructure_issue", "{body:#}");
+    proxy.thaw();
+    drop(load);
+}
