@@ -92,6 +92,16 @@ fn number(v: f64) -> String {
     }
 }
 
+/// ISO 8601 in whole seconds, UTC: what every AWS parser of the Query protocol reads (no
+/// nanoseconds; CloudWatch keeps at best one value per second anyway).
+fn timestamp(t: SystemTime) -> String {
+    time::OffsetDateTime::from(t)
+        .format(time::macros::format_description!(
+            "[year]-[month]-[day]T[hour]:[minute]:[second]Z"
+        ))
+        .unwrap_or_default()
+}
+
 /// The form body of one PutMetricData request.
 pub fn body(target: &Target, data: &[Datum]) -> String {
     let mut f = form_urlencoded::Serializer::new(String::new());
@@ -106,10 +116,7 @@ pub fn body(target: &Target, data: &[Datum]) -> String {
             "AutoScalingGroupName",
         );
         f.append_pair(&format!("{m}.Dimensions.member.1.Value"), &target.group);
-        f.append_pair(
-            &format!("{m}.Timestamp"),
-            &crate::snapshot::rfc3339(d.timestamp),
-        );
+        f.append_pair(&format!("{m}.Timestamp"), &timestamp(d.timestamp));
         f.append_pair(&format!("{m}.Unit"), "Percent");
         f.append_pair(
             &format!("{m}.StatisticValues.SampleCount"),
@@ -277,7 +284,8 @@ mod tests {
     #[test]
     fn body_is_the_query_protocols_put_metric_data() {
         let d = Datum {
-            timestamp: SystemTime::UNIX_EPOCH + Duration::from_secs(1_764_590_400),
+            // Nanoseconds are cut: whole seconds on the wire.
+            timestamp: SystemTime::UNIX_EPOCH + Duration::new(1_764_590_400, 123_456_789),
             count: 3,
             sum: 126.5,
             min: 40.0,
