@@ -31,6 +31,11 @@ fn moto_server() -> PathBuf {
         })
 }
 
+/// The venv's python3, which has boto3 and botocore.
+pub fn python() -> PathBuf {
+    moto_server().with_file_name("python3")
+}
+
 /// A moto server (all services; the tests use CloudWatch). Stopped on drop.
 pub struct Moto {
     pub port: u16,

@@ -470,3 +470,155 @@ fn config_validate_refuses_bad_namespace_and_dimension_with_exit_2() {
         run("[scaling.cloudwatch]\nenabled = true\nauto_scaling_group = \"web-asg\"\n");
     assert_eq!(code, Some(0), "{err}");
 }
+
+/// A CloudWatch that accepts everything and keeps each request's raw head and body.
+fn recording() -> (SocketAddr, Arc<std::sync::Mutex<Vec<(String, Vec<u8>)>>>) {
+    use std::io::{Read, Write};
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    std::thread::spawn(move || {
+        for mut s in l.incoming().flatten() {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 16384];
+                loop {
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        match s.read(&mut chunk) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_string();
+                    let len: usize = head
+                        .lines()
+                        .filter_map(|l| l.split_once(':'))
+                        .find(|(k, _)| k.trim().eq_ignore_ascii_case("content-length"))
+                        .and_then(|(_, v)| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    while buf.len() < end + 4 + len {
+                        match s.read(&mut chunk) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let body = buf[end + 4..end + 4 + len].to_vec();
+                    buf.drain(..end + 4 + len);
+                    log.lock().unwrap().push((head, body));
+                    let reply = "<PutMetricDataResponse xmlns=\"http://monitoring.amazonaws.com/doc/2010-08-01/\"><ResponseMetadata><RequestId>r</RequestId></ResponseMetadata></PutMetricDataResponse>";
+                    let _ = write!(
+                        s,
+                        "HTTP/1.1 200 OK\r\nContent-Type: text/xml\r\nContent-Length: {}\r\n\r\n{reply}",
+                        reply.len()
+                    );
+                }
+            });
+        }
+    });
+    (addr, seen)
+}
+
+#[test]
+fn botocore_computes_the_same_sigv4_signature() {
+    require_root();
+    let (addr, seen) = recording();
+    let session = "SESSION-token-for-signing";
+    let mut env = env_credentials();
+    env.retain(|(k, _)| *k != "AWS_SESSION_TOKEN");
+    env.push(("AWS_SESSION_TOKEN", session));
+    let agent = Agent::start_with_env(
+        &config(
+            &format!("http://{addr}"),
+            "region = \"eu-central-1\"\nauto_scaling_group = \"g\"",
+        ),
+        &env,
+    );
+    wait_until(Duration::from_secs(40), "a published interval", || {
+        (cloudwatch(&agent)["published_data"].as_u64() >= Some(1)).then_some(())
+    });
+    let (head, body) = seen.lock().unwrap()[0].clone();
+    let header = |name: &str| {
+        head.lines()
+            .filter_map(|l| l.split_once(':'))
+            .find(|(k, _)| k.trim().eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.trim().to_string())
+            .unwrap_or_else(|| panic!("no {name} header in {head}"))
+    };
+    assert_eq!(header("x-amz-security-token"), session);
+    let input = json!({
+        "url": format!("http://{}/", header("host")),
+        "body": String::from_utf8(body).expect("a form body is ASCII"),
+        "content_type": header("content-type"),
+        "amz_date": header("x-amz-date"),
+        "token": session,
+        "key": KEY_ID,
+        "secret": SECRET,
+    });
+    // botocore's own SigV4 (the AWS SDK for Python), over the request as it arrived.
+    let script = r#"
+import json, sys
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+i = json.load(sys.stdin)
+req = AWSRequest(method="POST", url=i["url"], data=i["body"].encode(), headers={
+    "Content-Type": i["content_type"], "X-Amz-Date": i["amz_date"],
+    "X-Amz-Security-Token": i["token"]})
+req.context["timestamp"] = i["amz_date"]
+auth = SigV4Auth(Credentials(i["key"], i["secret"], i["token"]), "monitoring", "eu-central-1")
+creq = auth.canonical_request(req)
+sts = auth.string_to_sign(req, creq)
+print(json.dumps({"signature": auth.signature(sts, req),
+                  "signed_headers": auth.signed_headers(auth.headers_to_sign(req))}))
+"#;
+    let mut child = std::process::Command::new(health_agent_tests::moto::python())
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 with botocore (cargo xtask setup installs moto, which brings it)");
+    {
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.to_string().as_bytes())
+            .unwrap();
+    }
+    let out = child.wait_with_output().expect("botocore");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let theirs: Value = serde_json::from_slice(&out.stdout).expect("JSON from botocore");
+    let auth = header("authorization");
+    println!("agent: {auth}\nbotocore: {theirs}");
+    assert!(
+        auth.starts_with(&format!(
+            "AWS4-HMAC-SHA256 Credential={KEY_ID}/{}/eu-central-1/monitoring/aws4_request, ",
+            &header("x-amz-date")[..8]
+        )),
+        "{auth}"
+    );
+    assert!(
+        auth.contains(&format!(
+            "SignedHeaders={},",
+            theirs["signed_headers"].as_str().unwrap()
+        )),
+        "{auth} vs {theirs}"
+    );
+    assert!(
+        auth.ends_with(&format!(
+            "Signature={}",
+            theirs["signature"].as_str().unwrap()
+        )),
+        "{auth} vs {theirs}"
+    );
+}
