@@ -471,8 +471,11 @@ fn config_validate_refuses_bad_namespace_and_dimension_with_exit_2() {
     assert_eq!(code, Some(0), "{err}");
 }
 
+/// Raw requests: (head, body).
+type Raw = Arc<std::sync::Mutex<Vec<(String, Vec<u8>)>>>;
+
 /// A CloudWatch that accepts everything and keeps each request's raw head and body.
-fn recording() -> (SocketAddr, Arc<std::sync::Mutex<Vec<(String, Vec<u8>)>>>) {
+fn recording() -> (SocketAddr, Raw) {
     use std::io::{Read, Write};
     let l = TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = l.local_addr().expect("addr");
