@@ -15,9 +15,10 @@
 //!
 //! A server whose threads share one core (Ruby's GVL, a single-threaded event loop) runs out of
 //! CPU before it runs out of workers, so the backend's own CPU is a part too, in the same
-//! offered form: its processes' CPU rate over the cores it can use (the whole number of cores
-//! it used when work started to wait, else every core of the host). Host CPU and memory are
-//! the last parts; S is the largest.
+//! offered form: its processes' CPU rate over the CPU they reached when work started to wait
+//! (a server short of workers reaches less, and then the part reads like the web part; one
+//! that never used a fifth of a core while full is not short of CPU: every core of the host).
+//! Host CPU and memory are the last parts; S is the largest.
 //!
 //! Work blocked on a dependency is not load: while one holds, S is withheld (not published, so
 //! target tracking holds capacity), and the ticks just before it was noticed — already blocked
@@ -37,6 +38,8 @@ const MIN_SPAN: Duration = Duration::from_secs(1);
 /// Work in service with no answer for this long (or four times the server's mean time in
 /// service, when longer) has stalled.
 const STALL_AFTER: Duration = Duration::from_secs(1);
+/// A server that used less CPU than this (cores) while full was short of workers, not CPU.
+const MIN_CPU_LIMIT: f64 = 0.2;
 /// Ticks with work waiting needed before a capacity counts as learned.
 const LEARN_AFTER: usize = 8;
 /// The learned capacity is the median of at most this many recent observations.
@@ -87,8 +90,8 @@ pub struct Meter {
     held: bool,
     /// In service when work kept waiting: what `c` is learned from.
     full_at: VecDeque<u64>,
-    /// The backend's CPU rate (cores) at those ticks.
-    full_cpu: VecDeque<f64>,
+    /// The backend's CPU seconds and the ticks' lengths at those ticks.
+    full_cpu: VecDeque<(f64, f64)>,
     /// The latest tick that saw an answer go out.
     last_answer: Option<Instant>,
 }
@@ -107,8 +110,9 @@ pub struct Capacity {
     /// Concurrency the backend serves (`web.workers`, or learned); None while unknown.
     pub workers: Option<u32>,
     pub basis: Basis,
-    /// Cores the backend's processes can use: learned when they ran full, else the host's.
-    pub cores: u32,
+    /// Cores the backend's processes can use: what they used when they ran full (learned),
+    /// else the host's.
+    pub cores: f64,
     pub cores_basis: Basis,
 }
 
@@ -237,7 +241,7 @@ impl Meter {
         if full {
             push_capped(&mut self.full_at, s.pending);
             if let Some(c) = cpu_seconds {
-                push_capped(&mut self.full_cpu, c / dt);
+                push_capped(&mut self.full_cpu, (c, dt));
             }
         }
         self.records.push_back(Record {
@@ -268,16 +272,16 @@ impl Meter {
         } else {
             (None, Basis::Unknown)
         };
-        let (cores, cores_basis) = if self.full_cpu.len() >= LEARN_AFTER {
-            let mut v: Vec<f64> = self.full_cpu.iter().copied().collect();
-            // A whole number of cores: a server that ran out of workers (I/O-bound) used a
-            // fraction of one, and that fraction is not its CPU limit.
-            (
-                median(&mut v).round().clamp(1.0, self.host_cores) as u32,
-                Basis::Learned,
-            )
+        // Summed, not a median of ticks: /proc counts CPU in 10 ms steps, a tick is 250 ms.
+        let (cpu, t) = self
+            .full_cpu
+            .iter()
+            .fold((0.0, 0.0), |(c, t), (dc, dt)| (c + dc, t + dt));
+        let rate = if t > 0.0 { cpu / t } else { 0.0 };
+        let (cores, cores_basis) = if self.full_cpu.len() >= LEARN_AFTER && rate >= MIN_CPU_LIMIT {
+            (round2(rate.min(self.host_cores)), Basis::Learned)
         } else {
-            (self.host_cores as u32, Basis::Unknown)
+            (self.host_cores, Basis::Unknown)
         };
         Capacity {
             workers,
@@ -324,7 +328,7 @@ impl Meter {
         };
         let web = c.map(|c| busy / (c * t) * offered);
         let cpu_rate = (cpu_t > 0.0).then(|| cpu / cpu_t);
-        let backend_cpu = cpu_rate.map(|r| r / f64::from(cap.cores) * offered);
+        let backend_cpu = cpu_rate.map(|r| r / cap.cores.max(0.01) * offered);
         let load = WebLoad {
             arrivals_per_second: round2(a as f64 / t),
             answered_per_second: round2(d as f64 / t),
@@ -509,7 +513,7 @@ impl SaturationReport {
             Capacity {
                 workers: None,
                 basis: Basis::Unknown,
-                cores: 0,
+                cores: 0.0,
                 cores_basis: Basis::Unknown,
             },
             &Context {

@@ -139,6 +139,11 @@ fn learns_the_workers_where_work_starts_to_wait() {
         (Some(6), Basis::Learned),
         "{cap:?}"
     );
+    assert_eq!(
+        (cap.cores, cap.cores_basis),
+        (2.0, Basis::Unknown),
+        "no CPU readings: every core of the host"
+    );
     let web = m.estimate(now, None).unwrap().web.unwrap();
     assert!((web - 1.3).abs() < 0.25, "{web}");
 }
@@ -210,7 +215,7 @@ fn a_cpu_bound_server_is_measured_against_the_cores_it_used_when_full() {
     }
     assert_eq!(
         (m.capacity().cores, m.capacity().cores_basis),
-        (1, Basis::Learned)
+        (0.98, Basis::Learned)
     );
     let mut m2 = Meter::new(WINDOW, 4, 2);
     m2.full_cpu = m.full_cpu.clone();

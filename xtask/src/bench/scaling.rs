@@ -31,6 +31,8 @@ const FLEET: f64 = 4.0;
 /// One load level's row.
 struct Row {
     level: String,
+    /// The load asked, in multiples of the capacity.
+    multiple: f64,
     /// Offered / capacity, from the requests actually sent.
     true_util: f64,
     s: Option<f64>,
@@ -140,6 +142,7 @@ fn level(agent: u16, puma: &Puma, path: &str, rate: f64, cap: f64, window: u64, 
     let sent = (to.sent - from.sent) as f64 / (to.elapsed - from.elapsed).as_secs_f64();
     Row {
         level: String::new(),
+        multiple: rate / cap,
         true_util: sent / cap,
         s,
         web: d["parts"]["web"].as_f64(),
@@ -309,6 +312,7 @@ pub(super) fn run(agent_bin: &Path, proxy_bin: &Path, dir: &Path, quick: bool) -
             }
             let mut r = level(aport, &puma, v.path, m * cap, cap, window, 1 + i as u64);
             r.level = format!("{m}×");
+            r.multiple = *m;
             println!(
                 "bench: scaling {} at {m}×: true {:.2}, S {:?} (web {:?}, largest {}), host CPU {:.0} %, Puma CPU {:.0} %",
                 v.name, r.true_util, r.s, r.web, r.largest, r.host_cpu, r.puma_cpu
@@ -344,14 +348,14 @@ fn variant_table(v: &Variant, cap: f64, rows: &[Row], last: &Value) -> String {
     let mut prev: Option<f64> = None;
     for r in rows {
         let verdict = match r.s {
-            Some(s) if r.true_util <= 1.05 => {
+            Some(s) if r.multiple <= 1.0 => {
                 if (s - r.true_util).abs() <= tol {
                     format!("✓ within ±{tol}")
                 } else {
                     format!("✗ off by {:+.2}", s - r.true_util)
                 }
             }
-            Some(s) if io && r.level == "1.5×" => {
+            Some(s) if io && r.multiple == 1.5 => {
                 if s >= 1.3 {
                     "✓ ≥ 1.3".into()
                 } else {
