@@ -25,6 +25,8 @@
 //! - `fleet`: fleet-aware verdicts, each fault compared with the peers' (`exchange`);
 //! - `heal`: self-healing (`command`, `judge`, `worker`);
 //! - `snapshot`: what /health serves;
+//! - `cloudwatch`: publishing S to CloudWatch (`sigv4`, `imds`, `credentials`, `client`,
+//!   `publisher`); it reads the snapshot through the runner, so it imports none;
 //! - `alerts`: incidents to Slack, PagerDuty, a webhook and GitHub;
 //! - `metrics`: OpenMetrics;
 //! - `agent_check`: HAProxy's agent protocol;
@@ -36,6 +38,7 @@
 pub mod agent_check;
 pub mod alerts;
 pub mod checks;
+pub mod cloudwatch;
 pub mod config;
 pub(crate) mod dburl;
 pub(crate) mod docker;

@@ -38,6 +38,8 @@ pub struct Snapshot {
     pub fleet: crate::fleet::FleetReport,
     /// The scaling signal (`details.saturation`).
     pub saturation: SaturationReport,
+    /// The CloudWatch publisher's state (`details.scaling.cloudwatch`); `None` when it is off.
+    pub cloudwatch: Option<crate::cloudwatch::Status>,
     /// Rendered bodies, indexed by [`Rendering`].
     bodies: [OnceLock<Bytes>; 4],
 }
@@ -125,6 +127,7 @@ impl Snapshot {
             agent_uptime,
             fleet: crate::fleet::FleetReport::not_configured(),
             saturation: SaturationReport::unknown(std::time::Duration::ZERO),
+            cloudwatch: None,
             bodies: Default::default(),
         }
     }
@@ -166,12 +169,17 @@ impl Snapshot {
             agent_uptime: self.agent_uptime,
             fleet: self.fleet.clone(),
             saturation: self.saturation.clone(),
+            cloudwatch: self.cloudwatch.clone(),
             bodies: Default::default(),
         }
     }
 
     pub fn with_fleet(self, fleet: crate::fleet::FleetReport) -> Self {
         Self { fleet, ..self }
+    }
+
+    pub fn with_cloudwatch(self, cloudwatch: Option<crate::cloudwatch::Status>) -> Self {
+        Self { cloudwatch, ..self }
     }
 
     /// The rendered body, rendering it on first use.
@@ -221,6 +229,10 @@ impl Snapshot {
                             "heal": self.heal,
                             "fleet": self.fleet,
                             "saturation": self.saturation,
+                            "scaling": {
+                                "cloudwatch": self.cloudwatch.clone()
+                                    .unwrap_or_else(crate::cloudwatch::Status::disabled),
+                            },
                             "agent": {
                                 "version": env!("CARGO_PKG_VERSION"),
                                 "uptime": self.agent_uptime,

@@ -13,7 +13,7 @@
 //! | `agent` | `Agent`: start on any address, `/health`, stop |
 //! | `poller` | `HealthPoller`: every `/health` answer of a run; `timeline` |
 //! | `load` | `Load`: background HTTP clients |
-//! | `fixture`, `nginx`, `postgres`, `redis`, `puma`, `docker`, `receiver`, `tmpfs` | one server each |
+//! | `fixture`, `nginx`, `postgres`, `redis`, `puma`, `docker`, `receiver`, `tmpfs`, `moto` | one server each |
 //! | `certs` | a CA and the certificates it signs, made with the openssl CLI |
 //! | `netns` | network namespaces reached over a veth pair |
 //! | `nspawn` | a Debian system booted with `systemd-nspawn -b` (the shipped unit under real systemd) |
@@ -27,6 +27,7 @@ pub mod fixture;
 pub mod fleet;
 pub mod http;
 pub mod load;
+pub mod moto;
 pub mod net;
 pub mod netns;
 pub mod nginx;
@@ -47,6 +48,7 @@ pub use docker::{docker, fixture_image, BridgeContainer, Container};
 pub use fixture::{AddrFixture, Fixture};
 pub use http::{background_requests, counters, get, get_at, http, http_at, request_at, requests};
 pub use load::{Load, LoadStats, OpenLoop, OpenLoopStats};
+pub use moto::Moto;
 pub use net::{free_port, free_port_on, free_port_on_all, loopback};
 pub use netns::{netns_inode, NetNs};
 pub use nginx::{Nginx, NginxOptions};

@@ -54,7 +54,13 @@ const PACKAGES: &[&str] = &[
     "musl-tools",
 ];
 /// The deploy-file validators that come from PyPI, by the command each installs.
-const PIP_TOOLS: &[&str] = &["cfn-lint", "kubernetes-validate"];
+/// (command, PyPI requirement): the deploy validators, and moto (a CloudWatch API server for
+/// tests/tests/cloudwatch.rs and the bench; boto3 comes with it and reads back what arrived).
+const PIP_TOOLS: &[(&str, &str)] = &[
+    ("cfn-lint", "cfn-lint"),
+    ("kubernetes-validate", "kubernetes-validate"),
+    ("moto_server", "moto[server]"),
+];
 const TRACEFS: &str = "/sys/kernel/tracing";
 /// The static target `cargo xtask image` builds for: it needs no libc from the image; rustup's
 /// target, musl-tools for the C parts (ring).
@@ -68,7 +74,7 @@ pub fn run(args: &Args) -> Result<()> {
     step("setup", "debian packages", packages)?;
     step("setup", "rust target (musl, for the image)", musl_target)?;
     step("setup", "tracefs", tracefs)?;
-    step("setup", "deploy validators (PyPI)", pip_tools)?;
+    step("setup", "deploy validators and moto (PyPI)", pip_tools)?;
     services::run("setup")
 }
 
@@ -389,8 +395,8 @@ pub fn pip_tool(name: &str) -> Result<PathBuf> {
 fn pip_tools() -> Result<Outcome> {
     let missing: Vec<&str> = PIP_TOOLS
         .iter()
-        .copied()
-        .filter(|t| pip_tool(t).is_err())
+        .filter(|(bin, _)| pip_tool(bin).is_err())
+        .map(|(_, package)| *package)
         .collect();
     if missing.is_empty() {
         return Ok(Outcome::Ok("already present"));

@@ -11,6 +11,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 mod bounds;
+mod cloudwatch;
 mod secrets;
 mod sections;
 #[cfg(test)]
@@ -19,8 +20,8 @@ mod validate;
 
 pub use secrets::world_readable_warning;
 pub use sections::{
-    AcceptTracing, AlertsConfig, ChecksConfig, ContainersConfig, DatabaseConfig, Details,
-    DiskConfig, FleetConfig, HealConfig, ScalingConfig, ServerConfig, WebConfig,
+    AcceptTracing, AlertsConfig, ChecksConfig, CloudWatchConfig, ContainersConfig, DatabaseConfig,
+    Details, DiskConfig, FleetConfig, HealConfig, ScalingConfig, ServerConfig, WebConfig,
 };
 
 // Database URLs are checked and redacted by a leaf module shared with the database check.

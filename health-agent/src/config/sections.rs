@@ -301,6 +301,7 @@ pub struct ScalingConfig {
     pub up_at: f64,
     /// Saturation at or below this, with nothing degraded: `scale_down`.
     pub down_at: f64,
+    pub cloudwatch: CloudWatchConfig,
 }
 
 impl Default for ScalingConfig {
@@ -313,6 +314,7 @@ impl Default for ScalingConfig {
             memory_low_percent: 30.0,
             up_at: 0.8,
             down_at: 0.3,
+            cloudwatch: CloudWatchConfig::default(),
         }
     }
 }
@@ -380,6 +382,47 @@ impl Default for AlertsConfig {
             max_retries: 5,
             timeout: Duration::from_secs(10),
             queue_size: 256,
+        }
+    }
+}
+
+/// `[scaling.cloudwatch]`: the saturation published as a CloudWatch metric, for target
+/// tracking. Checked by cloudwatch.rs (CloudWatch's own rules for names and values).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CloudWatchConfig {
+    pub enabled: bool,
+    pub namespace: String,
+    pub metric: String,
+    /// The `AutoScalingGroupName` dimension; "" = the instance's own group, from its metadata.
+    pub auto_scaling_group: String,
+    /// "" = `AWS_REGION`, else the instance metadata.
+    pub region: String,
+    /// "" = `https://monitoring.<region>.amazonaws.com`.
+    pub endpoint: String,
+    #[serde(with = "dur")]
+    pub interval: Duration,
+    pub high_resolution: bool,
+    /// Per HTTP request (metadata and PutMetricData).
+    #[serde(with = "dur")]
+    pub timeout: Duration,
+    /// Per batch, on connection errors, timeouts, throttling and 5xx.
+    pub max_retries: u32,
+}
+
+impl Default for CloudWatchConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            namespace: "HealthAgent".into(),
+            metric: "Saturation".into(),
+            auto_scaling_group: String::new(),
+            region: String::new(),
+            endpoint: String::new(),
+            interval: Duration::from_secs(60),
+            high_resolution: false,
+            timeout: Duration::from_secs(5),
+            max_retries: 3,
         }
     }
 }

@@ -156,6 +156,7 @@ impl Config {
                 secret_url(v).map_err(|m| bad(key, m.into()))?;
             }
         }
+        super::cloudwatch::validate(&self.scaling.cloudwatch).map_err(|(k, m)| bad(k, m))?;
         Ok(())
     }
 }

@@ -28,6 +28,7 @@ use self::{
 };
 use crate::{
     alerts::{self, Alerts},
+    cloudwatch,
     config::Config,
     heal::Healer,
     snapshot::{SharedSnapshot, Snapshot},
@@ -51,10 +52,16 @@ pub struct Agent {
 struct Publisher {
     shared: SharedSnapshot,
     alerts: Option<broadcast::Sender<Arc<Snapshot>>>,
+    /// The CloudWatch publisher, whose state each snapshot carries.
+    cloudwatch: Option<cloudwatch::Handle>,
 }
 
 impl Publisher {
     fn publish(&self, snap: Snapshot) {
+        let snap = match &self.cloudwatch {
+            Some(cw) => snap.with_cloudwatch(Some(cw.status())),
+            None => snap,
+        };
         let snap = Arc::new(snap);
         self.shared.store(snap.clone());
         if let Some(tx) = &self.alerts {
@@ -117,9 +124,19 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
         let _ = tx.send(first.clone());
     }
     release_startup_memory();
+    let shared: SharedSnapshot = Arc::new(ArcSwap::new(first));
+    // The saturation goes to CloudWatch from the published snapshots, on tasks of its own.
+    let latest = shared.clone();
+    let cloudwatch = cloudwatch::start(
+        &cfg.scaling.cloudwatch,
+        Arc::new(move || latest.load().saturation()),
+        cloudwatch::Tuning::for_interval(cfg.scaling.cloudwatch.interval),
+        shutdown.clone(),
+    );
     let publisher = Publisher {
-        shared: Arc::new(ArcSwap::new(first)),
+        shared,
         alerts: alerts_tx,
+        cloudwatch,
     };
     let out = publisher.shared.clone();
     let loop_publisher = publisher.clone();

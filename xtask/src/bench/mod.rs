@@ -18,11 +18,14 @@
 //! 8. The health port under a flood (`bench/flood.rs`).
 //! 9. The scaling signal against CPU: saturation S of a real Puma under open-loop load, a
 //!    dependency outage, target tracking replayed (`bench/scaling.rs`).
+//! 10. Publishing to CloudWatch (healthy, down, stalling, throttling) does not slow `/health`
+//!     (`bench/cloudwatch.rs`).
 //!
 //! One file per section; `run` lists them in order. Servers, process guards, free ports and the
 //! `/health` poller come from the integration tests' harness (`health-agent-tests`).
 
 mod alerts;
+mod cloudwatch;
 mod fleet;
 mod flood;
 mod hang;
@@ -69,6 +72,9 @@ pub struct Args {
     /// Run only the scaling-signal section (saturation against CPU).
     #[arg(long)]
     only_scaling: bool,
+    /// Run only the CloudWatch section, and put it in place of its section in `--out`.
+    #[arg(long)]
+    only_cloudwatch: bool,
 }
 
 /// The release binaries the bench runs.
@@ -99,6 +105,15 @@ pub fn run(args: &Args) -> Result<()> {
         println!("{md}\nbench: wrote {}", args.out.display());
         return Ok(());
     }
+    if args.only_cloudwatch {
+        let md = cloudwatch::run(&bins.agent, &dir, args.quick)?;
+        let out = cmd::root().join(&args.out);
+        let report = fs::read_to_string(&out).unwrap_or_default();
+        fs::write(&out, cloudwatch::splice(&report, &md))?;
+        println!("{md}\nbench: wrote its section into {}", out.display());
+        let _ = fs::remove_dir_all(&dir);
+        return Ok(());
+    }
     if args.only_socket_costs {
         let md = socket_costs::run(&bins.agent, baseline, &dir, args.quick)?;
         fs::write(&args.out, &md)?;
@@ -117,6 +132,7 @@ pub fn run(args: &Args) -> Result<()> {
     md += &fleet::run(&bins.agent, &dir, quick)?;
     md += &flood::run(&bins.agent, baseline, &dir, quick)?;
     md += &scaling::run(&bins.agent, &bins.proxy, &dir, quick)?;
+    md += &cloudwatch::run(&bins.agent, &dir, quick)?;
     write_report(args, started, &md)?;
     let _ = fs::remove_dir_all(&dir);
     Ok(())

@@ -1,0 +1,627 @@
+//! The saturation published to CloudWatch, end to end: the agent's PutMetricData against moto
+//! (a real implementation of the CloudWatch API) read back with boto3, credentials and
+//! placement from an IMDSv2 stub, and local stubs standing in for a CloudWatch that throttles,
+//! stalls or refuses — where the retries must stay bounded and `/health` fast.
+
+use std::{
+    net::{SocketAddr, TcpListener},
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use health_agent_tests::{
+    free_port, request_at, require_root, wait_until, Agent, Moto, Receiver, Recorded,
+};
+use serde_json::{json, Value};
+
+const KEY_ID: &str = "AKIDHEALTHAGENTTEST";
+const SECRET: &str = "secret-key-never-shown-0123456789";
+
+/// Credentials from the environment; the metadata service off (nothing may leave loopback).
+fn env_credentials() -> Vec<(&'static str, &'static str)> {
+    vec![
+        ("AWS_ACCESS_KEY_ID", KEY_ID),
+        ("AWS_SECRET_ACCESS_KEY", SECRET),
+        ("AWS_SESSION_TOKEN", ""),
+        ("AWS_REGION", ""),
+        ("AWS_DEFAULT_REGION", ""),
+        ("AWS_EC2_METADATA_DISABLED", "true"),
+    ]
+}
+
+fn config(endpoint: &str, more: &str) -> String {
+    format!(
+        "[scaling.cloudwatch]\nenabled = true\nendpoint = \"{endpoint}\"\n\
+         interval = \"10s\"\nhigh_resolution = true\n{more}\n"
+    )
+}
+
+fn cloudwatch(agent: &Agent) -> Value {
+    let (_, body) = agent.health();
+    body["details"]["scaling"]["cloudwatch"].clone()
+}
+
+/// What the agent reports as its saturation, in percent.
+fn saturation_percent(body: &Value) -> Option<f64> {
+    let d = &body["details"];
+    if let Some(r) = d["saturation"]["ratio"].as_f64() {
+        return Some(r * 100.0);
+    }
+    // Before the saturation estimator: the larger of CPU and memory, which the agent sends.
+    let cpu = d["system"]["cpu_avg_percent"].as_f64()?;
+    let mem = d["system"]["memory_avg_percent"].as_f64()?;
+    Some(cpu.max(mem))
+}
+
+/// p99 of `n` sequential `GET /health` round trips.
+fn health_p99(agent: &Agent, n: usize) -> Duration {
+    let mut times: Vec<Duration> = (0..n)
+        .map(|_| {
+            let t = Instant::now();
+            let (code, _, _) =
+                request_at(agent.addr, "GET", "/health", &[], Duration::from_secs(5))
+                    .expect("GET /health");
+            assert!(code == 200 || code == 503, "{code}");
+            t.elapsed()
+        })
+        .collect();
+    times.sort();
+    times[(n * 99 / 100).min(n - 1)]
+}
+
+fn assert_no_secret(agent: &Agent, secrets: &[&str]) {
+    let (_, body) = agent.get("/health").expect("GET /health");
+    let metrics = agent.metrics();
+    let logs = agent.logs();
+    for s in secrets {
+        assert!(!body.contains(s), "/health shows a credential: {body}");
+        assert!(!metrics.contains(s), "/metrics shows a credential");
+        assert!(!logs.contains(s), "the log shows a credential:\n{logs}");
+    }
+}
+
+#[test]
+fn saturation_arrives_in_moto_with_namespace_dimension_and_unit() {
+    require_root();
+    let moto = Moto::start();
+    let agent = Agent::start_with_env(
+        &config(
+            &moto.endpoint(),
+            "region = \"us-east-1\"\nauto_scaling_group = \"web-asg\"",
+        ),
+        &env_credentials(),
+    );
+    // What the agent itself says while it publishes: the values moto gets must be these.
+    let mut seen: Vec<f64> = Vec::new();
+    let status = wait_until(Duration::from_secs(45), "two published intervals", || {
+        let (_, body) = agent.health();
+        seen.extend(saturation_percent(&body));
+        let cw = body["details"]["scaling"]["cloudwatch"].clone();
+        (cw["published_data"].as_u64() >= Some(2)).then_some(cw)
+    });
+    assert_eq!(status["enabled"], true);
+    assert_eq!(status["auto_scaling_group"], "web-asg");
+    assert_eq!(status["credentials"], "environment");
+    assert!(status["last_success"].is_string(), "{status}");
+
+    let back = moto.read_back("us-east-1", "HealthAgent");
+    assert_eq!(
+        back["metrics"],
+        json!([{
+            "Namespace": "HealthAgent",
+            "MetricName": "Saturation",
+            "Dimensions": [{"Name": "AutoScalingGroupName", "Value": "web-asg"}],
+        }]),
+        "one metric, named as SPEC.md says: {back}"
+    );
+    let points = back["datapoints"].as_array().expect("datapoints");
+    assert_eq!(points.len(), 1, "only under unit Percent: {back}");
+    let p = &points[0];
+    assert_eq!(p["Unit"], "Percent");
+    assert_eq!(p["QueriedUnit"], "Percent");
+    // Two or more intervals of 10 s, a sample a second (the first interval may be cut short).
+    let count = p["SampleCount"].as_f64().expect("SampleCount");
+    assert!((10.0..=80.0).contains(&count), "samples: {p}");
+    let (avg, min, max) = (
+        p["Average"].as_f64().unwrap(),
+        p["Minimum"].as_f64().unwrap(),
+        p["Maximum"].as_f64().unwrap(),
+    );
+    assert!(min <= avg && avg <= max, "{p}");
+    let lo = seen.iter().cloned().fold(f64::INFINITY, f64::min);
+    let hi = seen.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    assert!(
+        min >= lo - 2.0 && max <= hi + 2.0,
+        "moto got {min}..{max} %, the agent showed {lo}..{hi} %"
+    );
+    println!(
+        "moto read back: SampleCount {count}, Average {avg:.2} %, Min {min:.2}, Max {max:.2}; \
+         /health showed {lo:.2}..{hi:.2} %"
+    );
+    assert_no_secret(&agent, &[SECRET]);
+}
+
+/// An IMDSv2 stub: the token first, then every read with it; the region, the group's tag and
+/// the role's temporary keys.
+fn imds_stub(token: &'static str, role_secret: &'static str, session: &'static str) -> Receiver {
+    Receiver::start(move |req: &Recorded, _| {
+        if req.method == "PUT" && req.path == "/latest/api/token" {
+            let ttl = req.header("X-aws-ec2-metadata-token-ttl-seconds");
+            return match ttl {
+                Some(_) => (200, token.into()),
+                None => (400, "missing TTL".into()),
+            };
+        }
+        if req.header("X-aws-ec2-metadata-token") != Some(token) {
+            return (401, String::new());
+        }
+        let expires = time_in(3600);
+        match req.path.as_str() {
+            "/latest/meta-data/placement/region" => (200, "eu-west-1".into()),
+            "/latest/meta-data/tags/instance/aws:autoscaling:groupName" => {
+                (200, "asg-from-tags".into())
+            }
+            "/latest/meta-data/iam/security-credentials/" => (200, "web-role".into()),
+            "/latest/meta-data/iam/security-credentials/web-role" => (
+                200,
+                json!({
+                    "Code": "Success",
+                    "Type": "AWS-HMAC",
+                    "AccessKeyId": "ASIAROLEKEY",
+                    "SecretAccessKey": role_secret,
+                    "Token": session,
+                    "Expiration": expires,
+                })
+                .to_string(),
+            ),
+            _ => (404, String::new()),
+        }
+    })
+}
+
+/// RFC 3339 UTC `secs` from now, with `date` (no date crate in the tests).
+fn time_in(secs: u64) -> String {
+    let out = std::process::Command::new("date")
+        .args([
+            "-u",
+            "-d",
+            &format!("+{secs} seconds"),
+            "+%Y-%m-%dT%H:%M:%SZ",
+        ])
+        .output()
+        .expect("date");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[test]
+fn instance_role_region_and_group_come_from_imdsv2() {
+    require_root();
+    let moto = Moto::start();
+    let (role_secret, session) = ("role-secret-never-shown", "SESSION-TOKEN-never-shown");
+    let imds = imds_stub("TOKEN-v2", role_secret, session);
+    let env = [
+        ("AWS_ACCESS_KEY_ID", ""),
+        ("AWS_SECRET_ACCESS_KEY", ""),
+        ("AWS_REGION", ""),
+        ("AWS_DEFAULT_REGION", ""),
+        ("AWS_EC2_METADATA_DISABLED", ""),
+        ("AWS_EC2_METADATA_SERVICE_ENDPOINT", &imds.url("")),
+    ];
+    let agent = Agent::start_with_env(&config(&moto.endpoint(), ""), &env);
+    let status = wait_until(Duration::from_secs(45), "a published interval", || {
+        let cw = cloudwatch(&agent);
+        (cw["published_data"].as_u64() >= Some(1)).then_some(cw)
+    });
+    assert_eq!(status["credentials"], "instance role (IMDSv2)");
+    assert_eq!(status["region"], "eu-west-1");
+    assert_eq!(status["auto_scaling_group"], "asg-from-tags");
+
+    let back = moto.read_back("eu-west-1", "HealthAgent");
+    assert_eq!(
+        back["metrics"][0]["Dimensions"],
+        json!([{"Name": "AutoScalingGroupName", "Value": "asg-from-tags"}]),
+        "{back}"
+    );
+    assert_eq!(back["datapoints"][0]["Unit"], "Percent", "{back}");
+    let elsewhere = moto.read_back("us-east-1", "HealthAgent");
+    assert_eq!(
+        elsewhere["metrics"],
+        json!([]),
+        "only in the instance's region"
+    );
+
+    let reqs = imds.requests();
+    assert_eq!(
+        reqs[0].method, "PUT",
+        "IMDSv2: the token first: {:?}",
+        reqs[0]
+    );
+    for r in reqs.iter().filter(|r| r.method == "GET") {
+        assert_eq!(
+            r.header("X-aws-ec2-metadata-token"),
+            Some("TOKEN-v2"),
+            "{r:?}"
+        );
+    }
+    let tokens = reqs.iter().filter(|r| r.method == "PUT").count();
+    assert_eq!(tokens, 1, "the token is reused, not asked for per read");
+    assert_no_secret(&agent, &[role_secret, session]);
+}
+
+/// A CloudWatch that throttles every request (HTTP 400, code Throttling, as AWS answers).
+fn throttling() -> Receiver {
+    Receiver::start(|_, _| {
+        (
+            400,
+            "<ErrorResponse xmlns=\"http://monitoring.amazonaws.com/doc/2010-08-01/\"><Error>\
+             <Type>Sender</Type><Code>Throttling</Code><Message>Rate exceeded</Message></Error>\
+             <RequestId>x</RequestId></ErrorResponse>"
+                .into(),
+        )
+    })
+}
+
+/// Accepts connections and never answers: a CloudWatch that stalls. Counts connections.
+fn stalling() -> (SocketAddr, Arc<AtomicUsize>) {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let n = Arc::new(AtomicUsize::new(0));
+    let counted = n.clone();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in l.incoming().flatten() {
+            counted.fetch_add(1, Ordering::SeqCst);
+            held.push(s);
+        }
+    });
+    (addr, n)
+}
+
+/// Waits for two batches given up, then checks the retries were bounded and /health fast.
+/// `sent` counts what reached the server, where there is one.
+fn check_bounded(agent: &Agent, sent: Option<&dyn Fn() -> usize>, error_says: &str) {
+    let max_retries = 2;
+    let started = Instant::now();
+    let status = wait_until(Duration::from_secs(60), "two batches given up", || {
+        let cw = cloudwatch(agent);
+        (cw["batches"].as_u64()? >= 2 && cw["requests"].as_u64()? >= 2 * (1 + max_retries))
+            .then_some(cw)
+    });
+    let p99 = health_p99(agent, 300);
+    let elapsed = started.elapsed();
+    let status_now = cloudwatch(agent);
+    let n = |k: &str| status_now[k].as_u64().unwrap_or(0);
+    let (batches, requests, retries) = (n("batches"), n("requests"), n("retries"));
+    println!(
+        "{error_says}: {requests} requests ({batches} batches, {retries} retries) in {elapsed:?}; \
+         /health p99 {p99:?}; status {status_now}"
+    );
+    assert!(
+        requests <= batches * (1 + max_retries),
+        "at most {max_retries} retries per batch: {status_now}"
+    );
+    // One batch per 10 s interval at most, so no retry storm.
+    let intervals = elapsed.as_secs() / 10 + 2;
+    assert!(batches <= intervals, "one batch per interval: {status_now}");
+    if let Some(sent) = sent {
+        let n = sent() as u64;
+        assert!(
+            // Read a moment apart from the status: one request may be in flight either way.
+            n + 1 >= requests && n <= batches * (1 + max_retries) + 1,
+            "{n} requests reached the server: {status_now}"
+        );
+    }
+    let error = status["last_error"].as_str().unwrap_or("");
+    assert!(error.contains(error_says), "last_error: {status}");
+    assert_eq!(status["published_data"], 0);
+    assert!(
+        status["pending_data"].as_u64() >= Some(1),
+        "kept for later: {status}"
+    );
+    assert!(
+        p99 < Duration::from_millis(100),
+        "/health p99 {p99:?} while CloudWatch fails: it must never wait on it"
+    );
+    assert_no_secret(agent, &[SECRET]);
+}
+
+#[test]
+fn throttling_is_retried_a_bounded_number_of_times_and_health_stays_fast() {
+    require_root();
+    let stub = throttling();
+    let agent = Agent::start_with_env(
+        &config(
+            &stub.url(""),
+            "region = \"us-east-1\"\nauto_scaling_group = \"g\"\nmax_retries = 2\ntimeout = \"1s\"",
+        ),
+        &env_credentials(),
+    );
+    check_bounded(&agent, Some(&|| stub.posts().len()), "Throttling");
+    // What arrived was a signed PutMetricData.
+    let first = &stub.posts()[0];
+    let auth = first.header("authorization").unwrap_or("");
+    assert!(
+        auth.starts_with(&format!("AWS4-HMAC-SHA256 Credential={KEY_ID}/"))
+            && auth.contains("/us-east-1/monitoring/aws4_request"),
+        "{auth}"
+    );
+}
+
+#[test]
+fn stalling_cloudwatch_times_out_and_health_stays_fast() {
+    require_root();
+    let (addr, connections) = stalling();
+    let agent = Agent::start_with_env(
+        &config(
+            &format!("http://{addr}"),
+            "region = \"us-east-1\"\nauto_scaling_group = \"g\"\nmax_retries = 2\ntimeout = \"1s\"",
+        ),
+        &env_credentials(),
+    );
+    check_bounded(
+        &agent,
+        Some(&|| connections.load(Ordering::SeqCst)),
+        "timed out",
+    );
+}
+
+#[test]
+fn refusing_cloudwatch_is_retried_boundedly() {
+    require_root();
+    // Nothing listens there: connection refused.
+    let port = free_port();
+    let agent = Agent::start_with_env(
+        &config(
+            &format!("http://127.0.0.1:{port}"),
+            "region = \"us-east-1\"\nauto_scaling_group = \"g\"\nmax_retries = 2\ntimeout = \"1s\"",
+        ),
+        &env_credentials(),
+    );
+    check_bounded(&agent, None, "cannot connect");
+}
+
+#[test]
+fn nothing_is_published_while_the_saturation_is_withheld() {
+    require_root();
+    let moto = Moto::start();
+    // A database nobody answers: a shared dependency fault, so the saturation is withheld.
+    let db = free_port();
+    let agent = Agent::start_with_env(
+        &format!(
+            "{}\n[database]\nurl = \"postgres://app@127.0.0.1:{db}/app\"\ninterval = \"500ms\"\n\
+             timeout = \"200ms\"\nfail_after = 1\n",
+            config(
+                &moto.endpoint(),
+                "region = \"us-east-1\"\nauto_scaling_group = \"web-asg\""
+            )
+        ),
+        &env_credentials(),
+    );
+    agent.wait_health(Duration::from_secs(20), "infrastructure_issue", |_, b| {
+        b["recommendation"] == "infrastructure_issue"
+    });
+    let status = wait_until(Duration::from_secs(40), "two intervals withheld", || {
+        let (_, body) = agent.health();
+        assert_eq!(body["recommendation"], "infrastructure_issue", "{body}");
+        let cw = body["details"]["scaling"]["cloudwatch"].clone();
+        (cw["withheld_samples"].as_u64() >= Some(22)).then_some(cw)
+    });
+    assert_eq!(status["published_data"], 0, "{status}");
+    assert_eq!(status["requests"], 0, "{status}");
+    let back = moto.read_back("us-east-1", "HealthAgent");
+    assert_eq!(
+        back["metrics"],
+        json!([]),
+        "nothing reached CloudWatch: {back}"
+    );
+}
+
+#[test]
+fn config_validate_refuses_bad_namespace_and_dimension_with_exit_2() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = |toml: &str| {
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, toml).expect("write");
+        let out = std::process::Command::new(health_agent_tests::agent_binary())
+            .args(["config", "--validate"])
+            .arg(&path)
+            .output()
+            .expect("running health-agent");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    for (toml, key, says) in [
+        (
+            "[scaling.cloudwatch]\nnamespace = \"AWS/EC2\"\n",
+            "scaling.cloudwatch.namespace",
+            "reserved",
+        ),
+        (
+            "[scaling.cloudwatch]\nnamespace = \"Health|Agent\"\n",
+            "scaling.cloudwatch.namespace",
+            "'|'",
+        ),
+        (
+            "[scaling.cloudwatch]\nauto_scaling_group = \"   \"\n",
+            "scaling.cloudwatch.auto_scaling_group",
+            "white space",
+        ),
+        (
+            "[scaling.cloudwatch]\nauto_scaling_group = \"web-ä\"\n",
+            "scaling.cloudwatch.auto_scaling_group",
+            "ASCII",
+        ),
+        (
+            "[scaling.cloudwatch]\ninterval = \"5s\"\nhigh_resolution = true\n",
+            "scaling.cloudwatch.interval",
+            "allowed 10s",
+        ),
+    ] {
+        let (code, err) = run(toml);
+        assert_eq!(code, Some(2), "{toml}: {err}");
+        assert!(err.contains(key) && err.contains(says), "{toml}: {err}");
+    }
+    let (code, err) =
+        run("[scaling.cloudwatch]\nenabled = true\nauto_scaling_group = \"web-asg\"\n");
+    assert_eq!(code, Some(0), "{err}");
+}
+
+/// Raw requests: (head, body).
+type Raw = Arc<std::sync::Mutex<Vec<(String, Vec<u8>)>>>;
+
+/// A CloudWatch that accepts everything and keeps each request's raw head and body.
+fn recording() -> (SocketAddr, Raw) {
+    use std::io::{Read, Write};
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    std::thread::spawn(move || {
+        for mut s in l.incoming().flatten() {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 16384];
+                loop {
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        match s.read(&mut chunk) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_string();
+                    let len: usize = head
+                        .lines()
+                        .filter_map(|l| l.split_once(':'))
+                        .find(|(k, _)| k.trim().eq_ignore_ascii_case("content-length"))
+                        .and_then(|(_, v)| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    while buf.len() < end + 4 + len {
+                        match s.read(&mut chunk) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let body = buf[end + 4..end + 4 + len].to_vec();
+                    buf.drain(..end + 4 + len);
+                    log.lock().unwrap().push((head, body));
+                    let reply = "<PutMetricDataResponse xmlns=\"http://monitoring.amazonaws.com/doc/2010-08-01/\"><ResponseMetadata><RequestId>r</RequestId></ResponseMetadata></PutMetricDataResponse>";
+                    let _ = write!(
+                        s,
+                        "HTTP/1.1 200 OK\r\nContent-Type: text/xml\r\nContent-Length: {}\r\n\r\n{reply}",
+                        reply.len()
+                    );
+                }
+            });
+        }
+    });
+    (addr, seen)
+}
+
+#[test]
+fn botocore_computes_the_same_sigv4_signature() {
+    require_root();
+    let (addr, seen) = recording();
+    let session = "SESSION-token-for-signing";
+    let mut env = env_credentials();
+    env.retain(|(k, _)| *k != "AWS_SESSION_TOKEN");
+    env.push(("AWS_SESSION_TOKEN", session));
+    let agent = Agent::start_with_env(
+        &config(
+            &format!("http://{addr}"),
+            "region = \"eu-central-1\"\nauto_scaling_group = \"g\"",
+        ),
+        &env,
+    );
+    wait_until(Duration::from_secs(40), "a published interval", || {
+        (cloudwatch(&agent)["published_data"].as_u64() >= Some(1)).then_some(())
+    });
+    let (head, body) = seen.lock().unwrap()[0].clone();
+    let header = |name: &str| {
+        head.lines()
+            .filter_map(|l| l.split_once(':'))
+            .find(|(k, _)| k.trim().eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.trim().to_string())
+            .unwrap_or_else(|| panic!("no {name} header in {head}"))
+    };
+    assert_eq!(header("x-amz-security-token"), session);
+    let input = json!({
+        "url": format!("http://{}/", header("host")),
+        "body": String::from_utf8(body).expect("a form body is ASCII"),
+        "content_type": header("content-type"),
+        "amz_date": header("x-amz-date"),
+        "token": session,
+        "key": KEY_ID,
+        "secret": SECRET,
+    });
+    // botocore's own SigV4 (the AWS SDK for Python), over the request as it arrived.
+    let script = r#"
+import json, sys
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+i = json.load(sys.stdin)
+req = AWSRequest(method="POST", url=i["url"], data=i["body"].encode(), headers={
+    "Content-Type": i["content_type"], "X-Amz-Date": i["amz_date"],
+    "X-Amz-Security-Token": i["token"]})
+req.context["timestamp"] = i["amz_date"]
+auth = SigV4Auth(Credentials(i["key"], i["secret"], i["token"]), "monitoring", "eu-central-1")
+creq = auth.canonical_request(req)
+sts = auth.string_to_sign(req, creq)
+print(json.dumps({"signature": auth.signature(sts, req),
+                  "signed_headers": auth.signed_headers(auth.headers_to_sign(req))}))
+"#;
+    let mut child = std::process::Command::new(health_agent_tests::moto::python())
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 with botocore (cargo xtask setup installs moto, which brings it)");
+    {
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.to_string().as_bytes())
+            .unwrap();
+    }
+    let out = child.wait_with_output().expect("botocore");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let theirs: Value = serde_json::from_slice(&out.stdout).expect("JSON from botocore");
+    let auth = header("authorization");
+    println!("agent: {auth}\nbotocore: {theirs}");
+    assert!(
+        auth.starts_with(&format!(
+            "AWS4-HMAC-SHA256 Credential={KEY_ID}/{}/eu-central-1/monitoring/aws4_request, ",
+            &header("x-amz-date")[..8]
+        )),
+        "{auth}"
+    );
+    assert!(
+        auth.contains(&format!(
+            "SignedHeaders={},",
+            theirs["signed_headers"].as_str().unwrap()
+        )),
+        "{auth} vs {theirs}"
+    );
+    assert!(
+        auth.ends_with(&format!(
+            "Signature={}",
+            theirs["signature"].as_str().unwrap()
+        )),
+        "{auth} vs {theirs}"
+    );
+}
