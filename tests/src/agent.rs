@@ -57,12 +57,15 @@ impl Agent {
         );
         // A test about something else must not turn `degraded` because the machine running it
         // has a fullish disk or busy cores (other suites' load generators, a build): unless
-        // the test sets them, the host's disk and CPU/memory thresholds are out of reach.
+        // the test sets them, the host's disk and CPU/memory thresholds are out of reach, and so
+        // is `scaling.up_at`: saturation's host-CPU part would ask for `scale_up`.
         if !extra.contains("[disk]") {
             base.push_str("\n[disk]\nwarn_percent = 99.0\nfail_percent = 99.9\n");
         }
         if !extra.contains("[scaling]") {
-            base.push_str("\n[scaling]\ncpu_high_percent = 100.0\nmemory_high_percent = 100.0\n");
+            base.push_str(
+                "\n[scaling]\ncpu_high_percent = 100.0\nmemory_high_percent = 100.0\nup_at = 10.0\n",
+            );
         }
         std::fs::write(&config, merge_toml(&base, extra)).expect("writing config");
         let log = dir.path().join("agent.log");

@@ -32,7 +32,7 @@ fn config(web_port: u16, extra: &str) -> String {
         "[checks]\ninterval = \"500ms\"\nrecover_after = \"1s\"\n\
          [web]\nport = {web_port}\nprobe_path = \"/up\"\nprobe_timeout = \"2s\"\n\
          [scaling]\ncpu_high_percent = 100.0\nmemory_high_percent = 100.0\n\
-         cpu_low_percent = 0.0\nmemory_low_percent = 0.0\n"
+         cpu_low_percent = 0.0\nmemory_low_percent = 0.0\nup_at = 10.0\ndown_at = 0.0\n"
     );
     merge_toml(&base, extra)
 }

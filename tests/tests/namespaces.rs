@@ -46,7 +46,7 @@ fn config(port: u16, web_extra: &str) -> String {
          [web]\nport = {port}\nprobe_path = \"/up\"\nunanswered_after = \"3s\"\n\
          [heal]\nenabled = false\n\
          [scaling]\ncpu_high_percent = 100.0\nmemory_high_percent = 100.0\n\
-         cpu_low_percent = 0.0\nmemory_low_percent = 0.0\n"
+         cpu_low_percent = 0.0\nmemory_low_percent = 0.0\nup_at = 10.0\ndown_at = 0.0\n"
     );
     merge_toml(&base, &format!("[web]\n{web_extra}"))
 }

@@ -68,8 +68,8 @@ impl Restarts {
 }
 
 /// Agent config: the web check on `port` probing `/up` with a 2 s timeout, a 500 ms check
-/// cadence, a 1 s recovery, and the CPU/memory scaling thresholds out of the way (an idle test
-/// machine would say `scale_down`, parallel tests might say `scale_up`). `extra` is merged in.
+/// cadence, a 1 s recovery, and the CPU/memory and saturation scaling thresholds out of the way
+/// (an idle test machine would say `scale_down`, parallel tests might say `scale_up`). `extra` is merged in.
 fn config(port: u16, restart_command: Option<&str>, extra: &str) -> String {
     let mut base = format!(
         "[checks]\ninterval = \"500ms\"\nrecover_after = \"1s\"\n\
@@ -80,7 +80,7 @@ fn config(port: u16, restart_command: Option<&str>, extra: &str) -> String {
     }
     base.push_str(
         "[scaling]\ncpu_high_percent = 100.0\nmemory_high_percent = 100.0\n\
-         cpu_low_percent = 0.0\nmemory_low_percent = 0.0\n",
+         cpu_low_percent = 0.0\nmemory_low_percent = 0.0\nup_at = 10.0\ndown_at = 0.0\n",
     );
     merge_toml(&base, extra)
 }
