@@ -4,8 +4,8 @@
 //! building a trace record, and no field offsets are needed. A process's first read or write
 //! on a connection is its claim; they also say when its first request byte was read and when
 //! its first response byte left, and count every request → answer exchange, keep-alive ones
-//! included. They update the shared connection table (`conn`) in place;
-//! this area owns the server-latency histogram.
+//! included. They update the shared connection table (`conn`) in place; this area owns the
+//! server-latency histogram.
 
 use aya_ebpf::{
     macros::{map, raw_tracepoint},
