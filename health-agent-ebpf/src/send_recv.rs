@@ -3,8 +3,9 @@
 //! box, so they take the raw form: the kernel hands over the prototype's arguments without
 //! building a trace record, and no field offsets are needed. A process's first read or write
 //! on a connection is its claim; they also say when its first request byte was read and when
-//! its first response byte left. They update the shared connection table (`conn`) in place;
-//! this area owns the server-latency histogram.
+//! its first response byte left, and count every request → answer exchange, keep-alive ones
+//! included. They update the shared connection table (`conn`) in place; this area owns the
+//! server-latency histogram.
 
 use aya_ebpf::{
     macros::{map, raw_tracepoint},
@@ -53,10 +54,22 @@ fn try_io(ctx: &RawTracePointContext, send: bool) -> Option<()> {
     // Every byte in or out is movement, keep-alive exchanges included: one per-CPU add (the
     // array lookup is inlined by the verifier), no clock read.
     let c = counters(conn.slot)?;
+    // Exchanges are counted on the entry already in hand, a flag and an add, no clock: a
+    // request read opens one (however many reads it takes), the first send after it closes
+    // it. Every request of a keep-alive connection counts, which the first-request and
+    // first-response timestamps below cannot see.
     if send {
         c.sent += 1;
+        if conn.exchange != 0 {
+            conn.exchange = 0;
+            c.exchanges_out += 1;
+        }
     } else if ret > 0 {
         c.received += 1;
+        if conn.exchange == 0 {
+            conn.exchange = 1;
+            c.exchanges_in += 1;
+        }
     }
     let first = if send {
         conn.first_response_ns == 0

@@ -149,6 +149,11 @@ fn on_close(sk: u64) -> Option<()> {
     if conn.claimed_ns == 0 {
         c.closed_unclaimed += 1;
     }
+    // A request read and never answered, on any exchange of the connection: what keeps the
+    // in-service count (in − out − dropped) from growing by every client that gave up.
+    if conn.exchange != 0 {
+        c.exchanges_dropped += 1;
+    }
     if conn.first_response_ns == 0 {
         c.closed_unanswered += 1;
         if conn.first_request_ns != 0 {

@@ -4,14 +4,18 @@
 //!
 //! The web part is the *offered* load ρ = λ·E[S]/c:
 //! - λ counts connections as their handshakes complete (they arrive whether or not a worker is
-//!   free), never completions, which cap at capacity and would hide overload;
+//!   free), and the later requests of keep-alive connections as the server reads them (what a
+//!   load balancer sends); never completions, which cap at capacity and would hide overload;
+//! - work is counted per request (exchange: request read → answer begun), not per connection,
+//!   so a keep-alive connection's every request is in service from its read to its answer;
 //! - E[S] is the worker time one request takes: the busy-worker seconds of the window (at each
 //!   tick `min(requests read and unanswered, c)`) per request answered. Work that waits in the
 //!   accept queue is not in it, and neither is work a server reads early and queues inside
 //!   (the `min` with c), so queueing is never counted as load — "requests in the system / c"
 //!   would give about 2.3 for five workers at ρ = 0.9;
 //! - c is `web.workers`, or learned: the number of requests in service whenever work kept
-//!   waiting in the accept queue for a tick (a server that is full stops taking connections).
+//!   waiting in the accept queue for a tick (a server that is full stops taking connections;
+//!   keep-alive requests never wait there, so behind a load balancer set `web.workers`).
 //!
 //! A server whose threads share one core (Ruby's GVL, a single-threaded event loop) runs out of
 //! CPU before it runs out of workers, so the backend's own CPU is a part too, in the same
@@ -48,11 +52,12 @@ const LEARN_KEEP: usize = 240;
 /// What one tick read: the kernel's per-port counters and the backend's CPU time.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct LoadSample {
-    /// Handshakes completed into the accept queue, since the programs loaded.
+    /// Work arrived since the programs loaded: handshakes completed into the accept queue,
+    /// plus the later requests of keep-alive connections as they were read.
     pub established: u64,
-    /// Connections whose first response byte went out, since the programs loaded.
+    /// Requests answered (first response byte of each exchange) since the programs loaded.
     pub answered: u64,
-    /// Requests read and not yet answered now.
+    /// Requests read and not yet answered now, on any connection.
     pub pending: u64,
     /// Connections in the accept queue that no process has touched yet, now.
     pub waiting: u64,

@@ -136,6 +136,14 @@ pub struct PortCounters {
     /// requests included: with `sent`, tells a server working through requests from an idle
     /// one.
     pub received: u64,
+    /// Exchanges (request read → answer) begun: a read with data on a connection whose
+    /// previous request was answered, or that had none. Every request of a keep-alive
+    /// connection counts, not only its first; a request read in several calls counts once.
+    pub exchanges_in: u64,
+    /// Exchanges answered: the first send after such a read.
+    pub exchanges_out: u64,
+    /// Exchanges whose connection reached CLOSE before the answer began.
+    pub exchanges_dropped: u64,
 }
 
 impl PortCounters {
@@ -150,6 +158,9 @@ impl PortCounters {
         self.last_claim_ns = self.last_claim_ns.max(o.last_claim_ns);
         self.sent += o.sent;
         self.received += o.received;
+        self.exchanges_in += o.exchanges_in;
+        self.exchanges_out += o.exchanges_out;
+        self.exchanges_dropped += o.exchanges_dropped;
     }
 
     /// Connections waiting in the accept queue now (exact unless the LRU table evicted some).
@@ -162,6 +173,20 @@ impl PortCounters {
     pub fn pending(&self) -> u64 {
         self.requests
             .saturating_sub(self.answered.min(self.requests) + self.closed_pending)
+    }
+
+    /// Requests read and not answered now, on any connection, keep-alive ones included (same
+    /// caveat: an evicted connection's open exchange stays counted).
+    pub fn in_service(&self) -> u64 {
+        self.exchanges_in
+            .saturating_sub(self.exchanges_out + self.exchanges_dropped)
+    }
+
+    /// Work that arrived, since the programs loaded: every connection as its handshake
+    /// completes (it arrives whether or not a worker is free to take it), and every later
+    /// request of a kept-alive connection as the server reads it.
+    pub fn arrivals(&self) -> u64 {
+        self.established + self.exchanges_in.saturating_sub(self.requests)
     }
 }
 
@@ -179,8 +204,10 @@ pub struct ConnState {
     pub first_response_ns: u64,
     /// Counter slot of the listen port.
     pub slot: u32,
-    /// Explicit padding, always 0: keeps the value free of padding holes (`aya::Pod`).
-    pub _pad: u32,
+    /// 1 while a request has been read and its answer has not begun (an exchange is open),
+    /// else 0. A `u32` rather than a `bool`: the value stays free of padding holes
+    /// (`aya::Pod`).
+    pub exchange: u32,
 }
 
 /// Buckets of the server-latency histogram (request read → first response byte).
@@ -355,6 +382,42 @@ mod tests {
         for (i, l) in labels.iter().enumerate() {
             assert!(!labels[..i].contains(l), "label {l} twice");
         }
+    }
+
+    #[test]
+    fn keep_alive_requests_arrive_and_stay_in_service_until_answered_or_dropped() {
+        // Two connections: one asked once and answered; one kept alive for three requests,
+        // the last read and not answered yet.
+        let mut c = PortCounters {
+            established: 2,
+            requests: 2,
+            answered: 2,
+            exchanges_in: 4,
+            exchanges_out: 3,
+            ..PortCounters::default()
+        };
+        assert_eq!(c.arrivals(), 4);
+        assert_eq!(c.in_service(), 1);
+        // The per-connection view sees neither the later requests nor the open one.
+        assert_eq!(c.pending(), 0);
+        // Its client gives up: the connection closes with the exchange open.
+        c.exchanges_dropped += 1;
+        assert_eq!(c.in_service(), 0);
+        assert_eq!(c.arrivals(), 4);
+        // Per-CPU copies read a moment apart never make the figures wrap.
+        let torn = PortCounters {
+            requests: 1,
+            exchanges_out: 1,
+            ..PortCounters::default()
+        };
+        assert_eq!((torn.in_service(), torn.arrivals()), (0, 0));
+        let mut sum = PortCounters::default();
+        sum.add(&c);
+        sum.add(&c);
+        assert_eq!(
+            (sum.exchanges_in, sum.exchanges_out, sum.exchanges_dropped),
+            (8, 6, 2)
+        );
     }
 
     #[test]

@@ -4,7 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use health_agent_tests::{require_root, Agent, OpenLoop, Postgres, Puma, PumaOptions, TcpProxy};
+use health_agent_tests::{
+    require_root, Agent, Load, OpenLoop, Postgres, Puma, PumaOptions, TcpProxy,
+};
 use serde_json::Value;
 
 /// Puma with 4 threads on `/io` (sleep 50 ms, then `SELECT 1` on the thread's own database
@@ -144,4 +146,76 @@ fn saturation_follows_offered_load_and_is_withheld_while_the_database_path_is_fr
     assert_eq!(body["recommendation"], "infrastructure_issue", "{body:#}");
     proxy.thaw();
     drop(load);
+}
+
+/// `clients` keep-alive clients, each sending `/io` back to back on one connection, for
+/// `secs`: (the web part, the utilisation they made — answers × 50 ms over the threads —,
+/// the details).
+fn keep_alive_at(agent: &Agent, puma: &Puma, clients: usize, secs: u64) -> (f64, f64, Value) {
+    let load = Load::keep_alive(puma.port, "/io", clients, Duration::from_secs(20));
+    std::thread::sleep(Duration::from_secs(secs));
+    let (_, body) = agent.health();
+    let stats = load.stop();
+    let details = &body["details"]["saturation"];
+    let counters = &body["details"]["web"]["counters"];
+    let web = details["parts"]["web"].as_f64().unwrap_or_else(|| {
+        panic!(
+            "no web part under {clients} keep-alive clients ({stats:?}): {details:#}\nagent log:\n{}",
+            agent.logs()
+        )
+    });
+    let rate = stats.answers() as f64 / stats.elapsed.as_secs_f64();
+    let utilisation = rate * puma.options.io_seconds / THREADS as f64;
+    println!(
+        "{clients} keep-alive clients: {rate:.1} answers/s on {} connections, utilisation \
+         {utilisation:.2}, web part {web}; saturation {details}; counters {counters}",
+        stats.connections
+    );
+    assert!(
+        stats.errors + stats.timeouts == 0 && stats.connections as usize <= clients + 1,
+        "the load did not stay on its keep-alive connections: {stats:?}"
+    );
+    (web, utilisation, body)
+}
+
+#[test]
+fn saturation_follows_keep_alive_load_as_a_load_balancer_sends_it() {
+    require_root();
+    let puma = Puma::start(PumaOptions {
+        threads: THREADS,
+        ..Default::default()
+    });
+    let agent = Agent::start(&format!(
+        "[web]\nport = {}\nworkers = {THREADS}\n\n[scaling]\nwindow = \"8s\"\n",
+        puma.port
+    ));
+    agent.wait_health(Duration::from_secs(30), "healthy", |code, b| {
+        code == 200 && b["status"] == "healthy"
+    });
+
+    // One client keeps one thread busy about a quarter of the time; three, three quarters.
+    // The window is shorter than each phase: only that load is in it.
+    let (low, low_util, _) = keep_alive_at(&agent, &puma, 1, 10);
+    let (high, high_util, body) = keep_alive_at(&agent, &puma, 3, 10);
+    let details = &body["details"]["saturation"];
+    for (web, util, clients) in [(low, low_util, 1), (high, high_util, 3)] {
+        assert!(
+            (web - util).abs() <= 0.15,
+            "the web part is {web} under {clients} keep-alive clients, the utilisation they \
+             made {util:.2}: {details:#}"
+        );
+    }
+    assert!(
+        high > low + 0.3,
+        "the web part did not grow with the keep-alive load: {low} with 1 client, {high} \
+         with 3: {details:#}"
+    );
+    // Every request of those connections was counted, not only their first.
+    let counters = &body["details"]["web"]["counters"];
+    let requests_in = counters["exchanges_in"].as_u64().unwrap_or(0);
+    let handshakes = counters["established"].as_u64().unwrap_or(0);
+    assert!(
+        requests_in > 10 * handshakes,
+        "keep-alive requests are not counted per request: {counters:#}"
+    );
 }

@@ -115,3 +115,55 @@ async fn map_errors_read_zero_under_normal_traffic_and_count_a_failed_update() {
     // The good port's figures are untouched.
     assert_eq!(s.ports[0].counters.established, 20, "{s:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+#[ignore = "needs root and a kernel with BTF: loads the eBPF programs (cargo test -- --ignored)"]
+async fn keep_alive_requests_count_one_exchange_each_and_an_unanswered_one_is_dropped_at_close() {
+    let mut k = KernelView::load(1024, true).expect("loading the kernel programs");
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    k.watch(&[(own_netns(), port)]).unwrap();
+
+    let mut client = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    let (mut server, _) = listener.accept().expect("accept");
+    let mut buf = [0u8; 4];
+    // Five requests on one connection, each answered.
+    for _ in 0..5 {
+        client.write_all(b"ping").unwrap();
+        server.read_exact(&mut buf).unwrap();
+        server.write_all(b"pong").unwrap();
+        client.read_exact(&mut buf).unwrap();
+    }
+    // A request read in two reads, answered in two sends: one exchange.
+    client.write_all(b"pi").unwrap();
+    server.read_exact(&mut buf[..2]).unwrap();
+    client.write_all(b"ng").unwrap();
+    server.read_exact(&mut buf[..2]).unwrap();
+    server.write_all(b"po").unwrap();
+    server.write_all(b"ng").unwrap();
+    client.read_exact(&mut buf).unwrap();
+    // A seventh request, read and not answered: in service now.
+    client.write_all(b"ping").unwrap();
+    server.read_exact(&mut buf).unwrap();
+
+    let s = settle(&k, |s| s.ports[0].counters.exchanges_in >= 7);
+    let c = s.ports[0].counters;
+    assert_eq!((c.exchanges_in, c.exchanges_out), (7, 6), "{c:?}");
+    assert_eq!(c.in_service(), 1, "{c:?}");
+    assert_eq!(
+        c.arrivals(),
+        7,
+        "one handshake and six later requests: {c:?}"
+    );
+    // The per-connection counters saw one request and one answer, and nothing pending.
+    assert_eq!((c.requests, c.answered, c.pending()), (1, 1, 0), "{c:?}");
+
+    // The client gives up: the open exchange is dropped, nothing stays in service.
+    drop(client);
+    drop(server);
+    let s = settle(&k, |s| s.ports[0].counters.exchanges_dropped >= 1);
+    let c = s.ports[0].counters;
+    assert_eq!(c.exchanges_dropped, 1, "{c:?}");
+    assert_eq!(c.in_service(), 0, "{c:?}");
+    assert_eq!(s.map_errors, MapErrors::default(), "{s:?}");
+}

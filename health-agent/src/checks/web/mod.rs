@@ -63,6 +63,14 @@ pub struct KernelCounters {
     pub sent: u64,
     /// Reads of at least one byte on any of the port's connections.
     pub received: u64,
+    /// Requests read (every request of a keep-alive connection, each once however many reads
+    /// it took), answers begun to them, and those whose connection closed first: the
+    /// per-request figures saturation rests on.
+    pub exchanges_in: u64,
+    pub exchanges_out: u64,
+    pub exchanges_dropped: u64,
+    /// Requests read and not yet answered now, on any connection (in − out − dropped).
+    pub in_service: u64,
     /// Waiting in the accept queue now, untouched by any process.
     pub waiting: u32,
     pub oldest_waiting_ms: Option<u64>,

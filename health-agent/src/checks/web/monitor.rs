@@ -226,10 +226,12 @@ impl WebMonitor {
     pub fn load_sample(&self) -> Option<crate::saturation::LoadSample> {
         let c = self.last_counters.as_ref()?;
         self.target.as_ref()?;
+        // Per request, not per connection: the later requests of a keep-alive connection —
+        // all a load balancer's traffic — show in none of the per-connection counters.
         Some(crate::saturation::LoadSample {
-            established: c.established,
-            answered: c.answered,
-            pending: c.pending(),
+            established: c.arrivals(),
+            answered: c.exchanges_out,
+            pending: c.in_service(),
             waiting: c.waiting(),
             backend_cpu_seconds: process::cpu_seconds(&self.owners),
         })
@@ -755,6 +757,10 @@ impl WebMonitor {
             closed_unaccepted: c.closed_unclaimed,
             sent: c.sent,
             received: c.received,
+            exchanges_in: c.exchanges_in,
+            exchanges_out: c.exchanges_out,
+            exchanges_dropped: c.exchanges_dropped,
+            in_service: c.in_service(),
             waiting: p.waiting,
             oldest_waiting_ms: p.oldest_waiting.map(ms),
             pending: p.pending,
