@@ -39,8 +39,9 @@ pub fn agent_binary() -> PathBuf {
     bin
 }
 
-/// Newest modification time of the files under `dir`.
-fn newest(dir: &Path) -> std::time::SystemTime {
+/// Newest modification time of the files under `dir`: what a binary, package or image built
+/// from them must not be older than.
+pub fn newest(dir: &Path) -> std::time::SystemTime {
     let mut newest = std::time::SystemTime::UNIX_EPOCH;
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {

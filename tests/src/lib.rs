@@ -42,7 +42,7 @@ pub mod tmpfs;
 pub mod wait;
 
 pub use agent::{merge_toml, Agent};
-pub use build::{agent_binary, binary, target_dir};
+pub use build::{agent_binary, binary, newest, target_dir};
 pub use certs::{Ca, Issued};
 pub use docker::{docker, fixture_image, BridgeContainer, Container};
 pub use fixture::{AddrFixture, Fixture};

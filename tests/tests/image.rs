@@ -9,7 +9,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use health_agent_tests::{background_requests, docker, free_port, get, require_root, Fixture};
+use health_agent_tests::{
+    background_requests, docker, free_port, get, newest, require_root, Fixture,
+};
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -74,26 +76,6 @@ fn manifest_image() -> String {
         .to_owned()
 }
 
-/// Newest modification time under `dir`, in Unix seconds.
-fn newest(dir: &Path) -> u64 {
-    let mut newest = 0;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if let Ok(m) = e.metadata().and_then(|m| m.modified()) {
-                let secs = m
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs());
-                newest = newest.max(secs);
-            }
-        }
-    }
-    newest
-}
-
 /// An image built before the agent's last source change would test old code.
 fn assert_newer_than_sources(image: &str) {
     let built: u64 = docker(&[
@@ -108,7 +90,11 @@ fn assert_newer_than_sources(image: &str) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let sources = ["health-agent", "health-common", "health-agent-ebpf"]
         .iter()
-        .map(|c| newest(&root.join(c).join("src")))
+        .map(|c| {
+            newest(&root.join(c).join("src"))
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs())
+        })
         .max()
         .unwrap_or(0);
     assert!(

@@ -9,12 +9,12 @@ use std::{
     fs,
     path::{Path, PathBuf},
     process::Command,
-    time::{Duration, Instant, SystemTime},
+    time::{Duration, Instant},
 };
 
 use health_agent_tests::{
-    background_requests, binary, free_port, get, nspawn, require_root, target_dir, wait_until,
-    Machine,
+    background_requests, binary, free_port, get, newest, nspawn, require_root, target_dir,
+    wait_until, Machine,
 };
 use serde_json::Value;
 
@@ -58,23 +58,6 @@ fn built_deb() -> PathBuf {
         deb.display()
     );
     deb
-}
-
-/// Newest modification time of the files under `dir`.
-fn newest(dir: &Path) -> SystemTime {
-    let mut newest = SystemTime::UNIX_EPOCH;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in fs::read_dir(&d).into_iter().flatten().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if let Ok(m) = e.metadata().and_then(|m| m.modified()) {
-                newest = newest.max(m);
-            }
-        }
-    }
-    newest
 }
 
 /// `/health` from the host (the container shares its network namespace).

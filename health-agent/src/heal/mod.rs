@@ -441,6 +441,23 @@ impl Healer {
         }
         let reason = decision.reasons.join("; ");
         tracing::warn!(action = %action.describe(), %reason, "self-heal: restarting");
+        self.begin_attempt(&action, reason, now);
+        let docker = self.docker.clone();
+        let timeout = self.cfg.timeout;
+        let attempt = Attempt {
+            started: now,
+            web: matches!(fault, Fault::Web(_)),
+            before: self.signs.clone(),
+        };
+        self.incident_started.get_or_insert(now);
+        let task = tokio::spawn(async move { run(action, docker, timeout).await });
+        self.state = State::Running { attempt, task };
+        HealPhase::Recovering
+    }
+
+    /// Counts an attempt (a restart or a worker replacement) against the budget and opens its
+    /// entry in the bounded log.
+    fn begin_attempt(&mut self, action: &Action, reason: String, now: Instant) {
         self.restarts.push_back(now);
         self.log.restarts_in_window = self.restarts.len() as u32;
         self.log.budget_spent = self.restarts.len() as u32 >= self.cfg.max_restarts;
@@ -458,17 +475,6 @@ impl Healer {
         while self.log.attempts.len() > LOG_LEN {
             self.log.attempts.pop_front();
         }
-        let docker = self.docker.clone();
-        let timeout = self.cfg.timeout;
-        let attempt = Attempt {
-            started: now,
-            web: matches!(fault, Fault::Web(_)),
-            before: self.signs.clone(),
-        };
-        self.incident_started.get_or_insert(now);
-        let task = tokio::spawn(async move { run(action, docker, timeout).await });
-        self.state = State::Running { attempt, task };
-        HealPhase::Recovering
     }
 
     /// The current attempt failed: log it; the caller starts the next one if it can.

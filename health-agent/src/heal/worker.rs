@@ -10,17 +10,16 @@
 //! `heal.max_restarts` per `heal.window` budget each. The pid is checked against its start
 //! time just before each signal, so a pid the kernel reused is never signalled.
 
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use tokio::task::JoinHandle;
 
-use super::{futures_now, Action, HealAttempt, HealError, HealOutcome, Healer, LOG_LEN};
+use super::{futures_now, Action, HealError, HealOutcome, Healer};
 use crate::{
     checks::web::{process, WebReport, WorkerView},
     net,
     status::WebVerdict,
-    text::rfc3339,
 };
 
 /// How long a worker gets to exit on SIGTERM before SIGKILL: a stuck worker rarely finishes
@@ -209,23 +208,7 @@ impl Healer {
         let action = Action::ReplaceWorker(target);
         let reason = format!("web backend partially hung: {}", web.detail);
         tracing::warn!(action = %action.describe(), %reason, "self-heal: replacing a worker");
-        self.restarts.push_back(now);
-        self.log.restarts_in_window = self.restarts.len() as u32;
-        self.log.budget_spent = self.restarts.len() as u32 >= self.cfg.max_restarts;
-        self.log.total_attempts += 1;
-        self.log.attempts.push_back(HealAttempt {
-            started_at: rfc3339(SystemTime::now()),
-            reason,
-            action: action.describe(),
-            outcome: HealOutcome::Running,
-            why: None,
-            error: None,
-            output: None,
-            duration_ms: 0,
-        });
-        while self.log.attempts.len() > LOG_LEN {
-            self.log.attempts.pop_front();
-        }
+        self.begin_attempt(&action, reason, now);
         let timeout = self.cfg.timeout;
         let task = tokio::spawn(async move { super::run(action, None, timeout).await });
         self.worker.state = WorkerState::Running {
