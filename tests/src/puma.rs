@@ -527,3 +527,46 @@ impl Drop for TcpProxy {
         cont_and_kill(&mut self.child);
     }
 }
+
+/// The last `lines` lines of `text`.
+pub fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// What a failed assertion of a Puma test prints: every answer of the run, the load, both logs.
+pub fn context(
+    agent: &crate::Agent,
+    puma: &Puma,
+    samples: &[crate::HealthSample],
+    load: &str,
+) -> String {
+    format!(
+        "\n/health answers:\n{}load: {load}\npuma log (tail):\n{}\nagent log (tail):\n{}\nlast body: {}",
+        crate::timeline(samples),
+        tail(&puma.logs(), 20),
+        tail(&agent.logs(), 40),
+        samples
+            .last()
+            .map(|s| serde_json::to_string_pretty(&s.body).unwrap_or_default())
+            .unwrap_or_default()
+    )
+}
+
+/// `poller.wait_for`, with both logs in the panic message.
+pub fn wait(
+    poller: &crate::HealthPoller,
+    agent: &crate::Agent,
+    puma: &Puma,
+    timeout: Duration,
+    what: &str,
+    pred: impl Fn(&crate::HealthSample) -> bool,
+) -> crate::HealthSample {
+    poller.wait_for_explained(timeout, what, pred, || {
+        format!(
+            "\npuma log (tail):\n{}\nagent log (tail):\n{}",
+            tail(&puma.logs(), 20),
+            tail(&agent.logs(), 40)
+        )
+    })
+}

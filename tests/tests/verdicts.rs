@@ -16,8 +16,10 @@ use std::{
 };
 
 use health_agent_tests::{
-    http, merge_toml, require_root, timeline, wait_until, Agent, HealthPoller, HealthSample, Load,
-    Postgres, Puma, PumaOptions, TcpProxy,
+    http, merge_toml,
+    puma::{context, wait},
+    require_root, timeline, wait_until, Agent, HealthPoller, HealthSample, Load, Postgres, Puma,
+    PumaOptions, TcpProxy,
 };
 
 /// Agent start to a first verdict.
@@ -83,43 +85,6 @@ fn config(port: u16, restart_command: Option<&str>, extra: &str) -> String {
          cpu_low_percent = 0.0\nmemory_low_percent = 0.0\nup_at = 10.0\ndown_at = 0.0\n",
     );
     merge_toml(&base, extra)
-}
-
-fn tail(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
-}
-
-/// What a failed assertion prints: every answer of the run, the load, both logs.
-fn context(agent: &Agent, puma: &Puma, samples: &[HealthSample], load: &str) -> String {
-    format!(
-        "\n/health answers:\n{}load: {load}\npuma log (tail):\n{}\nagent log (tail):\n{}\nlast body: {}",
-        timeline(samples),
-        tail(&puma.logs(), 20),
-        tail(&agent.logs(), 40),
-        samples
-            .last()
-            .map(|s| serde_json::to_string_pretty(&s.body).unwrap_or_default())
-            .unwrap_or_default()
-    )
-}
-
-/// `poller.wait_for`, with both logs in the panic message.
-fn wait(
-    poller: &HealthPoller,
-    agent: &Agent,
-    puma: &Puma,
-    timeout: Duration,
-    what: &str,
-    pred: impl Fn(&HealthSample) -> bool,
-) -> HealthSample {
-    poller.wait_for_explained(timeout, what, pred, || {
-        format!(
-            "\npuma log (tail):\n{}\nagent log (tail):\n{}",
-            tail(&puma.logs(), 20),
-            tail(&agent.logs(), 40)
-        )
-    })
 }
 
 /// Every answer is one of the documented values, and the agent always answered.

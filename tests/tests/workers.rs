@@ -11,8 +11,9 @@
 use std::time::{Duration, Instant};
 
 use health_agent_tests::{
-    merge_toml, require_root, timeline, Agent, HealthPoller, HealthSample, Load, LoadStats, Puma,
-    PumaOptions,
+    merge_toml,
+    puma::{context, wait},
+    require_root, timeline, Agent, HealthPoller, HealthSample, Load, LoadStats, Puma, PumaOptions,
 };
 use serde_json::Value;
 
@@ -55,41 +56,6 @@ fn four_clients(port: u16) -> Load {
         Duration::from_millis(20),
         Duration::from_secs(5),
     )
-}
-
-fn tail(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
-}
-
-fn context(agent: &Agent, puma: &Puma, samples: &[HealthSample], load: &str) -> String {
-    format!(
-        "\n/health answers:\n{}load: {load}\npuma log (tail):\n{}\nagent log (tail):\n{}\nlast body: {}",
-        timeline(samples),
-        tail(&puma.logs(), 20),
-        tail(&agent.logs(), 40),
-        samples
-            .last()
-            .map(|s| serde_json::to_string_pretty(&s.body).unwrap_or_default())
-            .unwrap_or_default()
-    )
-}
-
-fn wait(
-    poller: &HealthPoller,
-    agent: &Agent,
-    puma: &Puma,
-    timeout: Duration,
-    what: &str,
-    pred: impl Fn(&HealthSample) -> bool,
-) -> HealthSample {
-    poller.wait_for_explained(timeout, what, pred, || {
-        format!(
-            "\npuma log (tail):\n{}\nagent log (tail):\n{}",
-            tail(&puma.logs(), 20),
-            tail(&agent.logs(), 40)
-        )
-    })
 }
 
 /// The worker a `partial_hang` answer names.
