@@ -9,7 +9,7 @@ use std::{
         atomic::{AtomicU32, Ordering},
         OnceLock,
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use crate::{
@@ -97,32 +97,64 @@ pub struct Container {
 impl Container {
     /// `fixture_args` go to the fixture backend after `--listen 127.0.0.1:<port>`.
     pub fn run(label: &str, fixture_args: &[&str]) -> Self {
+        Self::run_with(label, &[], fixture_args)
+    }
+
+    /// [`Container::run`] with `docker_args` (e.g. `--label k=v`) given to `docker run`.
+    pub fn run_with(label: &str, docker_args: &[&str], fixture_args: &[&str]) -> Self {
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let name = format!("ha-test-{label}-{}-{n}", std::process::id());
         let port = free_port();
         let image = fixture_image();
         let listen = format!("127.0.0.1:{port}");
-        let mut args = vec![
-            "run",
-            "-d",
-            "--name",
-            &name,
-            "--network",
-            "host",
-            image,
-            "--listen",
-            &listen,
-        ];
+        let mut args = vec!["run", "-d", "--name", &name, "--network", "host"];
+        args.extend_from_slice(docker_args);
+        args.extend_from_slice(&[image, "--listen", &listen]);
         args.extend_from_slice(fixture_args);
         docker(&args);
         Self { name, port }
     }
 
-    pub fn wait_serving(&self) {
-        wait_until(Duration::from_secs(15), "the container to serve", || {
-            get(self.port, "/up").ok().filter(|(c, _)| *c == 200)
-        });
+    /// [`Container::run`], then waits until `GET /up` answers 200. A container that exits before
+    /// it serves (its port was handed out in between, e.g. as another socket's source port) is
+    /// removed and run again on a new port; after 5 tries, or a container that runs but never
+    /// serves, the panic carries its state and logs.
+    pub fn serving(label: &str, fixture_args: &[&str]) -> Self {
+        Self::serving_with(label, &[], fixture_args)
+    }
+
+    /// [`Container::serving`] with `docker_args` given to `docker run`.
+    pub fn serving_with(label: &str, docker_args: &[&str], fixture_args: &[&str]) -> Self {
+        let mut last = String::new();
+        for _ in 0..5 {
+            let c = Self::run_with(label, docker_args, fixture_args);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                if get(c.port, "/up").is_ok_and(|(code, _)| code == 200) {
+                    return c;
+                }
+                let state = docker(&["inspect", "-f", "{{.State.Status}}", &c.name]);
+                if state != "running" && state != "created" {
+                    last = format!("{} {state} before serving: {}", c.name, c.logs());
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "container {} on 127.0.0.1:{} ({state}) did not serve in 30 s: {}",
+                    c.name,
+                    c.port,
+                    c.logs()
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        panic!("the fixture container never served after 5 tries; last: {last}");
+    }
+
+    /// `docker logs` (the fixture writes to stderr).
+    pub fn logs(&self) -> String {
+        container_logs(&self.name)
     }
 }
 
@@ -134,6 +166,21 @@ impl Drop for Container {
             .stderr(Stdio::null())
             .status();
     }
+}
+
+/// `docker logs NAME`, stdout and stderr together; empty when docker cannot say.
+fn container_logs(name: &str) -> String {
+    Command::new("docker")
+        .args(["logs", name])
+        .output()
+        .map(|o| {
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            )
+        })
+        .unwrap_or_default()
 }
 
 /// Prefix of every container [`BridgeContainer`] runs: `ha-test-bridge-<pid>-<n>-<label>`.
@@ -307,17 +354,7 @@ impl BridgeContainer {
 
     /// `docker logs` (the fixture writes to stderr).
     pub fn logs(&self) -> String {
-        Command::new("docker")
-            .args(["logs", &self.name])
-            .output()
-            .map(|o| {
-                format!(
-                    "{}{}",
-                    String::from_utf8_lossy(&o.stdout),
-                    String::from_utf8_lossy(&o.stderr)
-                )
-            })
-            .unwrap_or_default()
+        container_logs(&self.name)
     }
 
     /// `ss -ltnp` for the host port: which process owns the listener on the host (with the

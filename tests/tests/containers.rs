@@ -61,8 +61,7 @@ fn web_container_config(c: &Container, extra: &str) -> String {
 #[test]
 fn killed_web_container_is_restarted_without_a_503() {
     require_root();
-    let web = Container::run("killed", &[]);
-    web.wait_serving();
+    let web = Container::serving("killed", &[]);
     let agent = Agent::start(&web_container_config(&web, ""));
     let (_, body) = agent.wait_health(WAIT, "healthy", |c, b| c == 200 && b["status"] == "healthy");
     assert_eq!(body["checks"]["containers"], "1/1 running");
@@ -89,8 +88,7 @@ fn killed_web_container_is_restarted_without_a_503() {
 #[test]
 fn paused_web_container_is_seen_hung_and_restarted() {
     require_root();
-    let web = Container::run("paused", &[]);
-    web.wait_serving();
+    let web = Container::serving("paused", &[]);
     // Only `web.container`, not `containers.names`: the container check would see `paused`
     // at once; this test is about the kernel view seeing the frozen server hang.
     let agent = Agent::start(&format!(
@@ -181,10 +179,8 @@ fn crash_looping_container_turns_503_within_the_budget() {
 #[test]
 fn containers_summary_counts_running_ones() {
     require_root();
-    let a = Container::run("count-a", &[]);
-    let b = Container::run("count-b", &[]);
-    a.wait_serving();
-    b.wait_serving();
+    let a = Container::serving("count-a", &[]);
+    let b = Container::serving("count-b", &[]);
     let agent = Agent::start(&format!(
         "[checks]\ninterval = \"500ms\"\n[containers]\nnames = [\"{}\", \"{}\"]\n[heal]\nenabled = false\n",
         a.name, b.name
@@ -327,39 +323,13 @@ fn restart_command_heals_a_plain_process() {
     unsafe { libc::kill(new_pid, libc::SIGKILL) };
 }
 
-/// Runs the fixture image with `label`, detached; removed on drop.
-fn run_labelled(label: &str, what: &str, args: &[&str]) -> Container {
-    let c = Container {
-        name: format!("ha-test-{what}-{}", std::process::id()),
-        port: health_agent_tests::free_port(),
-    };
-    let listen = format!("127.0.0.1:{}", c.port);
-    let mut cmd = vec![
-        "run",
-        "-d",
-        "--name",
-        &c.name,
-        "--label",
-        label,
-        "--network",
-        "host",
-        health_agent_tests::fixture_image(),
-        "--listen",
-        &listen,
-    ];
-    cmd.extend_from_slice(args);
-    docker(&cmd);
-    c
-}
-
 #[test]
 fn a_finished_job_under_a_watched_label_is_not_a_fault() {
     require_root();
     let label = format!("ha.test.group=jobs-{}", std::process::id());
-    let service = run_labelled(&label, "service", &[]);
+    let _service = Container::serving_with("service", &["--label", &label], &[]);
     // A one-shot job: it prints its usage and exits 0.
-    let job = run_labelled(&label, "job", &["--help"]);
-    service.wait_serving();
+    let job = Container::run_with("job", &["--label", &label], &["--help"]);
     wait_until(WAIT, "the job to finish", || {
         (docker(&[
             "inspect",

@@ -184,8 +184,7 @@ fn a_mistyped_container_is_degraded_naming_the_key_and_alerts() {
 #[test]
 fn a_recreated_container_is_not_a_config_error() {
     require_root();
-    let web = Container::run("recreated", &[]);
-    web.wait_serving();
+    let web = Container::serving("recreated", &[]);
     let hook = Receiver::ok();
     let agent = Agent::start(&format!(
         "[checks]\ninterval = \"500ms\"\n[web]\nport = {}\ncontainer = \"{}\"\n\
