@@ -63,6 +63,11 @@ pub struct LoadSample {
     pub waiting: u64,
     /// CPU seconds of the processes holding the listener (None: could not be read).
     pub backend_cpu_seconds: Option<f64>,
+    /// Nothing was counted this tick (`web.socket_tracing = "on_suspicion"` with the programs
+    /// detached): `pending` and `waiting` were read from sock_diag, and `established` and
+    /// `answered` mean nothing. Such a tick has no arrivals or answers to offer; its requests
+    /// in service still measure the load.
+    pub sampled: bool,
 }
 
 /// One tick's worth of evidence.
@@ -76,6 +81,8 @@ struct Record {
     cpu_seconds: Option<f64>,
     /// Taken while a dependency fault holds (or just before it was noticed): not load.
     excluded: bool,
+    /// Arrivals and completions were not counted (`LoadSample::sampled`).
+    sampled: bool,
     /// Taken while work in service stopped moving (nothing answered for far longer than this
     /// server's requests take): left out until it moves again — then it was slow work, and
     /// counts — or a dependency fault is named — then it was blocked, and stays out.
@@ -124,10 +131,11 @@ pub struct Capacity {
 /// The web backend's load over a span, as the kernel saw it.
 #[derive(Debug, Clone, PartialEq, Serialize, Default)]
 pub struct WebLoad {
-    /// Connections arriving per second.
-    pub arrivals_per_second: f64,
-    /// Connections answered per second.
-    pub answered_per_second: f64,
+    /// Requests arriving per second; None when none of the span was counted (the programs
+    /// detached while nothing looked wrong).
+    pub arrivals_per_second: Option<f64>,
+    /// Requests answered per second; None likewise.
+    pub answered_per_second: Option<f64>,
     /// Worker time per answered request (E[S]), when the worker count is known.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub service_ms: Option<f64>,
@@ -204,8 +212,13 @@ impl Meter {
             return;
         };
         let dt = now.saturating_duration_since(t0).as_secs_f64();
-        // Counters that went backwards: the programs reloaded; start over from here.
-        if dt <= 0.0 || s.established < p.established || s.answered < p.answered {
+        // Counters that went backwards: the programs reloaded or attached afresh; a counted
+        // tick after a sampled one has nothing to count from. Start over from here.
+        let counted = !s.sampled && !p.sampled;
+        if dt <= 0.0
+            || (counted && (s.established < p.established || s.answered < p.answered))
+            || (!s.sampled && p.sampled)
+        {
             return;
         }
         let cpu_seconds = match (s.backend_cpu_seconds, p.backend_cpu_seconds) {
@@ -213,8 +226,11 @@ impl Meter {
             (Some(a), Some(b)) if a >= b => Some(a - b),
             _ => None,
         };
-        let completions = s.answered - p.answered;
-        let stalled = if completions > 0 {
+        let completions = if counted { s.answered - p.answered } else { 0 };
+        // Sampled ticks only come while nothing looks stuck (a stall attaches the programs).
+        let stalled = if s.sampled {
+            false
+        } else if completions > 0 {
             self.last_answer = Some(now);
             // It moves again: what stalled was slow work, and counts.
             for r in self.records.iter_mut().rev().take_while(|r| r.stalled) {
@@ -252,11 +268,16 @@ impl Meter {
         self.records.push_back(Record {
             end: now,
             dt,
-            arrivals: s.established - p.established,
+            arrivals: if counted {
+                s.established - p.established
+            } else {
+                0
+            },
             completions,
             pending: s.pending,
             cpu_seconds,
             excluded: held,
+            sampled: s.sampled,
             stalled,
         });
         while self
@@ -301,6 +322,7 @@ impl Meter {
         let span = span.unwrap_or(self.window);
         let cap = self.capacity();
         let (mut t, mut a, mut d, mut busy, mut in_server) = (0.0, 0u64, 0u64, 0.0, 0.0);
+        let mut counted_t = 0.0;
         let (mut cpu, mut cpu_t) = (0.0, 0.0);
         let c = cap.workers.map(f64::from);
         for r in self.records.iter().rev() {
@@ -311,8 +333,11 @@ impl Meter {
                 continue;
             }
             t += r.dt;
-            a += r.arrivals;
-            d += r.completions;
+            if !r.sampled {
+                counted_t += r.dt;
+                a += r.arrivals;
+                d += r.completions;
+            }
             in_server += r.pending as f64 * r.dt;
             if let Some(c) = c {
                 busy += (r.pending as f64).min(c) * r.dt;
@@ -335,8 +360,8 @@ impl Meter {
         let cpu_rate = (cpu_t > 0.0).then(|| cpu / cpu_t);
         let backend_cpu = cpu_rate.map(|r| r / cap.cores.max(0.01) * offered);
         let load = WebLoad {
-            arrivals_per_second: round2(a as f64 / t),
-            answered_per_second: round2(d as f64 / t),
+            arrivals_per_second: (counted_t > 0.0).then(|| round2(a as f64 / counted_t)),
+            answered_per_second: (counted_t > 0.0).then(|| round2(d as f64 / counted_t)),
             service_ms: (d > 0 && c.is_some()).then(|| round2(busy / d as f64 * 1000.0)),
             in_server: round2(in_server / t),
             backend_cpu_cores: cpu_rate.map(round2),

@@ -21,7 +21,8 @@ mod validate;
 pub use secrets::world_readable_warning;
 pub use sections::{
     AcceptTracing, AlertsConfig, ChecksConfig, CloudWatchConfig, ContainersConfig, DatabaseConfig,
-    Details, DiskConfig, FleetConfig, HealConfig, ScalingConfig, ServerConfig, WebConfig,
+    Details, DiskConfig, FleetConfig, HealConfig, ScalingConfig, ServerConfig, SocketTracing,
+    WebConfig,
 };
 
 // Database URLs are checked and redacted by a leaf module shared with the database check.

@@ -73,6 +73,20 @@ pub enum AcceptTracing {
     Always,
 }
 
+/// When the per-connection and per-call programs (TCP state changes, every socket send and
+/// receive on the host) are attached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SocketTracing {
+    /// Only while the backend's connections look wrong (one waits unclaimed, a request sits
+    /// unread or unanswered, the probe fails) and for 30 s after; meanwhile sock_diag reads the
+    /// port's connections every evaluation and the programs cost the host nothing.
+    OnSuspicion,
+    /// All the time: every exchange counted and the latency histogram always filled, at a
+    /// cost on every socket call of the host.
+    Always,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServerConfig {
@@ -164,6 +178,7 @@ pub struct WebConfig {
     pub eval_interval: Duration,
     pub kernel: bool,
     pub accept_tracing: AcceptTracing,
+    pub socket_tracing: SocketTracing,
     pub max_connections_tracked: u32,
     pub container: String,
     /// The backend's network namespace, for runtimes other than Docker: `/var/run/netns/NAME`
@@ -188,6 +203,7 @@ impl Default for WebConfig {
             eval_interval: Duration::from_millis(250),
             kernel: true,
             accept_tracing: AcceptTracing::OnStall,
+            socket_tracing: SocketTracing::Always,
             max_connections_tracked: health_common::DEFAULT_MAX_CONNS,
             container: String::new(),
             netns: String::new(),

@@ -11,8 +11,11 @@ pub mod tracefs;
 use std::time::Duration;
 
 use aya::{
-    maps::{Array, HashMap, MapData, PerCpuArray},
-    programs::{trace_point::TracePointLinkId, RawTracePoint, TracePoint},
+    maps::{Array, HashMap, MapData, PerCpuArray, PerCpuValues},
+    programs::{
+        raw_trace_point::RawTracePointLinkId, trace_point::TracePointLinkId, RawTracePoint,
+        TracePoint,
+    },
     Ebpf, EbpfLoader,
 };
 use health_common::{
@@ -79,10 +82,21 @@ pub struct KernelView {
     log_task: Option<tokio::task::JoinHandle<()>>,
     /// The accept tracepoints' links while they are attached.
     accept_links: Vec<(&'static str, TracePointLinkId)>,
+    /// The TCP state hook's form (`STATE_RAW` or `STATE_CLASSIC`), loaded at start-up.
+    state_hook: &'static str,
+    /// The TCP state and send/receive programs' links while they are attached.
+    follow_links: Vec<FollowLink>,
     /// Set when the programs run in a slower form than they could, and why.
     pub note: Option<String>,
     // Owns the programs and their links: dropping it detaches every tracepoint.
     ebpf: Ebpf,
+}
+
+/// A link of one of the programs that follow connections: the raw tracepoints, or the TCP state
+/// hook in its classic form.
+enum FollowLink {
+    Raw(&'static str, RawTracePointLinkId),
+    Classic(&'static str, TracePointLinkId),
 }
 
 impl Drop for KernelView {
@@ -198,7 +212,8 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/he
 impl KernelView {
     /// Loads and attaches the programs, watching nothing until `watch` says what. Must run
     /// inside a tokio runtime (the aya-log drain is a task).
-    pub fn load(max_conns: u32, watch_accepts: bool) -> Result<Self, KernelError> {
+    /// `follow`: attach the TCP state and send/receive programs now (else `follow` later).
+    pub fn load(max_conns: u32, watch_accepts: bool, follow: bool) -> Result<Self, KernelError> {
         let root = tracefs::ensure_mounted()?;
         let mut offsets = read_offsets(&root)?;
         raise_memlock_limit();
@@ -271,32 +286,22 @@ impl KernelView {
             program::<TracePoint>(&mut ebpf, name)?;
         }
         for name in RAW_PROGRAMS {
-            program::<RawTracePoint>(&mut ebpf, name)?
-                .attach(name)
-                .map_err(|source| KernelError::Program { name, source })?;
+            program::<RawTracePoint>(&mut ebpf, name)?;
         }
         let state_hook = if offsets.sock_known == 1 {
-            program::<RawTracePoint>(&mut ebpf, STATE_RAW)?
-                .attach(STATE_CLASSIC)
-                .map_err(|source| KernelError::Program {
-                    name: STATE_RAW,
-                    source,
-                })?;
-            "raw"
+            program::<RawTracePoint>(&mut ebpf, STATE_RAW)?;
+            STATE_RAW
         } else {
-            program::<TracePoint>(&mut ebpf, STATE_CLASSIC)?
-                .attach("sock", STATE_CLASSIC)
-                .map_err(|source| KernelError::Program {
-                    name: STATE_CLASSIC,
-                    source,
-                })?;
-            "classic"
+            program::<TracePoint>(&mut ebpf, STATE_CLASSIC)?;
+            STATE_CLASSIC
         };
         tracing::info!(
             max_conns,
-            "kernel programs attached (inet_sock_set_state {state_hook}, {} raw tracepoints for \
-             send/recv; accept tracepoints {})",
+            "kernel programs loaded (inet_sock_set_state {}, {} raw tracepoints for send/recv: {}; \
+             accept tracepoints {})",
+            if state_hook == STATE_RAW { "raw" } else { "classic" },
             RAW_PROGRAMS.len(),
+            if follow { "attached" } else { "attached on suspicion" },
             if watch_accepts {
                 "attached"
             } else {
@@ -317,9 +322,14 @@ impl KernelView {
             map_errors,
             log_task,
             accept_links: Vec::new(),
+            state_hook,
+            follow_links: Vec::new(),
             note,
             ebpf,
         };
+        if follow {
+            view.follow(true)?;
+        }
         if watch_accepts {
             view.watch_accepts(true)?;
         }
@@ -421,6 +431,105 @@ impl KernelView {
 
     fn tracepoint(&mut self, name: &'static str) -> Result<&mut TracePoint, KernelError> {
         typed(&mut self.ebpf, name)
+    }
+
+    fn raw_tracepoint(&mut self, name: &'static str) -> Result<&mut RawTracePoint, KernelError> {
+        typed(&mut self.ebpf, name)
+    }
+
+    /// Whether the TCP state and send/receive programs are attached.
+    pub fn following(&self) -> bool {
+        !self.follow_links.is_empty()
+    }
+
+    /// Attaches or detaches the programs that follow connections: the TCP state hook and the
+    /// send/receive raw tracepoints. Attaching starts afresh: the connection table is emptied
+    /// (connections closed while detached would otherwise stay in it for ever) and the
+    /// counters and latency histogram restart from zero, so what they count is consistent —
+    /// every connection in them was seen from its handshake. Connections already open are
+    /// never followed; sock_diag covers them.
+    pub fn follow(&mut self, on: bool) -> Result<(), KernelError> {
+        if on == self.following() {
+            return Ok(());
+        }
+        if !on {
+            for link in std::mem::take(&mut self.follow_links) {
+                match link {
+                    FollowLink::Raw(name, id) => self
+                        .raw_tracepoint(name)?
+                        .detach(id)
+                        .map_err(|source| KernelError::Program { name, source })?,
+                    FollowLink::Classic(name, id) => self
+                        .tracepoint(name)?
+                        .detach(id)
+                        .map_err(|source| KernelError::Program { name, source })?,
+                }
+            }
+            return Ok(());
+        }
+        self.restart_counts()?;
+        // The state hook first: a connection is in the table before its first read is seen.
+        let state = self.state_hook;
+        let link = if state == STATE_RAW {
+            self.raw_tracepoint(state)?
+                .attach(STATE_CLASSIC)
+                .map(|id| FollowLink::Raw(state, id))
+        } else {
+            self.tracepoint(state)?
+                .attach("sock", STATE_CLASSIC)
+                .map(|id| FollowLink::Classic(state, id))
+        };
+        let link = link.map_err(|source| KernelError::Program {
+            name: state,
+            source,
+        })?;
+        self.follow_links.push(link);
+        for name in RAW_PROGRAMS {
+            match self.raw_tracepoint(name)?.attach(name) {
+                Ok(id) => self.follow_links.push(FollowLink::Raw(name, id)),
+                Err(source) => {
+                    let _ = self.follow(false);
+                    return Err(KernelError::Program { name, source });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Empties the connection table and zeroes the counters and histograms (nothing is
+    /// attached to change them meanwhile).
+    fn restart_counts(&mut self) -> Result<(), KernelError> {
+        let stale: Vec<u64> = self.conns.keys().filter_map(Result::ok).collect();
+        for key in stale {
+            let _ = self.conns.remove(&key);
+        }
+        let cpus = aya::util::nr_cpus().map_err(|(_, e)| KernelError::Map {
+            name: maps::PORT_COUNTERS,
+            detail: format!("counting CPUs: {e}"),
+        })?;
+        for slot in 0..MAX_PORTS {
+            let zeros =
+                PerCpuValues::try_from(vec![PortCounters::default(); cpus]).map_err(|e| {
+                    KernelError::Map {
+                        name: maps::PORT_COUNTERS,
+                        detail: e.to_string(),
+                    }
+                })?;
+            self.counters
+                .set(slot, zeros, 0)
+                .map_err(map_err(maps::PORT_COUNTERS))?;
+            let zeros =
+                PerCpuValues::try_from(vec![LatencyHist::default(); cpus]).map_err(|e| {
+                    KernelError::Map {
+                        name: maps::LATENCY,
+                        detail: e.to_string(),
+                    }
+                })?;
+            self.latency
+                .set(slot, zeros, 0)
+                .map_err(map_err(maps::LATENCY))?;
+        }
+        Ok(())
     }
 
     /// The counters of every watched port, in the order given to `load`: one map read, cheap

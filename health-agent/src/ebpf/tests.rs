@@ -5,7 +5,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use health_common::{MapErrorKind, MAX_PORTS};
+use health_common::{MapErrorKind, PortCounters, MAX_PORTS};
 
 use super::{KernelView, MapErrors};
 
@@ -78,7 +78,7 @@ fn settle(k: &KernelView, done: impl Fn(&super::KernelSample) -> bool) -> super:
 #[ignore = "needs root and a kernel with BTF: loads the eBPF programs (cargo test -- --ignored)"]
 async fn map_errors_read_zero_under_normal_traffic_and_count_a_failed_update() {
     // A small table, like a tight `web.max_connections_tracked`.
-    let mut k = KernelView::load(64, true).expect("loading the kernel programs");
+    let mut k = KernelView::load(64, true, true).expect("loading the kernel programs");
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     k.watch(&[(own_netns(), port)]).unwrap();
@@ -119,7 +119,7 @@ async fn map_errors_read_zero_under_normal_traffic_and_count_a_failed_update() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
 #[ignore = "needs root and a kernel with BTF: loads the eBPF programs (cargo test -- --ignored)"]
 async fn keep_alive_requests_count_one_exchange_each_and_an_unanswered_one_is_dropped_at_close() {
-    let mut k = KernelView::load(1024, true).expect("loading the kernel programs");
+    let mut k = KernelView::load(1024, true, true).expect("loading the kernel programs");
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     k.watch(&[(own_netns(), port)]).unwrap();
@@ -166,4 +166,42 @@ async fn keep_alive_requests_count_one_exchange_each_and_an_unanswered_one_is_dr
     assert_eq!(c.exchanges_dropped, 1, "{c:?}");
     assert_eq!(c.in_service(), 0, "{c:?}");
     assert_eq!(s.map_errors, MapErrors::default(), "{s:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+#[ignore = "needs root and a kernel with BTF: loads the eBPF programs (cargo test -- --ignored)"]
+async fn detached_programs_count_nothing_and_attach_afresh() {
+    // Loaded detached, as `web.socket_tracing = "on_suspicion"` starts.
+    let mut k = KernelView::load(1024, false, false).expect("loading the kernel programs");
+    assert!(!k.following());
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    k.watch(&[(own_netns(), port)]).unwrap();
+    exchange(&listener, 5);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(k.sample().ports[0].counters, PortCounters::default());
+
+    // A connection opened while detached, then the programs attach: it is not in their table
+    // (sock_diag covers it), its claim after the attach counts nothing, and what they count
+    // afterwards is exact.
+    let mut early = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    k.follow(true).unwrap();
+    assert!(k.following());
+    let (mut taken, _) = listener.accept().expect("accept");
+    early.write_all(b"ping").unwrap();
+    taken.read_exact(&mut [0u8; 4]).unwrap();
+    taken.write_all(b"pong").unwrap();
+    exchange(&listener, 3);
+    let s = settle(&k, |s| s.ports[0].counters.answered >= 3);
+    let c = s.ports[0].counters;
+    assert_eq!((c.established, c.answered, c.waiting()), (3, 3, 0), "{c:?}");
+    assert_eq!(s.ports[0].waiting, 0, "{s:?}");
+
+    // Detached again: the counters stand still; attached again: they start from zero.
+    k.follow(false).unwrap();
+    exchange(&listener, 2);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(k.sample().ports[0].counters.established, 3);
+    k.follow(true).unwrap();
+    assert_eq!(k.sample().ports[0].counters, PortCounters::default());
 }

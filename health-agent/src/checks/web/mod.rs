@@ -10,12 +10,14 @@
 //! - `process`: the server's processes — stopped or frozen, CPU, outbound waits, and each
 //!   worker's own unanswered requests (a partial hang);
 //! - `latency`: server-side latency over a sliding window;
+//! - `sockets`: the port's connections from sock_diag alone, and what attaches the programs;
 //! - `monitor`: gathers the evidence each round and builds the report.
 
 mod latency;
 mod monitor;
 pub(crate) mod process;
 mod progress;
+mod sockets;
 mod target;
 mod verdict;
 
@@ -44,6 +46,21 @@ pub struct KernelStatus {
     pub state: KernelState,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// While the kernel view is active: whether the programs that follow connections (TCP
+    /// state, every send and receive) are attached now, and why (`web.socket_tracing`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub following: Option<Following>,
+}
+
+/// Whether the programs that follow connections are attached, and why.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Following {
+    /// `web.socket_tracing`: `always` or `on_suspicion`.
+    pub mode: crate::config::SocketTracing,
+    pub attached: bool,
+    /// Why they are attached or not: the suspicion that attached them, or what the port's
+    /// connections look like while they are detached.
+    pub why: String,
 }
 
 /// What the kernel programs counted for the port (since the agent started).
@@ -176,6 +193,7 @@ impl WebReport {
             kernel: KernelStatus {
                 state: KernelState::Disabled,
                 reason: Some("no web port configured".into()),
+                following: None,
             },
             counters: None,
             probe: None,

@@ -14,13 +14,14 @@ use super::{
     latency::LatencyWindow,
     process::{self, CpuMeter, WorkerView},
     progress::Progress,
+    sockets::SocketView,
     target::{self, Target, Unresolved},
     verdict::{self, Evidence, KernelEvidence},
-    KernelCounters, KernelState, KernelStatus, ProcessView, WebReport,
+    Following, KernelCounters, KernelState, KernelStatus, ProcessView, WebReport,
 };
 use crate::{
     checks::probe::{ProbeResult, ProbeTarget, SharedProbeTarget},
-    config::{AcceptTracing, WebConfig},
+    config::{AcceptTracing, SocketTracing, WebConfig},
     docker::ContainerNet,
     ebpf::{KernelSample, KernelView, PortSample},
     net,
@@ -76,6 +77,17 @@ pub struct WebMonitor {
     missing_since: Option<Instant>,
     /// The port's counters as the latest tick read them (for the saturation meter).
     last_counters: Option<PortCounters>,
+    /// `socket_tracing = "on_suspicion"`: the port's connections as sock_diag showed them at
+    /// the latest evaluation.
+    sockets: Option<SocketView>,
+    /// The latest evaluation that found something suspicious, and what.
+    last_suspicion: Option<(Instant, String)>,
+    /// Attaching the following programs failed once: do not retry (and warn) every tick.
+    follow_failed: bool,
+    /// Why the latest read of the port's connections failed.
+    sockets_error: Option<String>,
+    /// The latest read found something suspicious: evaluate every tick.
+    suspicious: bool,
 }
 
 /// A container that was found before and is gone this long is no longer "being recreated"
@@ -96,6 +108,9 @@ const SENT_BEFORE_STALL: Duration = Duration::from_secs(1);
 const WATCH_ACCEPTS_AFTER: Duration = Duration::from_millis(200);
 /// … and this long without such a connection detaches them again.
 const UNWATCH_ACCEPTS_AFTER: Duration = Duration::from_secs(30);
+/// `socket_tracing = "on_suspicion"`: this long without anything suspicious detaches the
+/// programs that follow connections.
+const UNFOLLOW_AFTER: Duration = Duration::from_secs(30);
 
 /// Loads the kernel programs when `cfg` asks for them. A failure is not fatal: the monitor
 /// then decides from the probe and the accept queue, and its report says why.
@@ -104,6 +119,7 @@ pub fn load_kernel(cfg: &WebConfig) -> (Option<KernelView>, KernelStatus) {
         let status = KernelStatus {
             state: KernelState::Disabled,
             reason: Some(why.into()),
+            following: None,
         };
         (None, status)
     };
@@ -114,11 +130,22 @@ pub fn load_kernel(cfg: &WebConfig) -> (Option<KernelView>, KernelStatus) {
         return disabled("web.kernel = false: probe and accept queue only");
     }
     let always = cfg.accept_tracing == AcceptTracing::Always;
-    match KernelView::load(cfg.max_connections_tracked, always) {
+    let follow = cfg.socket_tracing == SocketTracing::Always;
+    match KernelView::load(cfg.max_connections_tracked, always, follow) {
         Ok(k) => {
+            let why = if follow {
+                "web.socket_tracing = \"always\"".to_string()
+            } else {
+                "nothing suspicious yet: sock_diag reads the port's connections".to_string()
+            };
             let status = KernelStatus {
                 state: KernelState::Active,
                 reason: k.note.clone(),
+                following: Some(Following {
+                    mode: cfg.socket_tracing,
+                    attached: follow,
+                    why,
+                }),
             };
             (Some(k), status)
         }
@@ -128,6 +155,7 @@ pub fn load_kernel(cfg: &WebConfig) -> (Option<KernelView>, KernelStatus) {
             let status = KernelStatus {
                 state: KernelState::Unavailable,
                 reason: Some(reason),
+                following: None,
             };
             (None, status)
         }
@@ -168,6 +196,11 @@ impl WebMonitor {
             found_once: false,
             missing_since: None,
             last_counters: None,
+            sockets: None,
+            last_suspicion: None,
+            follow_failed: false,
+            sockets_error: None,
+            suspicious: false,
         }
     }
 
@@ -214,6 +247,14 @@ impl WebMonitor {
     /// Runs on every tick, so the time of the last answer is known to within one tick.
     pub fn observe(&mut self, now: Instant) {
         let Some(k) = &self.kernel else { return };
+        // Detached, the counters stand still: the port's connections are read instead (one
+        // sock_diag dump filtered by port), and anything suspicious attaches the programs.
+        if !k.following() {
+            self.read_sockets();
+            let suspicion = self.suspicion();
+            self.steer_following(suspicion, now);
+            return;
+        }
         self.last_counters = k.counters().first().copied();
         if let Some(c) = &self.last_counters {
             self.progress.observe(c, now, self.cfg.latency_window);
@@ -224,8 +265,19 @@ impl WebMonitor {
     /// `observe`, no map read here) and the server processes' CPU time (one small /proc read
     /// each). None without the kernel view or before the backend is found.
     pub fn load_sample(&self) -> Option<crate::saturation::LoadSample> {
-        let c = self.last_counters.as_ref()?;
         self.target.as_ref()?;
+        if self.kernel.as_ref().is_some_and(|k| !k.following()) {
+            // Detached: requests in service and connections waiting, read from sock_diag.
+            let v = self.sockets.as_ref()?;
+            return Some(crate::saturation::LoadSample {
+                pending: u64::from(v.pending),
+                waiting: u64::from(v.unaccepted),
+                backend_cpu_seconds: process::cpu_seconds(&self.owners),
+                sampled: true,
+                ..Default::default()
+            });
+        }
+        let c = self.last_counters.as_ref()?;
         // Per request, not per connection: the later requests of a keep-alive connection —
         // all a load balancer's traffic — show in none of the per-connection counters.
         Some(crate::saturation::LoadSample {
@@ -234,7 +286,115 @@ impl WebMonitor {
             pending: c.in_service(),
             waiting: c.waiting(),
             backend_cpu_seconds: process::cpu_seconds(&self.owners),
+            sampled: false,
         })
+    }
+
+    /// With `socket_tracing = "on_suspicion"`: reads the port's connections into
+    /// `self.sockets` (None when there is no target yet or sock_diag failed: the failure is
+    /// itself a reason to follow, see `suspicion`).
+    fn read_sockets(&mut self) {
+        self.sockets = None;
+        self.sockets_error = None;
+        if self.cfg.socket_tracing != SocketTracing::OnSuspicion {
+            return;
+        }
+        let Some(t) = self.target.as_ref() else {
+            return;
+        };
+        match t.diag.server_connections(t.port) {
+            Ok(conns) => self.sockets = Some(SocketView::of(&conns)),
+            Err(e) => self.sockets_error = Some(e.to_string()),
+        }
+    }
+
+    /// What, if anything, makes the programs that follow connections worth their cost now.
+    fn suspicion(&self) -> Option<String> {
+        if let Some(e) = &self.sockets_error {
+            return Some(format!("the port's connections could not be read ({e})"));
+        }
+        if let Some(why) = self
+            .sockets
+            .as_ref()
+            .and_then(|v| v.suspicion(self.cfg.slow_after / 2))
+        {
+            return Some(why);
+        }
+        if self.probe_failing_since.is_some() {
+            return Some("the probe fails".into());
+        }
+        let wrong = !matches!(
+            self.last_verdict,
+            WebVerdict::Up | WebVerdict::Unknown | WebVerdict::NotConfigured
+        );
+        wrong.then(|| format!("the backend is {}", self.last_verdict.as_str()))
+    }
+
+    /// With `socket_tracing = "on_suspicion"`, attaches the programs that follow connections
+    /// on a suspicion and detaches them after UNFOLLOW_AFTER without one. Attaching restarts
+    /// their counts: what was learned from them before (quiet spells) stays, the latency
+    /// window starts over.
+    fn steer_following(&mut self, suspicion: Option<String>, now: Instant) {
+        if self.cfg.socket_tracing != SocketTracing::OnSuspicion {
+            return;
+        }
+        self.suspicious = suspicion.is_some();
+        if let Some(why) = suspicion {
+            self.last_suspicion = Some((now, why));
+        }
+        let Some(k) = self.kernel.as_mut() else {
+            return;
+        };
+        let recent = self
+            .last_suspicion
+            .as_ref()
+            .filter(|(t, _)| now.saturating_duration_since(*t) < UNFOLLOW_AFTER);
+        let want = recent.is_some() && !self.follow_failed;
+        if want != k.following() {
+            match k.follow(want) {
+                Ok(()) if want => {
+                    tracing::info!(
+                        "following every connection of port {}: {}",
+                        self.cfg.port,
+                        recent.map_or("", |(_, w)| w.as_str())
+                    );
+                    self.progress.rebase();
+                    self.latency = LatencyWindow::default();
+                    self.last_counters = None;
+                }
+                Ok(()) => tracing::info!(
+                    "connection programs detached: nothing suspicious for {}s; sock_diag reads \
+                     port {}'s connections",
+                    UNFOLLOW_AFTER.as_secs(),
+                    self.cfg.port
+                ),
+                Err(e) => {
+                    self.follow_failed = true;
+                    tracing::warn!(
+                        "the connection programs could not attach ({e}): deciding from the \
+                         probe, the accept queue and sock_diag"
+                    );
+                }
+            }
+        }
+        let attached = k.following();
+        let why = match (&self.last_suspicion, attached) {
+            _ if self.follow_failed => "attaching failed; sock_diag and the probe only".into(),
+            (Some((t, w)), true) => format!(
+                "{w} ({:.1}s ago)",
+                now.saturating_duration_since(*t).as_secs_f64()
+            ),
+            (Some((t, _)), false) => format!(
+                "nothing suspicious for {:.0}s: sock_diag reads the port's connections",
+                now.saturating_duration_since(*t).as_secs_f64()
+            ),
+            (None, _) => "nothing suspicious yet: sock_diag reads the port's connections".into(),
+        };
+        self.kernel_status.following = Some(Following {
+            mode: self.cfg.socket_tracing,
+            attached,
+            why,
+        });
     }
 
     /// Why there is no kernel view, when there is none.
@@ -262,10 +422,12 @@ impl WebMonitor {
                 | WebVerdict::Unresponsive
                 | WebVerdict::Down
         );
-        bad || match &self.kernel {
-            Some(_) => self.progress.stalled(),
-            None => self.queue_busy_since.is_some(),
-        }
+        bad || self.suspicious
+            || match &self.kernel {
+                Some(k) if k.following() => self.progress.stalled(),
+                Some(_) => false,
+                None => self.queue_busy_since.is_some(),
+            }
     }
 
     /// Takes in a new probe result (the probe runs on its own cadence).
@@ -445,12 +607,22 @@ impl WebMonitor {
             self.owner_name = None;
         }
 
-        let sample = self.kernel.as_ref().map(KernelView::sample);
+        // With `socket_tracing = "on_suspicion"`: the port's connections from sock_diag,
+        // which may attach the programs before they are read below.
+        self.read_sockets();
+        let suspicion = self.suspicion();
+        self.steer_following(suspicion, now);
+        let following = self.kernel.as_ref().is_some_and(KernelView::following);
+        let sample = self
+            .kernel
+            .as_ref()
+            .filter(|_| following)
+            .map(KernelView::sample);
         let counters = sample
             .as_ref()
             .and_then(|s| s.ports.iter().find(|p| p.port == port).cloned())
             .map(|p| self.kernel_counters(&p, sample.as_ref(), &listeners, now));
-        let kernel = counters.as_ref().map(|c| KernelEvidence {
+        let mut kernel = counters.as_ref().map(|c| KernelEvidence {
             oldest_waiting: c.oldest_waiting_ms.map(Duration::from_millis),
             since_claim: [c.ms_since_last_accept, c.ms_since_last_claim]
                 .into_iter()
@@ -464,6 +636,15 @@ impl WebMonitor {
             latency: c.latency.clone(),
             answered: c.answered,
         });
+        if let Some(v) = &self.sockets {
+            kernel = Some(self.with_sockets(kernel, v));
+        }
+        // Attaching failed: sock_diag alone misses connections that opened and closed between
+        // two reads, so it is not kernel evidence of progress (the probe and the accept queue
+        // decide, as without eBPF).
+        if self.follow_failed && !following {
+            kernel = None;
+        }
         let mut evidence = Evidence {
             listening,
             queue,
@@ -565,6 +746,25 @@ impl WebMonitor {
             processes,
             stuck_worker,
             agent_error,
+        }
+    }
+
+    /// The programs' evidence merged with the port's connections as sock_diag shows them: the
+    /// programs never see connections opened before they attached (or anything while they are
+    /// detached), sock_diag sees every open one but none that closed. Ages take the older of
+    /// the two, counts the larger, the last answer the more recent.
+    fn with_sockets(&self, kernel: Option<KernelEvidence>, v: &SocketView) -> KernelEvidence {
+        let max = |a: Option<Duration>, b: Option<Duration>| a.max(b);
+        let k = kernel.unwrap_or_else(|| KernelEvidence {
+            longest_quiet: self.progress.longest_quiet(),
+            ..KernelEvidence::default()
+        });
+        KernelEvidence {
+            oldest_waiting: max(k.oldest_waiting, v.oldest_waiting()),
+            since_answer: [k.since_answer, v.since_sent].into_iter().flatten().min(),
+            pending: k.pending.max(v.pending),
+            oldest_pending: max(k.oldest_pending, v.oldest_pending),
+            ..k
         }
     }
 

@@ -450,6 +450,7 @@ mod tests {
             unacked: 0,
             bytes_acked: 10,
             bytes_received: 10,
+            unread: 0,
         }
     }
 

@@ -63,6 +63,13 @@ impl Progress {
             (c.waiting() > 0 && !taken && !answered) || (c.pending() > 0 && !finished && !answered);
     }
 
+    /// The programs attached afresh and their counters restart from zero: the next reading is
+    /// compared with zeros. What was learned (quiet spells, the last answer) stays.
+    pub fn rebase(&mut self) {
+        self.last = Some(PortCounters::default());
+        self.stalled = false;
+    }
+
     pub fn since_answer(&self, now: Instant) -> Option<Duration> {
         self.answer_at.map(|t| now.saturating_duration_since(t))
     }

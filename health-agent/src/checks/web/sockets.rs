@@ -1,0 +1,190 @@
+//! The backend's connections as sock_diag shows them, without any eBPF program: what waits in
+//! the accept queue, what arrived and was not read, what was read and not answered, and when
+//! the server last sent. With `web.socket_tracing = "on_suspicion"` this view is read every
+//! tick while the per-connection and per-call programs are detached, and it is what attaches
+//! them (`suspicion`); while they are attached it keeps covering the connections that opened
+//! before they were, which the programs never saw.
+//!
+//! Every age here is a lower bound: `tcp_info`'s timers say when a segment last came or went,
+//! in jiffies (4 ms at HZ=250), so a request is never older than it reads. A connection still
+//! in the accept queue has no file yet (inode 0); the final ACK of its handshake is the last
+//! one it received, so `tcpi_last_ack_recv` is its time in the queue.
+
+use std::time::Duration;
+
+use crate::net::TcpConn;
+
+/// A connection waiting this long unclaimed, or a request unread this long, attaches the
+/// programs. A healthy server, even saturated, claims within milliseconds.
+pub const WAIT_SUSPECT: Duration = Duration::from_millis(200);
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SocketView {
+    /// Server-side connections of the port (established, or closed by the peer).
+    pub connections: u32,
+    /// In the accept queue: no process holds them yet.
+    pub unaccepted: u32,
+    pub oldest_unaccepted: Option<Duration>,
+    /// Accepted, with bytes received that no process has read.
+    pub unread: u32,
+    pub oldest_unread: Option<Duration>,
+    /// A request read and no byte sent since it came.
+    pub pending: u32,
+    pub oldest_pending: Option<Duration>,
+    /// Since the server last sent data on any connection still open.
+    pub since_sent: Option<Duration>,
+}
+
+fn ms(v: u32) -> Duration {
+    Duration::from_millis(u64::from(v))
+}
+
+fn older(a: Option<Duration>, b: Duration) -> Option<Duration> {
+    Some(a.map_or(b, |a| a.max(b)))
+}
+
+impl SocketView {
+    /// The view of `conns`, the server side of the listen port's connections
+    /// (`Diag::server_connections`).
+    pub fn of(conns: &[TcpConn]) -> Self {
+        let mut v = Self {
+            connections: conns.len() as u32,
+            ..Self::default()
+        };
+        for c in conns {
+            // The SYN counts as one acknowledged byte: more, or bytes in flight, means the
+            // server has sent something on this connection.
+            let has_sent = c.bytes_acked > 1 || c.unacked > 0;
+            if has_sent {
+                let since = ms(c.last_data_sent_ms);
+                v.since_sent = Some(v.since_sent.map_or(since, |s| s.min(since)));
+            }
+            if c.inode == 0 {
+                v.unaccepted += 1;
+                let age = ms(c.last_ack_recv_ms.max(c.last_data_recv_ms));
+                v.oldest_unaccepted = older(v.oldest_unaccepted, age);
+            } else if c.unread > 0 {
+                v.unread += 1;
+                v.oldest_unread = older(v.oldest_unread, ms(c.last_data_recv_ms));
+            } else if c.bytes_received > 0
+                && (c.last_data_recv_ms < c.last_data_sent_ms || !has_sent)
+            {
+                v.pending += 1;
+                v.oldest_pending = older(v.oldest_pending, ms(c.last_data_recv_ms));
+            }
+        }
+        v
+    }
+
+    /// The oldest connection no process has taken up: in the accept queue, or accepted with
+    /// its request unread (what the programs call unclaimed).
+    pub fn oldest_waiting(&self) -> Option<Duration> {
+        [self.oldest_unaccepted, self.oldest_unread]
+            .into_iter()
+            .flatten()
+            .max()
+    }
+
+    /// What looks wrong enough to follow every connection and socket call, in words; None
+    /// while the server takes and answers its work promptly. `pending_after`: how long a
+    /// request may stay unanswered before it counts (slow requests attach the programs, so
+    /// the latency they measure can say `slow`).
+    pub fn suspicion(&self, pending_after: Duration) -> Option<String> {
+        if let Some(d) = self.oldest_unaccepted.filter(|d| *d >= WAIT_SUSPECT) {
+            return Some(format!(
+                "{} connection(s) wait in the accept queue (oldest {} ms)",
+                self.unaccepted,
+                d.as_millis()
+            ));
+        }
+        if let Some(d) = self.oldest_unread.filter(|d| *d >= WAIT_SUSPECT) {
+            return Some(format!(
+                "{} accepted connection(s) hold unread requests (oldest {} ms)",
+                self.unread,
+                d.as_millis()
+            ));
+        }
+        if let Some(d) = self.oldest_pending.filter(|d| *d >= pending_after) {
+            return Some(format!(
+                "{} request(s) read and unanswered (oldest {} ms)",
+                self.pending,
+                d.as_millis()
+            ));
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{net::Diag, netns::Namespace};
+    use std::{
+        io::{Read, Write},
+        net::{TcpListener, TcpStream},
+        thread::sleep,
+    };
+
+    fn view(diag: &Diag, port: u16) -> SocketView {
+        SocketView::of(&diag.server_connections(port).unwrap())
+    }
+
+    #[test]
+    fn real_connections_read_as_queued_unread_pending_and_answered() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        // Another listener's connection on the host: the kernel's port filter drops it.
+        let other = TcpListener::bind("127.0.0.1:0").unwrap();
+        let _elsewhere = TcpStream::connect(other.local_addr().unwrap()).unwrap();
+        let diag = Diag::new(&Namespace::own().unwrap()).unwrap();
+        let tick = || sleep(Duration::from_millis(250));
+
+        let mut client = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        client.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+        tick();
+        let v = view(&diag, port);
+        assert_eq!((v.connections, v.unaccepted), (1, 1), "{v:?}");
+        assert!(v.oldest_unaccepted.unwrap() >= WAIT_SUSPECT, "{v:?}");
+        assert!(v
+            .suspicion(Duration::from_secs(1))
+            .unwrap()
+            .contains("accept queue"));
+
+        let (mut server, _) = l.accept().unwrap();
+        tick();
+        let v = view(&diag, port);
+        assert_eq!((v.unaccepted, v.unread), (0, 1), "{v:?}");
+        assert!(v
+            .suspicion(Duration::from_secs(1))
+            .unwrap()
+            .contains("unread"));
+
+        let mut buf = [0u8; 18];
+        server.read_exact(&mut buf).unwrap();
+        tick();
+        let v = view(&diag, port);
+        assert_eq!((v.unread, v.pending), (0, 1), "{v:?}");
+        assert_eq!(v.since_sent, None, "nothing sent yet: {v:?}");
+        assert_eq!(
+            v.suspicion(Duration::from_secs(1)),
+            None,
+            "not old enough yet"
+        );
+        assert!(v.suspicion(Duration::from_millis(200)).is_some());
+
+        server.write_all(b"HTTP/1.1 200 OK\r\n\r\n").unwrap();
+        client.read_exact(&mut [0u8; 19]).unwrap();
+        tick();
+        let v = view(&diag, port);
+        assert_eq!((v.unaccepted, v.unread, v.pending), (0, 0, 0), "{v:?}");
+        assert!(v.since_sent.unwrap() >= Duration::from_millis(200), "{v:?}");
+        assert_eq!(v.suspicion(Duration::ZERO), None);
+
+        // The next request on the same connection, read and not answered.
+        client.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+        server.read_exact(&mut buf).unwrap();
+        tick();
+        let v = view(&diag, port);
+        assert_eq!(v.pending, 1, "a keep-alive request is pending too: {v:?}");
+    }
+}
