@@ -11,6 +11,7 @@
 //! | `wait` | `wait_until` |
 //! | `process` | `Proc` (a child stopped on drop), the root check |
 //! | `agent` | `Agent`: start on any address, `/health`, stop |
+//! | `bpf_stats` | the kernel's run counts of the agent's BPF programs (`BPF_ENABLE_STATS`) |
 //! | `poller` | `HealthPoller`: every `/health` answer of a run; `timeline` |
 //! | `load` | `Load`: background HTTP clients |
 //! | `fixture`, `nginx`, `postgres`, `redis`, `puma`, `docker`, `receiver`, `tmpfs`, `moto` | one server each |
@@ -20,6 +21,7 @@
 //! | `fleet` | stub servers, `/etc/hosts` lines, `/metrics` gauges for the fleet tests |
 
 pub mod agent;
+pub mod bpf_stats;
 pub mod build;
 pub mod certs;
 pub mod docker;

@@ -1,0 +1,83 @@
+//! `web.socket_tracing = "on_suspicion"`: while real traffic is served well, the programs that
+//! follow connections stay detached and the kernel counts not one run of any of the agent's
+//! programs; a frozen server still leaves rotation, and the attach is shown and logged.
+
+use std::time::{Duration, Instant};
+
+use health_agent_tests::{
+    background_requests,
+    bpf_stats::{total_runs, BpfStats},
+    require_root, Agent, Load, Nginx,
+};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+#[test]
+fn healthy_traffic_runs_no_program_and_a_frozen_server_still_leaves_rotation() {
+    require_root();
+    let nginx = Nginx::start(&[b'x'; 512]);
+    let agent = Agent::start(&format!(
+        "[checks]\nrecover_after = \"1s\"\n[web]\nport = {}\nprobe_path = \"/index.html\"\n\
+         socket_tracing = \"on_suspicion\"\n",
+        nginx.port
+    ));
+    agent.wait_health(WAIT, "healthy first", |c, b| {
+        c == 200 && b["checks"]["webserver"] == "up"
+    });
+
+    // Keep-alive clients and a new connection per request, together, for a few seconds.
+    let stats = BpfStats::enable();
+    let before = total_runs(agent.pid());
+    let timeout = Duration::from_secs(2);
+    let keep_alive = Load::keep_alive(nginx.port, "/index.html", 3, timeout);
+    let fresh = Load::new_connections(nginx.port, "/index.html", 2, Duration::ZERO, timeout);
+    std::thread::sleep(Duration::from_secs(3));
+    let (keep_alive, fresh) = (keep_alive.stop(), fresh.stop());
+    let runs = total_runs(agent.pid()) - before;
+    drop(stats);
+    assert!(
+        keep_alive.answers() > 100 && fresh.answers() > 100,
+        "the load ran: {} keep-alive and {} fresh answers",
+        keep_alive.answers(),
+        fresh.answers()
+    );
+    assert_eq!(
+        runs,
+        0,
+        "the agent's programs ran {runs} times for {} requests served well",
+        keep_alive.answers() + fresh.answers()
+    );
+    let (code, body) = agent.health();
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["checks"]["webserver"], "up", "{body}");
+    let following = &body["details"]["web"]["kernel"]["following"];
+    assert_eq!(following["mode"], "on_suspicion", "{following}");
+    assert_eq!(following["attached"], false, "{following}");
+
+    // The production failure: every nginx process stopped with its listener open.
+    nginx.signal_all(libc::SIGSTOP);
+    let stopped = Instant::now();
+    let _clients = background_requests(nginx.port, 5, Duration::from_secs(15));
+    let (code, body) = agent.wait_health(WAIT, "503 hung", |c, _| c == 503);
+    let took = stopped.elapsed();
+    assert_eq!(body["checks"]["webserver"], "hung", "{body}");
+    let following = &body["details"]["web"]["kernel"]["following"];
+    assert_eq!(following["attached"], true, "{following}");
+    assert!(
+        following["why"]
+            .as_str()
+            .is_some_and(|w| w.contains("accept queue")),
+        "{following}"
+    );
+    assert!(
+        agent.logs().contains("following every connection of port"),
+        "the attach is logged"
+    );
+    assert_eq!(code, 503);
+    assert!(took < Duration::from_secs(5), "503 {took:?} after the stop");
+
+    nginx.signal_all(libc::SIGCONT);
+    agent.wait_health(WAIT, "200 again after SIGCONT", |c, b| {
+        c == 200 && b["checks"]["webserver"] == "up"
+    });
+}
