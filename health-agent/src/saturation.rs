@@ -68,6 +68,9 @@ pub struct LoadSample {
     /// `answered` mean nothing. Such a tick has no arrivals or answers to offer; its requests
     /// in service still measure the load.
     pub sampled: bool,
+    /// With `sampled`: whether anything went out on the port's connections since the previous
+    /// tick (what a counted tick's answers say).
+    pub moved: bool,
 }
 
 /// One tick's worth of evidence.
@@ -227,10 +230,8 @@ impl Meter {
             _ => None,
         };
         let completions = if counted { s.answered - p.answered } else { 0 };
-        // Sampled ticks only come while nothing looks stuck (a stall attaches the programs).
-        let stalled = if s.sampled {
-            false
-        } else if completions > 0 {
+        let progressed = if s.sampled { s.moved } else { completions > 0 };
+        let stalled = if progressed {
             self.last_answer = Some(now);
             // It moves again: what stalled was slow work, and counts.
             for r in self.records.iter_mut().rev().take_while(|r| r.stalled) {

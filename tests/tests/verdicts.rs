@@ -129,19 +129,27 @@ fn after(s: &HealthSample, from: Duration) -> f64 {
 
 #[test]
 fn busy_pool_is_slow_never_503_never_restarted() {
-    busy_pool(false);
+    busy_pool(false, "");
 }
 
 #[test]
 fn busy_pool_keep_alive_only_is_slow_never_503() {
-    busy_pool(true);
+    busy_pool(true, "");
+}
+
+/// The same with the connection programs attached only on suspicion: they attach while the
+/// pool is full and never see the keep-alive connections opened before, so what sock_diag sees
+/// move on those must keep the pool from looking hung.
+#[test]
+fn busy_pool_keep_alive_only_is_slow_never_503_with_programs_attached_on_suspicion() {
+    busy_pool(true, "[web]\nsocket_tracing = \"on_suspicion\"\n");
 }
 
 /// Puma with 2 threads, 4 clients on a 3 s endpoint: the pool is always full, Puma stops
 /// accepting, connections (the agent's probe among them) wait in the accept queue for seconds
 /// — and yet answers keep going out. A new instance would be just as busy: `slow`, 200,
 /// never a restart.
-fn busy_pool(keep_alive: bool) {
+fn busy_pool(keep_alive: bool, extra: &str) {
     require_root();
     let puma = Puma::start(PumaOptions {
         threads: 2,
@@ -149,7 +157,7 @@ fn busy_pool(keep_alive: bool) {
         ..Default::default()
     });
     let restarts = Restarts::new();
-    let agent = Agent::start(&config(puma.port, Some(&restarts.command()), ""));
+    let agent = Agent::start(&config(puma.port, Some(&restarts.command()), extra));
     let poller = HealthPoller::start(agent.port);
     let ready = wait(
         &poller,

@@ -179,6 +179,17 @@ fn without_ebpf_a_stopped_server_is_still_caught() {
 
 #[test]
 fn saturated_but_working_server_is_never_hung() {
+    saturated_but_working("always");
+}
+
+/// The same with the connection programs attached only on suspicion: they attach once
+/// connections wait, and never saw the ones queued before; sock_diag covers those.
+#[test]
+fn saturated_but_working_server_is_never_hung_with_programs_attached_on_suspicion() {
+    saturated_but_working("on_suspicion");
+}
+
+fn saturated_but_working(socket_tracing: &str) {
     require_root();
     // One worker at 50 ms a request and 60 clients at once: the accept queue backs up for
     // seconds (far past hung_after), yet accepts keep coming. That is slow, never hung.
@@ -187,7 +198,8 @@ fn saturated_but_working_server_is_never_hung() {
         &["--workers", "1", "--delay-ms", "50", "--backlog", "256"],
     );
     let agent = Agent::start(&format!(
-        "[web]\nport = {}\nhung_after = \"1s\"\nslow_after = \"10s\"\nprobe_path = \"\"\n",
+        "[web]\nport = {}\nhung_after = \"1s\"\nslow_after = \"10s\"\nprobe_path = \"\"\n\
+         socket_tracing = \"{socket_tracing}\"\n",
         backend.port
     ));
     let clients = background_requests(backend.port, 60, Duration::from_secs(20));
@@ -202,7 +214,11 @@ fn saturated_but_working_server_is_never_hung() {
             v != "hung" && v != "unresponsive",
             "a working server was called {v}: {body}"
         );
-        deepest_wait = deepest_wait.max(counters(&body)["oldest_waiting_ms"].as_u64().unwrap_or(0));
+        // The programs' view, or sock_diag's for connections they never saw.
+        let seen = &body["details"]["web"]["kernel"]["following"]["connections"];
+        deepest_wait = deepest_wait
+            .max(counters(&body)["oldest_waiting_ms"].as_u64().unwrap_or(0))
+            .max(seen["oldest_unaccepted_ms"].as_u64().unwrap_or(0));
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(
@@ -211,6 +227,9 @@ fn saturated_but_working_server_is_never_hung() {
     );
     for c in clients {
         let _ = c.join();
+    }
+    if socket_tracing != "always" {
+        return;
     }
     let (_, body) = agent.wait_health(WAIT, "all served", |_, b| counters(b)["answered"] == 60);
     let c = counters(&body);

@@ -378,3 +378,60 @@ fn a_slow_servers_own_rhythm_is_no_stall() {
     let web = m.estimate(now, None).unwrap().web.unwrap();
     assert!((web - 0.5).abs() < 0.15, "{web}");
 }
+
+/// What sock_diag shows at `t` with the programs detached: requests in service and
+/// connections waiting, no counts; `moved`: an answer went out in the tick before.
+fn sampled(jobs: &[Job], t: f64) -> LoadSample {
+    let counted = read(jobs, t, false);
+    let dt = TICK.as_secs_f64();
+    LoadSample {
+        pending: counted.pending,
+        waiting: counted.waiting,
+        sampled: true,
+        moved: jobs.iter().any(|j| j.end > t - dt && j.end <= t),
+        ..LoadSample::default()
+    }
+}
+
+#[test]
+fn sampled_ticks_measure_the_load_in_service_without_counts() {
+    // Detached programs (`web.socket_tracing = "on_suspicion"`): requests in service read from
+    // sock_diag each tick still give the offered load below capacity, and no rate is made up.
+    let jobs = simulate(0.5, 4, 0.2, 120.0, 5);
+    let mut m = Meter::new(WINDOW, 4, 2);
+    let t0 = Instant::now();
+    let ticks = (120.0 / TICK.as_secs_f64()) as u32;
+    for i in 0..=ticks {
+        m.tick(
+            t0 + TICK * i,
+            sampled(&jobs, TICK.as_secs_f64() * f64::from(i)),
+        );
+    }
+    let e = m.estimate(t0 + TICK * ticks, None).unwrap();
+    let web = e.web.unwrap();
+    assert!((web - 0.5).abs() < 0.1, "web part {web}, want ≈ 0.5: {e:?}");
+    assert_eq!(e.load.arrivals_per_second, None, "{e:?}");
+    assert_eq!(e.load.answered_per_second, None, "{e:?}");
+
+    // Work in service that stops moving (a dependency outage) is left out, as when counted.
+    let mut m = Meter::new(WINDOW, 4, 2);
+    let stuck = LoadSample {
+        pending: 4,
+        sampled: true,
+        ..LoadSample::default()
+    };
+    let moving = LoadSample {
+        moved: true,
+        ..stuck
+    };
+    for i in 0..=40u32 {
+        m.tick(t0 + TICK * i, moving);
+    }
+    for i in 41..=80u32 {
+        m.tick(t0 + TICK * i, stuck);
+    }
+    let e = m
+        .estimate(t0 + TICK * 80, Some(Duration::from_secs(5)))
+        .unwrap_or_default();
+    assert!(e.seconds < 2.0, "stalled ticks counted as load: {e:?}");
+}

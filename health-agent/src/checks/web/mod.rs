@@ -17,7 +17,7 @@ mod latency;
 mod monitor;
 pub(crate) mod process;
 mod progress;
-mod sockets;
+pub(crate) mod sockets;
 mod target;
 mod verdict;
 
@@ -61,6 +61,9 @@ pub struct Following {
     /// Why they are attached or not: the suspicion that attached them, or what the port's
     /// connections look like while they are detached.
     pub why: String,
+    /// The port's connections as sock_diag showed them at the latest read (`on_suspicion`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connections: Option<sockets::SocketView>,
 }
 
 /// What the kernel programs counted for the port (since the agent started).

@@ -13,8 +13,8 @@ use health_common::{AcceptKey, PortCounters};
 use super::{
     latency::LatencyWindow,
     process::{self, CpuMeter, WorkerView},
-    progress::Progress,
-    sockets::SocketView,
+    progress::{Moves, Progress},
+    sockets::{SocketMoves, SocketView},
     target::{self, Target, Unresolved},
     verdict::{self, Evidence, KernelEvidence},
     Following, KernelCounters, KernelState, KernelStatus, ProcessView, WebReport,
@@ -88,6 +88,12 @@ pub struct WebMonitor {
     sockets_error: Option<String>,
     /// The latest read found something suspicious: evaluate every tick.
     suspicious: bool,
+    /// What moved on the port's connections between two ticks (sock_diag).
+    socket_moves: SocketMoves,
+    /// When `sockets` was read.
+    sockets_at: Option<Instant>,
+    /// Something went out on the port's connections between the two latest reads.
+    moved: bool,
 }
 
 /// A container that was found before and is gone this long is no longer "being recreated"
@@ -145,6 +151,7 @@ pub fn load_kernel(cfg: &WebConfig) -> (Option<KernelView>, KernelStatus) {
                     mode: cfg.socket_tracing,
                     attached: follow,
                     why,
+                    connections: None,
                 }),
             };
             (Some(k), status)
@@ -201,6 +208,9 @@ impl WebMonitor {
             follow_failed: false,
             sockets_error: None,
             suspicious: false,
+            socket_moves: SocketMoves::default(),
+            sockets_at: None,
+            moved: false,
         }
     }
 
@@ -246,18 +256,26 @@ impl WebMonitor {
     /// Reads the kernel counters (one map read) and notes what moved since the previous tick.
     /// Runs on every tick, so the time of the last answer is known to within one tick.
     pub fn observe(&mut self, now: Instant) {
+        if self.kernel.is_none() {
+            return;
+        }
+        // With `socket_tracing = "on_suspicion"`, the port's connections (one sock_diag dump
+        // filtered by port): what moved on them, and whether anything is suspicious.
+        let seen = self.read_sockets(now).unwrap_or_default();
+        let suspicion = self.suspicion();
+        self.steer_following(suspicion, now);
         let Some(k) = &self.kernel else { return };
-        // Detached, the counters stand still: the port's connections are read instead (one
-        // sock_diag dump filtered by port), and anything suspicious attaches the programs.
+        let window = self.cfg.latency_window;
         if !k.following() {
-            self.read_sockets();
-            let suspicion = self.suspicion();
-            self.steer_following(suspicion, now);
+            // Detached, the counters stand still: what sock_diag saw move is all there is.
+            if self.sockets.is_some() {
+                self.progress.observe_moves(seen, now, window);
+            }
             return;
         }
         self.last_counters = k.counters().first().copied();
         if let Some(c) = &self.last_counters {
-            self.progress.observe(c, now, self.cfg.latency_window);
+            self.progress.observe_with(c, seen, now, window);
         }
     }
 
@@ -274,6 +292,7 @@ impl WebMonitor {
                 waiting: u64::from(v.unaccepted),
                 backend_cpu_seconds: process::cpu_seconds(&self.owners),
                 sampled: true,
+                moved: self.moved,
                 ..Default::default()
             });
         }
@@ -287,24 +306,34 @@ impl WebMonitor {
             waiting: c.waiting(),
             backend_cpu_seconds: process::cpu_seconds(&self.owners),
             sampled: false,
+            moved: false,
         })
     }
 
     /// With `socket_tracing = "on_suspicion"`: reads the port's connections into
     /// `self.sockets` (None when there is no target yet or sock_diag failed: the failure is
-    /// itself a reason to follow, see `suspicion`).
-    fn read_sockets(&mut self) {
+    /// itself a reason to follow, see `suspicion`) and returns what moved on them since the
+    /// previous read.
+    fn read_sockets(&mut self, now: Instant) -> Option<Moves> {
         self.sockets = None;
         self.sockets_error = None;
-        if self.cfg.socket_tracing != SocketTracing::OnSuspicion {
-            return;
+        if self.cfg.socket_tracing != SocketTracing::OnSuspicion || self.kernel.is_none() {
+            return None;
         }
-        let Some(t) = self.target.as_ref() else {
-            return;
-        };
+        let t = self.target.as_ref()?;
         match t.diag.server_connections(t.port) {
-            Ok(conns) => self.sockets = Some(SocketView::of(&conns)),
-            Err(e) => self.sockets_error = Some(e.to_string()),
+            Ok(conns) => {
+                let v = SocketView::of(&conns);
+                let moves = self.socket_moves.update(&conns, &v);
+                self.moved = moves.answered;
+                self.sockets = Some(v);
+                self.sockets_at = Some(now);
+                Some(moves)
+            }
+            Err(e) => {
+                self.sockets_error = Some(e.to_string());
+                None
+            }
         }
     }
 
@@ -394,6 +423,7 @@ impl WebMonitor {
             mode: self.cfg.socket_tracing,
             attached,
             why,
+            connections: self.sockets.clone(),
         });
     }
 
@@ -607,9 +637,21 @@ impl WebMonitor {
             self.owner_name = None;
         }
 
-        // With `socket_tracing = "on_suspicion"`: the port's connections from sock_diag,
-        // which may attach the programs before they are read below.
-        self.read_sockets();
+        // With `socket_tracing = "on_suspicion"`: the port's connections from sock_diag, as
+        // this tick's `observe` read them (or read now), which may attach the programs before
+        // they are read below.
+        let fresh = self
+            .sockets_at
+            .is_some_and(|t| now.saturating_duration_since(t) < self.cfg.eval_interval / 2);
+        if !fresh {
+            let seen = self.read_sockets(now);
+            if let (Some(seen), Some(k)) = (seen, self.kernel.as_ref()) {
+                if !k.following() {
+                    self.progress
+                        .observe_moves(seen, now, self.cfg.latency_window);
+                }
+            }
+        }
         let suspicion = self.suspicion();
         self.steer_following(suspicion, now);
         let following = self.kernel.as_ref().is_some_and(KernelView::following);

@@ -10,6 +10,23 @@ use std::{
 
 use health_common::PortCounters;
 
+/// What moved between two ticks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Moves {
+    /// Something was sent on a connection.
+    pub answered: bool,
+    /// Something was received.
+    pub read: bool,
+    /// A connection waits now, unclaimed.
+    pub waiting: bool,
+    /// A request is unanswered now.
+    pub pending: bool,
+    /// A waiting connection was taken up.
+    pub taken: bool,
+    /// A request was answered or given up on.
+    pub finished: bool,
+}
+
 #[derive(Debug, Default)]
 pub struct Progress {
     last: Option<PortCounters>,
@@ -26,16 +43,43 @@ pub struct Progress {
 
 impl Progress {
     /// Takes in this tick's counters.
+    #[cfg(test)]
     pub fn observe(&mut self, c: &PortCounters, now: Instant, window: Duration) {
+        self.observe_with(c, Moves::default(), now, window);
+    }
+
+    /// Takes in this tick's counters and what else was seen to move since the previous tick
+    /// (the port's connections through sock_diag, which covers those the programs do not
+    /// follow).
+    pub fn observe_with(&mut self, c: &PortCounters, seen: Moves, now: Instant, window: Duration) {
         let Some(prev) = self.last.replace(*c) else {
             // The programs count from zero since they loaded: anything sent came after that.
-            self.answer_at = (c.sent > 0).then_some(now);
+            self.answer_at = (c.sent > 0 || seen.answered).then_some(now);
             return;
         };
-        let answered = c.sent != prev.sent;
-        let read = c.received != prev.received;
-        let in_flight = c.waiting() > 0 || c.pending() > 0;
-        if answered {
+        self.step(
+            Moves {
+                answered: c.sent != prev.sent || seen.answered,
+                read: c.received != prev.received || seen.read,
+                waiting: c.waiting() > 0 || seen.waiting,
+                pending: c.pending() > 0 || seen.pending,
+                taken: c.claimed + c.closed_unclaimed != prev.claimed + prev.closed_unclaimed
+                    || seen.taken,
+                finished: c.answered + c.closed_pending != prev.answered + prev.closed_pending,
+            },
+            now,
+            window,
+        );
+    }
+
+    /// Takes in a tick seen through sock_diag alone (the programs detached).
+    pub fn observe_moves(&mut self, seen: Moves, now: Instant, window: Duration) {
+        self.step(seen, now, window);
+    }
+
+    fn step(&mut self, m: Moves, now: Instant, window: Duration) {
+        let in_flight = m.waiting || m.pending;
+        if m.answered {
             if let Some((from, true)) = self.quiet {
                 self.spells
                     .push_back((now, now.saturating_duration_since(from)));
@@ -43,8 +87,8 @@ impl Progress {
             self.answer_at = Some(now);
             // A request read in the same tick may still be in progress; only work seen later
             // confirms it.
-            self.quiet = (in_flight || read).then_some((now, in_flight));
-        } else if in_flight || read {
+            self.quiet = (in_flight || m.read).then_some((now, in_flight));
+        } else if in_flight || m.read {
             match &mut self.quiet {
                 Some((_, seen)) => *seen = true,
                 None => self.quiet = Some((now, true)),
@@ -57,10 +101,8 @@ impl Progress {
         {
             self.spells.pop_front();
         }
-        let taken = c.claimed + c.closed_unclaimed != prev.claimed + prev.closed_unclaimed;
-        let finished = c.answered + c.closed_pending != prev.answered + prev.closed_pending;
         self.stalled =
-            (c.waiting() > 0 && !taken && !answered) || (c.pending() > 0 && !finished && !answered);
+            (m.waiting && !m.taken && !m.answered) || (m.pending && !m.finished && !m.answered);
     }
 
     /// The programs attached afresh and their counters restart from zero: the next reading is

@@ -10,14 +10,18 @@
 //! in the accept queue has no file yet (inode 0); the final ACK of its handshake is the last
 //! one it received, so `tcpi_last_ack_recv` is its time in the queue.
 
-use std::time::Duration;
+use std::{collections::HashMap, net::SocketAddr, time::Duration};
 
+use serde::{Serialize, Serializer};
+
+use super::progress::Moves;
 use crate::net::TcpConn;
 
 /// A connection waiting this long unclaimed, or a request unread this long, attaches the
 /// programs. A healthy server, even saturated, claims within milliseconds.
 pub const WAIT_SUSPECT: Duration = Duration::from_millis(200);
 
+/// Serialized with ages in whole milliseconds (`oldest_unaccepted_ms`, …).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SocketView {
     /// Server-side connections of the port (established, or closed by the peer).
@@ -33,6 +37,34 @@ pub struct SocketView {
     pub oldest_pending: Option<Duration>,
     /// Since the server last sent data on any connection still open.
     pub since_sent: Option<Duration>,
+}
+
+impl Serialize for SocketView {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Ms {
+            connections: u32,
+            unaccepted: u32,
+            oldest_unaccepted_ms: Option<u64>,
+            unread: u32,
+            oldest_unread_ms: Option<u64>,
+            pending: u32,
+            oldest_pending_ms: Option<u64>,
+            since_sent_ms: Option<u64>,
+        }
+        let ms = |d: Option<Duration>| d.map(|d| d.as_millis() as u64);
+        Ms {
+            connections: self.connections,
+            unaccepted: self.unaccepted,
+            oldest_unaccepted_ms: ms(self.oldest_unaccepted),
+            unread: self.unread,
+            oldest_unread_ms: ms(self.oldest_unread),
+            pending: self.pending,
+            oldest_pending_ms: ms(self.oldest_pending),
+            since_sent_ms: ms(self.since_sent),
+        }
+        .serialize(s)
+    }
 }
 
 fn ms(v: u32) -> Duration {
@@ -112,6 +144,44 @@ impl SocketView {
             ));
         }
         None
+    }
+}
+
+/// What moved on the port's connections between two reads: bytes acknowledged (an answer went
+/// out) or received (a request came in), a queued connection taken up. Connections are told
+/// apart by their peer's address; one that closed in between shows nothing.
+#[derive(Debug, Default)]
+pub struct SocketMoves {
+    /// Peer address → (bytes received, bytes acknowledged, accepted) at the previous read.
+    prev: HashMap<SocketAddr, (u64, u64, bool)>,
+}
+
+impl SocketMoves {
+    /// What moved since the previous call, given this read's connections and their view.
+    pub fn update(&mut self, conns: &[TcpConn], v: &SocketView) -> Moves {
+        let mut m = Moves {
+            waiting: v.unaccepted + v.unread > 0,
+            pending: v.pending > 0,
+            ..Moves::default()
+        };
+        let mut next = HashMap::with_capacity(conns.len());
+        for c in conns {
+            let accepted = c.inode != 0;
+            match self.prev.get(&c.remote) {
+                Some(&(rx, acked, was_accepted)) => {
+                    m.read |= c.bytes_received > rx;
+                    m.answered |= c.bytes_acked > acked;
+                    m.taken |= accepted && !was_accepted;
+                }
+                None => {
+                    m.read |= c.bytes_received > 0;
+                    m.answered |= c.bytes_acked > 1;
+                }
+            }
+            next.insert(c.remote, (c.bytes_received, c.bytes_acked, accepted));
+        }
+        self.prev = next;
+        m
     }
 }
 
