@@ -470,16 +470,16 @@ fn calls_per_request(cells: &[Cell]) -> Option<f64> {
     (requests > 0).then(|| calls as f64 / requests as f64)
 }
 
-/// A cell's socket calls over its counted runs, and whether they were counted or derived.
-fn socket_calls(cell: &Cell, per_request: Option<f64>) -> Option<(f64, bool)> {
+/// A cell's socket calls over its counted runs, and in how many of them they were derived.
+fn socket_calls(cell: &Cell, per_request: Option<f64>) -> Option<(f64, usize)> {
     let mut total = 0.0;
-    let mut derived = false;
+    let mut derived = 0;
     for r in &cell.counted {
         match r.socket_calls() {
             Some(c) => total += c as f64,
             None => {
                 total += r.requests as f64 * per_request?;
-                derived = true;
+                derived += 1;
             }
         }
     }
@@ -523,26 +523,41 @@ fn summary(loads: &[Load], variants: &[Variant], cells: &[Vec<Cell>]) -> String 
                         .sum();
                     let per_call = ns as f64 / calls;
                     if vi == 1 {
-                        verdicts.push((load.label, per_call, rps / mean(&none.rps)));
+                        verdicts.push((
+                            load.label,
+                            Some(per_call),
+                            rps / mean(&none.rps),
+                            cell.codes.iter().all(|&c| c == 200),
+                        ));
                     }
                     (
                         format!(
                             "{:.2}{}",
                             calls / requests.max(1) as f64,
-                            if derived {
-                                " (derived: this load's requests × socket calls per request counted with the per-call programs attached, same bench run)"
+                            if derived > 0 {
+                                format!(" (derived in {derived} of {} runs: their requests × this load's socket calls per request, counted with the per-call programs attached in this bench run)", cell.counted.len())
                             } else {
-                                " (counted: run_cnt of sock_recv_length + sock_send_length)"
+                                " (counted: run_cnt of sock_recv_length + sock_send_length)".into()
                             }
                         ),
                         format!("**{per_call:.1}**"),
                     )
                 }
                 None if vi == 0 => ("—".into(), "0 (nothing loaded)".into()),
-                None => (
-                    "not known: no run had the per-call programs attached".into(),
-                    "—".into(),
-                ),
+                None => {
+                    if vi == 1 {
+                        verdicts.push((
+                            load.label,
+                            None,
+                            rps / mean(&none.rps),
+                            cell.codes.iter().all(|&c| c == 200),
+                        ));
+                    }
+                    (
+                        "not known: no run had the per-call programs attached".into(),
+                        "—".into(),
+                    )
+                }
             };
             let health = if vi == 0 {
                 "—".to_string()
@@ -566,7 +581,7 @@ fn summary(loads: &[Load], variants: &[Variant], cells: &[Vec<Cell>]) -> String 
     }
     let mut ok = true;
     let mut lines = Vec::new();
-    for (label, per_call, ratio) in &verdicts {
+    for &(label, per_call, ratio, all_200) in &verdicts {
         let want = if label.contains("new connection") {
             Some(0.98)
         } else if label.starts_with("nginx") {
@@ -574,14 +589,20 @@ fn summary(loads: &[Load], variants: &[Variant], cells: &[Vec<Cell>]) -> String 
         } else {
             None
         };
-        let good = *per_call <= 20.0 && want.is_none_or(|w| *ratio >= w);
+        let good =
+            per_call.is_some_and(|n| n <= 20.0) && want.is_none_or(|w| ratio >= w) && all_200;
         ok &= good;
         lines.push(format!(
-            "{label}: {per_call:.1} ns per socket call{} {}",
+            "{label}: {}{}{} {}",
+            per_call.map_or("ns per socket call not known".into(), |n| format!(
+                "{n:.1} ns per socket call"
+            )),
             want.map_or(String::new(), |w| format!(", {ratio:.3}× (≥ {w}×)")),
+            if all_200 { "" } else { ", /health was not 200" },
             if good { "✓" } else { "✗" }
         ));
     }
+    ok &= !verdicts.is_empty();
     let _ = writeln!(
         md,
         "\nTargets for this build (issue 21): ≤ 20 ns of the agent's programs per socket call on every load; nginx keeps ≥ 0.99× keep-alive and ≥ 0.98× new-connection throughput. {}: {}\n",

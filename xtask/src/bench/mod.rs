@@ -64,7 +64,8 @@ pub struct Args {
     #[arg(long, default_value = "docs/BENCHMARKS.md")]
     out: PathBuf,
     /// An earlier build of the agent (e.g. the last release), measured side by side with this
-    /// one in the per-socket-call section: the hooks' cost change in one run, on one machine.
+    /// one in the per-socket-call, flood and kernel-statistics sections: the hooks' cost change
+    /// in one run, on one machine.
     #[arg(long)]
     baseline_agent: Option<PathBuf>,
     /// Run only the per-socket-call section (with `--baseline-agent`: the comparison).
