@@ -274,6 +274,8 @@ impl Counted {
 #[derive(Default)]
 struct Cell {
     rps: Vec<f64>,
+    /// With an agent: the run without one next to each of `rps`, same index.
+    paired_none: Vec<f64>,
     counted: Vec<Counted>,
     kernel: BTreeSet<String>,
     codes: BTreeSet<u16>,
@@ -360,26 +362,21 @@ pub(super) fn run(
         .map(|_| variants.iter().map(|_| Cell::default()).collect())
         .collect();
     let log = dir.join("agent.log");
+    let agents = variants.len() - 1;
     for trial in 0..trials {
         for (li, load) in loads.iter().enumerate() {
-            // The order turns from trial to trial, so a drifting machine favours no variant.
-            for k in 0..variants.len() {
-                let vi = (k + trial) % variants.len();
+            let run = || wrk(&load.url, CONNS, secs, &load.extra, None);
+            // Each agent run has a run without the agent right next to it, before or after by
+            // turns, and the builds' order turns from trial to trial: the machine's other load
+            // comes and goes over tens of seconds, and pairs this close mostly share it.
+            for k in 0..agents {
+                let vi = 1 + (k + trial) % agents;
                 let variant = &variants[vi];
-                let cell = &mut cells[li][vi];
-                let run = || wrk(&load.url, CONNS, secs, &load.extra, None);
                 let Some(bin) = &variant.bin else {
-                    let w = run()?;
-                    println!(
-                        "bench: bpf stats, trial {}, {}, {}: {:.0} req/s",
-                        trial + 1,
-                        load.label,
-                        variant.label,
-                        w.rps
-                    );
-                    cell.rps.push(w.rps);
                     continue;
                 };
+                let none_first = (trial + k) % 2 == 0;
+                let mut none = if none_first { Some(run()?.rps) } else { None };
                 let agent = start_agent(bin, &load.cfg, &log, aport)?;
                 // Past the agent's start-up work: the steady state is what a backend lives with.
                 thread::sleep(SETTLE);
@@ -388,19 +385,27 @@ pub(super) fn run(
                 let counted = counted_run(agent.pid(), run)?;
                 let (code, body) = health(aport)?;
                 drop(agent);
+                let none = match none.take() {
+                    Some(n) => n,
+                    None => run()?.rps,
+                };
                 let ns: u64 = counted.programs.values().map(|c| c.1).sum();
                 println!(
-                    "bench: bpf stats, trial {}, {}, {}: {:.0} req/s; counted run {} requests, {} socket calls, programs {ns} ns; /health {code}",
+                    "bench: bpf stats, trial {}, {}, {}: {:.0} req/s, without an agent {none:.0} req/s ({:.3}x); counted run {} requests, {} socket calls, programs {ns} ns; /health {code}",
                     trial + 1,
                     load.label,
                     variant.label,
                     w.rps,
+                    w.rps / none,
                     counted.requests,
                     counted
                         .socket_calls()
                         .map_or("not counted".into(), |c| c.to_string()),
                 );
+                cells[li][0].rps.push(none);
+                let cell = &mut cells[li][vi];
                 cell.rps.push(w.rps);
+                cell.paired_none.push(none);
                 cell.counted.push(counted);
                 cell.codes.insert(code);
                 cell.kernel.insert(kernel_mode(&body));
@@ -418,7 +423,7 @@ pub(super) fn run(
     );
     let _ = writeln!(
         md,
-        "`wrk -t2 -c{CONNS} -d{secs}s` on loopback against nginx (1 worker, 1 KiB static file) with keep-alive and with `Connection: close`, and against Puma (Debian's, single mode, 8 threads, a Rack app answering 1 KiB); variants: no agent, this build{}; {trials} trial(s), the variants' order turning from trial to trial. Each agent starts {} s before its runs and does two: one with the statistics off for the wall clock, then one with `kernel.bpf_stats_enabled = 1` for the kernel's figures (the sysctl goes back to its previous value after each). The kernel's `run_time_ns` counts our programs' own run time, from entry to exit; the tracepoint's dispatch to them and the clock reads the statistics add are not in it. The agent's programs are the ones its process holds (program and link descriptors in /proc/<pid>/fd); counters from `bpftool -j prog show`, summed over the counted runs.\n",
+        "`wrk -t2 -c{CONNS} -d{secs}s` on loopback against nginx (1 worker, 1 KiB static file) with keep-alive and with `Connection: close`, and against Puma (Debian's, single mode, 8 threads, a Rack app answering 1 KiB); variants: no agent, this build{}; {trials} trial(s). Each agent starts {} s before its runs and does two: one with the statistics off for the wall clock, paired with a run without the agent just before or after it (by turns; the builds' order also turns from trial to trial), then one with `kernel.bpf_stats_enabled = 1` for the kernel's figures (the sysctl goes back to its previous value after each). The kernel's `run_time_ns` counts our programs' own run time, from entry to exit; the tracepoint's dispatch to them and the clock reads the statistics add are not in it. The agent's programs are the ones its process holds (program and link descriptors in /proc/<pid>/fd); counters from `bpftool -j prog show`, summed over the counted runs.\n",
         baseline.map_or(String::new(), |b| format!(", and the baseline build `{}`", b.display())),
         SETTLE.as_secs()
     );
@@ -491,24 +496,30 @@ fn mean(v: &[f64]) -> f64 {
 }
 
 fn summary(loads: &[Load], variants: &[Variant], cells: &[Vec<Cell>]) -> String {
-    let mut md = String::from("| load | agent | req/s (wall clock) | ratio to no agent | spread of trials | socket calls per request | all programs, ns per socket call | /health, `details.web.kernel` |\n|---|---|---|---|---|---|---|---|\n");
+    let mut md = String::from("| load | agent | req/s (wall clock) | ratio to its paired runs without an agent | spread of the pairs | socket calls per request | all programs, ns per socket call | /health, `details.web.kernel` |\n|---|---|---|---|---|---|---|---|\n");
     let mut verdicts = Vec::new();
     for (li, load) in loads.iter().enumerate() {
-        let none = &cells[li][0];
         let per_request = calls_per_request(&cells[li]);
         for (vi, variant) in variants.iter().enumerate() {
             let cell = &cells[li][vi];
             let rps = mean(&cell.rps);
+            let ratio_of_means = rps / mean(&cell.paired_none);
             let (ratio, spread) = if vi == 0 {
                 ("—".to_string(), "—".to_string())
             } else {
-                let ratios: Vec<f64> = cell.rps.iter().zip(&none.rps).map(|(a, b)| a / b).collect();
+                let mut ratios: Vec<f64> = cell
+                    .rps
+                    .iter()
+                    .zip(&cell.paired_none)
+                    .map(|(a, b)| a / b)
+                    .collect();
                 (
-                    format!("**{:.3}×**", rps / mean(&none.rps)),
+                    format!("**{ratio_of_means:.3}×**"),
                     format!(
-                        "{:.3}–{:.3}",
+                        "{:.3}–{:.3}, median {:.3}",
                         ratios.iter().cloned().fold(f64::MAX, f64::min),
-                        ratios.iter().cloned().fold(0.0, f64::max)
+                        ratios.iter().cloned().fold(0.0, f64::max),
+                        super::median(&mut ratios)
                     ),
                 )
             };
@@ -526,7 +537,7 @@ fn summary(loads: &[Load], variants: &[Variant], cells: &[Vec<Cell>]) -> String 
                         verdicts.push((
                             load.label,
                             Some(per_call),
-                            rps / mean(&none.rps),
+                            ratio_of_means,
                             cell.codes.iter().all(|&c| c == 200),
                         ));
                     }
@@ -549,7 +560,7 @@ fn summary(loads: &[Load], variants: &[Variant], cells: &[Vec<Cell>]) -> String 
                         verdicts.push((
                             load.label,
                             None,
-                            rps / mean(&none.rps),
+                            ratio_of_means,
                             cell.codes.iter().all(|&c| c == 200),
                         ));
                     }
