@@ -856,7 +856,45 @@ fn still_open(conns: &[TcpStream]) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::full_name;
+    use super::{calls_per_request, full_name, socket_calls, Cell, Counted, RECV, SEND};
+
+    fn run(requests: u64, recv: u64, send: u64, state: u64) -> Counted {
+        Counted {
+            requests,
+            programs: [
+                (RECV.to_string(), (recv, recv * 100)),
+                (SEND.to_string(), (send, send * 100)),
+                ("inet_sock_set_state_raw".to_string(), (state, state * 100)),
+            ]
+            .into_iter()
+            .collect(),
+        }
+    }
+
+    #[test]
+    fn socket_calls_are_counted_while_the_per_call_programs_run_and_derived_when_not() {
+        let attached = Cell {
+            counted: vec![run(1000, 2000, 2000, 10), run(500, 1000, 1000, 0)],
+            ..Cell::default()
+        };
+        // A build that keeps the per-call programs detached while healthy: they ran for a few
+        // calls only (fewer than two per request), so the host's calls are not theirs to count.
+        let detached = Cell {
+            counted: vec![run(2000, 3, 3, 40)],
+            ..Cell::default()
+        };
+        let cells = [Cell::default(), attached, detached];
+        let per_request = calls_per_request(&cells);
+        assert_eq!(per_request, Some(4.0));
+        assert_eq!(socket_calls(&cells[1], per_request), Some((6000.0, 0)));
+        assert_eq!(socket_calls(&cells[2], per_request), Some((8000.0, 1)));
+        // Nothing to derive from: not known, rather than a guess.
+        assert_eq!(
+            socket_calls(&cells[2], calls_per_request(&cells[2..])),
+            None
+        );
+        assert_eq!(socket_calls(&cells[0], per_request), None);
+    }
 
     #[test]
     fn names_cut_by_the_kernel_map_back_to_the_programs() {
