@@ -120,7 +120,7 @@ pub fn run(agent_bin: &Path, baseline: Option<&Path>, dir: &Path, quick: bool) -
 }
 
 /// The bench holds ~1600 sockets of its own.
-fn raise_own_nofile() {
+pub(super) fn raise_own_nofile() {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,

@@ -20,11 +20,15 @@
 //!    dependency outage, target tracking replayed (`bench/scaling.rs`).
 //! 10. Publishing to CloudWatch (healthy, down, stalling, throttling) does not slow `/health`
 //!     (`bench/cloudwatch.rs`).
+//! 11. What the agent's eBPF programs cost per socket call by the kernel's own account
+//!     (`kernel.bpf_stats_enabled`), and its CPU while 10,000 idle connections are held open
+//!     (`bench/bpf_stats.rs`).
 //!
 //! One file per section; `run` lists them in order. Servers, process guards, free ports and the
 //! `/health` poller come from the integration tests' harness (`health-agent-tests`).
 
 mod alerts;
+mod bpf_stats;
 mod cloudwatch;
 mod fleet;
 mod flood;
@@ -60,7 +64,8 @@ pub struct Args {
     #[arg(long, default_value = "docs/BENCHMARKS.md")]
     out: PathBuf,
     /// An earlier build of the agent (e.g. the last release), measured side by side with this
-    /// one in the per-socket-call section: the hooks' cost change in one run, on one machine.
+    /// one in the per-socket-call, flood and kernel-statistics sections: the hooks' cost change
+    /// in one run, on one machine.
     #[arg(long)]
     baseline_agent: Option<PathBuf>,
     /// Run only the per-socket-call section (with `--baseline-agent`: the comparison).
@@ -75,6 +80,11 @@ pub struct Args {
     /// Run only the CloudWatch section, and put it in place of its section in `--out`.
     #[arg(long)]
     only_cloudwatch: bool,
+    /// Run only the section on what the eBPF programs cost by the kernel's statistics (with
+    /// `--baseline-agent`: the earlier build side by side), and put it in place of its section
+    /// in `--out`.
+    #[arg(long)]
+    only_bpf_stats: bool,
 }
 
 /// The release binaries the bench runs.
@@ -114,6 +124,15 @@ pub fn run(args: &Args) -> Result<()> {
         let _ = fs::remove_dir_all(&dir);
         return Ok(());
     }
+    if args.only_bpf_stats {
+        let md = bpf_stats::run(&bins.agent, baseline, &dir, args.quick)?;
+        let out = cmd::root().join(&args.out);
+        let report = fs::read_to_string(&out).unwrap_or_default();
+        fs::write(&out, cloudwatch::splice(&report, &md))?;
+        println!("{md}\nbench: wrote its section into {}", out.display());
+        let _ = fs::remove_dir_all(&dir);
+        return Ok(());
+    }
     if args.only_socket_costs {
         let md = socket_costs::run(&bins.agent, baseline, &dir, args.quick)?;
         fs::write(&args.out, &md)?;
@@ -133,6 +152,7 @@ pub fn run(args: &Args) -> Result<()> {
     md += &flood::run(&bins.agent, baseline, &dir, quick)?;
     md += &scaling::run(&bins.agent, &bins.proxy, &dir, quick)?;
     md += &cloudwatch::run(&bins.agent, &dir, quick)?;
+    md += &bpf_stats::run(&bins.agent, baseline, &dir, quick)?;
     write_report(args, started, &md)?;
     let _ = fs::remove_dir_all(&dir);
     Ok(())

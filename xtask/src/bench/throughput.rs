@@ -165,7 +165,7 @@ pub(super) fn run(
 /// Puma from Debian's `puma` package: single mode, 8 threads, on a one-line Rack app. (Cluster
 /// mode spreads wrk's keep-alive connections over its workers by luck at connect time, which
 /// moves its throughput by up to 30 % from run to run, agent or not.)
-fn start_puma(dir: &Path, port: u16) -> Result<Proc> {
+pub(super) fn start_puma(dir: &Path, port: u16) -> Result<Proc> {
     fs::create_dir_all(dir)?;
     let app = dir.join("config.ru");
     fs::write(

@@ -8,6 +8,8 @@ use crate::cmd;
 
 pub(super) struct Wrk {
     pub rps: f64,
+    /// Completed in the whole run.
+    pub requests: u64,
     pub p50_ms: f64,
     pub p99_ms: f64,
     pub non_2xx: u64,
@@ -29,6 +31,7 @@ fn parse_time_ms(s: &str) -> Option<f64> {
 fn parse_wrk(out: &str) -> Result<Wrk> {
     let mut w = Wrk {
         rps: 0.0,
+        requests: 0,
         p50_ms: 0.0,
         p99_ms: 0.0,
         non_2xx: 0,
@@ -38,6 +41,7 @@ fn parse_wrk(out: &str) -> Result<Wrk> {
         let words: Vec<&str> = line.split_whitespace().collect();
         match words.as_slice() {
             ["Requests/sec:", v] => w.rps = v.parse()?,
+            [n, "requests", "in", ..] => w.requests = n.parse()?,
             ["50%", v] => w.p50_ms = parse_time_ms(v).context("wrk p50")?,
             ["99%", v] => w.p99_ms = parse_time_ms(v).context("wrk p99")?,
             ["Non-2xx", "or", "3xx", "responses:", n] => w.non_2xx = n.parse()?,
