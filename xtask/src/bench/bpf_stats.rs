@@ -292,6 +292,22 @@ struct Load {
 struct Variant {
     label: String,
     bin: Option<PathBuf>,
+    /// Appended to the agent's config (`[web]` keys; empty for a build that may not know them).
+    web_extra: &'static str,
+    /// The targets (≤ 20 ns per socket call, the throughput ratios) are judged on this one:
+    /// the mode built for a healthy backend's cost.
+    judged: bool,
+}
+
+/// `cfg` with the variant's `[web]` keys appended (the config ends in its `[web]` table), as a
+/// file of its own next to it.
+fn variant_config(cfg: &Path, variant: &Variant, tag: &str) -> Result<PathBuf> {
+    if variant.web_extra.is_empty() {
+        return Ok(cfg.to_path_buf());
+    }
+    let path = cfg.with_extension(format!("{tag}.toml"));
+    fs::write(&path, fs::read_to_string(cfg)? + variant.web_extra)?;
+    Ok(path)
 }
 
 pub(super) fn run(
@@ -345,16 +361,28 @@ pub(super) fn run(
         Variant {
             label: "no agent".into(),
             bin: None,
+            web_extra: "",
+            judged: false,
         },
         Variant {
-            label: "this build".into(),
+            label: "this build, socket_tracing = \"always\"".into(),
             bin: Some(agent_bin.to_path_buf()),
+            web_extra: "socket_tracing = \"always\"\n",
+            judged: false,
+        },
+        Variant {
+            label: "this build, socket_tracing = \"on_suspicion\"".into(),
+            bin: Some(agent_bin.to_path_buf()),
+            web_extra: "socket_tracing = \"on_suspicion\"\n",
+            judged: true,
         },
     ];
     if let Some(b) = baseline {
         variants.push(Variant {
             label: "baseline build".into(),
             bin: Some(b.to_path_buf()),
+            web_extra: "",
+            judged: false,
         });
     }
     let mut cells: Vec<Vec<Cell>> = loads
@@ -377,7 +405,8 @@ pub(super) fn run(
                 };
                 let none_first = (trial + k) % 2 == 0;
                 let mut none = if none_first { Some(run()?.rps) } else { None };
-                let agent = start_agent(bin, &load.cfg, &log, aport)?;
+                let cfg = variant_config(&load.cfg, variant, &format!("v{vi}"))?;
+                let agent = start_agent(bin, &cfg, &log, aport)?;
                 // Past the agent's start-up work: the steady state is what a backend lives with.
                 thread::sleep(SETTLE);
                 // Wall clock with the statistics off: they cost every program two clock reads.
@@ -533,7 +562,7 @@ fn summary(loads: &[Load], variants: &[Variant], cells: &[Vec<Cell>]) -> String 
                         .map(|c| c.1)
                         .sum();
                     let per_call = ns as f64 / calls;
-                    if vi == 1 {
+                    if variant.judged {
                         verdicts.push((
                             load.label,
                             Some(per_call),
@@ -556,7 +585,7 @@ fn summary(loads: &[Load], variants: &[Variant], cells: &[Vec<Cell>]) -> String 
                 }
                 None if vi == 0 => ("—".into(), "0 (nothing loaded)".into()),
                 None => {
-                    if vi == 1 {
+                    if variant.judged {
                         verdicts.push((
                             load.label,
                             None,
@@ -684,7 +713,8 @@ fn idle_connections(
     let mut verdicts = Vec::new();
     for (vi, variant) in variants.iter().enumerate() {
         let Some(bin) = &variant.bin else { continue };
-        let agent = start_agent(bin, &cfg, &dir.join("agent-idle.log"), aport)?;
+        let vcfg = variant_config(&cfg, variant, &format!("v{vi}"))?;
+        let agent = start_agent(bin, &vcfg, &dir.join("agent-idle.log"), aport)?;
         thread::sleep(SETTLE);
         let pid = agent.pid();
         // The same window with no connections held: what the connections add to it.
@@ -745,7 +775,7 @@ fn idle_connections(
                 "| {} | {kind} | {open} of {IDLE_CONNS} | **{cpu:.2} %** | {prog_pct:.4} % | {seen} |",
                 variant.label,
             );
-            if vi == 1 {
+            if variant.judged {
                 verdicts.push(format!(
                     "{kind}: {cpu:.2} % {}",
                     if cpu < 2.0 { "✓" } else { "✗" }
