@@ -60,6 +60,7 @@ fn healthy_traffic_runs_no_program_and_a_frozen_server_still_leaves_rotation() {
     let _clients = background_requests(nginx.port, 5, Duration::from_secs(15));
     let (code, body) = agent.wait_health(WAIT, "503 hung", |c, _| c == 503);
     let took = stopped.elapsed();
+    println!("on_suspicion: 503 hung {took:?} after SIGSTOP");
     assert_eq!(body["checks"]["webserver"], "hung", "{body}");
     let following = &body["details"]["web"]["kernel"]["following"];
     assert_eq!(following["attached"], true, "{following}");

@@ -117,6 +117,8 @@ const UNWATCH_ACCEPTS_AFTER: Duration = Duration::from_secs(30);
 /// `socket_tracing = "on_suspicion"`: this long without anything suspicious detaches the
 /// programs that follow connections.
 const UNFOLLOW_AFTER: Duration = Duration::from_secs(30);
+/// … and reads the port's connections this often while nothing goes on (see `sockets_due`).
+const QUIET_READ_EVERY: Duration = Duration::from_secs(1);
 
 /// Loads the kernel programs when `cfg` asks for them. A failure is not fatal: the monitor
 /// then decides from the probe and the accept queue, and its report says why.
@@ -261,14 +263,20 @@ impl WebMonitor {
         }
         // With `socket_tracing = "on_suspicion"`, the port's connections (one sock_diag dump
         // filtered by port): what moved on them, and whether anything is suspicious.
-        let seen = self.read_sockets(now).unwrap_or_default();
+        let seen = if self.sockets_due(now) {
+            self.read_sockets(now)
+        } else {
+            None
+        };
+        let read = seen.is_some();
+        let seen = seen.unwrap_or_default();
         let suspicion = self.suspicion();
         self.steer_following(suspicion, now);
         let Some(k) = &self.kernel else { return };
         let window = self.cfg.latency_window;
         if !k.following() {
             // Detached, the counters stand still: what sock_diag saw move is all there is.
-            if self.sockets.is_some() {
+            if read {
                 self.progress.observe_moves(seen, now, window);
             }
             return;
@@ -335,6 +343,30 @@ impl WebMonitor {
                 None
             }
         }
+    }
+
+    /// Whether this tick reads the port's connections. A dump walks every TCP socket of the
+    /// namespace (the kernel filters by port only after that), so while nothing goes on it is
+    /// made once every QUIET_READ_EVERY; work seen at the last read, the programs attached, or
+    /// a listener with connections in its queue (one read of the listening table) make it
+    /// every tick.
+    fn sockets_due(&self, now: Instant) -> bool {
+        let Some(at) = self.sockets_at else {
+            return true;
+        };
+        if now.saturating_duration_since(at) >= QUIET_READ_EVERY
+            || self.kernel.as_ref().is_some_and(KernelView::following)
+            || self.sockets_error.is_some()
+            || self
+                .sockets
+                .as_ref()
+                .is_none_or(|v| v.unaccepted + v.unread + v.pending > 0)
+        {
+            return true;
+        }
+        self.target
+            .as_ref()
+            .is_some_and(|t| t.listeners().is_ok_and(|l| l.iter().any(|l| l.queue > 0)))
     }
 
     /// What, if anything, makes the programs that follow connections worth their cost now.
@@ -640,9 +672,10 @@ impl WebMonitor {
         // With `socket_tracing = "on_suspicion"`: the port's connections from sock_diag, as
         // this tick's `observe` read them (or read now), which may attach the programs before
         // they are read below.
-        let fresh = self
-            .sockets_at
-            .is_some_and(|t| now.saturating_duration_since(t) < self.cfg.eval_interval / 2);
+        let fresh = self.sockets_at.is_some_and(|t| {
+            now.saturating_duration_since(t) < self.cfg.eval_interval / 2
+                || (self.sockets.is_some() && !self.sockets_due(now))
+        });
         if !fresh {
             let seen = self.read_sockets(now);
             if let (Some(seen), Some(k)) = (seen, self.kernel.as_ref()) {
