@@ -452,7 +452,7 @@ pub(super) fn run(
     );
     let _ = writeln!(
         md,
-        "`wrk -t2 -c{CONNS} -d{secs}s` on loopback against nginx (1 worker, 1 KiB static file) with keep-alive and with `Connection: close`, and against Puma (Debian's, single mode, 8 threads, a Rack app answering 1 KiB); variants: no agent, this build{}; {trials} trial(s). Each agent starts {} s before its runs and does two: one with the statistics off for the wall clock, paired with a run without the agent just before or after it (by turns; the builds' order also turns from trial to trial), then one with `kernel.bpf_stats_enabled = 1` for the kernel's figures (the sysctl goes back to its previous value after each). The kernel's `run_time_ns` counts our programs' own run time, from entry to exit; the tracepoint's dispatch to them and the clock reads the statistics add are not in it. The agent's programs are the ones its process holds (program and link descriptors in /proc/<pid>/fd); counters from `bpftool -j prog show`, summed over the counted runs.\n",
+        "`wrk -t2 -c{CONNS} -d{secs}s` on loopback against nginx (1 worker, 1 KiB static file) with keep-alive and with `Connection: close`, and against Puma (Debian's, single mode, 8 threads, a Rack app answering 1 KiB); variants: no agent, this build with `web.socket_tracing = \"always\"` (every program attached, as before) and with `\"on_suspicion\"` (the targets are judged on it){}; {trials} trial(s). Each agent starts {} s before its runs and does two: one with the statistics off for the wall clock, paired with a run without the agent just before or after it (by turns; the builds' order also turns from trial to trial), then one with `kernel.bpf_stats_enabled = 1` for the kernel's figures (the sysctl goes back to its previous value after each). The kernel's `run_time_ns` counts our programs' own run time, from entry to exit; the tracepoint's dispatch to them and the clock reads the statistics add are not in it. The agent's programs are the ones its process holds (program and link descriptors in /proc/<pid>/fd); counters from `bpftool -j prog show`, summed over the counted runs.\n",
         baseline.map_or(String::new(), |b| format!(", and the baseline build `{}`", b.display())),
         SETTLE.as_secs()
     );
@@ -766,6 +766,14 @@ fn idle_connections(
                 counters["pending"],
                 counters["accepts_traced"]
             );
+            if body["checks"]["webserver"] != "up" {
+                println!(
+                    "bench: {} ({kind}): /health says {}; kernel view {}",
+                    variant.label,
+                    body["details"]["web"]["detail"],
+                    body["details"]["web"]["kernel"]
+                );
+            }
             println!(
                 "bench: {} ({kind}): agent {cpu:.2} % of a core, programs {prog_pct:.4} %, {open} of {IDLE_CONNS} still open; /health {seen}",
                 variant.label
