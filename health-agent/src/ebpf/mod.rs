@@ -508,26 +508,8 @@ impl KernelView {
             detail: format!("counting CPUs: {e}"),
         })?;
         for slot in 0..MAX_PORTS {
-            let zeros =
-                PerCpuValues::try_from(vec![PortCounters::default(); cpus]).map_err(|e| {
-                    KernelError::Map {
-                        name: maps::PORT_COUNTERS,
-                        detail: e.to_string(),
-                    }
-                })?;
-            self.counters
-                .set(slot, zeros, 0)
-                .map_err(map_err(maps::PORT_COUNTERS))?;
-            let zeros =
-                PerCpuValues::try_from(vec![LatencyHist::default(); cpus]).map_err(|e| {
-                    KernelError::Map {
-                        name: maps::LATENCY,
-                        detail: e.to_string(),
-                    }
-                })?;
-            self.latency
-                .set(slot, zeros, 0)
-                .map_err(map_err(maps::LATENCY))?;
+            zero_slot(&mut self.counters, slot, cpus, maps::PORT_COUNTERS)?;
+            zero_slot(&mut self.latency, slot, cpus, maps::LATENCY)?;
         }
         Ok(())
     }
@@ -622,6 +604,20 @@ impl KernelView {
             .collect();
         MapErrors::sum(per_cpu.iter().map(|(kind, v)| (*kind, &v[..])))
     }
+}
+
+/// Sets every CPU's copy of `slot` in the per-CPU array `name` to zeros.
+fn zero_slot<T: aya::Pod + Default + Clone>(
+    map: &mut PerCpuArray<MapData, T>,
+    slot: u32,
+    cpus: usize,
+    name: &'static str,
+) -> Result<(), KernelError> {
+    let zeros = PerCpuValues::try_from(vec![T::default(); cpus]).map_err(|e| KernelError::Map {
+        name,
+        detail: e.to_string(),
+    })?;
+    map.set(slot, zeros, 0).map_err(map_err(name))
 }
 
 fn drain_logs(

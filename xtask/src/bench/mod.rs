@@ -117,21 +117,11 @@ pub fn run(args: &Args) -> Result<()> {
     }
     if args.only_cloudwatch {
         let md = cloudwatch::run(&bins.agent, &dir, args.quick)?;
-        let out = cmd::root().join(&args.out);
-        let report = fs::read_to_string(&out).unwrap_or_default();
-        fs::write(&out, cloudwatch::splice(&report, &md))?;
-        println!("{md}\nbench: wrote its section into {}", out.display());
-        let _ = fs::remove_dir_all(&dir);
-        return Ok(());
+        return write_section(args, &dir, &md);
     }
     if args.only_bpf_stats {
         let md = bpf_stats::run(&bins.agent, baseline, &dir, args.quick)?;
-        let out = cmd::root().join(&args.out);
-        let report = fs::read_to_string(&out).unwrap_or_default();
-        fs::write(&out, cloudwatch::splice(&report, &md))?;
-        println!("{md}\nbench: wrote its section into {}", out.display());
-        let _ = fs::remove_dir_all(&dir);
-        return Ok(());
+        return write_section(args, &dir, &md);
     }
     if args.only_socket_costs {
         let md = socket_costs::run(&bins.agent, baseline, &dir, args.quick)?;
@@ -183,6 +173,16 @@ fn build() -> Result<Bins> {
         backend,
         proxy,
     })
+}
+
+/// One section run alone: put in place of its earlier version in `--out` (the others stay).
+fn write_section(args: &Args, dir: &std::path::Path, md: &str) -> Result<()> {
+    let out = cmd::root().join(&args.out);
+    let report = fs::read_to_string(&out).unwrap_or_default();
+    fs::write(&out, cloudwatch::splice(&report, md))?;
+    println!("{md}\nbench: wrote its section into {}", out.display());
+    let _ = fs::remove_dir_all(dir);
+    Ok(())
 }
 
 /// docs/BENCHMARKS.md: a header naming the machine, then the sections.
