@@ -129,16 +129,9 @@ fn endpoint(v: &str) -> Result<(), String> {
     if u.query().is_some() || u.fragment().is_some() {
         return Err(format!("{v:?} must not have a query or fragment"));
     }
-    let host = u.host_str().unwrap_or("");
-    let loopback = host.eq_ignore_ascii_case("localhost")
-        || host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback());
     match u.scheme() {
-        "https" if !host.is_empty() => Ok(()),
-        "http" if loopback => Ok(()),
+        "https" if u.host_str().is_some_and(|h| !h.is_empty()) => Ok(()),
+        "http" if super::validate::loopback_host(&u) => Ok(()),
         _ => Err(format!(
             "{v:?} must be https:// (http:// only to a loopback host, e.g. a test server): \
              requests carry the instance role's session token"

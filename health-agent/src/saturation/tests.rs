@@ -166,11 +166,10 @@ fn a_server_that_reads_everything_early_teaches_nothing() {
     assert!(r.note.as_deref().unwrap().contains("web.workers"), "{r:?}");
 }
 
-#[test]
-fn blocked_work_is_dropped_with_what_led_up_to_it() {
-    // Half load for 50 s; then a dependency stalls every worker: arrivals go on, nothing is
-    // answered. The agent notices after 2 s and withholds.
-    let jobs = simulate(0.5, 4, 0.05, 50.0, 9);
+/// 50 s of half load on four workers (seed `seed`), ticked into a meter: the meter, the first
+/// tick's instant, the last sample (to stall from) and the web part it gave.
+fn half_load(seed: u64) -> (Meter, Instant, LoadSample, f64) {
+    let jobs = simulate(0.5, 4, 0.05, 50.0, seed);
     let mut m = Meter::new(WINDOW, 4, 2);
     let t0 = Instant::now();
     let mut s = LoadSample::default();
@@ -179,6 +178,14 @@ fn blocked_work_is_dropped_with_what_led_up_to_it() {
         m.tick(t0 + TICK * i, s);
     }
     let before = m.estimate(t0 + TICK * 200, None).unwrap().web.unwrap();
+    (m, t0, s, before)
+}
+
+#[test]
+fn blocked_work_is_dropped_with_what_led_up_to_it() {
+    // Half load for 50 s; then a dependency stalls every worker: arrivals go on, nothing is
+    // answered. The agent notices after 2 s and withholds.
+    let (mut m, t0, mut s, before) = half_load(9);
     for i in 201..=280u32 {
         s.established += 10;
         s.pending = 4;
@@ -335,15 +342,7 @@ fn nothing_measured_is_unknown_not_zero() {
 fn stalled_work_is_not_load_even_before_the_fault_is_named() {
     // Half load; then nothing is answered while arrivals go on, for 8 s before anyone names
     // the dependency: the window must not show the stall meanwhile.
-    let jobs = simulate(0.5, 4, 0.05, 50.0, 21);
-    let mut m = Meter::new(WINDOW, 4, 2);
-    let t0 = Instant::now();
-    let mut s = LoadSample::default();
-    for i in 0..=200u32 {
-        s = read(&jobs, TICK.as_secs_f64() * f64::from(i), false);
-        m.tick(t0 + TICK * i, s);
-    }
-    let before = m.estimate(t0 + TICK * 200, None).unwrap().web.unwrap();
+    let (mut m, t0, mut s, before) = half_load(21);
     for i in 201..=232u32 {
         s.established += 10;
         s.pending = 4;
