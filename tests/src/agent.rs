@@ -67,6 +67,13 @@ impl Agent {
                 "\n[scaling]\ncpu_high_percent = 100.0\nmemory_high_percent = 100.0\nup_at = 10.0\n",
             );
         }
+        // The whole suite can run with the connection programs attached only on suspicion:
+        // `HEALTH_AGENT_TESTS_SOCKET_TRACING=on_suspicion` sets it wherever a test does not.
+        if let Ok(mode) = std::env::var("HEALTH_AGENT_TESTS_SOCKET_TRACING") {
+            if !extra.contains("socket_tracing") {
+                base.push_str(&format!("\n[web]\nsocket_tracing = \"{mode}\"\n"));
+            }
+        }
         std::fs::write(&config, merge_toml(&base, extra)).expect("writing config");
         let log = dir.path().join("agent.log");
         let log_file = std::fs::File::create(&log).expect("log file");

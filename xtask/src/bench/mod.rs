@@ -85,6 +85,10 @@ pub struct Args {
     /// in `--out`.
     #[arg(long)]
     only_bpf_stats: bool,
+    /// Run only the hang-to-503 section (both `web.socket_tracing` modes), and put it in place
+    /// of its section in `--out`.
+    #[arg(long)]
+    only_hang: bool,
 }
 
 /// The release binaries the bench runs.
@@ -121,6 +125,10 @@ pub fn run(args: &Args) -> Result<()> {
     }
     if args.only_bpf_stats {
         let md = bpf_stats::run(&bins.agent, baseline, &dir, args.quick)?;
+        return write_section(args, &dir, &md);
+    }
+    if args.only_hang {
+        let md = hang::run(&bins.agent, &bins.backend, &dir, args.quick)?;
         return write_section(args, &dir, &md);
     }
     if args.only_socket_costs {

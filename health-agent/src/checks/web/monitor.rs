@@ -347,15 +347,16 @@ impl WebMonitor {
 
     /// Whether this tick reads the port's connections. A dump walks every TCP socket of the
     /// namespace (the kernel filters by port only after that), so while nothing goes on it is
-    /// made once every QUIET_READ_EVERY; work seen at the last read, the programs attached, or
-    /// a listener with connections in its queue (one read of the listening table) make it
-    /// every tick.
+    /// made once every QUIET_READ_EVERY; work seen at the last read or a listener with
+    /// connections in its queue (one read of the listening table) make it every tick. The
+    /// programs being attached do not: they see every new connection and socket call, and the
+    /// read covers the connections opened before them, which show here as soon as they hold
+    /// work (10,000 idle keep-alive connections read every tick cost 6 % of a core).
     fn sockets_due(&self, now: Instant) -> bool {
         let Some(at) = self.sockets_at else {
             return true;
         };
         if now.saturating_duration_since(at) >= QUIET_READ_EVERY
-            || self.kernel.as_ref().is_some_and(KernelView::following)
             || self.sockets_error.is_some()
             || self
                 .sockets
@@ -381,7 +382,12 @@ impl WebMonitor {
         {
             return Some(why);
         }
-        if self.probe_failing_since.is_some() {
+        // A 4xx proves the server answers (the path is wrong: a config error, said apart).
+        let answers = self
+            .last_probe
+            .as_ref()
+            .is_some_and(|p| p.status.is_some_and(|s| (400..500).contains(&s)));
+        if self.probe_failing_since.is_some() && !answers {
             return Some("the probe fails".into());
         }
         let wrong = !matches!(
@@ -1116,6 +1122,34 @@ mod tests {
         m.record_probe(failed(false), t1);
         let r = m.evaluate(t1 + Duration::from_secs(11));
         assert_eq!(r.verdict, WebVerdict::Unresponsive, "{}", r.detail);
+    }
+
+    #[test]
+    fn a_probe_answered_4xx_is_a_wrong_path_not_a_reason_to_follow_every_connection() {
+        let cfg = WebConfig {
+            port: 9000,
+            kernel: false,
+            ..WebConfig::default()
+        };
+        let (kernel, status) = load_kernel(&cfg);
+        let mut m = WebMonitor::new(cfg, kernel, status);
+        let t0 = Instant::now();
+        let answered = |status| ProbeResult {
+            ok: false,
+            status: Some(status),
+            error: None,
+            ..failed(false)
+        };
+        m.record_probe(answered(404), t0);
+        assert_eq!(
+            m.suspicion(),
+            None,
+            "the server answers: only the path is wrong"
+        );
+        m.record_probe(answered(503), t0 + Duration::from_secs(1));
+        assert_eq!(m.suspicion().as_deref(), Some("the probe fails"));
+        m.record_probe(failed(false), t0 + Duration::from_secs(2));
+        assert_eq!(m.suspicion().as_deref(), Some("the probe fails"));
     }
 
     #[test]

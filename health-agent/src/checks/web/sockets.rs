@@ -15,7 +15,7 @@ use std::{collections::HashMap, net::SocketAddr, time::Duration};
 use serde::{Serialize, Serializer};
 
 use super::progress::Moves;
-use crate::net::TcpConn;
+use crate::net::{TcpConn, TCP_CLOSE_WAIT};
 
 /// A connection waiting this long unclaimed, or a request unread this long, attaches the
 /// programs. A healthy server, even saturated, claims within milliseconds.
@@ -91,11 +91,18 @@ impl SocketView {
                 let since = ms(c.last_data_sent_ms);
                 v.since_sent = Some(v.since_sent.map_or(since, |s| s.min(since)));
             }
+            // A peer's FIN takes one sequence number, so a connection closed by its peer shows
+            // one byte unread until the server reads the end of it: no request.
+            let unread = if c.state == TCP_CLOSE_WAIT {
+                c.unread.saturating_sub(1)
+            } else {
+                c.unread
+            };
             if c.inode == 0 {
                 v.unaccepted += 1;
                 let age = ms(c.last_ack_recv_ms.max(c.last_data_recv_ms));
                 v.oldest_unaccepted = older(v.oldest_unaccepted, age);
-            } else if c.unread > 0 {
+            } else if unread > 0 {
                 v.unread += 1;
                 v.oldest_unread = older(v.oldest_unread, ms(c.last_data_recv_ms));
             } else if c.bytes_received > 0
@@ -256,5 +263,26 @@ mod tests {
         tick();
         let v = view(&diag, port);
         assert_eq!(v.pending, 1, "a keep-alive request is pending too: {v:?}");
+
+        // Answered, then the client closes: until the server reads the end, the FIN shows as
+        // one byte unread, which is no request.
+        server.write_all(b"HTTP/1.1 200 OK\r\n\r\n").unwrap();
+        client.read_exact(&mut [0u8; 19]).unwrap();
+        drop(client);
+        tick();
+        let v = view(&diag, port);
+        assert_eq!((v.connections, v.unread, v.pending), (1, 0, 0), "{v:?}");
+        assert_eq!(v.suspicion(Duration::ZERO), None, "{v:?}");
+
+        // A request sent and the connection closed (a client that gave up): still unread.
+        let mut gave_up = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let (_server2, _) = l.accept().unwrap();
+        gave_up.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+        drop(gave_up);
+        tick();
+        let v = view(&diag, port);
+        assert_eq!((v.connections, v.unread), (2, 1), "{v:?}");
+        assert!(v.suspicion(Duration::ZERO).unwrap().contains("unread"));
+        drop(server);
     }
 }
