@@ -71,6 +71,9 @@ pub struct LoadSample {
     /// With `sampled`: whether anything went out on the port's connections since the previous
     /// tick (what a counted tick's answers say).
     pub moved: bool,
+    /// With `sampled`: keep-alive requests came back to back within a jiffy, so `pending`
+    /// may miss requests in service (sock_diag cannot tell them from answered ones).
+    pub unsure: bool,
 }
 
 /// One tick's worth of evidence.
@@ -86,6 +89,8 @@ struct Record {
     excluded: bool,
     /// Arrivals and completions were not counted (`LoadSample::sampled`).
     sampled: bool,
+    /// Its requests in service may be too few (`LoadSample::unsure`).
+    unsure: bool,
     /// Taken while work in service stopped moving (nothing answered for far longer than this
     /// server's requests take): left out until it moves again — then it was slow work, and
     /// counts — or a dependency fault is named — then it was blocked, and stays out.
@@ -158,6 +163,9 @@ pub struct Estimate {
     pub backend_cpu: Option<f64>,
     pub load: WebLoad,
     pub seconds: f64,
+    /// Some of the span's sampled ticks could not tell requests in service (`web` is None
+    /// for it).
+    pub unsure: bool,
 }
 
 impl Meter {
@@ -279,6 +287,7 @@ impl Meter {
             cpu_seconds,
             excluded: held,
             sampled: s.sampled,
+            unsure: s.sampled && s.unsure,
             stalled,
         });
         while self
@@ -324,6 +333,7 @@ impl Meter {
         let cap = self.capacity();
         let (mut t, mut a, mut d, mut busy, mut in_server) = (0.0, 0u64, 0u64, 0.0, 0.0);
         let mut counted_t = 0.0;
+        let mut unsure = false;
         let (mut cpu, mut cpu_t) = (0.0, 0.0);
         let c = cap.workers.map(f64::from);
         for r in self.records.iter().rev() {
@@ -334,6 +344,7 @@ impl Meter {
                 continue;
             }
             t += r.dt;
+            unsure |= r.unsure;
             if !r.sampled {
                 counted_t += r.dt;
                 a += r.arrivals;
@@ -357,7 +368,9 @@ impl Meter {
         } else {
             a as f64 / d.max(1) as f64
         };
-        let web = c.map(|c| busy / (c * t) * offered);
+        // Requests in service that could not be seen would read as spare workers: no figure
+        // rather than a low one.
+        let web = c.filter(|_| !unsure).map(|c| busy / (c * t) * offered);
         let cpu_rate = (cpu_t > 0.0).then(|| cpu / cpu_t);
         let backend_cpu = cpu_rate.map(|r| r / cap.cores.max(0.01) * offered);
         let load = WebLoad {
@@ -372,6 +385,7 @@ impl Meter {
             backend_cpu,
             load,
             seconds: t,
+            unsure,
         })
     }
 }
@@ -509,6 +523,14 @@ pub fn assess(
     let instant = host(latest).largest().map(|(_, v)| round2(v));
     let note = if let Some(why) = &cx.no_kernel {
         Some(format!("no web part without the kernel view: {why}"))
+    } else if window.is_some_and(|e| e.unsure) {
+        Some(
+            "web part unknown: keep-alive requests follow their answers within a jiffy (4 ms) \
+             while the connection programs are detached (web.socket_tracing = \"on_suspicion\"), \
+             and sock_diag's timers cannot tell such a request in service from one answered; \
+             \"always\" counts every exchange"
+                .into(),
+        )
     } else if capacity.basis == Basis::Unknown {
         Some(
             "web part unknown: no work has waited in the accept queue yet, so the number of \

@@ -434,3 +434,46 @@ fn sampled_ticks_measure_the_load_in_service_without_counts() {
         .unwrap_or_default();
     assert!(e.seconds < 2.0, "stalled ticks counted as load: {e:?}");
 }
+
+#[test]
+fn sampled_ticks_that_cannot_see_requests_in_service_give_no_web_part() {
+    // Back-to-back keep-alive requests under detached programs: sock_diag reads them as
+    // answered, so the requests in service it reports are too few. No figure, and a note
+    // that says why, rather than spare workers that are not there.
+    let mut m = Meter::new(WINDOW, 4, 2);
+    let t0 = Instant::now();
+    let blind = LoadSample {
+        pending: 0,
+        sampled: true,
+        moved: true,
+        unsure: true,
+        ..LoadSample::default()
+    };
+    for i in 0..=40u32 {
+        m.tick(t0 + TICK * i, blind);
+    }
+    let e = m.estimate(t0 + TICK * 40, None).unwrap();
+    assert_eq!(e.web, None, "{e:?}");
+    assert!(e.unsure);
+    let r = assess(Some(&e), Some(&e), m.capacity(), &cx(None, None));
+    assert_eq!(r.parts.web, None, "{r:?}");
+    assert!(
+        r.note.as_deref().is_some_and(|n| n.contains("jiffy")),
+        "{r:?}"
+    );
+
+    // Once the reads can tell again (a window later), the figure comes back.
+    let seen = LoadSample {
+        pending: 2,
+        unsure: false,
+        ..blind
+    };
+    let later = 40 + (WINDOW.as_secs_f64() / TICK.as_secs_f64()) as u32 + 8;
+    for i in 41..=later {
+        m.tick(t0 + TICK * i, seen);
+    }
+    let e = m.estimate(t0 + TICK * later, None).unwrap();
+    assert!(!e.unsure, "{e:?}");
+    let web = e.web.unwrap();
+    assert!((web - 0.5).abs() < 0.05, "2 of 4 workers busy: {web}");
+}

@@ -94,6 +94,9 @@ pub struct WebMonitor {
     sockets_at: Option<Instant>,
     /// Something went out on the port's connections between the two latest reads.
     moved: bool,
+    /// With the programs detached: the last read could not tell keep-alive requests in
+    /// service from answered ones (`Moves::unsure`).
+    unsure: bool,
 }
 
 /// A container that was found before and is gone this long is no longer "being recreated"
@@ -213,6 +216,7 @@ impl WebMonitor {
             socket_moves: SocketMoves::default(),
             sockets_at: None,
             moved: false,
+            unsure: false,
         }
     }
 
@@ -301,6 +305,7 @@ impl WebMonitor {
                 backend_cpu_seconds: process::cpu_seconds(&self.owners),
                 sampled: true,
                 moved: self.moved,
+                unsure: self.unsure,
                 ..Default::default()
             });
         }
@@ -315,6 +320,7 @@ impl WebMonitor {
             backend_cpu_seconds: process::cpu_seconds(&self.owners),
             sampled: false,
             moved: false,
+            unsure: false,
         })
     }
 
@@ -334,6 +340,7 @@ impl WebMonitor {
                 let v = SocketView::of(&conns);
                 let moves = self.socket_moves.update(&conns, &v);
                 self.moved = moves.answered;
+                self.unsure = moves.unsure;
                 self.sockets = Some(v);
                 self.sockets_at = Some(now);
                 Some(moves)

@@ -25,6 +25,10 @@ pub struct Moves {
     pub taken: bool,
     /// A request was answered or given up on.
     pub finished: bool,
+    /// A connection both received and sent since the previous read, the last of each in the
+    /// same jiffy: a keep-alive request sent the moment the previous answer arrived reads
+    /// like one already answered, so whether it is in service cannot be told.
+    pub unsure: bool,
 }
 
 #[derive(Debug, Default)]
@@ -66,6 +70,7 @@ impl Progress {
                 taken: c.claimed + c.closed_unclaimed != prev.claimed + prev.closed_unclaimed
                     || seen.taken,
                 finished: c.answered + c.closed_pending != prev.answered + prev.closed_pending,
+                unsure: false,
             },
             now,
             window,
