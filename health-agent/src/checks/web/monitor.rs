@@ -47,6 +47,9 @@ pub struct WebMonitor {
     owners_scanned: Option<Instant>,
     /// CPU of each process holding the listener, sampled while work is stuck.
     worker_cpu: HashMap<u32, CpuMeter>,
+    /// When a look prompted only by connections accepted and never read found no process
+    /// holding a request (see HELD_LOOK_EVERY).
+    held_found_nothing: Option<Instant>,
     /// (process, listen fd) → socket inode, resolved once through /proc.
     accept_fds: HashMap<AcceptKey, Option<u64>>,
     latency: LatencyWindow,
@@ -108,6 +111,11 @@ const DROPS_EVERY: Duration = Duration::from_secs(2);
 const OWNERS_FRESH: Duration = Duration::from_secs(5);
 /// Work stuck this long makes the monitor look at the server's processes.
 const LOOK_AFTER: Duration = Duration::from_millis(200);
+/// Connections accepted and never read, with nothing else stuck, are looked into this often
+/// once a look found no process holding a request: silent clients (a proxy's pre-opened
+/// connections, slow or idle ones) leave the server nothing to read, and each look reads every
+/// connection of the namespace and every descriptor of the server's processes.
+const HELD_LOOK_EVERY: Duration = Duration::from_secs(1);
 /// An outbound request counts as what the server waits on if it went out no earlier than
 /// this before the server last moved.
 const SENT_BEFORE_STALL: Duration = Duration::from_secs(1);
@@ -189,6 +197,7 @@ impl WebMonitor {
             owners_inode: 0,
             owners_scanned: None,
             worker_cpu: HashMap::new(),
+            held_found_nothing: None,
             accept_fds: HashMap::new(),
             latency: LatencyWindow::default(),
             progress: Progress::default(),
@@ -904,8 +913,15 @@ impl WebMonitor {
         if !(stuck || held) || self.owners.is_empty() {
             self.cpu.clear();
             self.worker_cpu.clear();
+            self.held_found_nothing = None;
             return None;
         }
+        // Held connections only, and the last look found nobody holding a request: the
+        // processes' state and CPU (one small read each) still, the connections not yet.
+        let look_at_connections = stuck
+            || self
+                .held_found_nothing
+                .is_none_or(|t| now.saturating_duration_since(t) >= HELD_LOOK_EVERY);
         if self.owners.len() > 1
             && self
                 .owners_scanned
@@ -929,6 +945,14 @@ impl WebMonitor {
         let sent_within = since_progress.map(|d| d + SENT_BEFORE_STALL);
         let mut error = None;
         let web_port = self.target.as_ref().map_or(self.cfg.port, |t| t.port);
+        let workers = self.owners.len() > 1 && look_at_connections;
+        if !(stuck || workers) {
+            return Some(ProcessView {
+                frozen: e.frozen.clone(),
+                cpu_percent: e.cpu_percent,
+                error,
+            });
+        }
         let conns = match self.target.as_ref().map(Target::connections) {
             Some(Ok(conns)) => conns,
             Some(Err(err)) => {
@@ -940,9 +964,12 @@ impl WebMonitor {
         if stuck {
             e.dependencies = process::dependency_waits(&self.owners, &conns, web_port, sent_within);
         }
-        if self.owners.len() > 1 && error.is_none() {
+        if workers && error.is_none() {
             e.workers = self.look_at_workers(&conns, web_port, now);
         }
+        // Only held connections brought this look (it was due): when it found nobody
+        // holding a request, the next waits HELD_LOOK_EVERY.
+        self.held_found_nothing = (!stuck && e.workers.is_empty()).then_some(now);
         Some(ProcessView {
             frozen: e.frozen.clone(),
             cpu_percent: e.cpu_percent,
