@@ -2,6 +2,7 @@
 //! record offsets and watched ports, attach the tracepoints, drain aya-log into `tracing`, and
 //! read the maps into plain samples. Dropping `KernelView` detaches everything.
 
+mod batch;
 pub mod btf;
 mod sample;
 #[cfg(test)]
@@ -77,6 +78,10 @@ pub struct KernelView {
     counters: PerCpuArray<MapData, PortCounters>,
     latency: PerCpuArray<MapData, LatencyHist>,
     conns: HashMap<MapData, u64, ConnState>,
+    /// A second descriptor of the connection table, for batch reads (see `conn_entries`).
+    conns_fd: Option<std::os::fd::OwnedFd>,
+    /// Batch reads failed once (a kernel without them for this map type): entry by entry.
+    conns_batch_failed: std::sync::atomic::AtomicBool,
     accepts: HashMap<MapData, AcceptKey, AcceptStat>,
     map_errors: PerCpuArray<MapData, u64>,
     log_task: Option<tokio::task::JoinHandle<()>>,
@@ -278,6 +283,13 @@ impl KernelView {
         let netns_keyed = offsets.net_known == 1;
         let counters = take(&mut ebpf, maps::PORT_COUNTERS)?;
         let latency = take(&mut ebpf, maps::LATENCY)?;
+        let conns_fd = match ebpf.map(maps::CONNS) {
+            Some(aya::maps::Map::LruHashMap(d) | aya::maps::Map::HashMap(d)) => {
+                use std::os::fd::AsFd;
+                d.fd().as_fd().try_clone_to_owned().ok()
+            }
+            _ => None,
+        };
         let conns = take(&mut ebpf, maps::CONNS)?;
         let accepts = take(&mut ebpf, maps::ACCEPTS)?;
         let map_errors = take(&mut ebpf, maps::MAP_ERRORS)?;
@@ -318,6 +330,8 @@ impl KernelView {
             counters,
             latency,
             conns,
+            conns_fd,
+            conns_batch_failed: std::sync::atomic::AtomicBool::new(false),
             accepts,
             map_errors,
             log_task,
@@ -563,8 +577,7 @@ impl KernelView {
             .iter()
             .any(|p| p.counters.waiting() > 0 || p.counters.pending() > 0);
         if maybe_busy {
-            for entry in self.conns.iter() {
-                let Ok((_, conn)) = entry else { continue };
+            for conn in self.conn_entries() {
                 let Some(p) = ports.get_mut(conn.slot as usize) else {
                     continue;
                 };
@@ -586,6 +599,32 @@ impl KernelView {
             map_errors: self.map_errors(),
             now_ns,
         }
+    }
+
+    /// Every entry of the connection table: in a few batch reads where the kernel has them,
+    /// else entry by entry (two syscalls each).
+    fn conn_entries(&self) -> Vec<ConnState> {
+        use std::{os::fd::AsFd, sync::atomic::Ordering};
+        if let Some(fd) = self
+            .conns_fd
+            .as_ref()
+            .filter(|_| !self.conns_batch_failed.load(Ordering::Relaxed))
+        {
+            match batch::lookup_all::<u64, ConnState>(fd.as_fd()) {
+                Ok(entries) => return entries.into_iter().map(|(_, c)| c).collect(),
+                Err(e) => {
+                    self.conns_batch_failed.store(true, Ordering::Relaxed);
+                    tracing::info!(
+                        "the connection table cannot be read in batches ({e}): entry by entry"
+                    );
+                }
+            }
+        }
+        self.conns
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(_, c)| c)
+            .collect()
     }
 
     /// The map-error counters, summed over CPUs: one small map read. A slot that cannot be

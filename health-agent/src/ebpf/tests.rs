@@ -205,3 +205,45 @@ async fn detached_programs_count_nothing_and_attach_afresh() {
     k.follow(true).unwrap();
     assert_eq!(k.sample().ports[0].counters, PortCounters::default());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+#[ignore = "needs root and a kernel with BTF: loads the eBPF programs (cargo test -- --ignored)"]
+async fn the_connection_table_reads_the_same_in_batches_as_entry_by_entry() {
+    let mut k = KernelView::load(4096, false, true).expect("loading the kernel programs");
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    k.watch(&[(own_netns(), port)]).unwrap();
+    // More connections than one batch holds, accepted and never read: each waits in the
+    // table, so the sample walks it.
+    let n = 2500;
+    let held: Vec<(TcpStream, TcpStream)> = (0..n)
+        .map(|_| {
+            let c = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+            let (s, _) = listener.accept().expect("accept");
+            (c, s)
+        })
+        .collect();
+    let s = settle(&k, |s| s.ports[0].waiting as usize >= n);
+    assert_eq!(s.ports[0].waiting as usize, n, "{:?}", s.ports[0]);
+    assert!(
+        !k.conns_batch_failed
+            .load(std::sync::atomic::Ordering::Relaxed),
+        "batch reads fell back to entry by entry"
+    );
+    let mut batched: Vec<_> = k
+        .conn_entries()
+        .into_iter()
+        .map(|c| (c.established_ns, c.slot))
+        .collect();
+    let mut one_by_one: Vec<_> = k
+        .conns
+        .iter()
+        .filter_map(Result::ok)
+        .map(|(_, c)| (c.established_ns, c.slot))
+        .collect();
+    batched.sort_unstable();
+    one_by_one.sort_unstable();
+    assert_eq!(batched.len(), n);
+    assert_eq!(batched, one_by_one);
+    drop(held);
+}
