@@ -75,8 +75,23 @@ pub fn insert(sk: u64, conn: &ConnState) -> Result<(), i32> {
     })
 }
 
+/// Starts following `sk` unless an entry exists already (another CPU took it up a moment
+/// before: not an error). Any other failed insert is counted.
+#[inline(always)]
+pub fn insert_new(sk: u64, conn: &ConnState) {
+    /// `BPF_NOEXIST`: create only.
+    const NOEXIST: u64 = 1;
+    /// -EEXIST.
+    const EXISTS: i32 = -17;
+    if let Err(e) = CONNS.insert(sk, conn, NOEXIST) {
+        if e != EXISTS {
+            map_error(MapErrorKind::ConnInsert);
+        }
+    }
+}
+
 /// The table entry of `sk`, to update in place; None for a connection this table does not
-/// follow (another port, opened before the agent started, or evicted).
+/// follow (another port, or one of a watched port not taken up yet: see `tcp_state::adopt`).
 #[inline(always)]
 pub fn get_mut(sk: u64) -> Option<&'static mut ConnState> {
     let p = CONNS.get_ptr_mut(sk)?;

@@ -4,8 +4,9 @@
 //! building a trace record, and no field offsets are needed. A process's first read or write
 //! on a connection is its claim; they also say when its first request byte was read and when
 //! its first response byte left, and count every request → answer exchange, keep-alive ones
-//! included. They update the shared connection table (`conn`) in place; this area owns the
-//! server-latency histogram.
+//! included. They update the shared connection table (`conn`) in place, and take up a
+//! connection of a watched port it does not follow yet (`tcp_state::adopt`: one opened before
+//! they attached), whose exchanges then count; this area owns the server-latency histogram.
 
 use aya_ebpf::{
     macros::{map, raw_tracepoint},
@@ -16,7 +17,7 @@ use health_common::{latency_bucket, LatencyHist, MapErrorKind, LATENCY_BUCKETS, 
 
 use crate::{
     conn::{self, counters, port_watched, sock_port},
-    map_error, now_ns, offsets,
+    map_error, now_ns, offsets, tcp_state,
 };
 
 #[map]
@@ -47,10 +48,22 @@ fn try_io(ctx: &RawTracePointContext, send: bool) -> Option<()> {
     // turns away the client side of every connection and every other server; without BTF
     // offsets the hash lookup alone decides.
     let off = offsets()?;
-    if off.sock_known == 1 && !port_watched(sock_port(off, sk)?) {
-        return None;
-    }
-    let conn = conn::get_mut(sk)?;
+    let port = if off.sock_known == 1 {
+        let port = sock_port(off, sk)?;
+        if !port_watched(port) {
+            return None;
+        }
+        Some(port)
+    } else {
+        None
+    };
+    let conn = match conn::get_mut(sk) {
+        Some(conn) => conn,
+        // A connection of the watched port the table does not follow yet (without the port
+        // there is no telling): taken up, unless this is the read that finds it ended.
+        None if send || ret > 0 => tcp_state::adopt(off, sk, port?)?,
+        None => return None,
+    };
     // Every byte in or out is movement, keep-alive exchanges included: one per-CPU add (the
     // array lookup is inlined by the verifier), no clock read.
     let c = counters(conn.slot)?;

@@ -143,6 +143,33 @@ fn on_established<C: EbpfContext>(ctx: &C, sk: u64, key: WatchKey) -> Option<()>
     Some(())
 }
 
+/// Takes up `sk`, a TCP connection on the watched `port` that the table does not follow: it
+/// opened before the programs attached (or before the agent started, or was evicted). From
+/// this socket call on its exchanges count, so a load balancer's long-lived connections are
+/// seen moving. Its handshake, claim, first request and first answer are past: the entry says
+/// so (their times set to now), and none of them is counted. One namespace read and one map
+/// look-up and insert, once per such connection.
+pub fn adopt(off: &TracepointOffsets, sk: u64, port: u16) -> Option<&'static mut ConnState> {
+    if sock_u16(off, sk, off.sock_protocol)? != IPPROTO_TCP {
+        return None;
+    }
+    // SAFETY: copied out at once, as in `on_established`.
+    let slot = *unsafe { WATCHED_PORTS.get(WatchKey::new(netns(off, sk), port)) }?;
+    let now = now_ns();
+    conn::insert_new(
+        sk,
+        &ConnState {
+            established_ns: now,
+            claimed_ns: now,
+            first_request_ns: now,
+            first_response_ns: now,
+            slot,
+            exchange: 0,
+        },
+    );
+    conn::get_mut(sk)
+}
+
 fn on_close(sk: u64) -> Option<()> {
     let conn = conn::take(sk)?;
     let c = counters(conn.slot)?;

@@ -219,3 +219,46 @@ fn saturation_follows_keep_alive_load_as_a_load_balancer_sends_it() {
         "keep-alive requests are not counted per request: {counters:#}"
     );
 }
+
+#[test]
+fn a_load_balancers_connections_opened_before_the_agent_started_are_counted() {
+    // The agent restarts (an upgrade, a crash) while the load balancer keeps its pooled
+    // keep-alive connections open: their requests must count from the agent's start, not
+    // from whenever the balancer happens to reopen them.
+    require_root();
+    let puma = Puma::start(PumaOptions {
+        threads: THREADS,
+        ..Default::default()
+    });
+    let load = Load::keep_alive(puma.port, "/io", 2, Duration::from_secs(20));
+    std::thread::sleep(Duration::from_secs(2));
+    let agent = Agent::start(&format!(
+        "[web]\nport = {}\nworkers = {THREADS}\nsocket_tracing = \"always\"\n\n[scaling]\nwindow = \"8s\"\n",
+        puma.port
+    ));
+    std::thread::sleep(Duration::from_secs(10));
+    let (_, body) = agent.health();
+    let stats = load.stop();
+    assert!(
+        stats.errors + stats.timeouts == 0 && stats.connections <= 3,
+        "the load did not stay on its keep-alive connections: {stats:?}"
+    );
+    let utilisation = stats.answers() as f64 / stats.elapsed.as_secs_f64()
+        * puma.options.io_seconds
+        / THREADS as f64;
+    let details = &body["details"]["saturation"];
+    let counters = &body["details"]["web"]["counters"];
+    let web = details["parts"]["web"].as_f64().unwrap_or(0.0);
+    println!("web part {web}, utilisation {utilisation:.2}; counters {counters}");
+    assert!(
+        (web - utilisation).abs() <= 0.15,
+        "the web part is {web} for connections opened before the agent, the utilisation they \
+         made {utilisation:.2}: {details:#}\ncounters {counters:#}"
+    );
+    let requests_in = counters["exchanges_in"].as_u64().unwrap_or(0);
+    let handshakes = counters["established"].as_u64().unwrap_or(0);
+    assert!(
+        requests_in > 10 * handshakes.max(1),
+        "the pooled connections' requests were not counted: {counters:#}"
+    );
+}

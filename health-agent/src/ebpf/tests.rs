@@ -181,9 +181,10 @@ async fn detached_programs_count_nothing_and_attach_afresh() {
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(k.sample().ports[0].counters, PortCounters::default());
 
-    // A connection opened while detached, then the programs attach: it is not in their table
-    // (sock_diag covers it), its claim after the attach counts nothing, and what they count
-    // afterwards is exact.
+    // A connection opened while detached, then the programs attach: its handshake and claim
+    // are past and count nothing (sock_diag covers them), but it is taken up at its first
+    // socket call, so its exchanges count from then on, keep-alive ones included; what the
+    // programs count of the connections after the attach is exact.
     let mut early = TcpStream::connect(("127.0.0.1", port)).expect("connect");
     k.follow(true).unwrap();
     assert!(k.following());
@@ -192,10 +193,34 @@ async fn detached_programs_count_nothing_and_attach_afresh() {
     taken.read_exact(&mut [0u8; 4]).unwrap();
     taken.write_all(b"pong").unwrap();
     exchange(&listener, 3);
+    // Its next request, read and not answered yet.
+    early.write_all(b"ping").unwrap();
+    taken.read_exact(&mut [0u8; 4]).unwrap();
     let s = settle(&k, |s| s.ports[0].counters.answered >= 3);
     let c = s.ports[0].counters;
     assert_eq!((c.established, c.answered, c.waiting()), (3, 3, 0), "{c:?}");
     assert_eq!(s.ports[0].waiting, 0, "{s:?}");
+    assert_eq!(
+        s.ports[0].pending, 0,
+        "an adopted connection has no first request: {s:?}"
+    );
+    assert_eq!(
+        (c.exchanges_in, c.exchanges_out, c.in_service()),
+        (5, 4, 1),
+        "three new exchanges and the early connection's two: {c:?}"
+    );
+    assert_eq!(s.map_errors, MapErrors::default(), "{s:?}");
+    // It closes with its request open: dropped, like any other's.
+    drop(early);
+    drop(taken);
+    let s = settle(&k, |s| s.ports[0].counters.exchanges_dropped >= 1);
+    let c = s.ports[0].counters;
+    assert_eq!((c.exchanges_dropped, c.in_service()), (1, 0), "{c:?}");
+    assert_eq!(
+        (c.closed_unclaimed, c.closed_unanswered),
+        (0, 0),
+        "nothing of it was unclaimed or unanswered by the per-connection counts: {c:?}"
+    );
 
     // Detached again: the counters stand still; attached again: they start from zero.
     k.follow(false).unwrap();

@@ -847,8 +847,9 @@ impl WebMonitor {
     }
 
     /// The programs' evidence merged with the port's connections as sock_diag shows them: the
-    /// programs never see connections opened before they attached (or anything while they are
-    /// detached), sock_diag sees every open one but none that closed. Ages take the older of
+    /// programs see nothing while they are detached, and of a connection opened before they
+    /// attached only its exchanges from its next socket call on (not its handshake, claim or a
+    /// request it had read); sock_diag sees every open one but none that closed. Ages take the older of
     /// the two, counts the larger, the last answer the more recent.
     fn with_sockets(&self, kernel: Option<KernelEvidence>, v: &SocketView) -> KernelEvidence {
         let max = |a: Option<Duration>, b: Option<Duration>| a.max(b);
