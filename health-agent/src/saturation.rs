@@ -39,6 +39,8 @@ use serde::Serialize;
 const INSTANT: Duration = Duration::from_secs(5);
 /// Less data than this in the window: no estimate yet.
 const MIN_SPAN: Duration = Duration::from_secs(1);
+/// Counted time a web part needs when the sampled ticks could not see requests in service.
+const MIN_COUNTED: Duration = Duration::from_millis(500);
 /// Work in service with no answer for this long (or four times the server's mean time in
 /// service, when longer) has stalled.
 const STALL_AFTER: Duration = Duration::from_secs(1);
@@ -332,8 +334,11 @@ impl Meter {
         let span = span.unwrap_or(self.window);
         let cap = self.capacity();
         let (mut t, mut a, mut d, mut busy, mut in_server) = (0.0, 0u64, 0u64, 0.0, 0.0);
-        let mut counted_t = 0.0;
+        let (mut counted_t, mut counted_busy, mut counted_in) = (0.0, 0.0, 0.0);
         let mut unsure = false;
+        // Requests still in service at the end of each run of counted ticks (a counting
+        // window): arrived, not yet answered when the window closed.
+        let (mut open_at_ends, mut later_counted) = (0u64, false);
         let (mut cpu, mut cpu_t) = (0.0, 0.0);
         let c = cap.workers.map(f64::from);
         for r in self.records.iter().rev() {
@@ -349,10 +354,20 @@ impl Meter {
                 counted_t += r.dt;
                 a += r.arrivals;
                 d += r.completions;
+                if !later_counted {
+                    open_at_ends += r.pending;
+                }
             }
+            later_counted = !r.sampled;
             in_server += r.pending as f64 * r.dt;
+            if !r.sampled {
+                counted_in += r.pending as f64 * r.dt;
+            }
             if let Some(c) = c {
                 busy += (r.pending as f64).min(c) * r.dt;
+                if !r.sampled {
+                    counted_busy += (r.pending as f64).min(c) * r.dt;
+                }
             }
             if let Some(s) = r.cpu_seconds {
                 cpu += s;
@@ -362,22 +377,38 @@ impl Meter {
         if t < MIN_SPAN.as_secs_f64() {
             return None;
         }
+        // Counting windows restart from zero and close with requests in service: those are
+        // served after the window, not piling up. (Counted all along, the one at the end of
+        // the span is the window's in service, which its length makes negligible.)
+        let served = if unsure { d + open_at_ends } else { d };
         // Offered over served: above 1 only while work piles up (or the server stalls).
         let offered = if a == 0 {
             1.0
         } else {
-            a as f64 / d.max(1) as f64
+            a as f64 / served.max(1) as f64
         };
-        // Requests in service that could not be seen would read as spare workers: no figure
-        // rather than a low one.
-        let web = c.filter(|_| !unsure).map(|c| busy / (c * t) * offered);
+        // Requests in service that sock_diag could not see would read as spare workers: then
+        // only the counted ticks (the counting windows `on_suspicion` opens) measure them, and
+        // without enough of those there is no figure rather than a low one.
+        let (busy, in_server, t_web) = if unsure {
+            (counted_busy, counted_in, counted_t)
+        } else {
+            (busy, in_server, t)
+        };
+        let web = c
+            .filter(|_| t_web >= MIN_COUNTED.as_secs_f64())
+            .map(|c| busy / (c * t_web) * offered);
         let cpu_rate = (cpu_t > 0.0).then(|| cpu / cpu_t);
         let backend_cpu = cpu_rate.map(|r| r / cap.cores.max(0.01) * offered);
         let load = WebLoad {
             arrivals_per_second: (counted_t > 0.0).then(|| round2(a as f64 / counted_t)),
             answered_per_second: (counted_t > 0.0).then(|| round2(d as f64 / counted_t)),
             service_ms: (d > 0 && c.is_some()).then(|| round2(busy / d as f64 * 1000.0)),
-            in_server: round2(in_server / t),
+            in_server: if t_web > 0.0 {
+                round2(in_server / t_web)
+            } else {
+                0.0
+            },
             backend_cpu_cores: cpu_rate.map(round2),
         };
         Some(Estimate {
@@ -523,7 +554,7 @@ pub fn assess(
     let instant = host(latest).largest().map(|(_, v)| round2(v));
     let note = if let Some(why) = &cx.no_kernel {
         Some(format!("no web part without the kernel view: {why}"))
-    } else if window.is_some_and(|e| e.unsure) {
+    } else if window.is_some_and(|e| e.unsure && e.web.is_none()) {
         Some(
             "web part unknown: keep-alive requests follow their answers within a jiffy (4 ms) \
              while the connection programs are detached (web.socket_tracing = \"on_suspicion\"), \

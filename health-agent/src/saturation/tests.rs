@@ -462,6 +462,37 @@ fn sampled_ticks_that_cannot_see_requests_in_service_give_no_web_part() {
         "{r:?}"
     );
 
+    // Counting windows (the programs attached for a moment now and then) measure what the
+    // samples miss: the web part comes from them alone, not diluted by the blind samples.
+    let mut w = Meter::new(WINDOW, 4, 2);
+    let (mut n, mut i) = (0u64, 0u32);
+    while i < 240 {
+        for _ in 0..8 {
+            w.tick(t0 + TICK * i, blind);
+            i += 1;
+        }
+        for _ in 0..4 {
+            n += 10;
+            let counted = LoadSample {
+                established: n,
+                answered: n,
+                pending: 2,
+                ..LoadSample::default()
+            };
+            w.tick(t0 + TICK * i, counted);
+            i += 1;
+        }
+    }
+    let e = w.estimate(t0 + TICK * (i - 1), None).unwrap();
+    assert!(e.unsure, "{e:?}");
+    let web = e.web.expect("counted ticks give a web part");
+    assert!(
+        (web - 0.5).abs() < 0.05,
+        "2 of 4 workers busy while counted: {web}"
+    );
+    let r = assess(Some(&e), Some(&e), w.capacity(), &cx(None, None));
+    assert_eq!(r.note, None, "{r:?}");
+
     // Once the reads can tell again (a window later), the figure comes back.
     let seen = LoadSample {
         pending: 2,

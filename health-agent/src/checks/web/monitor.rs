@@ -91,6 +91,9 @@ pub struct WebMonitor {
     sockets_error: Option<String>,
     /// The latest read found something suspicious: evaluate every tick.
     suspicious: bool,
+    /// A counting window (COUNT_FOR) opened then; the previous one closed at `counted_at`.
+    counting_since: Option<Instant>,
+    counted_at: Option<Instant>,
     /// What moved on the port's connections between two ticks (sock_diag).
     socket_moves: SocketMoves,
     /// When `sockets` was read.
@@ -130,6 +133,11 @@ const UNWATCH_ACCEPTS_AFTER: Duration = Duration::from_secs(30);
 const UNFOLLOW_AFTER: Duration = Duration::from_secs(30);
 /// … and reads the port's connections this often while nothing goes on (see `sockets_due`).
 const QUIET_READ_EVERY: Duration = Duration::from_secs(1);
+/// … and while sock_diag cannot tell keep-alive requests in service from answered ones
+/// (`Moves::unsure`), attaches the programs this long every COUNT_EVERY to count them for the
+/// saturation meter: about a tenth of their per-call cost, for a web part that is measured.
+const COUNT_FOR: Duration = Duration::from_millis(750);
+const COUNT_EVERY: Duration = Duration::from_secs(10);
 
 /// Loads the kernel programs when `cfg` asks for them. A failure is not fatal: the monitor
 /// then decides from the probe and the accept queue, and its report says why.
@@ -222,6 +230,8 @@ impl WebMonitor {
             follow_failed: false,
             sockets_error: None,
             suspicious: false,
+            counting_since: None,
+            counted_at: None,
             socket_moves: SocketMoves::default(),
             sockets_at: None,
             moved: false,
@@ -432,18 +442,46 @@ impl WebMonitor {
             .last_suspicion
             .as_ref()
             .filter(|(t, _)| now.saturating_duration_since(*t) < UNFOLLOW_AFTER);
-        let want = recent.is_some() && !self.follow_failed;
+        // A counting window: opened while detached and sock_diag is unsure, closed after
+        // COUNT_FOR (unless a suspicion keeps the programs on).
+        if let Some(t) = self.counting_since {
+            if now.saturating_duration_since(t) >= COUNT_FOR {
+                self.counting_since = None;
+                self.counted_at = Some(now);
+            }
+        } else if recent.is_none()
+            && self.unsure
+            && !k.following()
+            && self
+                .counted_at
+                .is_none_or(|t| now.saturating_duration_since(t) >= COUNT_EVERY)
+        {
+            self.counting_since = Some(now);
+        }
+        let counting = self.counting_since.is_some() && recent.is_none();
+        let want = (recent.is_some() || counting) && !self.follow_failed;
         if want != k.following() {
             match k.follow(want) {
                 Ok(()) if want => {
-                    tracing::info!(
-                        "following every connection of port {}: {}",
-                        self.cfg.port,
-                        recent.map_or("", |(_, w)| w.as_str())
-                    );
+                    if let Some((_, why)) = recent {
+                        tracing::info!(
+                            "following every connection of port {}: {why}",
+                            self.cfg.port
+                        );
+                    } else {
+                        // Every COUNT_EVERY under keep-alive load: not worth the journal.
+                        tracing::debug!(
+                            "counting port {}'s exchanges for {} ms",
+                            self.cfg.port,
+                            COUNT_FOR.as_millis()
+                        );
+                    }
                     self.progress.rebase();
                     self.latency = LatencyWindow::default();
                     self.last_counters = None;
+                }
+                Ok(()) if self.counted_at == Some(now) => {
+                    tracing::debug!("counting window of port {} closed", self.cfg.port);
                 }
                 Ok(()) => tracing::info!(
                     "connection programs detached: nothing suspicious for {}s; sock_diag reads \
@@ -463,6 +501,12 @@ impl WebMonitor {
         let attached = k.following();
         let why = match (&self.last_suspicion, attached) {
             _ if self.follow_failed => "attaching failed; sock_diag and the probe only".into(),
+            _ if counting && attached => format!(
+                "counting exchanges for {} ms every {} s: keep-alive requests come back to back, \
+                 and sock_diag cannot tell those in service from those answered",
+                COUNT_FOR.as_millis(),
+                COUNT_EVERY.as_secs()
+            ),
             (Some((t, w)), true) => format!(
                 "{w} ({:.1}s ago)",
                 now.saturating_duration_since(*t).as_secs_f64()

@@ -174,17 +174,22 @@ impl SocketMoves {
         let mut next = HashMap::with_capacity(conns.len());
         for c in conns {
             let accepted = c.inode != 0;
-            let (read, answered) = match self.prev.get(&c.remote) {
+            let (read, answered, seen) = match self.prev.get(&c.remote) {
                 Some(&(rx, acked, was_accepted)) => {
                     m.taken |= accepted && !was_accepted;
-                    (c.bytes_received > rx, c.bytes_acked > acked)
+                    (c.bytes_received > rx, c.bytes_acked > acked, true)
                 }
-                None => (c.bytes_received > 0, c.bytes_acked > 1),
+                None => (c.bytes_received > 0, c.bytes_acked > 1, false),
             };
             m.read |= read;
             m.answered |= answered;
-            m.unsure |=
-                read && answered && c.unread == 0 && c.last_data_recv_ms == c.last_data_sent_ms;
+            // Only a connection seen before carries keep-alive exchanges: a new one whose
+            // request and answer tie was, most likely, answered (one request per connection).
+            m.unsure |= seen
+                && read
+                && answered
+                && c.unread == 0
+                && c.last_data_recv_ms == c.last_data_sent_ms;
             next.insert(c.remote, (c.bytes_received, c.bytes_acked, accepted));
         }
         self.prev = next;
