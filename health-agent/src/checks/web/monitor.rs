@@ -137,7 +137,7 @@ const QUIET_READ_EVERY: Duration = Duration::from_secs(1);
 /// (`Moves::unsure`), attaches the programs this long every COUNT_EVERY to count them for the
 /// saturation meter: about a tenth of their per-call cost, for a web part that is measured.
 const COUNT_FOR: Duration = Duration::from_millis(750);
-const COUNT_EVERY: Duration = Duration::from_secs(10);
+const COUNT_EVERY: Duration = Duration::from_secs(15);
 
 /// Loads the kernel programs when `cfg` asks for them. A failure is not fatal: the monitor
 /// then decides from the probe and the accept queue, and its report says why.
