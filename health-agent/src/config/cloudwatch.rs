@@ -131,7 +131,7 @@ fn endpoint(v: &str) -> Result<(), String> {
     }
     match u.scheme() {
         "https" if u.host_str().is_some_and(|h| !h.is_empty()) => Ok(()),
-        "http" if super::validate::loopback_host(&u) => Ok(()),
+        "http" if super::loopback::loopback_host(&u) => Ok(()),
         _ => Err(format!(
             "{v:?} must be https:// (http:// only to a loopback host, e.g. a test server): \
              requests carry the instance role's session token"

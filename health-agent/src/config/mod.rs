@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 mod bounds;
 mod cloudwatch;
+mod loopback;
 mod secrets;
 mod sections;
 #[cfg(test)]

@@ -162,18 +162,6 @@ impl Config {
 }
 
 /// A URL that carries a secret (a webhook's path, a token or key sent with the request):
-/// Whether `u` names this host: `localhost`, or an address in 127.0.0.0/8 or `::1`. Plain
-/// http:// is allowed there only: nothing crosses a network.
-pub(super) fn loopback_host(u: &reqwest::Url) -> bool {
-    let host = u.host_str().unwrap_or("");
-    host.eq_ignore_ascii_case("localhost")
-        || host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
-}
-
 /// https://, or http:// to a loopback host only, where nothing crosses a network. The message
 /// never shows the URL.
 fn secret_url(url: &str) -> Result<(), &'static str> {
@@ -182,7 +170,7 @@ fn secret_url(url: &str) -> Result<(), &'static str> {
     };
     match u.scheme() {
         "https" if u.host().is_some() => Ok(()),
-        "http" if loopback_host(&u) => Ok(()),
+        "http" if super::loopback::loopback_host(&u) => Ok(()),
         "http" => Err(
             "must be https://; http:// only to a loopback host (127.0.0.0/8, ::1, \
              localhost): it carries a secret (value not shown)",
