@@ -135,7 +135,8 @@ const UNFOLLOW_AFTER: Duration = Duration::from_secs(30);
 const QUIET_READ_EVERY: Duration = Duration::from_secs(1);
 /// … and while sock_diag cannot tell keep-alive requests in service from answered ones
 /// (`Moves::unsure`), attaches the programs this long every COUNT_EVERY to count them for the
-/// saturation meter: about a tenth of their per-call cost, for a web part that is measured.
+/// saturation meter: the window closes on the first tick past COUNT_FOR (about 1 s in 16 at
+/// the default 250 ms ticks), a sixteenth of the per-call cost for a web part that is measured.
 const COUNT_FOR: Duration = Duration::from_millis(750);
 const COUNT_EVERY: Duration = Duration::from_secs(15);
 
@@ -893,8 +894,8 @@ impl WebMonitor {
     /// The programs' evidence merged with the port's connections as sock_diag shows them: the
     /// programs see nothing while they are detached, and of a connection opened before they
     /// attached only its exchanges from its next socket call on (not its handshake, claim or a
-    /// request it had read); sock_diag sees every open one but none that closed. Ages take the older of
-    /// the two, counts the larger, the last answer the more recent.
+    /// request it had read); sock_diag sees every open one but none that closed. Ages take the
+    /// older of the two, counts the larger, the last answer the more recent.
     fn with_sockets(&self, kernel: Option<KernelEvidence>, v: &SocketView) -> KernelEvidence {
         let max = |a: Option<Duration>, b: Option<Duration>| a.max(b);
         let k = kernel.unwrap_or_else(|| KernelEvidence {
