@@ -63,7 +63,7 @@ impl Diag {
     /// Every TCP listen socket of the namespace (both families).
     pub fn listeners(&self) -> io::Result<Vec<Listener>> {
         let mut out = Vec::new();
-        self.dump_tcp(1 << TCP_LISTEN, 0, |m, _| out.push(parse_msg(m)))?;
+        self.dump_tcp(1 << TCP_LISTEN, 0, &[], |m, _| out.push(parse_msg(m)))?;
         Ok(out)
     }
 
@@ -82,7 +82,7 @@ impl Diag {
     pub fn connections(&self) -> io::Result<Vec<TcpConn>> {
         let mut out = Vec::new();
         let states = (1u32 << TCP_ESTABLISHED) | (1u32 << TCP_SYN_SENT) | (1u32 << TCP_CLOSE_WAIT);
-        self.dump_tcp(states, 1 << (INET_DIAG_INFO - 1), |m, attrs| {
+        self.dump_tcp(states, 1 << (INET_DIAG_INFO - 1), &[], |m, attrs| {
             out.push(parse_conn(m, attrs))
         })?;
         Ok(out)
@@ -90,30 +90,33 @@ impl Diag {
 
     /// The server side of the connections of the listen port `port` (their local port is the
     /// listener's), established or closed by the peer, with `tcp_info`; those still in the
-    /// accept queue have inode 0. The kernel filters by port (an inet_diag bytecode), so a
-    /// host with many other connections costs the dump nothing more.
+    /// accept queue have inode 0. The kernel filters by port (an inet_diag bytecode), so only
+    /// those are copied out and parsed; the kernel still walks every TCP socket of the
+    /// namespace to filter them.
     pub fn server_connections(&self, port: u16) -> io::Result<Vec<TcpConn>> {
         let mut out = Vec::new();
         let states = (1u32 << TCP_ESTABLISHED) | (1u32 << TCP_CLOSE_WAIT);
-        let filter = source_port_filter(port);
-        for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
-            dump(
-                &self.sock,
-                family,
-                states,
-                1 << (INET_DIAG_INFO - 1),
-                &filter,
-                &mut |m, attrs| out.push(parse_conn(m, attrs)),
-            )?;
-        }
+        self.dump_tcp(
+            states,
+            1 << (INET_DIAG_INFO - 1),
+            &source_port_filter(port),
+            |m, attrs| out.push(parse_conn(m, attrs)),
+        )?;
         Ok(out)
     }
 
-    /// Dumps the TCP sockets in `states` (a bit mask of TCP states) of both families, handing
-    /// each `inet_diag_msg` and its attributes to `each`.
-    fn dump_tcp(&self, states: u32, ext: u8, mut each: impl FnMut(&[u8], &[u8])) -> io::Result<()> {
+    /// Dumps the TCP sockets in `states` (a bit mask of TCP states) of both families that pass
+    /// `bytecode` (an inet_diag filter; empty: all), handing each `inet_diag_msg` and its
+    /// attributes to `each`.
+    fn dump_tcp(
+        &self,
+        states: u32,
+        ext: u8,
+        bytecode: &[u8],
+        mut each: impl FnMut(&[u8], &[u8]),
+    ) -> io::Result<()> {
         for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
-            dump(&self.sock, family, states, ext, &[], &mut each)?;
+            dump(&self.sock, family, states, ext, bytecode, &mut each)?;
         }
         Ok(())
     }
@@ -148,6 +151,20 @@ pub const TCP_SYN_SENT: u8 = 2;
 pub const TCP_CLOSE_WAIT: u8 = 8;
 
 impl TcpConn {
+    /// Data went out on it: the SYN counts as one acknowledged byte, so more than that, or
+    /// bytes in flight.
+    pub fn sent_data(&self) -> bool {
+        self.bytes_acked > 1 || self.unacked > 0
+    }
+
+    /// Server side: a request came in after the last byte sent (or bytes came and none were
+    /// ever sent). The timers are jiffies: a keep-alive request that came within the same tick
+    /// as the previous answer ties with it and reads as answered.
+    pub fn request_unanswered(&self) -> bool {
+        self.bytes_received > 0
+            && (!self.sent_data() || self.last_data_recv_ms < self.last_data_sent_ms)
+    }
+
     /// A request went out after the last answer came in (or the handshake is still under
     /// way): the owner waits on the peer. The peer's kernel acknowledging the bytes does not
     /// count as an answer; its application sending some does. The timers are jiffies (4 ms

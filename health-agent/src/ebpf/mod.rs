@@ -460,8 +460,9 @@ impl KernelView {
     /// send/receive raw tracepoints. Attaching starts afresh: the connection table is emptied
     /// (connections closed while detached would otherwise stay in it for ever) and the
     /// counters and latency histogram restart from zero, so what they count is consistent —
-    /// every connection in them was seen from its handshake. Connections already open are
-    /// never followed; sock_diag covers them.
+    /// every connection in them was seen from its handshake, or taken up at its first socket
+    /// call after it (its exchanges only: see `tcp_state::adopt` in the programs); sock_diag
+    /// covers what happened on it before.
     pub fn follow(&mut self, on: bool) -> Result<(), KernelError> {
         if on == self.following() {
             return Ok(());

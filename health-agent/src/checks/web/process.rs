@@ -344,15 +344,11 @@ pub fn web_connections(
             && c.local.port() == web_port
             && inodes.contains(&c.inode)
     }) {
-        // The SYN-ACK is the one byte acknowledged before any data.
-        let sent_data = c.bytes_acked > 1 || c.unacked > 0;
-        if sent_data {
+        if c.sent_data() {
             let s = u64::from(c.last_data_sent_ms);
             last_sent = Some(last_sent.map_or(s, |l| l.min(s)));
         }
-        let waits =
-            c.bytes_received > 0 && (!sent_data || c.last_data_recv_ms < c.last_data_sent_ms);
-        if waits {
+        if c.request_unanswered() {
             unanswered += 1;
             let age = u64::from(c.last_data_recv_ms);
             oldest = Some(oldest.map_or(age, |o| o.max(age)));

@@ -1,9 +1,9 @@
 //! The backend's connections as sock_diag shows them, without any eBPF program: what waits in
 //! the accept queue, what arrived and was not read, what was read and not answered, and when
-//! the server last sent. With `web.socket_tracing = "on_suspicion"` this view is read every
-//! tick while the per-connection and per-call programs are detached, and it is what attaches
-//! them (`suspicion`); while they are attached it keeps covering the connections that opened
-//! before they were, which the programs never saw.
+//! the server last sent. With `web.socket_tracing = "on_suspicion"` this view is read while
+//! the per-connection and per-call programs are detached (every tick while it shows work, once
+//! a second otherwise), and it is what attaches them (`suspicion`); while they are attached it
+//! keeps covering what happened on connections opened before they were.
 //!
 //! Every age here is a lower bound: `tcp_info`'s timers say when a segment last came or went,
 //! in jiffies (4 ms at HZ=250), so a request is never older than it reads. A connection still
@@ -84,10 +84,7 @@ impl SocketView {
             ..Self::default()
         };
         for c in conns {
-            // The SYN counts as one acknowledged byte: more, or bytes in flight, means the
-            // server has sent something on this connection.
-            let has_sent = c.bytes_acked > 1 || c.unacked > 0;
-            if has_sent {
+            if c.sent_data() {
                 let since = ms(c.last_data_sent_ms);
                 v.since_sent = Some(v.since_sent.map_or(since, |s| s.min(since)));
             }
@@ -105,9 +102,7 @@ impl SocketView {
             } else if unread > 0 {
                 v.unread += 1;
                 v.oldest_unread = older(v.oldest_unread, ms(c.last_data_recv_ms));
-            } else if c.bytes_received > 0
-                && (c.last_data_recv_ms < c.last_data_sent_ms || !has_sent)
-            {
+            } else if c.request_unanswered() {
                 v.pending += 1;
                 v.oldest_pending = older(v.oldest_pending, ms(c.last_data_recv_ms));
             }
