@@ -98,11 +98,8 @@ pub struct WebMonitor {
     socket_moves: SocketMoves,
     /// When `sockets` was read.
     sockets_at: Option<Instant>,
-    /// Something went out on the port's connections between the two latest reads.
-    moved: bool,
-    /// With the programs detached: the last read could not tell keep-alive requests in
-    /// service from answered ones (`Moves::unsure`).
-    unsure: bool,
+    /// What moved on the port's connections between the two latest reads.
+    last_moves: Moves,
 }
 
 /// A container that was found before and is gone this long is no longer "being recreated"
@@ -235,8 +232,7 @@ impl WebMonitor {
             counted_at: None,
             socket_moves: SocketMoves::default(),
             sockets_at: None,
-            moved: false,
-            unsure: false,
+            last_moves: Moves::default(),
         }
     }
 
@@ -324,8 +320,8 @@ impl WebMonitor {
                 waiting: u64::from(v.unaccepted),
                 backend_cpu_seconds: process::cpu_seconds(&self.owners),
                 sampled: true,
-                moved: self.moved,
-                unsure: self.unsure,
+                moved: self.last_moves.answered,
+                unsure: self.last_moves.unsure,
                 ..Default::default()
             });
         }
@@ -359,8 +355,7 @@ impl WebMonitor {
             Ok(conns) => {
                 let v = SocketView::of(&conns);
                 let moves = self.socket_moves.update(&conns, &v);
-                self.moved = moves.answered;
-                self.unsure = moves.unsure;
+                self.last_moves = moves;
                 self.sockets = Some(v);
                 self.sockets_at = Some(now);
                 Some(moves)
@@ -451,7 +446,7 @@ impl WebMonitor {
                 self.counted_at = Some(now);
             }
         } else if recent.is_none()
-            && self.unsure
+            && self.last_moves.unsure
             && !k.following()
             && self
                 .counted_at
