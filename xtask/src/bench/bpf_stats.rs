@@ -59,6 +59,10 @@ const KERNEL_NAME_LEN: usize = 15;
 /// wrk's connections, as section 3 uses.
 const CONNS: u32 = 50;
 const SETTLE: Duration = Duration::from_secs(2);
+/// The counted runs' length: over the 15 s between `on_suspicion`'s counting windows (750 ms
+/// each while keep-alive requests come back to back), so each run holds at least one and its
+/// average is the long-run cost, not the detached one.
+const COUNTED_SECS: u32 = 16;
 const IDLE_CONNS: usize = 10_000;
 /// Source addresses the idle connections are spread over, so no one address runs short of
 /// ephemeral ports after the connection-per-request loads.
@@ -322,6 +326,7 @@ pub(super) fn run(
     super::flood::raise_own_nofile();
     // Five trials: the wall clock on two shared cores moves by several percent run to run.
     let (trials, secs, idle_secs) = if quick { (1, 3, 10) } else { (5, 5, 30) };
+    let counted_secs = if quick { secs } else { COUNTED_SECS };
     let nginx = start_nginx(NginxOptions {
         worker_connections: 16_384,
         // Idle connections, with or without a request, stay open for the whole window.
@@ -394,6 +399,7 @@ pub(super) fn run(
     for trial in 0..trials {
         for (li, load) in loads.iter().enumerate() {
             let run = || wrk(&load.url, CONNS, secs, &load.extra, None);
+            let counted = || wrk(&load.url, CONNS, counted_secs, &load.extra, None);
             // Each agent run has a run without the agent right next to it, before or after by
             // turns, and the builds' order turns from trial to trial: the machine's other load
             // comes and goes over tens of seconds, and pairs this close mostly share it.
@@ -411,7 +417,7 @@ pub(super) fn run(
                 thread::sleep(SETTLE);
                 // Wall clock with the statistics off: they cost every program two clock reads.
                 let w = run()?;
-                let counted = counted_run(agent.pid(), run)?;
+                let counted = counted_run(agent.pid(), counted)?;
                 let (code, body) = health(aport)?;
                 drop(agent);
                 let none = match none.take() {
@@ -452,7 +458,7 @@ pub(super) fn run(
     );
     let _ = writeln!(
         md,
-        "`wrk -t2 -c{CONNS} -d{secs}s` on loopback against nginx (1 worker, 1 KiB static file) with keep-alive and with `Connection: close`, and against Puma (Debian's, single mode, 8 threads, a Rack app answering 1 KiB); variants: no agent, this build with `web.socket_tracing = \"always\"` (every program attached, as before) and with `\"on_suspicion\"` (the targets are judged on it){}; {trials} trial(s). Each agent starts {} s before its runs and does two: one with the statistics off for the wall clock, paired with a run without the agent just before or after it (by turns; the builds' order also turns from trial to trial), then one with `kernel.bpf_stats_enabled = 1` for the kernel's figures (the sysctl goes back to its previous value after each). The kernel's `run_time_ns` counts our programs' own run time, from entry to exit; the tracepoint's dispatch to them and the clock reads the statistics add are not in it. The agent's programs are the ones its process holds (program and link descriptors in /proc/<pid>/fd); counters from `bpftool -j prog show`, summed over the counted runs.\n",
+        "`wrk -t2 -c{CONNS} -d{secs}s` on loopback against nginx (1 worker, 1 KiB static file) with keep-alive and with `Connection: close`, and against Puma (Debian's, single mode, 8 threads, a Rack app answering 1 KiB); variants: no agent, this build with `web.socket_tracing = \"always\"` (every program attached, as before) and with `\"on_suspicion\"` (the targets are judged on it){}; {trials} trial(s). Each agent starts {} s before its runs and does two: one with the statistics off for the wall clock, paired with a run without the agent just before or after it (by turns; the builds' order also turns from trial to trial), then one of {counted_secs} s with `kernel.bpf_stats_enabled = 1` for the kernel's figures (the sysctl goes back to its previous value after each; {counted_secs} s holds at least one of `on_suspicion`'s counting windows, 750 ms every 15 s under back-to-back keep-alive, so its figure is the long-run average). The kernel's `run_time_ns` counts our programs' own run time, from entry to exit; the tracepoint's dispatch to them and the clock reads the statistics add are not in it. The agent's programs are the ones its process holds (program and link descriptors in /proc/<pid>/fd); counters from `bpftool -j prog show`, summed over the counted runs.\n",
         baseline.map_or(String::new(), |b| format!(", and the baseline build `{}`", b.display())),
         SETTLE.as_secs()
     );
@@ -766,13 +772,19 @@ fn idle_connections(
                 counters["pending"],
                 counters["accepts_traced"]
             );
-            if body["checks"]["webserver"] != "up" {
+            let following = &body["details"]["web"]["kernel"]["following"];
+            if body["checks"]["webserver"] != "up" || following["attached"] == true {
                 println!(
                     "bench: {} ({kind}): /health says {}; kernel view {}",
                     variant.label,
                     body["details"]["web"]["detail"],
                     body["details"]["web"]["kernel"]
                 );
+                // What the kernel said of the connections read as holding work, before they
+                // close: tcp_info as `ss` prints it.
+                for l in ss_with_work(nport) {
+                    println!("bench:   ss: {l}");
+                }
             }
             println!(
                 "bench: {} ({kind}): agent {cpu:.2} % of a core, programs {prog_pct:.4} %, {open} of {IDLE_CONNS} still open; /health {seen}",
@@ -814,6 +826,53 @@ fn idle_connections(
         verdicts.join("; ")
     );
     Ok(md)
+}
+
+/// `ss -tin` of the port's established connections that hold unread bytes or a receive later
+/// than their last send (at most 5), each as its two lines joined.
+fn ss_with_work(port: u16) -> Vec<String> {
+    let out = match Command::new("ss")
+        .args([
+            "-tinH",
+            "state",
+            "established",
+            &format!("( sport = :{port} )"),
+        ])
+        .output()
+    {
+        Ok(o) => String::from_utf8_lossy(&o.stdout).into_owned(),
+        Err(e) => return vec![format!("ss: {e}")],
+    };
+    let field = |info: &str, key: &str| -> Option<u64> {
+        info.split_whitespace()
+            .find_map(|w| w.strip_prefix(key))
+            .and_then(|v| v.parse().ok())
+    };
+    let mut found = Vec::new();
+    let mut lines = out.lines().peekable();
+    while let Some(head) = lines.next() {
+        let info = match lines.peek() {
+            Some(l) if l.starts_with(char::is_whitespace) => lines.next().unwrap_or_default(),
+            _ => "",
+        };
+        let unread = head
+            .split_whitespace()
+            .next()
+            .and_then(|q| q.parse::<u64>().ok())
+            .unwrap_or(0);
+        let later = match (field(info, "lastrcv:"), field(info, "lastsnd:")) {
+            (Some(r), Some(s)) => r < s,
+            (Some(_), None) => true,
+            _ => false,
+        };
+        if unread > 0 || later {
+            found.push(format!("{} | {}", head.trim(), info.trim()));
+            if found.len() == 5 {
+                break;
+            }
+        }
+    }
+    found
 }
 
 /// `n` connections to 127.0.0.1:`port`, spread over IDLE_SOURCES; with `request`, each has one
