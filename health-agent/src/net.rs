@@ -92,16 +92,28 @@ impl Diag {
     /// listener's), established or closed by the peer, with `tcp_info`; those still in the
     /// accept queue have inode 0. The kernel filters by port (an inet_diag bytecode), so only
     /// those are copied out and parsed; the kernel still walks every TCP socket of the
-    /// namespace to filter them.
-    pub fn server_connections(&self, port: u16) -> io::Result<Vec<TcpConn>> {
+    /// namespace (and the whole established hash table, each family a walk of its own) to
+    /// filter them, so only the families of `on` are asked for. A client's socket can have
+    /// the same local port on another address (a listener on 127.0.0.1:P leaves 127.0.0.2:P
+    /// free for an outgoing connection); those are left out.
+    pub fn server_connections(&self, port: u16, on: &ListenAddrs) -> io::Result<Vec<TcpConn>> {
         let mut out = Vec::new();
         let states = (1u32 << TCP_ESTABLISHED) | (1u32 << TCP_CLOSE_WAIT);
-        self.dump_tcp(
-            states,
-            1 << (INET_DIAG_INFO - 1),
-            &source_port_filter(port),
-            |m, attrs| out.push(parse_conn(m, attrs)),
-        )?;
+        for family in on.families() {
+            dump(
+                &self.sock,
+                family,
+                states,
+                1 << (INET_DIAG_INFO - 1),
+                &source_port_filter(port),
+                &mut |m, attrs| {
+                    let c = parse_conn(m, attrs);
+                    if on.serves(c.local.ip()) {
+                        out.push(c);
+                    }
+                },
+            )?;
+        }
         Ok(out)
     }
 
@@ -119,6 +131,40 @@ impl Diag {
             dump(&self.sock, family, states, ext, bytecode, &mut each)?;
         }
         Ok(())
+    }
+}
+
+/// The addresses a port's listeners are bound to: which of the port's sockets are theirs. A
+/// listener on `::` takes IPv4 clients too, as IPv6 sockets with v4-mapped addresses. Empty
+/// (no listener, e.g. a server that closed its listen socket and still serves): every socket
+/// of the port, in both families.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListenAddrs(Vec<IpAddr>);
+
+impl ListenAddrs {
+    pub fn of(listeners: &[Listener]) -> Self {
+        let mut addrs: Vec<IpAddr> = listeners.iter().map(|l| l.addr).collect();
+        addrs.sort_unstable();
+        addrs.dedup();
+        Self(addrs)
+    }
+
+    /// Whether a socket of the port with this local address can have been accepted from one
+    /// of the listeners.
+    pub fn serves(&self, local: IpAddr) -> bool {
+        self.0.is_empty()
+            || self
+                .0
+                .iter()
+                .any(|&a| a == local || (a.is_unspecified() && a.is_ipv4() == local.is_ipv4()))
+    }
+
+    fn families(&self) -> impl Iterator<Item = u8> {
+        let v4 = self.0.is_empty() || self.0.iter().any(IpAddr::is_ipv4);
+        let v6 = self.0.is_empty() || self.0.iter().any(IpAddr::is_ipv6);
+        [(v4, libc::AF_INET as u8), (v6, libc::AF_INET6 as u8)]
+            .into_iter()
+            .filter_map(|(on, f)| on.then_some(f))
     }
 }
 

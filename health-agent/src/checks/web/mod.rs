@@ -64,6 +64,10 @@ pub struct Following {
     /// The port's connections as sock_diag showed them at the latest read (`on_suspicion`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub connections: Option<sockets::SocketView>,
+    /// `on_suspicion`: how often the connections are read while nothing goes on (every tick
+    /// while work is seen): 1 s, or longer when one read costs over 1 % of that.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quiet_read_every_ms: Option<u64>,
 }
 
 /// What the kernel programs counted for the port (since the agent started).

@@ -24,7 +24,7 @@ use crate::{
     config::{AcceptTracing, SocketTracing, WebConfig},
     docker::ContainerNet,
     ebpf::{KernelSample, KernelView, PortSample},
-    net,
+    net::{self, ListenAddrs},
     status::WebVerdict,
 };
 
@@ -100,6 +100,12 @@ pub struct WebMonitor {
     sockets_at: Option<Instant>,
     /// What moved on the port's connections between the two latest reads.
     last_moves: Moves,
+    /// Where the port's listeners are bound: the connection reads ask for their families and
+    /// keep their sockets only.
+    listen_addrs: ListenAddrs,
+    /// How often the port's connections are read while nothing goes on: QUIET_READ_EVERY, or
+    /// longer when a read costs more than QUIET_BUDGET allows (see `read_sockets`).
+    quiet_every: Duration,
 }
 
 /// A container that was found before and is gone this long is no longer "being recreated"
@@ -130,6 +136,12 @@ const UNWATCH_ACCEPTS_AFTER: Duration = Duration::from_secs(30);
 const UNFOLLOW_AFTER: Duration = Duration::from_secs(30);
 /// … and reads the port's connections this often while nothing goes on (see `sockets_due`).
 const QUIET_READ_EVERY: Duration = Duration::from_secs(1);
+/// … unless a read takes more than this share of the agent's thread: then the quiet reads
+/// space out so that they stay within it (1 %). A read costs about 2 µs per connection of the
+/// port (10,000 idle ones: 15–20 ms), so past about 5,000 connections a request arriving on an
+/// idle one is seen a little later than QUIET_READ_EVERY; the probe and the listener's queue,
+/// read every tick, are not.
+const QUIET_BUDGET: u32 = 100;
 /// … and while sock_diag cannot tell keep-alive requests in service from answered ones
 /// (`Moves::unsure`), attaches the programs this long every COUNT_EVERY to count them for the
 /// saturation meter: the window closes on the first tick past COUNT_FOR (about 1 s in 16 at
@@ -171,6 +183,7 @@ pub fn load_kernel(cfg: &WebConfig) -> (Option<KernelView>, KernelStatus) {
                     attached: follow,
                     why,
                     connections: None,
+                    quiet_read_every_ms: None,
                 }),
             };
             (Some(k), status)
@@ -233,6 +246,8 @@ impl WebMonitor {
             socket_moves: SocketMoves::default(),
             sockets_at: None,
             last_moves: Moves::default(),
+            listen_addrs: ListenAddrs::default(),
+            quiet_every: QUIET_READ_EVERY,
         }
     }
 
@@ -351,10 +366,14 @@ impl WebMonitor {
             return None;
         }
         let t = self.target.as_ref()?;
-        match t.diag.server_connections(t.port) {
+        let cpu_before = process::thread_cpu_time();
+        match t.diag.server_connections(t.port, &self.listen_addrs) {
             Ok(conns) => {
                 let v = SocketView::of(&conns);
                 let moves = self.socket_moves.update(&conns, &v);
+                if let (Some(a), Some(b)) = (cpu_before, process::thread_cpu_time()) {
+                    self.quiet_every = QUIET_READ_EVERY.max(b.saturating_sub(a) * QUIET_BUDGET);
+                }
                 self.last_moves = moves;
                 self.sockets = Some(v);
                 self.sockets_at = Some(now);
@@ -369,7 +388,7 @@ impl WebMonitor {
 
     /// Whether this tick reads the port's connections. A dump walks every TCP socket of the
     /// namespace (the kernel filters by port only after that), so while nothing goes on it is
-    /// made once every QUIET_READ_EVERY; work seen at the last read or a listener with
+    /// made once every QUIET_READ_EVERY (or less often, see QUIET_BUDGET); work seen at the last read or a listener with
     /// connections in its queue (one read of the listening table) make it every tick. The
     /// programs being attached do not: they see every new connection and socket call, and the
     /// read covers the connections opened before them, which show here as soon as they hold
@@ -378,7 +397,7 @@ impl WebMonitor {
         let Some(at) = self.sockets_at else {
             return true;
         };
-        if now.saturating_duration_since(at) >= QUIET_READ_EVERY
+        if now.saturating_duration_since(at) >= self.quiet_every
             || self.sockets_error.is_some()
             || self
                 .sockets
@@ -518,6 +537,7 @@ impl WebMonitor {
             attached,
             why,
             connections: self.sockets.clone(),
+            quiet_read_every_ms: Some(self.quiet_every.as_millis() as u64),
         });
     }
 
@@ -708,6 +728,7 @@ impl WebMonitor {
                 *shared = Some(ProbeTarget { addr, fallback, ns });
             }
         }
+        self.listen_addrs = ListenAddrs::of(&listeners);
         let listening = !listeners.is_empty();
         let queue: u32 = listeners.iter().map(|l| l.queue).sum();
         let queue_max: u32 = listeners.iter().map(|l| l.max_queue).sum();

@@ -150,6 +150,18 @@ pub fn cpu_seconds(pids: &[u32]) -> Option<f64> {
     Some(ticks as f64 / ticks_per_second())
 }
 
+/// The CPU time the calling thread has used so far (user and system, nanosecond resolution):
+/// what a piece of its own work cost, the kernel's share of its system calls included.
+pub fn thread_cpu_time() -> Option<Duration> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into the one we own.
+    let ok = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } == 0;
+    ok.then(|| Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
+}
+
 fn ticks_per_second() -> f64 {
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };

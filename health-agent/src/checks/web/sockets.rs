@@ -195,15 +195,77 @@ impl SocketMoves {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{net::Diag, netns::Namespace};
+    use crate::{
+        net::{Diag, ListenAddrs},
+        netns::Namespace,
+    };
     use std::{
         io::{Read, Write},
         net::{TcpListener, TcpStream},
         thread::sleep,
     };
 
+    /// The port's connections as the monitor reads them: its listeners' sockets only.
+    fn conns(diag: &Diag, port: u16) -> Vec<crate::net::TcpConn> {
+        let on = ListenAddrs::of(&diag.listeners_on(port).unwrap());
+        diag.server_connections(port, &on).unwrap()
+    }
+
     fn view(diag: &Diag, port: u16) -> SocketView {
-        SocketView::of(&diag.server_connections(port).unwrap())
+        SocketView::of(&conns(diag, port))
+    }
+
+    #[test]
+    fn a_client_socket_with_the_listeners_port_on_another_address_is_not_the_servers() {
+        // The backend listens on 127.0.0.1:P; an outgoing connection from 127.0.0.X:P (free:
+        // the listener holds P on 127.0.0.1 only) has sent a request and had its answer, which
+        // by the server side's rules reads as a request received after the last send.
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let upstream = TcpListener::bind("127.0.0.1:0").unwrap();
+        // The first loopback address whose port P nothing else holds.
+        let sock = (2..=250u8)
+            .find_map(|last| {
+                let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+                    .unwrap();
+                let from = std::net::SocketAddr::from(([127, 0, 0, last], port));
+                s.bind(&from.into()).is_ok().then_some(s)
+            })
+            .expect("a loopback address with port P free");
+        sock.connect(&upstream.local_addr().unwrap().into())
+            .unwrap();
+        let mut out = TcpStream::from(sock);
+        let (mut up, _) = upstream.accept().unwrap();
+        out.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+        up.read_exact(&mut [0u8; 18]).unwrap();
+        sleep(Duration::from_millis(10));
+        up.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+            .unwrap();
+        out.read_exact(&mut [0u8; 38]).unwrap();
+        sleep(Duration::from_millis(20));
+        let diag = Diag::new(&Namespace::own().unwrap()).unwrap();
+
+        // Every socket with local port P, as the reads were before: a request unanswered.
+        let all = diag
+            .server_connections(port, &ListenAddrs::default())
+            .unwrap();
+        // (Others on the host may share P too, on other addresses: only ours is asserted.)
+        let ours: Vec<_> = all
+            .into_iter()
+            .filter(|c| c.local == out.local_addr().unwrap())
+            .collect();
+        let v = SocketView::of(&ours);
+        assert_eq!((v.connections, v.pending), (1, 1), "{v:?}");
+        // The listener's own: none.
+        let v = view(&diag, port);
+        assert_eq!((v.connections, v.pending), (0, 0), "{v:?}");
+        assert_eq!(v.suspicion(Duration::ZERO), None);
+
+        // A connection the listener accepted is still read.
+        let _client = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let _server = l.accept().unwrap();
+        sleep(Duration::from_millis(20));
+        assert_eq!(view(&diag, port).connections, 1);
     }
 
     #[test]
@@ -295,7 +357,7 @@ mod tests {
         let (mut server, _) = l.accept().unwrap();
         let mut moves = SocketMoves::default();
         let read = |moves: &mut SocketMoves| {
-            let conns = diag.server_connections(port).unwrap();
+            let conns = conns(&diag, port);
             let v = SocketView::of(&conns);
             (moves.update(&conns, &v), v)
         };
