@@ -32,7 +32,7 @@ use super::{
 };
 use crate::{
     cmd,
-    live::{health, start_agent},
+    live::{agent_command, health, spawn_agent, start_agent},
 };
 
 const STATS_SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
@@ -283,6 +283,12 @@ struct Cell {
     counted: Vec<Counted>,
     kernel: BTreeSet<String>,
     codes: BTreeSet<u16>,
+    /// The agent process's own CPU during each wall-clock run, % of a core (its programs run
+    /// in the backend's and the client's system calls, not in it).
+    agent_cpu: Vec<f64>,
+    /// Why the programs attached during the runs other than for a counting window, as the
+    /// agent's log said (`on_suspicion`).
+    attached: Vec<String>,
 }
 
 struct Load {
@@ -412,12 +418,30 @@ pub(super) fn run(
                 let none_first = (trial + k) % 2 == 0;
                 let mut none = if none_first { Some(run()?.rps) } else { None };
                 let cfg = variant_config(&load.cfg, variant, &format!("v{vi}"))?;
-                let agent = start_agent(bin, &cfg, &log, aport)?;
+                // At `info`, as a service runs it: its log says when and why the programs
+                // attached.
+                let agent = spawn_agent(
+                    &mut agent_command(bin, &cfg, &log, "info")?,
+                    &log,
+                    aport,
+                    Duration::from_secs(20),
+                )?;
                 // Past the agent's start-up work: the steady state is what a backend lives with.
                 thread::sleep(SETTLE);
                 // Wall clock with the statistics off: they cost every program two clock reads.
+                let c0 = super::cpu_seconds(agent.pid());
                 let w = run()?;
+                let c1 = super::cpu_seconds(agent.pid());
                 let counted = counted_run(agent.pid(), counted)?;
+                let attached: Vec<String> = fs::read_to_string(&log)
+                    .unwrap_or_default()
+                    .lines()
+                    .filter(|l| l.contains("following every connection"))
+                    .map(|l| l.split_once(": ").map_or(l, |(_, w)| w).trim().to_string())
+                    .collect();
+                for why in &attached {
+                    println!("bench:   the programs attached: {why}");
+                }
                 let (code, body) = health(aport)?;
                 drop(agent);
                 let none = match none.take() {
@@ -444,6 +468,10 @@ pub(super) fn run(
                 cell.counted.push(counted);
                 cell.codes.insert(code);
                 cell.kernel.insert(kernel_mode(&body));
+                if let (Some(a), Some(b)) = (c0, c1) {
+                    cell.agent_cpu.push((b - a) / f64::from(secs) * 100.0);
+                }
+                cell.attached.extend(attached);
             }
         }
     }
@@ -531,7 +559,8 @@ fn mean(v: &[f64]) -> f64 {
 }
 
 fn summary(loads: &[Load], variants: &[Variant], cells: &[Vec<Cell>]) -> String {
-    let mut md = String::from("| load | agent | req/s (wall clock) | ratio to its paired runs without an agent | spread of the pairs | socket calls per request | all programs, ns per socket call | /health, `details.web.kernel` |\n|---|---|---|---|---|---|---|---|\n");
+    let mut attached = Vec::new();
+    let mut md = String::from("| load | agent | req/s (wall clock) | ratio to its paired runs without an agent | spread of the pairs | socket calls per request | all programs, ns per socket call | the agent process's own CPU during the load, % of a core | /health, `details.web.kernel` |\n|---|---|---|---|---|---|---|---|---|\n");
     let mut verdicts = Vec::new();
     for (li, load) in loads.iter().enumerate() {
         let per_request = calls_per_request(&cells[li]);
@@ -618,11 +647,19 @@ fn summary(loads: &[Load], variants: &[Variant], cells: &[Vec<Cell>]) -> String 
                     cell.kernel.iter().cloned().collect::<Vec<_>>().join("; ")
                 )
             };
+            let cpu = if cell.agent_cpu.is_empty() {
+                "—".to_string()
+            } else {
+                format!("{:.2} %", mean(&cell.agent_cpu))
+            };
             let _ = writeln!(
                 md,
-                "| {} | {} | {rps:.0} | {ratio} | {spread} | {calls} | {ns} | {health} |",
+                "| {} | {} | {rps:.0} | {ratio} | {spread} | {calls} | {ns} | {cpu} | {health} |",
                 load.label, variant.label
             );
+            if variant.judged && !cell.attached.is_empty() {
+                attached.push(format!("{}: {}", load.label, cell.attached.join("; ")));
+            }
         }
     }
     let mut ok = true;
@@ -656,6 +693,15 @@ fn summary(loads: &[Load], variants: &[Variant], cells: &[Vec<Cell>]) -> String 
         lines.join("; ")
     );
     println!("bench: bpf stats targets: {}", lines.join("; "));
+    let _ = writeln!(
+        md,
+        "The programs of the judged build attached on a suspicion (not a counting window) during these runs: {}\n",
+        if attached.is_empty() {
+            "never".to_string()
+        } else {
+            attached.join("; ")
+        }
+    );
     md
 }
 
@@ -773,7 +819,9 @@ fn idle_connections(
                 counters["accepts_traced"]
             );
             let following = &body["details"]["web"]["kernel"]["following"];
-            if body["checks"]["webserver"] != "up" || following["attached"] == true {
+            if body["checks"]["webserver"] != "up"
+                || (following["attached"] == true && following["mode"] == "on_suspicion")
+            {
                 println!(
                     "bench: {} ({kind}): /health says {}; kernel view {}",
                     variant.label,
