@@ -493,6 +493,33 @@ fn sampled_ticks_that_cannot_see_requests_in_service_give_no_web_part() {
     let r = assess(Some(&e), Some(&e), w.capacity(), &cx(None, None));
     assert_eq!(r.note, None, "{r:?}");
 
+    // A span with a single window: its two counted ticks, run a few ms early, are enough.
+    let mut one = Meter::new(WINDOW, 4, 2);
+    let early = Duration::from_millis(245);
+    let mut t = t0;
+    for _ in 0..40 {
+        one.tick(t, blind);
+        t += TICK;
+    }
+    // The tick that attaches (not counted: nothing to count from), then two counted ones.
+    for k in 1..=3u64 {
+        let counted = LoadSample {
+            established: 100 * k,
+            answered: 100 * k,
+            pending: 2,
+            ..LoadSample::default()
+        };
+        one.tick(t, counted);
+        t += early;
+    }
+    for _ in 0..20 {
+        one.tick(t, blind);
+        t += TICK;
+    }
+    let e = one.estimate(t - TICK, None).unwrap();
+    let web = e.web.expect("one window's counted ticks give a web part");
+    assert!((web - 0.5).abs() < 0.05, "2 of 4 workers busy: {web} {e:?}");
+
     // Once the reads can tell again (a window later), the figure comes back.
     let seen = LoadSample {
         pending: 2,
