@@ -65,7 +65,7 @@ pub struct Following {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub connections: Option<sockets::SocketView>,
     /// `on_suspicion`: how often the connections are read while nothing goes on (every tick
-    /// while work is seen): 1 s, or longer when one read costs over 1 % of that.
+    /// while work is seen): 1 s, or up to 5 s when one read costs over 1 % of that.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quiet_read_every_ms: Option<u64>,
 }

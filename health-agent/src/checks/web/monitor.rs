@@ -142,6 +142,8 @@ const QUIET_READ_EVERY: Duration = Duration::from_secs(1);
 /// idle one is seen a little later than QUIET_READ_EVERY; the probe and the listener's queue,
 /// read every tick, are not.
 const QUIET_BUDGET: u32 = 100;
+/// … but never further apart than this, whatever one read cost.
+const QUIET_READ_MAX: Duration = Duration::from_secs(5);
 /// … and while sock_diag cannot tell keep-alive requests in service from answered ones
 /// (`Moves::unsure`), attaches the programs this long every COUNT_EVERY to count them for the
 /// saturation meter: the window closes on the first tick past COUNT_FOR (about 1 s in 16 at
@@ -372,7 +374,8 @@ impl WebMonitor {
                 let v = SocketView::of(&conns);
                 let moves = self.socket_moves.update(&conns, &v);
                 if let (Some(a), Some(b)) = (cpu_before, process::thread_cpu_time()) {
-                    self.quiet_every = QUIET_READ_EVERY.max(b.saturating_sub(a) * QUIET_BUDGET);
+                    self.quiet_every = (b.saturating_sub(a) * QUIET_BUDGET)
+                        .clamp(QUIET_READ_EVERY, QUIET_READ_MAX);
                 }
                 self.last_moves = moves;
                 self.sockets = Some(v);
@@ -388,11 +391,12 @@ impl WebMonitor {
 
     /// Whether this tick reads the port's connections. A dump walks every TCP socket of the
     /// namespace (the kernel filters by port only after that), so while nothing goes on it is
-    /// made once every QUIET_READ_EVERY (or less often, see QUIET_BUDGET); work seen at the last read or a listener with
-    /// connections in its queue (one read of the listening table) make it every tick. The
-    /// programs being attached do not: they see every new connection and socket call, and the
-    /// read covers the connections opened before them, which show here as soon as they hold
-    /// work (10,000 idle keep-alive connections read every tick cost 6 % of a core).
+    /// made once every QUIET_READ_EVERY (or less often, see QUIET_BUDGET); work seen at the
+    /// last read or a listener with connections in its queue (one read of the listening
+    /// table) make it every tick. The programs being attached do not: they see every new
+    /// connection and socket call, and the read covers the connections opened before them,
+    /// which show here as soon as they hold work (10,000 idle keep-alive connections read
+    /// every tick cost 6 % of a core).
     fn sockets_due(&self, now: Instant) -> bool {
         let Some(at) = self.sockets_at else {
             return true;
