@@ -63,7 +63,9 @@ impl Diag {
     /// Every TCP listen socket of the namespace (both families).
     pub fn listeners(&self) -> io::Result<Vec<Listener>> {
         let mut out = Vec::new();
-        self.dump_tcp(1 << TCP_LISTEN, 0, &[], |m, _| out.push(parse_msg(m)))?;
+        self.dump_tcp(BOTH_FAMILIES, 1 << TCP_LISTEN, 0, &[], |m, _| {
+            out.push(parse_msg(m))
+        })?;
         Ok(out)
     }
 
@@ -82,9 +84,13 @@ impl Diag {
     pub fn connections(&self) -> io::Result<Vec<TcpConn>> {
         let mut out = Vec::new();
         let states = (1u32 << TCP_ESTABLISHED) | (1u32 << TCP_SYN_SENT) | (1u32 << TCP_CLOSE_WAIT);
-        self.dump_tcp(states, 1 << (INET_DIAG_INFO - 1), &[], |m, attrs| {
-            out.push(parse_conn(m, attrs))
-        })?;
+        self.dump_tcp(
+            BOTH_FAMILIES,
+            states,
+            1 << (INET_DIAG_INFO - 1),
+            &[],
+            |m, attrs| out.push(parse_conn(m, attrs)),
+        )?;
         Ok(out)
     }
 
@@ -99,35 +105,33 @@ impl Diag {
     pub fn server_connections(&self, port: u16, on: &ListenAddrs) -> io::Result<Vec<TcpConn>> {
         let mut out = Vec::new();
         let states = (1u32 << TCP_ESTABLISHED) | (1u32 << TCP_CLOSE_WAIT);
-        for family in on.families() {
-            dump(
-                &self.sock,
-                family,
-                states,
-                1 << (INET_DIAG_INFO - 1),
-                &source_port_filter(port),
-                &mut |m, attrs| {
-                    let c = parse_conn(m, attrs);
-                    if on.serves(c.local.ip()) {
-                        out.push(c);
-                    }
-                },
-            )?;
-        }
+        self.dump_tcp(
+            on.families(),
+            states,
+            1 << (INET_DIAG_INFO - 1),
+            &source_port_filter(port),
+            |m, attrs| {
+                let c = parse_conn(m, attrs);
+                if on.serves(c.local.ip()) {
+                    out.push(c);
+                }
+            },
+        )?;
         Ok(out)
     }
 
-    /// Dumps the TCP sockets in `states` (a bit mask of TCP states) of both families that pass
+    /// Dumps the TCP sockets of `families` in `states` (a bit mask of TCP states) that pass
     /// `bytecode` (an inet_diag filter; empty: all), handing each `inet_diag_msg` and its
     /// attributes to `each`.
     fn dump_tcp(
         &self,
+        families: impl IntoIterator<Item = u8>,
         states: u32,
         ext: u8,
         bytecode: &[u8],
         mut each: impl FnMut(&[u8], &[u8]),
     ) -> io::Result<()> {
-        for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
+        for family in families {
             dump(&self.sock, family, states, ext, bytecode, &mut each)?;
         }
         Ok(())
@@ -159,14 +163,15 @@ impl ListenAddrs {
                 .any(|&a| a == local || (a.is_unspecified() && a.is_ipv4() == local.is_ipv4()))
     }
 
-    fn families(&self) -> impl Iterator<Item = u8> {
-        let v4 = self.0.is_empty() || self.0.iter().any(IpAddr::is_ipv4);
-        let v6 = self.0.is_empty() || self.0.iter().any(IpAddr::is_ipv6);
-        [(v4, libc::AF_INET as u8), (v6, libc::AF_INET6 as u8)]
+    fn families(&self) -> impl Iterator<Item = u8> + '_ {
+        let has = move |v4: bool| self.0.is_empty() || self.0.iter().any(|a| a.is_ipv4() == v4);
+        BOTH_FAMILIES
             .into_iter()
-            .filter_map(|(on, f)| on.then_some(f))
+            .filter(move |&f| has(f == libc::AF_INET as u8))
     }
 }
+
+const BOTH_FAMILIES: [u8; 2] = [libc::AF_INET as u8, libc::AF_INET6 as u8];
 
 /// One TCP connection as sock_diag reports it, with the `tcp_info` timers that tell whether
 /// it waits for an answer.
