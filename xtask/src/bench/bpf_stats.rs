@@ -56,9 +56,19 @@ const FULL_NAMES: [&str; 8] = [
 /// BPF_OBJ_NAME_LEN less its terminating NUL.
 const KERNEL_NAME_LEN: usize = 15;
 
-/// wrk's connections, as section 3 uses.
+/// wrk's connections to nginx, as section 3 uses.
 const CONNS: u32 = 50;
+/// … and to Puma: as many as its threads, a pool within its capacity. (With more, the rest wait
+/// in its accept queue for a free thread, hundreds of ms each: a full server, which
+/// `on_suspicion` follows by design; section 11's text has that run.)
+const PUMA_CONNS: u32 = 8;
 const SETTLE: Duration = Duration::from_secs(2);
+/// The wall-clock runs' length: the 15 s between `on_suspicion`'s counting windows under
+/// back-to-back keep-alive requests. Each run follows WARM_SECS of the same load, during which
+/// the first window opens, so it holds one window as the steady state does, not one per run
+/// whatever its length (5 s runs held one each: three times the long-run rate).
+const WALL_SECS: u32 = 15;
+const WARM_SECS: u32 = 2;
 /// The counted runs' length: over the 15 s between `on_suspicion`'s counting windows (750 ms
 /// each while keep-alive requests come back to back), so each run holds at least one and its
 /// average is the long-run cost, not the detached one.
@@ -294,6 +304,7 @@ struct Cell {
 struct Load {
     label: &'static str,
     url: String,
+    conns: u32,
     extra: Vec<&'static str>,
     /// The agent's config watching this load's backend.
     cfg: PathBuf,
@@ -330,8 +341,8 @@ pub(super) fn run(
     fs::create_dir_all(&dir)?;
     // The idle connections: 10,000 here, as many in nginx, which inherits the limit.
     super::flood::raise_own_nofile();
-    // Five trials: the wall clock on two shared cores moves by several percent run to run.
-    let (trials, secs, idle_secs) = if quick { (1, 3, 10) } else { (5, 5, 30) };
+    // Four trials: the wall clock on two shared cores moves by several percent run to run.
+    let (trials, secs, idle_secs) = if quick { (1, 3, 10) } else { (4, WALL_SECS, 30) };
     let counted_secs = if quick { secs } else { COUNTED_SECS };
     let nginx = start_nginx(NginxOptions {
         worker_connections: 16_384,
@@ -352,18 +363,21 @@ pub(super) fn run(
         Load {
             label: "nginx keep-alive",
             url: nginx_url.clone(),
+            conns: CONNS,
             extra: vec![],
             cfg: cfg("agent-nginx.toml", nginx.port)?,
         },
         Load {
             label: "nginx new connection per request",
             url: nginx_url,
+            conns: CONNS,
             extra: vec!["-H", "Connection: close"],
             cfg: cfg("agent-nginx.toml", nginx.port)?,
         },
         Load {
             label: "Puma keep-alive",
             url: format!("http://127.0.0.1:{pport}/"),
+            conns: PUMA_CONNS,
             extra: vec![],
             cfg: cfg("agent-puma.toml", pport)?,
         },
@@ -404,8 +418,10 @@ pub(super) fn run(
     let agents = variants.len() - 1;
     for trial in 0..trials {
         for (li, load) in loads.iter().enumerate() {
-            let run = || wrk(&load.url, CONNS, secs, &load.extra, None);
-            let counted = || wrk(&load.url, CONNS, counted_secs, &load.extra, None);
+            let load_for = |secs| wrk(&load.url, load.conns, secs, &load.extra, None);
+            // Warmed up by the same load, discarded (see WALL_SECS).
+            let run = || load_for(WARM_SECS).and_then(|_| load_for(secs));
+            let counted = || load_for(counted_secs);
             // Each agent run has a run without the agent right next to it, before or after by
             // turns, and the builds' order turns from trial to trial: the machine's other load
             // comes and goes over tens of seconds, and pairs this close mostly share it.
@@ -429,8 +445,9 @@ pub(super) fn run(
                 // Past the agent's start-up work: the steady state is what a backend lives with.
                 thread::sleep(SETTLE);
                 // Wall clock with the statistics off: they cost every program two clock reads.
+                load_for(WARM_SECS)?;
                 let c0 = super::cpu_seconds(agent.pid());
-                let w = run()?;
+                let w = load_for(secs)?;
                 let c1 = super::cpu_seconds(agent.pid());
                 let counted = counted_run(agent.pid(), counted)?;
                 let attached: Vec<String> = fs::read_to_string(&log)
@@ -486,7 +503,7 @@ pub(super) fn run(
     );
     let _ = writeln!(
         md,
-        "`wrk -t2 -c{CONNS} -d{secs}s` on loopback against nginx (1 worker, 1 KiB static file) with keep-alive and with `Connection: close`, and against Puma (Debian's, single mode, 8 threads, a Rack app answering 1 KiB); variants: no agent, this build with `web.socket_tracing = \"always\"` (every program attached, as before) and with `\"on_suspicion\"` (the targets are judged on it){}; {trials} trial(s). Each agent starts {} s before its runs and does two: one with the statistics off for the wall clock, paired with a run without the agent just before or after it (by turns; the builds' order also turns from trial to trial), then one of {counted_secs} s with `kernel.bpf_stats_enabled = 1` for the kernel's figures (the sysctl goes back to its previous value after each; {counted_secs} s holds at least one of `on_suspicion`'s counting windows, 750 ms every 15 s under back-to-back keep-alive, so its figure is the long-run average). The kernel's `run_time_ns` counts our programs' own run time, from entry to exit; the tracepoint's dispatch to them and the clock reads the statistics add are not in it. The agent's programs are the ones its process holds (program and link descriptors in /proc/<pid>/fd); counters from `bpftool -j prog show`, summed over the counted runs.\n",
+        "`wrk -t2 -c{CONNS} -d{secs}s` on loopback against nginx (1 worker, 1 KiB static file) with keep-alive and with `Connection: close`, and `-c{PUMA_CONNS}` (one connection per thread) against Puma (Debian's, single mode, 8 threads, a Rack app answering 1 KiB), each wall-clock run right after {WARM_SECS} s of the same load, not counted ({secs} s is the interval of `on_suspicion`'s counting windows, and its first opens as load starts: each run holds one, as the steady state does); variants: no agent, this build with `web.socket_tracing = \"always\"` (every program attached, as before) and with `\"on_suspicion\"` (the targets are judged on it){}; {trials} trial(s). Each agent starts {} s before its runs and does two: one with the statistics off for the wall clock, paired with a run without the agent just before or after it (by turns; the builds' order also turns from trial to trial), then one of {counted_secs} s with `kernel.bpf_stats_enabled = 1` for the kernel's figures (the sysctl goes back to its previous value after each; {counted_secs} s holds at least one of `on_suspicion`'s counting windows, 750 ms every 15 s under back-to-back keep-alive, so its figure is the long-run average). The kernel's `run_time_ns` counts our programs' own run time, from entry to exit; the tracepoint's dispatch to them and the clock reads the statistics add are not in it. The agent's programs are the ones its process holds (program and link descriptors in /proc/<pid>/fd); counters from `bpftool -j prog show`, summed over the counted runs.\n",
         baseline.map_or(String::new(), |b| format!(", and the baseline build `{}`", b.display())),
         SETTLE.as_secs()
     );
@@ -558,6 +575,21 @@ fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64
 }
 
+/// The mean of `v` and the half-width of its 95 % confidence interval (Student's t, the
+/// trials being few); None for fewer than two values.
+fn interval95(v: &[f64]) -> Option<(f64, f64)> {
+    // t at 0.975 for 1 to 9 degrees of freedom; past that, 2.2 is within 5 % of it.
+    const T: [f64; 9] = [12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26];
+    let n = v.len();
+    if n < 2 {
+        return None;
+    }
+    let m = mean(v);
+    let var = v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n - 1) as f64;
+    let t = T.get(n - 2).copied().unwrap_or(2.2);
+    Some((m, t * (var / n as f64).sqrt()))
+}
+
 fn summary(loads: &[Load], variants: &[Variant], cells: &[Vec<Cell>]) -> String {
     let mut attached = Vec::new();
     let mut md = String::from("| load | agent | req/s (wall clock) | ratio to its paired runs without an agent | spread of the pairs | socket calls per request | all programs, ns per socket call | the agent process's own CPU during the load, % of a core | /health, `details.web.kernel` |\n|---|---|---|---|---|---|---|---|---|\n");
@@ -568,22 +600,26 @@ fn summary(loads: &[Load], variants: &[Variant], cells: &[Vec<Cell>]) -> String 
             let cell = &cells[li][vi];
             let rps = mean(&cell.rps);
             let ratio_of_means = rps / mean(&cell.paired_none);
+            let mut ratios: Vec<f64> = cell
+                .rps
+                .iter()
+                .zip(&cell.paired_none)
+                .map(|(a, b)| a / b)
+                .collect();
+            let pairs = interval95(&ratios);
             let (ratio, spread) = if vi == 0 {
                 ("—".to_string(), "—".to_string())
             } else {
-                let mut ratios: Vec<f64> = cell
-                    .rps
-                    .iter()
-                    .zip(&cell.paired_none)
-                    .map(|(a, b)| a / b)
-                    .collect();
                 (
                     format!("**{ratio_of_means:.3}×**"),
                     format!(
-                        "{:.3}–{:.3}, median {:.3}",
+                        "{:.3}–{:.3}, median {:.3}{}",
                         ratios.iter().cloned().fold(f64::MAX, f64::min),
                         ratios.iter().cloned().fold(0.0, f64::max),
-                        super::median(&mut ratios)
+                        super::median(&mut ratios),
+                        pairs.map_or(String::new(), |(m, h)| format!(
+                            "; mean {m:.3} ± {h:.3} (95 %)"
+                        ))
                     ),
                 )
             };
@@ -602,6 +638,7 @@ fn summary(loads: &[Load], variants: &[Variant], cells: &[Vec<Cell>]) -> String 
                             load.label,
                             Some(per_call),
                             ratio_of_means,
+                            pairs,
                             cell.codes.iter().all(|&c| c == 200),
                         ));
                     }
@@ -625,6 +662,7 @@ fn summary(loads: &[Load], variants: &[Variant], cells: &[Vec<Cell>]) -> String 
                             load.label,
                             None,
                             ratio_of_means,
+                            pairs,
                             cell.codes.iter().all(|&c| c == 200),
                         ));
                     }
@@ -664,7 +702,7 @@ fn summary(loads: &[Load], variants: &[Variant], cells: &[Vec<Cell>]) -> String 
     }
     let mut ok = true;
     let mut lines = Vec::new();
-    for &(label, per_call, ratio, all_200) in &verdicts {
+    for &(label, per_call, ratio, pairs, all_200) in &verdicts {
         let want = if label.contains("new connection") {
             Some(0.98)
         } else if label.starts_with("nginx") {
@@ -680,7 +718,19 @@ fn summary(loads: &[Load], variants: &[Variant], cells: &[Vec<Cell>]) -> String 
             per_call.map_or("ns per socket call not known".into(), |n| format!(
                 "{n:.1} ns per socket call"
             )),
-            want.map_or(String::new(), |w| format!(", {ratio:.3}× (≥ {w}×)")),
+            want.map_or(String::new(), |w| format!(
+                ", {ratio:.3}× (≥ {w}×{})",
+                pairs.map_or(String::new(), |(m, h)| format!(
+                    "; the pairs' mean {m:.3} ± {h:.3} {}",
+                    if m - h >= w {
+                        "resolves it"
+                    } else if m + h < w {
+                        "falls short"
+                    } else {
+                        "does not resolve it"
+                    }
+                ))
+            )),
             if all_200 { "" } else { ", /health was not 200" },
             if good { "✓" } else { "✗" }
         ));
@@ -1001,7 +1051,20 @@ fn still_open(conns: &[TcpStream]) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::{calls_per_request, full_name, socket_calls, Cell, Counted, RECV, SEND};
+    use super::{
+        calls_per_request, full_name, interval95, socket_calls, Cell, Counted, RECV, SEND,
+    };
+
+    #[test]
+    fn the_pairs_interval_widens_with_their_spread_and_needs_two() {
+        assert_eq!(interval95(&[0.98]), None);
+        let (m, h) = interval95(&[0.99, 1.01, 0.99, 1.01]).unwrap();
+        assert!((m - 1.0).abs() < 1e-9);
+        // s = 0.01155, n = 4, t(3) = 3.18: 3.18 × 0.01155 / 2.
+        assert!((h - 0.01836).abs() < 1e-4, "{h}");
+        let (_, wide) = interval95(&[0.9, 1.1, 0.9, 1.1]).unwrap();
+        assert!(wide > 9.0 * h);
+    }
 
     fn run(requests: u64, recv: u64, send: u64, state: u64) -> Counted {
         Counted {
