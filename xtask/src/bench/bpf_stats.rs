@@ -342,7 +342,11 @@ pub(super) fn run(
     // The idle connections: 10,000 here, as many in nginx, which inherits the limit.
     super::flood::raise_own_nofile();
     // Four trials: the wall clock on two shared cores moves by several percent run to run.
-    let (trials, secs, idle_secs) = if quick { (1, 3, 10) } else { (4, WALL_SECS, 30) };
+    let (trials, secs, idle_secs) = if quick {
+        (1, 3, 10)
+    } else {
+        (4, WALL_SECS, 30)
+    };
     let counted_secs = if quick { secs } else { COUNTED_SECS };
     let nginx = start_nginx(NginxOptions {
         worker_connections: 16_384,
