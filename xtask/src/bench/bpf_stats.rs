@@ -581,7 +581,7 @@ fn mean(v: &[f64]) -> f64 {
 
 /// The mean of `v` and the half-width of its 95 % confidence interval (Student's t, the
 /// trials being few); None for fewer than two values.
-fn interval95(v: &[f64]) -> Option<(f64, f64)> {
+pub(super) fn interval95(v: &[f64]) -> Option<(f64, f64)> {
     // t at 0.975 for 1 to 9 degrees of freedom; past that, 2.2 is within 5 % of it.
     const T: [f64; 9] = [12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26];
     let n = v.len();

@@ -23,11 +23,14 @@
 //! 11. What the agent's eBPF programs cost per socket call by the kernel's own account
 //!     (`kernel.bpf_stats_enabled`), and its CPU while 10,000 idle connections are held open
 //!     (`bench/bpf_stats.rs`).
+//! 12. The same cost in wall clock, by alternation: one `on_suspicion` agent running and
+//!     stopped by turns for one-second runs (`bench/alternate.rs`).
 //!
 //! One file per section; `run` lists them in order. Servers, process guards, free ports and the
 //! `/health` poller come from the integration tests' harness (`health-agent-tests`).
 
 mod alerts;
+mod alternate;
 mod bpf_stats;
 mod cloudwatch;
 mod fleet;
@@ -85,6 +88,10 @@ pub struct Args {
     /// in `--out`.
     #[arg(long)]
     only_bpf_stats: bool,
+    /// Run only the section on `on_suspicion`'s wall-clock cost by alternation, and put it in
+    /// place of its section in `--out`.
+    #[arg(long)]
+    only_alternation: bool,
     /// Run only the hang-to-503 section (both `web.socket_tracing` modes), and put it in place
     /// of its section in `--out`.
     #[arg(long)]
@@ -127,6 +134,10 @@ pub fn run(args: &Args) -> Result<()> {
         let md = bpf_stats::run(&bins.agent, baseline, &dir, args.quick)?;
         return write_section(args, &dir, &md);
     }
+    if args.only_alternation {
+        let md = alternate::run(&bins.agent, &dir, args.quick)?;
+        return write_section(args, &dir, &md);
+    }
     if args.only_hang {
         let md = hang::run(&bins.agent, &bins.backend, &dir, args.quick)?;
         return write_section(args, &dir, &md);
@@ -151,6 +162,7 @@ pub fn run(args: &Args) -> Result<()> {
     md += &scaling::run(&bins.agent, &bins.proxy, &dir, quick)?;
     md += &cloudwatch::run(&bins.agent, &dir, quick)?;
     md += &bpf_stats::run(&bins.agent, baseline, &dir, quick)?;
+    md += &alternate::run(&bins.agent, &dir, quick)?;
     write_report(args, started, &md)?;
     let _ = fs::remove_dir_all(&dir);
     Ok(())
