@@ -40,8 +40,8 @@ const INSTANT: Duration = Duration::from_secs(5);
 /// Less data than this in the window: no estimate yet.
 const MIN_SPAN: Duration = Duration::from_secs(1);
 /// Counted time a web part needs when the sampled ticks could not see requests in service.
-/// One counting window (750 ms) yields two counted ticks: about 0.5 s, a little less when the
-/// ticks run early; this lets a span that holds one window give a figure.
+/// One counting window yields two counted ticks: about 0.5 s, a little less when the ticks run
+/// early; this lets a span that holds one window give a figure.
 const MIN_COUNTED: Duration = Duration::from_millis(400);
 /// Work in service with no answer for this long (or four times the server's mean time in
 /// service, when longer) has stalled.

@@ -184,8 +184,8 @@ fn saturation_follows_keep_alive_load_as_a_load_balancer_sends_it() {
 }
 
 /// With the programs detached while nothing is wrong, sock_diag cannot tell back-to-back
-/// keep-alive requests in service from answered ones; the agent attaches them for 750 ms every
-/// 15 s to count, and the web part comes from those windows. The window holds at least one.
+/// keep-alive requests in service from answered ones; the agent attaches them for half a second
+/// every 15 s to count, and the web part comes from those windows. The window holds at least one.
 #[test]
 fn saturation_follows_keep_alive_load_with_programs_attached_on_suspicion() {
     keep_alive_saturation("on_suspicion", 24, 26);

@@ -44,7 +44,7 @@ fn healthy_traffic_runs_no_program_and_a_frozen_server_still_leaves_rotation() {
     );
 
     // Keep-alive clients sending back to back: sock_diag cannot tell their requests in service
-    // from those answered, so the programs attach for one 750 ms counting window (the next is
+    // from those answered, so the programs attach for one half-second counting window (the next is
     // 15 s later), not for the whole load.
     let before = total_runs(agent.pid());
     let keep_alive = Load::keep_alive(nginx.port, "/index.html", 3, timeout);

@@ -113,13 +113,20 @@ pub(super) fn run(agent_bin: &Path, dir: &Path, quick: bool) -> Result<String> {
     .enumerate()
     {
         let log = dir.join(format!("agent-{i}.log"));
-        let p = alternate(label, agent_bin, &cfg, &log, aport, (&url, CONNS, extra), pairs)?;
+        let p = alternate(
+            label,
+            agent_bin,
+            &cfg,
+            &log,
+            aport,
+            (&url, CONNS, extra),
+            pairs,
+        )?;
         results.push((p, want));
     }
     drop(nginx);
-    let mut md = String::from(
-        "\n## 12. What `on_suspicion` costs nginx in wall clock, by alternation\n\n",
-    );
+    let mut md =
+        String::from("\n## 12. What `on_suspicion` costs nginx in wall clock, by alternation\n\n");
     let _ = writeln!(
         md,
         "Produced by `cargo xtask bench --only-alternation{}` (or as part of `cargo xtask bench`), {}.\n",
@@ -158,7 +165,10 @@ fn alternate(
             break;
         }
         if std::time::Instant::now() > deadline {
-            bail!("the agent did not detach: {}", body["details"]["web"]["kernel"]);
+            bail!(
+                "the agent did not detach: {}",
+                body["details"]["web"]["kernel"]
+            );
         }
         thread::sleep(Duration::from_millis(100));
     }

@@ -103,6 +103,9 @@ pub struct WebMonitor {
     /// Where the port's listeners are bound: the connection reads ask for their families and
     /// keep their sockets only.
     listen_addrs: ListenAddrs,
+    /// This tick detached the programs after reading their counters (`last_counters`): its
+    /// load sample is still a counted one.
+    counted_detaching: bool,
     /// How often the port's connections are read while nothing goes on: QUIET_READ_EVERY, or
     /// longer when a read costs more than QUIET_BUDGET allows (see `read_sockets`).
     quiet_every: Duration,
@@ -146,9 +149,11 @@ const QUIET_BUDGET: u32 = 100;
 const QUIET_READ_MAX: Duration = Duration::from_secs(5);
 /// … and while sock_diag cannot tell keep-alive requests in service from answered ones
 /// (`Moves::unsure`), attaches the programs this long every COUNT_EVERY to count them for the
-/// saturation meter: the window closes on the first tick past COUNT_FOR (about 1 s in 16 at
-/// the default 250 ms ticks), a sixteenth of the per-call cost for a web part that is measured.
-const COUNT_FOR: Duration = Duration::from_millis(750);
+/// saturation meter: the window closes on the first tick COUNT_FOR after it opened, the second
+/// at the default 250 ms ticks (a tick a few ms early still closes it), and that tick reads the
+/// counts before detaching: two counted ticks, half a second attached in 15, a thirtieth of
+/// the per-call cost for a web part that is measured.
+const COUNT_FOR: Duration = Duration::from_millis(450);
 const COUNT_EVERY: Duration = Duration::from_secs(15);
 
 /// Loads the kernel programs when `cfg` asks for them. A failure is not fatal: the monitor
@@ -250,6 +255,7 @@ impl WebMonitor {
             last_moves: Moves::default(),
             listen_addrs: ListenAddrs::default(),
             quiet_every: QUIET_READ_EVERY,
+            counted_detaching: false,
         }
     }
 
@@ -308,17 +314,26 @@ impl WebMonitor {
         let read = seen.is_some();
         let seen = seen.unwrap_or_default();
         let suspicion = self.suspicion();
+        // Read before steering: a tick that detaches the programs (a counting window closing)
+        // still counts the quarter-second since the previous one.
+        let counted = self
+            .kernel
+            .as_ref()
+            .filter(|k| k.following())
+            .and_then(|k| k.counters().first().copied());
         self.steer_following(suspicion, now);
         let Some(k) = &self.kernel else { return };
         let window = self.cfg.latency_window;
-        if !k.following() {
+        self.counted_detaching = counted.is_some() && !k.following();
+        if counted.is_none() && !k.following() {
             // Detached, the counters stand still: what sock_diag saw move is all there is.
             if read {
                 self.progress.observe_moves(seen, now, window);
             }
             return;
         }
-        self.last_counters = k.counters().first().copied();
+        // Just attached: they count from zero now.
+        self.last_counters = counted.or_else(|| k.counters().first().copied());
         if let Some(c) = &self.last_counters {
             self.progress.observe_with(c, seen, now, window);
         }
@@ -329,7 +344,7 @@ impl WebMonitor {
     /// each). None without the kernel view or before the backend is found.
     pub fn load_sample(&self) -> Option<crate::saturation::LoadSample> {
         self.target.as_ref()?;
-        if self.kernel.as_ref().is_some_and(|k| !k.following()) {
+        if self.kernel.as_ref().is_some_and(|k| !k.following()) && !self.counted_detaching {
             // Detached: requests in service and connections waiting, read from sock_diag.
             let v = self.sockets.as_ref()?;
             return Some(crate::saturation::LoadSample {
