@@ -1,7 +1,9 @@
 //! Bench section 12: section 11's wall clock by alternation: one `on_suspicion` agent, running and stopped
 //! (SIGSTOP) by turns for one-second runs of the same load. Runs 15 s apart share the machine's
 //! drift poorly on two shared cores (nginx alone moves by ±10 % from one to the next); runs
-//! one second apart share most of it, and enough pairs resolve a 1 % difference.
+//! one second apart share most of it, and enough pairs resolve a 1 % difference. nginx runs on
+//! the second CPU and wrk on the first (the agent where the scheduler puts it): left to the
+//! scheduler, where the three land moves one-second runs by 10 %, pinned by 5 %.
 //!
 //! Stopped is as good as absent only while no program is attached: a detached agent holds no
 //! link and its loaded programs run nowhere. So the agent is stopped only while it holds as
@@ -20,14 +22,18 @@ use super::{
     agent_config,
     bpf_stats::interval95,
     kill, start_nginx,
-    wrk::{wrk, Wrk},
+    wrk::{wrk_on_cpu, Wrk},
 };
 use crate::live::{agent_command, health, spawn_agent};
 
 const RUN_SECS: u32 = 1;
 const CONNS: u32 = 50;
-/// Pairs per load: about 2.5 s each with the stops' waits.
-const PAIRS: usize = 60;
+/// Pairs per load: about 2.5 s each with the stops' waits; at 5 % per pair, 200 resolve about
+/// 0.7 %.
+const PAIRS: usize = 200;
+/// wrk's CPU; nginx gets the next one.
+const WRK_CPU: usize = 0;
+const NGINX_CPU: usize = 1;
 /// How long a stop waits for the agent to detach (a suspicion keeps it attached 30 s).
 const DETACH_WITHIN: Duration = Duration::from_secs(40);
 
@@ -40,6 +46,28 @@ fn links(pid: u32) -> usize {
             })
             .count()
     })
+}
+
+/// Keeps `pid` (one thread: an nginx worker is one) on CPU `cpu`.
+fn pin(pid: u32, cpu: usize) -> Result<()> {
+    // SAFETY: a zeroed cpu_set_t is the empty set, CPU_SET writes inside it, and
+    // sched_setaffinity reads it for its size.
+    let ok = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(
+            pid as libc::pid_t,
+            std::mem::size_of::<libc::cpu_set_t>(),
+            &set,
+        ) == 0
+    };
+    if !ok {
+        bail!(
+            "pinning process {pid} to CPU {cpu}: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(())
 }
 
 /// SIGCONT on drop: an agent left stopped would outlive the bench's SIGTERM.
@@ -93,6 +121,13 @@ pub(super) fn run(agent_bin: &Path, dir: &Path, quick: bool) -> Result<String> {
     fs::create_dir_all(&dir)?;
     let pairs = if quick { 4 } else { PAIRS };
     let nginx = start_nginx(NginxOptions::bench(1).file("index.html", vec![b'x'; 1024]))?;
+    let cpus = thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus < 2 {
+        bail!("the alternation runs nginx and wrk on CPUs of their own: {cpus} CPU here");
+    }
+    for pid in nginx.pids() {
+        pin(pid, NGINX_CPU)?;
+    }
     let aport = free_port();
     let cfg = dir.join("agent.toml");
     fs::write(
@@ -155,9 +190,9 @@ fn alternate(
         Duration::from_secs(20),
     )?;
     let pid = agent.pid();
-    let run = || -> Result<Wrk> { wrk(url, conns, RUN_SECS, extra, None) };
+    let run = || -> Result<Wrk> { wrk_on_cpu(WRK_CPU, url, conns, RUN_SECS, extra) };
     // Past start-up and the first counting window, then the links of the detached state.
-    wrk(url, conns, 2, extra, None)?;
+    wrk_on_cpu(WRK_CPU, url, conns, 2, extra)?;
     let deadline = std::time::Instant::now() + DETACH_WITHIN;
     loop {
         let (_, body) = health(aport)?;
@@ -210,7 +245,7 @@ fn alternate(
 /// The table of `results` and each nginx load's verdict against its target (`want`).
 fn section(results: &[(Pairs, f64)], pairs: usize) -> String {
     let mut md = format!(
-        "One `on_suspicion` agent of this build watching nginx, running and stopped (SIGSTOP) by turns for {RUN_SECS}-second `wrk -t2 -c50` runs, {pairs} pairs per load, the order turning from pair to pair: runs a second apart share the drift that runs 15 s apart do not. The agent is stopped only while it holds no more bpf links than when `/health` said it was detached (a counting window or a suspicion is waited out), so a stopped agent costs the backend nothing, as no agent would. Counting windows fall due every 15 s of wall time and open in a running second: the running seconds hold about twice their steady share, so the cost measured is an upper bound.\n\n| load | pairs | running / stopped, mean of the pairs | 95 % interval | spread | target | the programs attached on a suspicion |\n|---|---|---|---|---|---|---|\n"
+        "One `on_suspicion` agent of this build watching nginx, running and stopped (SIGSTOP) by turns for {RUN_SECS}-second `wrk -t2 -c50` runs, {pairs} pairs per load, the order turning from pair to pair: runs a second apart share the drift that runs 15 s apart do not. nginx (1 worker, 1 KiB static file) is pinned to CPU {NGINX_CPU} and wrk to CPU {WRK_CPU}, the agent left to the scheduler: unpinned, where the three land moves one-second runs by about 10 %, pinned by about 5 %. The agent is stopped only while it holds no more bpf links than when `/health` said it was detached (a counting window or a suspicion is waited out), so a stopped agent costs the backend nothing, as no agent would. Counting windows fall due every 15 s of wall time and open in a running second: the running seconds hold about twice their steady share, so the cost measured is an upper bound.\n\n| load | pairs | running / stopped, mean of the pairs | 95 % interval | spread | target | the programs attached on a suspicion |\n|---|---|---|---|---|---|---|\n"
     );
     let mut lines = Vec::new();
     for (p, want) in results {

@@ -68,8 +68,31 @@ pub(super) fn wrk(
     extra: &[&str],
     script: Option<&Path>,
 ) -> Result<Wrk> {
+    run(Command::new("wrk"), url, conns, secs, extra, script)
+}
+
+/// wrk as `wrk` does it, on CPU `cpu` only (taskset), both of its threads.
+pub(super) fn wrk_on_cpu(
+    cpu: usize,
+    url: &str,
+    conns: u32,
+    secs: u32,
+    extra: &[&str],
+) -> Result<Wrk> {
+    let mut c = Command::new("taskset");
+    c.args(["-c", &cpu.to_string(), "wrk"]);
+    run(c, url, conns, secs, extra, None)
+}
+
+fn run(
+    mut c: Command,
+    url: &str,
+    conns: u32,
+    secs: u32,
+    extra: &[&str],
+    script: Option<&Path>,
+) -> Result<Wrk> {
     let threads = conns.clamp(1, 2);
-    let mut c = Command::new("wrk");
     c.args([
         "-t",
         &threads.to_string(),
