@@ -332,7 +332,7 @@ impl WebMonitor {
             }
             return;
         }
-        // Just attached: they count from zero now.
+        // Attached at this tick, they have counted nothing yet: read them now, as the base.
         self.last_counters = counted.or_else(|| k.counters().first().copied());
         if let Some(c) = &self.last_counters {
             self.progress.observe_with(c, seen, now, window);
