@@ -1,17 +1,16 @@
-//! Bench section 12: section 11's wall clock by alternation: one `on_suspicion` agent, running and stopped
-//! (SIGSTOP) by turns for one-second runs of the same load. Runs 15 s apart share the machine's
-//! drift poorly on two shared cores (nginx alone moves by ±10 % from one to the next); runs
-//! one second apart share most of it, and enough pairs resolve a 1 % difference. nginx runs on
-//! the second CPU and wrk on the first (the agent where the scheduler puts it): left to the
-//! scheduler, where the three land moves one-second runs by 10 %, pinned by 5 %.
+//! Bench section 12: section 11's wall clock by alternation. One `on_suspicion` agent runs and
+//! is stopped (SIGSTOP) by turns, for one-second runs of the same load. Runs 15 s apart share
+//! the machine's drift poorly on two shared cores (nginx alone moves by ±10 % from one to the
+//! next); runs one second apart share most of it, and enough pairs resolve a 1 % difference.
+//! nginx runs on the second CPU and wrk on the first, the agent where the scheduler puts it:
+//! left to the scheduler, where the three land moves one-second runs by 10 %; pinned, by 5 %.
 //!
-//! Stopped is as good as absent only while no program is attached: a detached agent holds no
-//! link and its loaded programs run nowhere. So the agent is stopped only while it holds as
-//! many links as it did when `/health` said it was detached; one caught in a counting window
-//! (or attached on a suspicion) is let run until it detaches. Counting windows come every 15 s
-//! of wall time and open at the first tick past due, which is in a running second: the running
-//! seconds hold about twice the steady state's share of them, so the cost measured is an upper
-//! bound.
+//! Stopped is as good as absent only while no program is attached: detached, the agent's
+//! loaded programs run nowhere. So the agent is stopped only while it holds as many links as it
+//! did when `/health` said it was detached; one caught in a counting window (or attached on a
+//! suspicion) is let run until it detaches. Counting windows come every 15 s of wall time and
+//! open at the first tick past due, which is in a running second: the running seconds hold
+//! about twice the steady state's share of them, so the cost measured is an upper bound.
 
 use std::{fmt::Write as _, fs, path::Path, thread, time::Duration};
 
