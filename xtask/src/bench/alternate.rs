@@ -19,7 +19,7 @@ use health_agent_tests::{free_port, NginxOptions};
 
 use super::{
     agent_config,
-    bpf_stats::interval95,
+    bpf_stats::{interval95, suspicions},
     kill, start_nginx,
     wrk::{wrk_on_cpu, Wrk},
 };
@@ -221,16 +221,10 @@ fn alternate(
         runs.push((on, off));
     }
     drop(agent);
-    let attached = fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.contains("following every connection"))
-        .map(|l| l.split_once(": ").map_or(l, |(_, w)| w).trim().to_string())
-        .collect();
     let p = Pairs {
         label,
         runs,
-        attached,
+        attached: suspicions(log),
     };
     if let Some((m, h)) = interval95(&p.ratios()) {
         println!(

@@ -454,12 +454,7 @@ pub(super) fn run(
                 let w = load_for(secs)?;
                 let c1 = super::cpu_seconds(agent.pid());
                 let counted = counted_run(agent.pid(), counted)?;
-                let attached: Vec<String> = fs::read_to_string(&log)
-                    .unwrap_or_default()
-                    .lines()
-                    .filter(|l| l.contains("following every connection"))
-                    .map(|l| l.split_once(": ").map_or(l, |(_, w)| w).trim().to_string())
-                    .collect();
+                let attached = suspicions(&log);
                 for why in &attached {
                     println!("bench:   the programs attached: {why}");
                 }
@@ -519,6 +514,17 @@ pub(super) fn run(
     )?);
     drop(nginx);
     Ok(md)
+}
+
+/// Why an `on_suspicion` agent attached its programs outside counting windows, one entry per
+/// time, from its log (at `info`).
+pub(super) fn suspicions(log: &Path) -> Vec<String> {
+    fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("following every connection"))
+        .map(|l| l.split_once(": ").map_or(l, |(_, w)| w).trim().to_string())
+        .collect()
 }
 
 /// The kernel's counters of the agent `pid`'s programs over one `load`, with the statistics on
