@@ -1,9 +1,77 @@
 //! Builds the kernel programs (`health-agent-ebpf`, nightly + bpf-linker) and leaves the object
 //! in OUT_DIR for `include_bytes_aligned!`. `cargo xtask setup` installs what this needs.
+//!
+//! aya-build runs a nested cargo and prints each line of its stderr as `cargo:warning=`, so a
+//! clean build would show dozens of `warning: … Compiling …` lines that are no warnings. This
+//! script therefore runs itself again as a child (with `INNER` set) to do the build, and reads
+//! what the child prints: cargo's progress lines are dropped, everything else (a real compiler
+//! warning, the `rerun-if` instructions) is passed on. When the build fails, the rest goes to
+//! stderr, which cargo shows with the failure: the compiler's errors, then the cause.
+
+use std::{
+    io::Write as _,
+    process::{Command, Stdio},
+};
 
 use anyhow::Context as _;
 
+/// Set in the child that runs aya-build.
+const INNER: &str = "HEALTH_AGENT_EBPF_BUILD_INNER";
+
 fn main() -> anyhow::Result<()> {
+    if std::env::var_os(INNER).is_some() {
+        return build_ebpf();
+    }
+    let me = std::env::current_exe().context("the build script cannot find itself")?;
+    let out = Command::new(&me)
+        .env(INNER, "1")
+        // The child's error is read by people: its cause chain, not anyhow's backtrace.
+        .env("RUST_LIB_BACKTRACE", "0")
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("cannot run {} for the eBPF build", me.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let shown = stdout.lines().filter(|l| !is_progress(l));
+    if !out.status.success() {
+        // Cargo shows a failed build script's stderr: the compiler's messages, then the cause.
+        let mut err = std::io::stderr().lock();
+        for line in shown.filter(|l| !l.starts_with("cargo:") || l.starts_with("cargo:warning=")) {
+            let _ = writeln!(
+                err,
+                "{}",
+                line.strip_prefix("cargo:warning=").unwrap_or(line)
+            );
+        }
+        let _ = err.write_all(&out.stderr);
+        std::process::exit(out.status.code().unwrap_or(1));
+    }
+    let mut kept = std::io::stdout().lock();
+    for line in shown {
+        writeln!(kept, "{line}")?;
+    }
+    Ok(())
+}
+
+/// A `cargo:warning=` line that only reports the nested cargo's progress ("   Compiling x",
+/// "    Finished …"), or is empty.
+fn is_progress(line: &str) -> bool {
+    let Some(text) = line.strip_prefix("cargo:warning=") else {
+        return false;
+    };
+    if text.trim().is_empty() {
+        return true;
+    }
+    // Cargo's status lines: a capitalised verb right-aligned in 12 columns, then a space.
+    let verb = text.trim_start();
+    let indent = text.len() - verb.len();
+    let word_len = verb.find(' ').unwrap_or(verb.len());
+    indent > 0
+        && indent + word_len == 12
+        && verb.starts_with(|c: char| c.is_ascii_uppercase())
+        && verb[..word_len].chars().all(|c| c.is_ascii_alphabetic())
+}
+
+fn build_ebpf() -> anyhow::Result<()> {
     let manifest_dir = std::env::var("CARGO_MANIFEST_DIR").context("CARGO_MANIFEST_DIR not set")?;
     let root = std::path::Path::new(&manifest_dir)
         .parent()
@@ -19,6 +87,7 @@ fn main() -> anyhow::Result<()> {
         ..Default::default()
     };
     aya_build::build_ebpf([ebpf], aya_build::Toolchain::Custom("nightly")).context(
-        "building the eBPF programs failed: run `cargo xtask setup` (nightly rust-src and bpf-linker)",
+        "building the eBPF programs (health-agent-ebpf) failed: the compiler's messages are above; \
+         if they name bpf-linker or rust-src, run `cargo xtask setup`",
     )
 }
