@@ -26,7 +26,9 @@
 //! 12. The same cost in wall clock, by alternation: one `on_suspicion` agent running and
 //!     stopped by turns for one-second runs (`bench/alternate.rs`).
 //!
-//! One file per section; `run` lists them in order. Servers, process guards, free ports and the
+//! One file per section; `run` lists them in order. Every write of the report goes through
+//! `report::splice`, which keeps the notes added by hand between `<!-- notes -->` and
+//! `<!-- /notes -->`. Servers, process guards, free ports and the
 //! `/health` poller come from the integration tests' harness (`health-agent-tests`).
 
 mod alerts;
@@ -36,6 +38,7 @@ mod cloudwatch;
 mod fleet;
 mod flood;
 mod hang;
+mod report;
 mod saturation;
 mod scaling;
 mod socket_costs;
@@ -63,7 +66,8 @@ pub struct Args {
     /// instead of 60 s, fewer trials): for trying the bench out, not for the record.
     #[arg(long)]
     quick: bool,
-    /// Where to write the results table.
+    /// Where to write the results (a section run alone replaces only its own section; notes
+    /// between `<!-- notes -->` and `<!-- /notes -->` lines are kept either way).
     #[arg(long, default_value = "docs/BENCHMARKS.md")]
     out: PathBuf,
     /// An earlier build of the agent (e.g. the last release), measured side by side with this
@@ -71,13 +75,16 @@ pub struct Args {
     /// in one run, on one machine.
     #[arg(long)]
     baseline_agent: Option<PathBuf>,
-    /// Run only the per-socket-call section (with `--baseline-agent`: the comparison).
+    /// Run only the per-socket-call section (with `--baseline-agent`: the comparison), and put
+    /// it in place of its section in `--out`.
     #[arg(long)]
     only_socket_costs: bool,
-    /// Run only the flood section (with `--baseline-agent`: the earlier build first).
+    /// Run only the flood section (with `--baseline-agent`: the earlier build first), and put it
+    /// in place of its section in `--out`.
     #[arg(long)]
     only_flood: bool,
-    /// Run only the scaling-signal section (saturation against CPU).
+    /// Run only the scaling-signal section (saturation against CPU), and put it in place of its
+    /// section in `--out`.
     #[arg(long)]
     only_scaling: bool,
     /// Run only the CloudWatch section, and put it in place of its section in `--out`.
@@ -115,16 +122,12 @@ pub fn run(args: &Args) -> Result<()> {
     let baseline = args.baseline_agent.as_deref();
     if args.only_flood {
         let md = flood::run(&bins.agent, baseline, &dir, args.quick)?;
-        fs::write(&args.out, &md)?;
-        println!("{md}\nbench: wrote {}", args.out.display());
-        return Ok(());
+        return write_section(args, &dir, &md);
     }
     fs::create_dir_all(&dir)?;
     if args.only_scaling {
         let md = scaling::run(&bins.agent, &bins.proxy, &dir, args.quick)?;
-        fs::write(&args.out, &md)?;
-        println!("{md}\nbench: wrote {}", args.out.display());
-        return Ok(());
+        return write_section(args, &dir, &md);
     }
     if args.only_cloudwatch {
         let md = cloudwatch::run(&bins.agent, &dir, args.quick)?;
@@ -144,9 +147,7 @@ pub fn run(args: &Args) -> Result<()> {
     }
     if args.only_socket_costs {
         let md = socket_costs::run(&bins.agent, baseline, &dir, args.quick)?;
-        fs::write(&args.out, &md)?;
-        println!("{md}\nbench: wrote {}", args.out.display());
-        return Ok(());
+        return write_section(args, &dir, &md);
     }
     let started = Instant::now();
     let quick = args.quick;
@@ -195,14 +196,30 @@ fn build() -> Result<Bins> {
     })
 }
 
-/// One section run alone: put in place of its earlier version in `--out` (the others stay).
+/// One section run alone: put in place of its earlier version in `--out` (the others stay, and
+/// so do the hand-written notes of this one).
 fn write_section(args: &Args, dir: &std::path::Path, md: &str) -> Result<()> {
-    let out = cmd::root().join(&args.out);
-    let report = fs::read_to_string(&out).unwrap_or_default();
-    fs::write(&out, cloudwatch::splice(&report, md))?;
+    let out = write_out(args, md)?;
     println!("{md}\nbench: wrote its section into {}", out.display());
     let _ = fs::remove_dir_all(dir);
     Ok(())
+}
+
+/// Every write of `--out` goes through here: `md` (the whole report or one section) spliced
+/// into what the file holds, keeping its notes (`report`). Returns the file's path.
+fn write_out(args: &Args, md: &str) -> Result<PathBuf> {
+    let out = cmd::root().join(&args.out);
+    if let Some(p) = out.parent() {
+        fs::create_dir_all(p)?;
+    }
+    let before = match fs::read_to_string(&out) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(anyhow!("cannot read {}: {e}", out.display())),
+    };
+    fs::write(&out, report::splice(&before, md))
+        .map_err(|e| anyhow!("cannot write {}: {e}", out.display()))?;
+    Ok(out)
 }
 
 /// docs/BENCHMARKS.md: a header naming the machine, then the sections.
@@ -231,11 +248,7 @@ fn write_report(args: &Args, started: Instant, md: &str) -> Result<()> {
         time_now(),
         started.elapsed().as_secs_f64()
     );
-    let out = cmd::root().join(&args.out);
-    if let Some(p) = out.parent() {
-        fs::create_dir_all(p)?;
-    }
-    fs::write(&out, header + md)?;
+    let out = write_out(args, &(header + md))?;
     println!("bench: wrote {}", out.display());
     Ok(())
 }
