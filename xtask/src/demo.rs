@@ -120,7 +120,8 @@ pub fn run(args: &Args) -> Result<()> {
     if !cmd::is_root() {
         bail!("the demo loads eBPF programs: run it as root (sudo -E cargo xtask demo)");
     }
-    setup::ensure_toolchain()?;
+    // Only what the demo uses: no Debian package, no service (cargo xtask setup has the rest).
+    setup::for_demo()?;
     cmd::run(Command::new("cargo").current_dir(cmd::root()).args([
         "build",
         "--package",

@@ -32,9 +32,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Make this machine ready (run as root; a second run changes nothing): nightly rust-src,
-    /// bpf-linker on the nightly's LLVM, Debian packages, the musl target, tracefs, the
-    /// deploy-file validators, dockerd and PostgreSQL.
+    /// Make this machine ready for everything, tests included (run as root; a second run
+    /// changes nothing): nightly rust-src, bpf-linker on the nightly's LLVM, Debian packages,
+    /// the musl target, tracefs, the deploy-file validators and moto, dockerd and PostgreSQL.
+    /// `demo` installs only its own part (rust-src, bpf-linker, tracefs).
     Setup(setup::Args),
     /// Start dockerd and PostgreSQL 15 if they are not running.
     Services,
@@ -44,6 +45,7 @@ enum Command {
     Run(run::RunArgs),
     /// The product's main job on a built-in default: a bundled backend, the agent, and a
     /// narrated healthy → hung → 503 → healthy story, then the same hang healed by a restart.
+    /// Installs only what it uses (rust-src, bpf-linker, tracefs).
     Demo(demo::Args),
     /// Speed and memory targets, measured side by side, written to docs/BENCHMARKS.md.
     Bench(bench::Args),

@@ -1,4 +1,4 @@
-//! `cargo xtask services`: the daemons the integration tests and the demo talk to, dockerd and
+//! `cargo xtask services`: the daemons the integration tests and the bench talk to, dockerd and
 //! PostgreSQL 15. These machines have no systemd, so both are started directly.
 
 use std::{

@@ -1,5 +1,6 @@
 //! `cargo xtask setup`: what a fresh Debian 12 machine (as root) needs to build, test and demo the
 //! agent. Every step checks before it changes anything, so a second run only prints "ok".
+//! `cargo xtask demo` runs only the steps it needs ([`for_demo`]).
 
 use std::{
     fs,
@@ -23,8 +24,8 @@ pub struct Args {
 }
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
-/// For the integration tests and the demo: the backends (Puma and its PostgreSQL driver), the
-/// load generator, `ss`, `curl`.
+/// For the integration tests and the bench: the backends (Puma and its PostgreSQL driver), the
+/// load generator, `ss`, `curl`. The demo needs none of them.
 const PACKAGES: &[&str] = &[
     "docker.io",
     "nginx-light",
@@ -99,6 +100,16 @@ pub fn cargo_fuzz() -> Result<Outcome> {
     cmd::run(Command::new("cargo").args(["install", "cargo-fuzz", "--locked"]))
         .context("cargo install cargo-fuzz failed")?;
     Ok(Outcome::Done("installed"))
+}
+
+/// What `cargo xtask demo` uses, and nothing more: the toolchain that builds the eBPF programs,
+/// and tracefs. The bundled backend is built from this workspace and talks to nothing, so no
+/// Debian package, PyPI tool or service is installed for it: the rest waits for
+/// `cargo xtask setup` (which `cargo xtask test` and .ci/run call).
+pub fn for_demo() -> Result<()> {
+    step("demo", "rust-src (nightly)", rust_src)?;
+    step("demo", "bpf-linker", || bpf_linker(None))?;
+    step("demo", "tracefs", tracefs)
 }
 
 /// The part of setup a build needs; runs the whole setup when it is missing.
