@@ -3,7 +3,7 @@
 use std::{path::PathBuf, process::ExitCode, sync::Arc};
 
 use anyhow::Context as _;
-use clap::{Parser, Subcommand};
+use clap::{ArgGroup, Parser, Subcommand};
 use health_agent::{
     agent_check, alerts,
     config::{self, Config},
@@ -16,12 +16,14 @@ use tracing_subscriber::EnvFilter;
 #[derive(Parser)]
 #[command(version, about)]
 struct Cli {
-    /// Config file (TOML) of serve, check and alert. A missing file at the default path means
-    /// all defaults.
-    // Not global: `config --dump` and `config --validate FILE` read no config, so their help
-    // must not offer one.
-    #[arg(long, default_value = config::DEFAULT_PATH)]
-    config: PathBuf,
+    /// Config file (TOML) [default: /etc/health-agent/health-agent.toml], with the drop-ins
+    /// conf.d/*.toml beside it merged over it in name order. A missing file at the default path
+    /// means all defaults. Before or after the command.
+    // Global, so `serve --config F` and `--config F serve` mean the same. An Option, so that
+    // `config --dump` (the built-in defaults) and `config --validate FILE` can refuse a
+    // second, contradicting file instead of ignoring it.
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -38,14 +40,20 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Print the documented default config, or validate a file.
+    /// Print the documented default config or the effective one, or validate a file.
+    #[command(group(ArgGroup::new("action").required(true).args(["dump", "effective", "validate"])))]
     Config {
-        /// Print the full default configuration, commented.
-        #[arg(long, conflicts_with = "validate")]
+        /// Print the full default configuration, commented (reads no file).
+        #[arg(long)]
         dump: bool,
-        /// Validate FILE and exit 0 (valid) or 2 (invalid).
-        #[arg(long, value_name = "FILE")]
-        validate: Option<PathBuf>,
+        /// Print the configuration the agent runs with: --config and its conf.d/ drop-ins
+        /// merged, as TOML, secrets hidden.
+        #[arg(long)]
+        effective: bool,
+        /// Validate FILE (default: --config) and its conf.d/ drop-ins; exit 0 (valid) or 2
+        /// (invalid).
+        #[arg(long, value_name = "FILE", num_args = 0..=1)]
+        validate: Option<Option<PathBuf>>,
     },
     /// Alert destinations ([alerts] in the config).
     Alert {
@@ -81,8 +89,19 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let given = cli.config.clone();
+    let path = given
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(config::DEFAULT_PATH));
     match cli.command {
         Command::Config { dump: true, .. } => {
+            if let Some(file) = given {
+                anyhow::bail!(
+                    "config --dump prints the built-in defaults and reads no file; to see {} \
+                     with its drop-ins, use config --effective",
+                    file.display()
+                );
+            }
             print!("{}", config::DEFAULT_TOML);
             Ok(ExitCode::SUCCESS)
         }
@@ -90,13 +109,26 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             validate: Some(file),
             ..
         } => {
-            Config::load(&file)?;
-            println!("{}: valid", file.display());
+            let file = match (file, given) {
+                (Some(f), Some(g)) if f != g => anyhow::bail!(
+                    "two files to validate: --validate {} and --config {}; give one",
+                    f.display(),
+                    g.display()
+                ),
+                (Some(f), _) => f,
+                (None, _) => path,
+            };
+            let loaded = Config::load_all(&file)?;
+            println!("{}: valid", loaded.describe());
             Ok(ExitCode::SUCCESS)
         }
-        Command::Config { .. } => anyhow::bail!("config needs --dump or --validate FILE"),
+        Command::Config { .. } => {
+            // --effective: the group makes one of the three required.
+            print!("{}", Config::load_all(&path)?.effective_toml()?);
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Check { json } => {
-            let cfg = Config::load(&cli.config)?;
+            let cfg = Config::load(&path)?;
             let rt = runtime()?;
             let snap = rt.block_on(oneshot::run(&cfg));
             if json {
@@ -113,7 +145,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Alert {
             command: AlertCommand::Test,
         } => {
-            let cfg = Config::load(&cli.config)?;
+            let cfg = Config::load(&path)?;
             let rt = runtime()?;
             let results = rt.block_on(alerts::send_test(&cfg.alerts, &alerts::hostname()));
             if results.is_empty() {
@@ -133,7 +165,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::from(if all_ok { 0 } else { 1 }))
         }
         Command::Serve => {
-            let cfg = Arc::new(Config::load(&cli.config)?);
+            let loaded = Config::load_all(&path)?;
+            // Which files made the configuration: a drop-in a tool wrote shows here.
+            tracing::info!("configuration: {}", loaded.describe());
+            let cfg = Arc::new(loaded.config);
             // The background checks are light and mostly waiting: one thread is plenty, and it
             // wakes fewer threads per tick than a work-stealing pool. HTTP has its own threads.
             let rt = runtime()?;
@@ -228,7 +263,13 @@ async fn serve(cfg: Arc<Config>) -> anyhow::Result<()> {
             }
         }
     };
-    if cfg.web.port == 0 {
+    if cfg.web.port == 0 && cfg.containers.names.is_empty() && cfg.containers.labels.is_empty() {
+        tracing::warn!(
+            "web.port is 0 and no containers are configured: nothing this instance serves is \
+             watched, so /health answers 200 degraded, never healthy; set web.port to the \
+             backend's listen port (in the config file or a conf.d/ drop-in)"
+        );
+    } else if cfg.web.port == 0 {
         tracing::warn!(
             "web.port is 0: no web backend is watched, so /health vouches only for disk, \
              containers, database and load; set web.port to the backend's listen port"

@@ -4,7 +4,8 @@
 //! `Config::default()`.
 //!
 //! sections.rs holds the serde structs, bounds.rs the range of every number, validate.rs the
-//! cross-checks, secrets.rs what keeps secrets out of errors and warnings.
+//! cross-checks, secrets.rs what keeps secrets out of errors and warnings, dropin.rs the
+//! `conf.d/*.toml` files merged over the main file, effective.rs `config --effective`.
 
 use std::path::Path;
 
@@ -12,6 +13,8 @@ use serde::{Deserialize, Serialize};
 
 mod bounds;
 mod cloudwatch;
+mod dropin;
+mod effective;
 mod loopback;
 mod secrets;
 mod sections;
@@ -19,6 +22,7 @@ mod sections;
 mod tests;
 mod validate;
 
+pub use dropin::{dropin_dir, Loaded};
 pub use secrets::world_readable_warning;
 pub use sections::{
     AcceptTracing, AlertsConfig, ChecksConfig, CloudWatchConfig, ContainersConfig, DatabaseConfig,
@@ -50,6 +54,9 @@ pub enum ConfigError {
         key: &'static str,
         message: String,
     },
+    /// `config --effective` could not show the configuration (its secrets stay hidden).
+    #[error("cannot show the configuration: {0}")]
+    Render(String),
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -68,43 +75,24 @@ pub struct Config {
 }
 
 impl Config {
-    /// Loads and validates a file. A missing file at the default path is an empty config.
+    /// Loads and validates a file and the drop-ins of `conf.d/` beside it. A missing file at
+    /// the default path is an empty config; a missing `conf.d/` is no drop-ins.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let shown = path.display().to_string();
-        let text = match std::fs::read_to_string(path) {
-            Ok(t) => t,
-            Err(e)
-                if e.kind() == std::io::ErrorKind::NotFound && path == Path::new(DEFAULT_PATH) =>
-            {
-                String::new()
-            }
-            Err(error) => return Err(ConfigError::Read { path: shown, error }),
-        };
-        let cfg = Self::parse(&text, &shown)?;
-        if let Some(warning) = world_readable_warning(path, &cfg) {
-            tracing::warn!("{warning}");
-        }
-        Ok(cfg)
+        Ok(Self::load_all(path)?.config)
     }
 
+    /// Like `load`, with the files the configuration was made of.
+    pub fn load_all(path: &Path) -> Result<Loaded, ConfigError> {
+        dropin::load(path)
+    }
+
+    /// Parses and validates one file's text; errors name `path`.
     pub fn parse(text: &str, path: &str) -> Result<Self, ConfigError> {
-        let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
-            path: path.to_string(),
-            // toml's own rendering quotes the offending line, which may hold a secret.
-            message: secrets::parse_error(text, &e),
-        })?;
-        cfg.validate(path).map_err(|e| match e {
-            ConfigError::Invalid {
-                path, key, message, ..
-            } => ConfigError::Invalid {
-                path,
-                line: secrets::line_of(text, key),
-                key,
-                message: secrets::secrets(&cfg).replace(&message),
-            },
-            other => other,
-        })?;
-        Ok(cfg)
+        let file = dropin::Source {
+            shown: path.to_string(),
+            text: text.to_string(),
+        };
+        dropin::merge(&[file], path)
     }
 }
 

@@ -9,7 +9,7 @@ use crate::redact::Secrets;
 
 /// The config keys that hold a secret in this config, with their values: alert URLs and keys,
 /// database URLs with a password, URLs with credentials in them.
-fn secret_fields(cfg: &Config) -> Vec<(String, &str)> {
+pub(super) fn secret_fields(cfg: &Config) -> Vec<(String, &str)> {
     let mut out: Vec<(String, &str)> = Vec::new();
     let a = &cfg.alerts;
     for (key, v) in [
