@@ -107,12 +107,9 @@ pub(crate) fn unhealthy_snapshot() -> Snapshot {
 }
 
 fn healthy_snapshot() -> Snapshot {
+    // A watched web backend: with nothing watched at all the answer is `degraded`.
     let s = snapshot(
-        report(
-            DiskLevel::Ok,
-            DbState::NotConfigured,
-            WebVerdict::NotConfigured,
-        ),
+        report(DiskLevel::Ok, DbState::NotConfigured, WebVerdict::Up),
         None,
     );
     assert_eq!(s.decision.http, 200);

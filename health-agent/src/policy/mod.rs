@@ -350,8 +350,17 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
         reasons.push(format!("web check misconfigured: {e}"));
     }
     if i.web == WebVerdict::NotConfigured {
-        // Not degraded (a host may have no web backend), but never a silent "healthy".
-        reasons.push(NO_WEB_PORT.into());
+        if i.containers == ContainersState::NotConfigured {
+            // Nothing this instance serves is watched (the packaged config as installed): a
+            // "healthy" would vouch for what nobody looked at, and the balancer reads only
+            // that word. Degraded, never 503: nothing is known to be wrong either.
+            degraded = true;
+            reasons.push(NOTHING_WATCHED.into());
+        } else {
+            // Not degraded (a host may serve only through its containers), but never a
+            // silent "healthy".
+            reasons.push(NO_WEB_PORT.into());
+        }
     }
     match i.disk {
         DiskLevel::Warn => {
@@ -446,9 +455,14 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
     )
 }
 
-/// The reason (and the start-up warning) when `web.port` is 0.
+/// The reason when `web.port` is 0 and containers are watched.
 pub const NO_WEB_PORT: &str =
     "web.port is 0: no web backend is watched; set web.port to the backend's listen port";
+
+/// The reason when `web.port` is 0 and no container is configured either: degraded.
+pub const NOTHING_WATCHED: &str =
+    "web.port is 0 and no containers are configured: nothing this instance serves is watched; \
+     set web.port to the backend's listen port";
 
 fn db_word(d: DbState) -> &'static str {
     match d {

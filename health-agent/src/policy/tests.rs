@@ -816,3 +816,121 @@ fn the_recommendation_follows_saturation() {
     assert_eq!(at(Some(0.65), custom).2, ScaleUp);
     assert_eq!(at(Some(0.2), custom).2, Stable);
 }
+
+/// `web.port = 0`: with no container watched either, nothing this instance serves is looked
+/// at, so never `healthy` (the balancer reads only that word) and never `scale_down`; never a
+/// 503 either. With containers watched, the reason is shown and the status is today's.
+#[test]
+fn watching_nothing_is_degraded_never_healthy() {
+    use Recommendation::*;
+    use Status::*;
+    type Case = (
+        &'static str,
+        fn(&mut PolicyInput),
+        Status,
+        u16,
+        Recommendation,
+        &'static str,
+    );
+    let cases: &[Case] = &[
+        (
+            "no web port, no containers",
+            |_| {},
+            Degraded,
+            200,
+            Stable,
+            NOTHING_WATCHED,
+        ),
+        (
+            "no web port, no containers, an idle host",
+            |i| i.pressure = Pressure::Low,
+            Degraded,
+            200,
+            Stable,
+            NOTHING_WATCHED,
+        ),
+        (
+            "no web port, no containers, saturation at down_at",
+            |i| i.saturation = Some(0.1),
+            Degraded,
+            200,
+            Stable,
+            NOTHING_WATCHED,
+        ),
+        (
+            "no web port, no containers, the database down",
+            |i| i.database = DbState::Unreachable,
+            Degraded,
+            200,
+            InfrastructureIssue,
+            NOTHING_WATCHED,
+        ),
+        (
+            "no web port, no containers, disk full: still the disk's 503",
+            |i| i.disk = DiskLevel::Fail,
+            Unhealthy,
+            503,
+            Stable,
+            "disk usage at or above the fail threshold",
+        ),
+        (
+            "no web port, no containers, booting",
+            |i| i.in_boot_grace = true,
+            Booting,
+            200,
+            Stable,
+            NOTHING_WATCHED,
+        ),
+        (
+            "no web port, containers running: the reason, not degraded",
+            |i| i.containers = ContainersState::AllRunning,
+            Healthy,
+            200,
+            Stable,
+            NO_WEB_PORT,
+        ),
+        (
+            "no web port, containers running, an idle host",
+            |i| {
+                i.containers = ContainersState::AllRunning;
+                i.pressure = Pressure::Low;
+            },
+            Healthy,
+            200,
+            ScaleDown,
+            NO_WEB_PORT,
+        ),
+        (
+            "a web port, no containers: healthy",
+            |i| i.web = WebVerdict::Up,
+            Healthy,
+            200,
+            Stable,
+            "",
+        ),
+    ];
+    for (name, tweak, status, http, recommendation, reason) in cases {
+        let mut i = PolicyInput {
+            web: WebVerdict::NotConfigured,
+            containers: ContainersState::NotConfigured,
+            database: DbState::Connected,
+            ..PolicyInput::default()
+        };
+        tweak(&mut i);
+        let d = evaluate(&i);
+        assert_eq!(
+            (d.status, d.http, d.recommendation),
+            (*status, *http, *recommendation),
+            "{name}: {d:?}"
+        );
+        if reason.is_empty() {
+            assert!(d.reasons.is_empty(), "{name}: {d:?}");
+        } else {
+            assert!(d.reasons.iter().any(|r| r == reason), "{name}: {d:?}");
+        }
+    }
+    assert!(
+        NOTHING_WATCHED.contains("set web.port"),
+        "{NOTHING_WATCHED}"
+    );
+}
