@@ -9,6 +9,8 @@
 //! - `dburl`: database URLs, parsing and redaction (a leaf shared by `config` and the database
 //!   check);
 //! - `redact`: secrets out of log lines and messages (a leaf used by `config` and `alerts`);
+//! - `aws`: AWS without an SDK (`sigv4`, `imds`, `credentials`, `query`, `xml`), for
+//!   `cloudwatch` and `fleet`;
 //! - `docker`: the Docker Engine API client;
 //! - `netns`: network namespaces, where the web backend's sockets live;
 //! - `sd_notify`: systemd readiness and watchdog;
@@ -22,11 +24,12 @@
 //!   report);
 //! - `policy`: the status table, pure (`flap`: holding a change of HTTP code back);
 //! - `fuzzing`: the parser fuzz targets (tests and the `fuzzing` feature only);
-//! - `fleet`: fleet-aware verdicts, each fault compared with the peers' (`exchange`);
+//! - `fleet`: fleet-aware verdicts, each fault compared with the peers' (`exchange`; `asg`: the
+//!   auto-scaling group's members as peers);
 //! - `heal`: self-healing (`command`, `judge`, `worker`);
 //! - `snapshot`: what /health serves;
-//! - `cloudwatch`: publishing S to CloudWatch (`sigv4`, `imds`, `credentials`, `client`,
-//!   `publisher`); it reads the snapshot through the runner, so it imports none;
+//! - `cloudwatch`: publishing S to CloudWatch (`client`, `publisher`); it reads the snapshot
+//!   through the runner, so it imports none;
 //! - `alerts`: incidents to Slack, PagerDuty, a webhook and GitHub;
 //! - `metrics`: OpenMetrics;
 //! - `agent_check`: HAProxy's agent protocol;
@@ -37,6 +40,7 @@
 
 pub mod agent_check;
 pub mod alerts;
+pub mod aws;
 pub mod checks;
 pub mod cloudwatch;
 pub mod config;

@@ -1,5 +1,7 @@
-//! moto in server mode: a real implementation of the CloudWatch API on a free loopback port,
-//! and boto3 (from the same venv) as a separate client that reads back what arrived.
+//! moto in server mode: a real implementation of the CloudWatch, Auto Scaling and EC2 APIs on a
+//! free loopback port, and boto3 (from the same venv) as a separate client that sets up groups and
+//! reads back what arrived; and an IMDSv2 stub, the metadata service of the instance the agent
+//! plays.
 
 use std::{
     net::TcpStream,
@@ -10,7 +12,7 @@ use std::{
 
 use serde_json::Value;
 
-use crate::{free_port, wait_until, Proc};
+use crate::{free_port, wait_until, Proc, Receiver, Recorded};
 
 /// moto_server from `cargo xtask setup`'s venv (the deploy validators'), else from PATH; the
 /// python3 beside it has boto3 (a dependency of moto).
@@ -82,6 +84,80 @@ impl Moto {
         format!("http://127.0.0.1:{}", self.port)
     }
 
+    /// Runs a boto3 `script` (its `sys.argv[1]` is moto's endpoint, then `args`) and reads
+    /// the JSON it prints.
+    pub fn boto3(&self, script: &str, args: &[&str]) -> Value {
+        let out = Command::new(&self.python)
+            .args(["-c", script, &self.endpoint()])
+            .args(args)
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .output()
+            .expect("running boto3");
+        assert!(
+            out.status.success(),
+            "boto3 failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "boto3 printed no JSON ({e}): {}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        })
+    }
+
+    /// An auto-scaling group of `size` instances in a VPC of 127.0.0.0/16, subnet
+    /// `127.0.<net>.0/24`: moto gives each instance a private address there, so asking one
+    /// stays on this host's loopback.
+    pub fn auto_scaling_group(&self, region: &str, name: &str, net: u8, size: u32) -> Group {
+        let script = r#"
+import json, sys, boto3
+endpoint, region, name, net, size = sys.argv[1:6]
+kw = dict(endpoint_url=endpoint, region_name=region,
+          aws_access_key_id="setup", aws_secret_access_key="setup")
+ec2, asg = boto3.client("ec2", **kw), boto3.client("autoscaling", **kw)
+vpc = ec2.create_vpc(CidrBlock="127.0.0.0/16")["Vpc"]["VpcId"]
+subnet = ec2.create_subnet(VpcId=vpc, CidrBlock=f"127.0.{net}.0/24",
+                           AvailabilityZone=region + "a")["Subnet"]["SubnetId"]
+ec2.create_launch_template(LaunchTemplateName=name + "-template", LaunchTemplateData={
+    "ImageId": "ami-12c6146b", "InstanceType": "t3.small"})
+asg.create_auto_scaling_group(AutoScalingGroupName=name,
+    LaunchTemplate={"LaunchTemplateName": name + "-template"}, MinSize=0, MaxSize=20,
+    DesiredCapacity=int(size), VPCZoneIdentifier=subnet)
+ids = [i["InstanceId"] for i in
+       asg.describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"][0]["Instances"]]
+found = ec2.describe_instances(InstanceIds=ids)["Reservations"]
+ip = {i["InstanceId"]: i["PrivateIpAddress"] for r in found for i in r["Instances"]}
+print(json.dumps([[i, ip[i]] for i in ids]))
+"#;
+        let members = self.boto3(script, &[region, name, &net.to_string(), &size.to_string()]);
+        let members: Vec<(String, String)> =
+            serde_json::from_value(members).expect("[[id, address], ...]");
+        assert_eq!(members.len(), size as usize, "moto made {members:?}");
+        Group {
+            name: name.into(),
+            region: region.into(),
+            members,
+        }
+    }
+
+    /// Moves `instance` to Standby (out of service, still in the group), as an operator does
+    /// before working on it.
+    pub fn enter_standby(&self, group: &Group, instance: &str) {
+        let script = r#"
+import json, sys, boto3
+endpoint, region, name, instance = sys.argv[1:5]
+asg = boto3.client("autoscaling", endpoint_url=endpoint, region_name=region,
+                   aws_access_key_id="setup", aws_secret_access_key="setup")
+asg.enter_standby(AutoScalingGroupName=name, InstanceIds=[instance],
+                  ShouldDecrementDesiredCapacity=True)
+g = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"][0]
+print(json.dumps({i["InstanceId"]: i["LifecycleState"] for i in g["Instances"]}))
+"#;
+        let states = self.boto3(script, &[&group.region, &group.name, instance]);
+        assert_eq!(states[instance], "Standby", "{states}");
+    }
+
     /// Everything moto holds under `namespace` in `region`, read with boto3:
     /// `{"metrics": ListMetrics, "datapoints": GetMetricStatistics of each metric}`.
     pub fn read_back(&self, region: &str, namespace: &str) -> Value {
@@ -107,21 +183,85 @@ for m in cw.list_metrics(Namespace=namespace)["Metrics"]:
             out["datapoints"].append(d)
 print(json.dumps(out))
 "#;
-        let out = Command::new(&self.python)
-            .args(["-c", script, &self.endpoint(), region, namespace])
-            .env("AWS_EC2_METADATA_DISABLED", "true")
-            .output()
-            .expect("running boto3");
-        assert!(
-            out.status.success(),
-            "boto3 read-back failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!(
-                "boto3 printed no JSON ({e}): {}",
-                String::from_utf8_lossy(&out.stdout)
-            )
-        })
+        self.boto3(script, &[region, namespace])
     }
+}
+
+/// An auto-scaling group made in moto, and its members (instance id, private address).
+#[derive(Debug, Clone)]
+pub struct Group {
+    pub name: String,
+    pub region: String,
+    pub members: Vec<(String, String)>,
+}
+
+/// What the IMDSv2 stub tells the agent about "its" instance.
+#[derive(Debug, Clone)]
+pub struct Metadata {
+    /// The session token it hands out; every read must carry it.
+    pub token: &'static str,
+    pub instance_id: String,
+    pub region: String,
+    /// The `aws:autoscaling:groupName` tag; None: instance metadata tags are off (404).
+    pub group_tag: Option<String>,
+    /// The instance profile's role and its temporary keys; None: no role attached (404).
+    pub role: Option<Role>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Role {
+    pub name: &'static str,
+    pub access_key_id: &'static str,
+    pub secret_access_key: &'static str,
+    pub session_token: &'static str,
+}
+
+/// An IMDSv2 stub on 127.0.0.1: the token first (a PUT with a TTL), then every read with it
+/// (401 without); the instance id, region, group tag and role keys of `m`, 404 for the rest.
+pub fn imds_stub(m: Metadata) -> Receiver {
+    Receiver::start(move |req: &Recorded, _| {
+        if req.method == "PUT" && req.path == "/latest/api/token" {
+            return match req.header("X-aws-ec2-metadata-token-ttl-seconds") {
+                Some(_) => (200, m.token.into()),
+                None => (400, "missing TTL".into()),
+            };
+        }
+        if req.header("X-aws-ec2-metadata-token") != Some(m.token) {
+            return (401, String::new());
+        }
+        let path = req.path.strip_prefix("/latest/meta-data/").unwrap_or("");
+        match (path, &m.group_tag, &m.role) {
+            ("instance-id", ..) => (200, m.instance_id.clone()),
+            ("placement/region", ..) => (200, m.region.clone()),
+            ("tags/instance/aws:autoscaling:groupName", Some(g), _) => (200, g.clone()),
+            ("iam/security-credentials/", _, Some(r)) => (200, r.name.into()),
+            (p, _, Some(r)) if p.strip_prefix("iam/security-credentials/") == Some(r.name) => (
+                200,
+                serde_json::json!({
+                    "Code": "Success",
+                    "Type": "AWS-HMAC",
+                    "AccessKeyId": r.access_key_id,
+                    "SecretAccessKey": r.secret_access_key,
+                    "Token": r.session_token,
+                    "Expiration": time_in(3600),
+                })
+                .to_string(),
+            ),
+            _ => (404, String::new()),
+        }
+    })
+}
+
+/// RFC 3339 UTC `secs` from now, with `date` (no date crate in the tests).
+fn time_in(secs: u64) -> String {
+    let out = Command::new("date")
+        .args([
+            "-u",
+            "-d",
+            &format!("+{secs} seconds"),
+            "+%Y-%m-%dT%H:%M:%SZ",
+        ])
+        .output()
+        .expect("date");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }

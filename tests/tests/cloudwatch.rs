@@ -13,7 +13,9 @@ use std::{
 };
 
 use health_agent_tests::{
-    free_port, request_at, require_root, wait_until, Agent, Moto, Receiver, Recorded,
+    free_port,
+    moto::{imds_stub, Metadata, Role},
+    request_at, require_root, wait_until, Agent, Moto, Receiver,
 };
 use serde_json::{json, Value};
 
@@ -144,64 +146,23 @@ fn saturation_arrives_in_moto_with_namespace_dimension_and_unit() {
     assert_no_secret(&agent, &[SECRET]);
 }
 
-/// An IMDSv2 stub: the token first, then every read with it; the region, the group's tag and
-/// the role's temporary keys.
-fn imds_stub(token: &'static str, role_secret: &'static str, session: &'static str) -> Receiver {
-    Receiver::start(move |req: &Recorded, _| {
-        if req.method == "PUT" && req.path == "/latest/api/token" {
-            let ttl = req.header("X-aws-ec2-metadata-token-ttl-seconds");
-            return match ttl {
-                Some(_) => (200, token.into()),
-                None => (400, "missing TTL".into()),
-            };
-        }
-        if req.header("X-aws-ec2-metadata-token") != Some(token) {
-            return (401, String::new());
-        }
-        let expires = time_in(3600);
-        match req.path.as_str() {
-            "/latest/meta-data/placement/region" => (200, "eu-west-1".into()),
-            "/latest/meta-data/tags/instance/aws:autoscaling:groupName" => {
-                (200, "asg-from-tags".into())
-            }
-            "/latest/meta-data/iam/security-credentials/" => (200, "web-role".into()),
-            "/latest/meta-data/iam/security-credentials/web-role" => (
-                200,
-                json!({
-                    "Code": "Success",
-                    "Type": "AWS-HMAC",
-                    "AccessKeyId": "ASIAROLEKEY",
-                    "SecretAccessKey": role_secret,
-                    "Token": session,
-                    "Expiration": expires,
-                })
-                .to_string(),
-            ),
-            _ => (404, String::new()),
-        }
-    })
-}
-
-/// RFC 3339 UTC `secs` from now, with `date` (no date crate in the tests).
-fn time_in(secs: u64) -> String {
-    let out = std::process::Command::new("date")
-        .args([
-            "-u",
-            "-d",
-            &format!("+{secs} seconds"),
-            "+%Y-%m-%dT%H:%M:%SZ",
-        ])
-        .output()
-        .expect("date");
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
 #[test]
 fn instance_role_region_and_group_come_from_imdsv2() {
     require_root();
     let moto = Moto::start();
     let (role_secret, session) = ("role-secret-never-shown", "SESSION-TOKEN-never-shown");
-    let imds = imds_stub("TOKEN-v2", role_secret, session);
+    let imds = imds_stub(Metadata {
+        token: "TOKEN-v2",
+        instance_id: "i-0123456789abcdef0".into(),
+        region: "eu-west-1".into(),
+        group_tag: Some("asg-from-tags".into()),
+        role: Some(Role {
+            name: "web-role",
+            access_key_id: "ASIAROLEKEY",
+            secret_access_key: role_secret,
+            session_token: session,
+        }),
+    });
     let env = [
         ("AWS_ACCESS_KEY_ID", ""),
         ("AWS_SECRET_ACCESS_KEY", ""),

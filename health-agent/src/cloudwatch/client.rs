@@ -1,22 +1,18 @@
 //! One `PutMetricData` call in CloudWatch's Query protocol (a form-encoded POST with
-//! `Action=PutMetricData&Version=2010-08-01`, XML answers): the protocol both real AWS and moto
-//! accept, with no SDK. Errors are sorted into what a retry may fix and what it cannot.
+//! `Action=PutMetricData&Version=2010-08-01`, XML answers), sent and sorted by `aws::query`.
 
 use std::time::SystemTime;
 
-use reqwest::{StatusCode, Url};
+use reqwest::Url;
 use url::form_urlencoded;
 
-use super::{
-    imds::without_url,
-    sigv4::{self, Credentials},
+use crate::aws::{
+    query::{self, QueryError, Service},
+    sigv4::Credentials,
 };
 
 /// CloudWatch's service name in the signature's scope.
 const SERVICE: &str = "monitoring";
-const CONTENT_TYPE: &str = "application/x-www-form-urlencoded; charset=utf-8";
-/// Error messages are cut to this many characters.
-const SNIPPET: usize = 200;
 
 /// One interval's samples of the metric, as a statistic set (its Average is what target
 /// tracking reads).
@@ -38,47 +34,6 @@ pub struct Target {
     pub metric: String,
     pub group: String,
     pub high_resolution: bool,
-}
-
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum PutError {
-    /// Connection refused, reset, timed out: CloudWatch (or the way to it) is down or slow.
-    #[error("{0}")]
-    Transport(String),
-    /// 429, or 400 `Throttling`: too many requests.
-    #[error("throttled: HTTP {status} {code}: {message}")]
-    Throttled {
-        status: u16,
-        code: String,
-        message: String,
-    },
-    /// 5xx.
-    #[error("HTTP {status} {code}: {message}")]
-    Server {
-        status: u16,
-        code: String,
-        message: String,
-    },
-    /// The keys expired or are not known: new ones may fix it.
-    #[error("credentials refused: HTTP {status} {code}: {message}")]
-    Credentials {
-        status: u16,
-        code: String,
-        message: String,
-    },
-    /// Any other 4xx (access denied, a bad parameter): the same request fails again.
-    #[error("refused: HTTP {status} {code}: {message}")]
-    Rejected {
-        status: u16,
-        code: String,
-        message: String,
-    },
-}
-
-impl PutError {
-    pub fn retryable(&self) -> bool {
-        !matches!(self, Self::Rejected { .. })
-    }
 }
 
 fn number(v: f64) -> String {
@@ -132,136 +87,26 @@ pub fn body(target: &Target, data: &[Datum]) -> String {
     f.finish()
 }
 
-/// `<Tag>text</Tag>` from an XML error body (CloudWatch's are flat and small).
-fn xml_tag<'a>(body: &'a str, tag: &str) -> Option<&'a str> {
-    let open = format!("<{tag}>");
-    let start = body.find(&open)? + open.len();
-    let len = body[start..].find(&format!("</{tag}>"))?;
-    Some(body[start..start + len].trim())
-}
-
-/// Sorts an error answer. `secrets` are cut out of the message: an AWS error may quote the
-/// access key id, and no key belongs in a log line or a response.
-pub fn classify(status: StatusCode, body: &str, secrets: &[&str]) -> PutError {
-    let code = xml_tag(body, "Code").unwrap_or("").to_string();
-    let mut message: String = xml_tag(body, "Message")
-        .unwrap_or(body)
-        .chars()
-        .filter(|c| !c.is_control())
-        .take(SNIPPET)
-        .collect();
-    for s in secrets.iter().filter(|s| !s.is_empty()) {
-        message = message.replace(s, "<redacted>");
-    }
-    let status_u16 = status.as_u16();
-    let code_lc = code.to_ascii_lowercase();
-    if status == StatusCode::TOO_MANY_REQUESTS
-        || code_lc.contains("throttl")
-        || code_lc == "requestlimitexceeded"
-    {
-        PutError::Throttled {
-            status: status_u16,
-            code,
-            message,
-        }
-    } else if status.is_server_error() {
-        PutError::Server {
-            status: status_u16,
-            code,
-            message,
-        }
-    } else if matches!(
-        code.as_str(),
-        "ExpiredToken"
-            | "ExpiredTokenException"
-            | "RequestExpired"
-            | "InvalidClientTokenId"
-            | "UnrecognizedClientException"
-    ) {
-        PutError::Credentials {
-            status: status_u16,
-            code,
-            message,
-        }
-    } else {
-        PutError::Rejected {
-            status: status_u16,
-            code,
-            message,
-        }
-    }
-}
-
-/// The Host header's value for `url`: the port only when it is not the scheme's default,
-/// as reqwest sends it.
-fn host_header(url: &Url) -> String {
-    let host = url.host_str().unwrap_or("");
-    match url.port() {
-        Some(p) => format!("{host}:{p}"),
-        None => host.to_string(),
-    }
-}
-
 /// Sends one signed PutMetricData.
 pub async fn put(
     http: &reqwest::Client,
     target: &Target,
     creds: &Credentials,
     data: &[Datum],
-) -> Result<(), PutError> {
-    let body = body(target, data);
-    let host = host_header(&target.endpoint);
-    let path = match target.endpoint.path() {
-        "" => "/",
-        p => p,
+) -> Result<(), QueryError> {
+    let service = Service {
+        endpoint: target.endpoint.clone(),
+        region: target.region.clone(),
+        name: SERVICE,
     };
-    let signed = sigv4::sign(
-        creds,
-        &target.region,
-        SERVICE,
-        time::OffsetDateTime::now_utc(),
-        &sigv4::Request {
-            method: "POST",
-            host: &host,
-            path,
-            query: "",
-            headers: &[("content-type", CONTENT_TYPE)],
-            payload: body.as_bytes(),
-        },
-    );
-    let mut req = http
-        .post(target.endpoint.clone())
-        .header("content-type", CONTENT_TYPE)
-        .header("x-amz-date", &signed.amz_date)
-        .header("authorization", &signed.authorization);
-    if let Some(token) = &creds.session_token {
-        req = req.header("x-amz-security-token", token);
-    }
-    let resp = req
-        .body(body)
-        .send()
+    query::call(http, &service, creds, body(target, data))
         .await
-        .map_err(|e| PutError::Transport(without_url(&e)))?;
-    let status = resp.status();
-    if status.is_success() {
-        return Ok(());
-    }
-    let text = resp.text().await.unwrap_or_default();
-    let secrets = [
-        creds.access_key_id.as_str(),
-        creds.secret_access_key.as_str(),
-        creds.session_token.as_deref().unwrap_or(""),
-    ];
-    Err(classify(status, &text, &secrets))
+        .map(drop)
 }
 
-/// CloudWatch's public endpoint for a region (China's partition has its own domain).
+/// CloudWatch's public endpoint for a region.
 pub fn regional_endpoint(region: &str) -> String {
-    if region.starts_with("cn-") {
-        format!("https://monitoring.{region}.amazonaws.com.cn")
-    } else {
-        format!("https://monitoring.{region}.amazonaws.com")
-    }
+    query::regional_endpoint(SERVICE, region)
 }
 
 #[cfg(test)]
@@ -308,34 +153,6 @@ mod tests {
         ] {
             assert!(b.contains(part), "{part} in {b}");
         }
-    }
-
-    #[test]
-    fn errors_are_sorted_by_what_a_retry_can_fix() {
-        let xml = |code: &str| {
-            format!(
-                "<ErrorResponse><Error><Type>Sender</Type><Code>{code}</Code>\
-                 <Message>key AKIDSECRET is bad</Message></Error></ErrorResponse>"
-            )
-        };
-        let e = classify(StatusCode::BAD_REQUEST, &xml("Throttling"), &[]);
-        assert!(
-            matches!(e, PutError::Throttled { .. }) && e.retryable(),
-            "{e}"
-        );
-        let e = classify(StatusCode::TOO_MANY_REQUESTS, "slow down", &[]);
-        assert!(matches!(e, PutError::Throttled { .. }), "{e}");
-        let e = classify(StatusCode::SERVICE_UNAVAILABLE, "", &[]);
-        assert!(matches!(e, PutError::Server { .. }) && e.retryable());
-        let e = classify(StatusCode::FORBIDDEN, &xml("ExpiredToken"), &[]);
-        assert!(matches!(e, PutError::Credentials { .. }) && e.retryable());
-        let e = classify(StatusCode::FORBIDDEN, &xml("AccessDenied"), &["AKIDSECRET"]);
-        assert!(!e.retryable());
-        let shown = e.to_string();
-        assert!(
-            shown.contains("AccessDenied") && !shown.contains("AKIDSECRET"),
-            "{shown}"
-        );
     }
 
     #[test]

@@ -15,12 +15,12 @@ use serde::Serialize;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::{
-    client::{self, Datum, PutError, Target},
-    credentials::Provider,
-    imds::Imds,
+use super::client::{self, Datum, Target};
+use crate::{
+    aws::{credentials::Provider, imds::Imds, query::QueryError},
+    config::CloudWatchConfig,
+    text::rfc3339,
 };
-use crate::{config::CloudWatchConfig, text::rfc3339};
 
 /// Reads the latest saturation ratio (1.0 = at capacity); `None` while withheld. The runner
 /// reads it from the published snapshot, so this module needs nothing of `snapshot` (which
@@ -340,16 +340,9 @@ impl Sender {
         if let Some(t) = &self.target {
             return Ok(t.clone());
         }
-        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
-        let region = if !self.cfg.region.is_empty() {
-            self.cfg.region.clone()
-        } else if let Some(r) = env("AWS_REGION").or_else(|| env("AWS_DEFAULT_REGION")) {
-            r
-        } else {
-            self.imds.get("placement/region").await.map_err(|e| {
-                format!("cannot find the region: {e}; set scaling.cloudwatch.region")
-            })?
-        };
+        let region = crate::aws::region(&self.cfg.region, &self.imds)
+            .await
+            .map_err(|e| format!("cannot find the region: {e}; set scaling.cloudwatch.region"))?;
         let group = if !self.cfg.auto_scaling_group.is_empty() {
             self.cfg.auto_scaling_group.clone()
         } else {
@@ -384,7 +377,7 @@ impl Sender {
 
     /// One batch, with up to `max_retries` retries. `Err(None)`: nothing was tried (no target
     /// or credentials, recorded as the last error) or shutdown came first.
-    async fn send(&mut self, batch: &[Datum]) -> Result<(), Option<PutError>> {
+    async fn send(&mut self, batch: &[Datum]) -> Result<(), Option<QueryError>> {
         let target = match self.target().await {
             Ok(t) => t,
             Err(e) => {
@@ -409,7 +402,7 @@ impl Sender {
                 Ok(()) => return Ok(()),
                 Err(e) => e,
             };
-            if matches!(e, PutError::Credentials { .. }) {
+            if matches!(e, QueryError::Credentials { .. }) {
                 self.provider.invalidate();
             }
             if !e.retryable() || attempt >= self.cfg.max_retries {

@@ -117,7 +117,8 @@ fn region(v: &str) -> Result<(), String> {
 }
 
 /// https://, or http:// to a loopback host: the request carries a session token in a header.
-fn endpoint(v: &str) -> Result<(), String> {
+/// Also `fleet.aws_endpoint`'s rule.
+pub(super) fn endpoint(v: &str) -> Result<(), String> {
     let Ok(u) = reqwest::Url::parse(v) else {
         return Err(format!(
             "{v:?} is not a URL; e.g. https://monitoring.us-east-1.amazonaws.com"

@@ -21,6 +21,15 @@ pub struct FleetConfig {
     /// The Consul agent's HTTP address and the service whose catalog entries are the peers.
     pub consul_addr: String,
     pub consul_service: String,
+    /// `asg`: also the members of this instance's auto-scaling group (its InService instances'
+    /// private addresses, at this agent's own port), listed through the AWS API every
+    /// `peers_refresh`.
+    pub peers_from: PeersFrom,
+    #[serde(with = "dur")]
+    pub peers_refresh: Duration,
+    /// "" = each service's regional endpoint; else one URL for both the Auto Scaling and the
+    /// EC2 calls (a test server such as moto).
+    pub aws_endpoint: String,
     /// Env var holding the shared bearer token of the peer endpoint; empty: no token.
     pub token_env: String,
     /// Peers asked per round; a larger fleet is sampled at random.
@@ -39,6 +48,9 @@ impl Default for FleetConfig {
             peers_dns: String::new(),
             consul_addr: String::new(),
             consul_service: String::new(),
+            peers_from: PeersFrom::Nothing,
+            peers_refresh: Duration::from_secs(60),
+            aws_endpoint: String::new(),
             token_env: String::new(),
             sample: 5,
             interval: Duration::from_secs(2),
@@ -49,8 +61,28 @@ impl Default for FleetConfig {
 
 impl FleetConfig {
     pub fn enabled(&self) -> bool {
-        !self.peers.is_empty() || !self.peers_dns.is_empty() || !self.consul_addr.is_empty()
+        !self.peers.is_empty()
+            || !self.peers_dns.is_empty()
+            || !self.consul_addr.is_empty()
+            || self.peers_from != PeersFrom::Nothing
     }
+
+    /// Whether the auto-scaling group's members are peers (`peers_from = "asg"`).
+    pub fn from_asg(&self) -> bool {
+        self.peers_from == PeersFrom::Asg
+    }
+}
+
+/// A source of peers beyond the static list, DNS and Consul.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum PeersFrom {
+    /// None: `peers_from = ""`.
+    #[default]
+    #[serde(rename = "")]
+    Nothing,
+    /// The instance's own auto-scaling group: `peers_from = "asg"`.
+    #[serde(rename = "asg")]
+    Asg,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -2,7 +2,7 @@
 //! cross-checks — keys that go together or exclude each other, addresses, paths, database URLs,
 //! and alert URLs that carry secrets. Errors name the key and never echo a secret value.
 
-use std::net::SocketAddr;
+use std::{net::SocketAddr, time::Duration};
 
 use super::{bounds, validate_url, Config, ConfigError};
 
@@ -45,6 +45,21 @@ impl Config {
                 "fleet.consul_service",
                 "fleet.consul_addr and fleet.consul_service go together".into(),
             ));
+        }
+        let refresh = self.fleet.peers_refresh;
+        if !(PEERS_REFRESH_MIN..=PEERS_REFRESH_MAX).contains(&refresh) {
+            return Err(bad(
+                "fleet.peers_refresh",
+                format!(
+                    "= \"{}\" must be between 5s and 1h: every instance lists its group this \
+                     often, and AWS throttles the Describe calls of a large group listed faster",
+                    humantime::format_duration(refresh)
+                ),
+            ));
+        }
+        if !self.fleet.aws_endpoint.is_empty() {
+            super::cloudwatch::endpoint(&self.fleet.aws_endpoint)
+                .map_err(|m| bad("fleet.aws_endpoint", m))?;
         }
         for peer in &self.fleet.peers {
             let ok = peer.rsplit_once(':').is_some_and(|(host, port)| {
@@ -161,6 +176,10 @@ impl Config {
     }
 }
 
+/// How often the auto-scaling group is listed (`fleet.peers_refresh`).
+const PEERS_REFRESH_MIN: Duration = Duration::from_secs(5);
+const PEERS_REFRESH_MAX: Duration = Duration::from_secs(3600);
+
 /// A URL that carries a secret (a webhook's path, a token or key sent with the request):
 /// https://, or http:// to a loopback host only, where nothing crosses a network. The message
 /// never shows the URL.
@@ -185,6 +204,32 @@ mod tests {
 
     fn err(toml: &str) -> String {
         Config::parse(toml, "x.toml").unwrap_err().to_string()
+    }
+
+    #[test]
+    fn fleet_peers_from_asg_is_a_source_with_its_refresh_and_endpoint_checked() {
+        let c = Config::parse("[fleet]\npeers_from = \"asg\"\n", "x").unwrap();
+        assert!(c.fleet.enabled() && c.fleet.from_asg());
+        let c = Config::parse("[fleet]\npeers_from = \"\"\n", "x").unwrap();
+        assert!(!c.fleet.enabled());
+        let e = err("[fleet]\npeers_from = \"ec2\"\n");
+        assert!(e.contains("peers_from") && e.contains("asg"), "{e}");
+        let e = err("[fleet]\npeers_from = \"asg\"\npeers_refresh = \"1s\"\n");
+        assert!(
+            e.contains("`fleet.peers_refresh`") && e.contains("5s"),
+            "{e}"
+        );
+        let e = err("[fleet]\naws_endpoint = \"http://autoscaling.example.com\"\n");
+        assert!(
+            e.contains("`fleet.aws_endpoint`") && e.contains("https://"),
+            "{e}"
+        );
+        Config::parse(
+            "[fleet]\npeers_from = \"asg\"\npeers_refresh = \"5s\"\n\
+             aws_endpoint = \"http://127.0.0.1:5000\"\n",
+            "x",
+        )
+        .unwrap();
     }
 
     #[test]

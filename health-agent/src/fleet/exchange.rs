@@ -1,5 +1,6 @@
-//! One round of asking the peers: list them (a static list, a DNS name's A/AAAA records, or the
-//! Consul catalog), take a random sample, ask each for its view with a timeout, all at once.
+//! One round of asking the peers: list them (a static list, a DNS name's A/AAAA records, the
+//! Consul catalog, or the auto-scaling group's members as `asg` last listed them), take a random
+//! sample, ask each for its view with a timeout, all at once.
 //! A dead, slow or garbled peer costs at most `fleet.timeout` of a background task and is
 //! left out; nothing here is on the request path.
 
@@ -7,7 +8,7 @@ use std::{net::SocketAddr, time::Instant};
 
 use serde::Deserialize;
 
-use super::{instance_id, PeerView, Round, VIEW_PATH, VIEW_VERSION};
+use super::{asg::AsgPeers, instance_id, PeerView, Round, VIEW_PATH, VIEW_VERSION};
 use crate::config::FleetConfig;
 
 /// Why a peer gave no usable view. Shown in `details.fleet.peers_failed`, never a reason to
@@ -34,7 +35,10 @@ pub enum DiscoveryError {
     Dns { host: String, reason: String },
     #[error("Consul catalog {service}: {reason}")]
     Consul { service: String, reason: String },
-    /// Every configured source failed.
+    /// The auto-scaling group's members: none listed yet, or the list is stale (`asg`).
+    #[error("fleet.peers_from = \"asg\": {0}")]
+    Asg(String),
+    /// More than one source failed.
     #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     All(Vec<DiscoveryError>),
 }
@@ -47,6 +51,8 @@ pub struct Exchange {
     own_addr: SocketAddr,
     token: Option<String>,
     http: reqwest::Client,
+    /// `fleet.peers_from = "asg"`.
+    asg: Option<AsgPeers>,
 }
 
 impl Exchange {
@@ -62,21 +68,24 @@ impl Exchange {
             .no_proxy()
             .build()
             .map_err(|e| DiscoveryError::Client(e.to_string()))?;
+        let asg = cfg
+            .from_asg()
+            .then(|| AsgPeers::new(cfg, own_addr.port()))
+            .transpose()
+            .map_err(|e| DiscoveryError::Client(e.to_string()))?;
         Ok(Self {
             cfg: cfg.clone(),
             own_port: own_addr.port(),
             own_addr,
             token,
             http,
+            asg,
         })
     }
 
     pub async fn round(&self) -> Round {
         let started = Instant::now();
-        let (mut peers, discovery_error) = match self.peers().await {
-            Ok(p) => (p, None),
-            Err(e) => (Vec::new(), Some(e)),
-        };
+        let (mut peers, discovery_error) = self.peers().await;
         peers.retain(|p| *p != self.own_addr.to_string());
         peers.sort();
         peers.dedup();
@@ -129,8 +138,10 @@ impl Exchange {
         Ok(view)
     }
 
-    /// `host:port` of every peer the configuration names, re-read every round.
-    async fn peers(&self) -> Result<Vec<String>, DiscoveryError> {
+    /// `host:port` of every peer the configuration names, re-read every round (the group's
+    /// members as last listed), and what went wrong with any source: a source that failed
+    /// while others gave peers still says so.
+    async fn peers(&self) -> (Vec<String>, Option<DiscoveryError>) {
         let mut out = self.cfg.peers.clone();
         let mut errors = Vec::new();
         if !self.cfg.peers_dns.is_empty() {
@@ -145,10 +156,20 @@ impl Exchange {
                 Err(e) => errors.push(e),
             }
         }
-        if out.is_empty() && !errors.is_empty() {
-            return Err(DiscoveryError::All(errors));
+        if let Some(asg) = &self.asg {
+            match asg.peers() {
+                Ok((p, stale)) => {
+                    out.extend(p);
+                    errors.extend(stale.map(|e| DiscoveryError::Asg(e.to_string())));
+                }
+                Err(e) => errors.push(DiscoveryError::Asg(e.to_string())),
+            }
         }
-        Ok(out)
+        let error = match errors.len() {
+            0 | 1 => errors.pop(),
+            _ => Some(DiscoveryError::All(errors)),
+        };
+        (out, error)
     }
 
     async fn dns(&self) -> Result<Vec<String>, DiscoveryError> {

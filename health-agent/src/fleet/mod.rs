@@ -8,6 +8,7 @@
 //! - `Judge` decides per fault class, local or shared, from the latest round — only from a
 //!   round that began after the peers had time to see the fault too.
 
+pub mod asg;
 pub mod exchange;
 
 use std::{
