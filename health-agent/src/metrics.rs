@@ -436,6 +436,7 @@ mod tests {
     fn every_database_gets_latency_and_state_series() {
         let entry = |name: &str, kind, state, latency_ms| DatabaseEntry {
             name: name.into(),
+            key: "database.urls[0]".into(),
             kind,
             state,
             latency_ms,

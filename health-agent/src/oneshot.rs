@@ -159,6 +159,10 @@ pub fn table(d: &Decision, r: &Report) -> String {
     for db in &r.database.databases {
         let state = db.state.as_str();
         let how = match (&db.error, db.latency_ms) {
+            // The key to change comes with the cause.
+            (Some(e), _) if db.state == crate::status::DbState::Misconfigured => {
+                format!("{}: {e}", db.key)
+            }
             (Some(e), _) => e.clone(),
             (None, Some(ms)) => format!(
                 "{ms:.1} ms{}",

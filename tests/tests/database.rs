@@ -342,7 +342,7 @@ async fn postgres_client_certificate_logs_in_without_a_password_and_its_absence_
     assert_eq!(r.state, DbState::Misconfigured, "{r:?}");
     let err = error_of(&r);
     assert!(err.contains("requires a valid client certificate"), "{err}");
-    assert!(err.contains("give the URL sslcert and sslkey"), "{err}");
+    assert!(err.contains("give database.url sslcert and sslkey"), "{err}");
 }
 
 /// A CA, and a TLS-only Redis whose certificate it signed for `localhost` and `127.0.0.1`.

@@ -21,6 +21,12 @@
 //! else the first line of `database.password_file`. Passwords are kept out of everything this
 //! module shows: names are `redact_url`ed and every error string passes through `sanitize`.
 //!
+//! Mistakes of the agent's own configuration are `misconfigured` from the first round, never an
+//! outage: a server that asks for a password none is set for, a password file or a certificate
+//! file that cannot be read. Each says what to change, naming the key (`database.url`,
+//! `database.urls[i]`, `database.password_file`) or where the password came from; what can be
+//! seen before connecting is also logged at start.
+//!
 //! Here: the monitor, its report and the round of checks. `target` (what to connect to, with
 //! which password; URLs are parsed by the leaf `crate::dburl`), `damper` (fail_after /
 //! recover_after), `tls` (the rustls client, its certificate checks and the words for its
@@ -49,7 +55,7 @@ pub use self::damper::{Damper, RoundTrip};
 pub(crate) use self::mysql::parse_mysql_packet;
 #[cfg(any(test, feature = "fuzzing"))]
 pub(crate) use self::redis::{parse_resp_line, ping_verdict, RESP_LINE_MAX};
-use self::target::{Passwords, Target};
+use self::target::{Login, Passwords, Target};
 pub use crate::dburl::DbKind;
 use crate::{
     checks::DatabaseReport,
@@ -76,6 +82,8 @@ pub enum DatabaseError {
 pub struct DatabaseEntry {
     /// The URL without its password.
     pub name: String,
+    /// The config key it came from: `database.url` or `database.urls[i]`.
+    pub key: String,
     pub kind: DbKind,
     /// The damped state.
     pub state: DbState,
@@ -167,6 +175,18 @@ impl DatabaseMonitor {
         if targets.is_empty() {
             return Ok(None);
         }
+        let password_file =
+            (!cfg.password_file.trim().is_empty()).then(|| PathBuf::from(cfg.password_file.trim()));
+        // Said once at start; the first round reports the same as `misconfigured`.
+        let mut warned = Vec::new();
+        for t in &targets {
+            for w in target::start_warnings(t, password_file.as_ref()) {
+                if !warned.contains(&w) {
+                    tracing::warn!("database check: {w}");
+                    warned.push(w);
+                }
+            }
+        }
         let tracks = targets
             .iter()
             .map(|_| Track {
@@ -180,8 +200,7 @@ impl DatabaseMonitor {
             timeout: cfg.timeout,
             slow_after: cfg.slow_after,
             fail_after: cfg.fail_after.max(1),
-            password_file: (!cfg.password_file.trim().is_empty())
-                .then(|| PathBuf::from(cfg.password_file.trim())),
+            password_file,
         }))
     }
 
@@ -196,11 +215,11 @@ impl DatabaseMonitor {
             .cloned()
             .collect();
         let rounds = self.targets.iter().map(|t| {
-            let password = passwords.for_target(t);
+            let login = passwords.for_target(t);
             let (timeout, secrets) = (self.timeout, &secrets);
             async move {
-                let result = match password {
-                    Ok(p) => round_trip(t, p.as_deref(), timeout).await,
+                let result = match login {
+                    Ok(login) => round_trip(t, &login, timeout).await,
                     Err(f) => Err(f),
                 };
                 Outcome {
@@ -266,6 +285,7 @@ impl DatabaseMonitor {
                 let good = last.and_then(|o| o.result.as_ref().ok());
                 DatabaseEntry {
                     name: t.shown.clone(),
+                    key: t.key.clone(),
                     kind: t.kind,
                     state: tr.damper.state(),
                     latency_ms: good.map(|g| round1(g.latency.as_secs_f64() * 1000.0)),
@@ -295,10 +315,7 @@ impl DatabaseMonitor {
         let error = d.error.as_deref().unwrap_or("no answer");
         match d.state {
             DbState::Unreachable => Some(format!("{} unreachable: {error}", d.name)),
-            DbState::Misconfigured => Some(format!(
-                "{} refused the check (fix the configuration): {error}",
-                d.name
-            )),
+            DbState::Misconfigured => Some(misconfigured(d)),
             DbState::Slow => Some(format!(
                 "{} slow: round trip {:.0} ms (slow_after {})",
                 d.name,
@@ -312,6 +329,27 @@ impl DatabaseMonitor {
             DbState::Unknown => Some(format!("{} not checked yet", d.name)),
             _ => None,
         }
+    }
+}
+
+/// A misconfigured database in words: the key, the URL (redacted) and the cause, which says
+/// what to change.
+fn misconfigured(d: &DatabaseEntry) -> String {
+    let error = d.error.as_deref().unwrap_or("refused");
+    format!("{} {}: {error}", d.key, d.name)
+}
+
+impl DatabaseReport {
+    /// Why the database check is misconfigured, one cause per misconfigured database, for the
+    /// policy's reason; `None` when none is.
+    pub fn misconfigured_reason(&self) -> Option<String> {
+        let causes: Vec<String> = self
+            .databases
+            .iter()
+            .filter(|d| d.state == DbState::Misconfigured)
+            .map(misconfigured)
+            .collect();
+        (!causes.is_empty()).then(|| causes.join("; "))
     }
 }
 
@@ -339,14 +377,10 @@ fn ms(d: Duration) -> String {
 // The round trips. Each bounds its connect and its exchange by `timeout`; errors may carry
 // secrets echoed by a server or library and are sanitised by the caller.
 
-async fn round_trip(
-    t: &Target,
-    password: Option<&str>,
-    timeout: Duration,
-) -> Result<Good, Failure> {
+async fn round_trip(t: &Target, login: &Login, timeout: Duration) -> Result<Good, Failure> {
     match t.kind {
-        DbKind::Postgres => postgres::round_trip(t, password, timeout).await,
-        DbKind::Redis => redis::round_trip(t, password, timeout).await,
+        DbKind::Postgres => postgres::round_trip(t, login, timeout).await,
+        DbKind::Redis => redis::round_trip(t, login, timeout).await,
         DbKind::Mysql => mysql::round_trip(t, timeout).await,
     }
 }

@@ -1,5 +1,10 @@
 //! Postgres: connect (over TLS as the URL's `sslmode` asks), authenticate, `SELECT 1`
 //! (tokio-postgres; TLS through `super::tls`).
+//!
+//! A refusal says what to change: a password the server asks for and none is set (tokio-postgres
+//! says "password missing" only once the server has asked for one), a password or user it
+//! refused (and where that password came from), an unknown database, a login method the check
+//! does not speak.
 
 use std::time::{Duration, Instant};
 
@@ -8,7 +13,7 @@ use tokio_postgres::{tls::MakeTlsConnect, Client, Socket};
 
 use super::{
     ms, no_answer,
-    target::Target,
+    target::{Login, Target},
     tls::{self, PgTls, TlsFailure},
     Failure, Good,
 };
@@ -19,7 +24,7 @@ const ALPN: &[u8] = b"postgresql";
 
 pub(super) async fn round_trip(
     t: &Target,
-    password: Option<&str>,
+    login: &Login,
     timeout: Duration,
 ) -> Result<Good, Failure> {
     // Parsed with the URL (`DbUrl::parse` refuses a Postgres URL tokio-postgres cannot read).
@@ -28,7 +33,7 @@ pub(super) async fn round_trip(
         .clone()
         .ok_or_else(|| Failure::Outage("not a Postgres URL".into()))?;
     if cfg.get_password().is_none() {
-        if let Some(p) = password {
+        if let Some(p) = &login.password {
             cfg.password(p);
         }
     }
@@ -40,22 +45,24 @@ pub(super) async fn round_trip(
     let start = Instant::now();
     // The deadline bounds the TCP connect, the TLS handshake and the login together.
     let deadline = start + timeout;
+    let why = |e: &tokio_postgres::Error| classify(e, t, login);
     let (client, mut driver) = match t.tls.mode {
-        SslMode::Disable => connect(&cfg, tokio_postgres::NoTls, deadline, timeout)
+        SslMode::Disable => connect(&cfg, tokio_postgres::NoTls, deadline, timeout, why)
             .await
             .map_err(|(f, _)| f)?,
         mode => {
-            let config = tls::client_config(&t.tls, Some(ALPN))?;
+            let config = tls::client_config(&t.tls, Some(ALPN))
+                .map_err(|f| f.map(|m| format!("{m} (set in {})", t.key)))?;
             let make = PgTls {
                 config,
                 negotiated: negotiated.clone(),
             };
-            match connect(&cfg, make, deadline, timeout).await {
+            match connect(&cfg, make, deadline, timeout, why).await {
                 Ok(c) => c,
                 // libpq's prefer: a handshake that fails is tried again in the clear (NoTls
                 // never offers TLS), within the same deadline.
                 Err((_, true)) if mode == SslMode::Prefer => {
-                    connect(&cfg, tokio_postgres::NoTls, deadline, timeout)
+                    connect(&cfg, tokio_postgres::NoTls, deadline, timeout, why)
                         .await
                         .map_err(|(f, _)| f)?
                 }
@@ -105,6 +112,7 @@ async fn connect<T>(
     tls: T,
     deadline: Instant,
     timeout: Duration,
+    classify: impl Fn(&tokio_postgres::Error) -> (Failure, bool),
 ) -> Result<(Client, JoinHandle<()>), (Failure, bool)>
 where
     T: MakeTlsConnect<Socket>,
@@ -122,7 +130,7 @@ where
 
 /// A failed connect: refused by the server or by TLS (a configuration error), else an outage;
 /// and whether the TLS handshake failed.
-fn classify(e: &tokio_postgres::Error) -> (Failure, bool) {
+fn classify(e: &tokio_postgres::Error, t: &Target, login: &Login) -> (Failure, bool) {
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {
         if let Some(TlsFailure(f)) = s.downcast_ref::<TlsFailure>() {
@@ -130,12 +138,25 @@ fn classify(e: &tokio_postgres::Error) -> (Failure, bool) {
         }
         source = s.source();
     }
-    (classify_answer(e), false)
+    (classify_answer(e, t, login), false)
 }
 
 /// A connect that failed outside the TLS handshake.
-fn classify_answer(e: &tokio_postgres::Error) -> Failure {
+fn classify_answer(e: &tokio_postgres::Error, t: &Target, login: &Login) -> Failure {
     let chain = error_chain(e);
+    // tokio-postgres's words (a `Config` error) once the server asked for a password (cleartext,
+    // MD5 or SCRAM) and the config has none: the server answered, this is ours to fix.
+    if chain.contains("password missing") {
+        return Failure::Refused(login.missing(t));
+    }
+    // Kerberos, GSS or SSPI (or a SASL mechanism other than SCRAM): the check cannot log in.
+    if chain.contains("unsupported authentication method")
+        || chain.contains("unsupported SASL mechanism")
+    {
+        return Failure::Refused(format!(
+            "connect: {chain}: the server asks this user for a login the check does not speak;              let it log in with a password (scram-sha-256 or md5 in pg_hba.conf) or a client              certificate"
+        ));
+    }
     // tokio-postgres says so in words only: the server answered "no" to the TLS request.
     if chain.contains("server does not support TLS") {
         return Failure::Refused(
@@ -148,21 +169,30 @@ fn classify_answer(e: &tokio_postgres::Error) -> Failure {
     if !refused_by_postgres(e) {
         return Failure::Outage(message);
     }
+    let key = &t.key;
     // pg_hba.conf allows this client only over TLS (a `hostssl` line).
     if chain.contains("no encryption") {
         return Failure::Refused(format!(
             "{message} (the server accepts this client only over TLS: set sslmode=require or \
-             stronger)"
+             stronger in {key})"
         ));
     }
     // A `cert` line: this user logs in with a client certificate.
     if chain.contains("requires a valid client certificate") {
         return Failure::Refused(format!(
-            "{message} (give the URL sslcert and sslkey, a certificate the server's CA signed \
+            "{message} (give {key} sslcert and sslkey, a certificate the server's CA signed \
              whose CN is the user)"
         ));
     }
-    Failure::Refused(message)
+    use tokio_postgres::error::SqlState;
+    Failure::Refused(match e.code() {
+        Some(c) if *c == SqlState::INVALID_PASSWORD => format!("{message}: {}", login.refused(t)),
+        Some(c) if *c == SqlState::INVALID_CATALOG_NAME => {
+            format!("{message}: fix the database name (the URL's path) in {key}")
+        }
+        // An unknown role, or no pg_hba.conf line for this client.
+        _ => format!("{message}: fix the user in {key}, or let it in in the server's pg_hba.conf"),
+    })
 }
 
 /// The server answered and refused us: wrong credentials, unknown role or database.

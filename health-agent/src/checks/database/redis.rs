@@ -6,7 +6,11 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 
-use super::{connect_tcp, ms, no_answer, target::Target, tls, Failure, Good};
+use super::{
+    connect_tcp, ms, no_answer,
+    target::{Login, Target},
+    tls, Failure, Good,
+};
 use crate::dburl::SslMode;
 
 /// A reply line longer than this is not one of the few we expect.
@@ -106,13 +110,23 @@ async fn resp_call<S: AsyncRead + AsyncWrite + Unpin>(
 
 pub(super) async fn round_trip(
     t: &Target,
-    password: Option<&str>,
+    login: &Login,
     timeout: Duration,
 ) -> Result<Good, Failure> {
     let start = Instant::now();
+    // Before connecting: a CA or key file that cannot be read is ours to fix, whether or not
+    // the server answers.
+    let tls_setup = match t.tls.mode {
+        SslMode::Disable => None,
+        _ => Some((
+            tls::client_config(&t.tls, None)
+                .map_err(|f| f.map(|m| format!("{m} (set in {})", t.key)))?,
+            tls::server_name(&t.host)?,
+        )),
+    };
     let stream = connect_tcp(t, timeout).await?;
-    if t.tls.mode == SslMode::Disable {
-        return match exchange(t, password, BufReader::new(stream), timeout).await {
+    let Some((config, name)) = tls_setup else {
+        return match exchange(t, login, BufReader::new(stream), timeout).await {
             Ok(()) => Ok(Good {
                 latency: start.elapsed(),
                 detail: None,
@@ -126,9 +140,7 @@ pub(super) async fn round_trip(
             }
             Err(e) => Err(e.into_failure()),
         };
-    }
-    let config = tls::client_config(&t.tls, None)?;
-    let name = tls::server_name(&t.host)?;
+    };
     // The connect and the handshake share one `timeout`: a path that takes the SYN and then
     // nothing more stalls here.
     let deadline = start + timeout;
@@ -159,7 +171,7 @@ pub(super) async fn round_trip(
     };
     let version = stream.get_ref().1.protocol_version();
     let handshake = start.elapsed();
-    exchange(t, password, BufReader::new(stream), timeout)
+    exchange(t, login, BufReader::new(stream), timeout)
         .await
         .map_err(ExchangeError::into_failure)?;
     let latency = start.elapsed();
@@ -233,18 +245,23 @@ async fn speaks_tls(t: &Target, deadline: Instant, timeout: Duration) -> bool {
 /// `AUTH`, `SELECT`, `PING` over `conn`, bounded by `timeout`.
 async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     t: &Target,
-    password: Option<&str>,
+    login: &Login,
     mut conn: BufReader<S>,
     timeout: Duration,
 ) -> Result<(), ExchangeError> {
     let exchange = async {
-        if let Some(p) = password {
+        if let Some(p) = &login.password {
             let reply = match &t.user {
                 Some(u) => resp_call(&mut conn, &["AUTH", u, p], "AUTH").await?,
                 None => resp_call(&mut conn, &["AUTH", p], "AUTH").await?,
             };
             if reply != "+OK" {
-                return Err(Failure::Refused(format!("AUTH refused: {reply}")).into());
+                let fix = if reply.contains("without any password configured") {
+                    "the server has no password: leave it out".to_string()
+                } else {
+                    login.refused(t)
+                };
+                return Err(Failure::Refused(format!("AUTH refused: {reply}: {fix}")).into());
             }
         }
         if let Some(db) = t.redis_db {
@@ -254,7 +271,13 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
             }
         }
         let reply = resp_call(&mut conn, &["PING"], "PING").await?;
-        Ok(ping_verdict(&reply)?)
+        Ok(ping_verdict(&reply).map_err(|f| match f {
+            // It wants a password we were not given: say where one goes.
+            Failure::Refused(m) if reply.starts_with("-NOAUTH") => {
+                Failure::Refused(format!("{m}: {}", login.missing(t)))
+            }
+            f => f,
+        })?)
     };
     tokio::time::timeout(timeout, exchange)
         .await

@@ -477,3 +477,279 @@ async fn rediss_to_a_port_without_tls_is_misconfigured_not_an_outage() {
         assert!(took < within, "{addr}: took {took:?}");
     }
 }
+
+// --- Configuration mistakes: misconfigured from the first round, naming what to change ------
+
+/// The tests below run without `PGPASSWORD`: with it, the check would have a password.
+fn without_pgpassword() {
+    assert!(
+        std::env::var_os("PGPASSWORD").is_none(),
+        "unset PGPASSWORD to run the database check's unit tests"
+    );
+}
+
+/// A Postgres that asks every login for a password by `auth` (the AuthenticationRequest code:
+/// 3 cleartext, 5 MD5, 10 SASL, 7 GSS) and then waits; it answers an SSLRequest with `N`.
+async fn password_asking_postgres(auth: u32) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("local addr");
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut len = [0u8; 4];
+                loop {
+                    if s.read_exact(&mut len).await.is_err() {
+                        return;
+                    }
+                    let mut body = vec![0u8; (u32::from_be_bytes(len) as usize).saturating_sub(4)];
+                    if s.read_exact(&mut body).await.is_err() {
+                        return;
+                    }
+                    if body.starts_with(&80877103u32.to_be_bytes()) {
+                        let _ = s.write_all(b"N").await;
+                        continue;
+                    }
+                    break;
+                }
+                let extra: &[u8] = match auth {
+                    5 => b"salt",
+                    10 => b"SCRAM-SHA-256\0\0",
+                    _ => b"",
+                };
+                let mut msg = vec![b'R'];
+                msg.extend_from_slice(&(8 + extra.len() as u32).to_be_bytes());
+                msg.extend_from_slice(&auth.to_be_bytes());
+                msg.extend_from_slice(extra);
+                let _ = s.write_all(&msg).await;
+                let mut sink = [0u8; 512];
+                while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {}
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn a_password_the_server_asks_for_and_nobody_set_is_misconfigured_at_once() {
+    without_pgpassword();
+    for (auth, query) in [(3, "?sslmode=disable"), (5, ""), (10, "")] {
+        let addr = password_asking_postgres(auth).await;
+        let url = format!("postgres://app@{addr}/app{query}");
+        // fail_after 3: an outage would take three rounds; this is not one.
+        let mut m = monitor(&DatabaseConfig {
+            url: url.clone(),
+            fail_after: 3,
+            ..DatabaseConfig::default()
+        });
+        let r = m.check().await;
+        assert_eq!(r.state, DbState::Misconfigured, "auth {auth}: {r:?}");
+        let err = r.databases[0].error.clone().unwrap();
+        for words in [
+            "the server asks for a password and none is set",
+            "PGPASSWORD=...",
+            "/etc/health-agent/environment",
+            "database.password_file",
+        ] {
+            assert!(err.contains(words), "auth {auth}: {words:?} not in {err}");
+        }
+        let why = r.misconfigured_reason().unwrap();
+        assert!(
+            why.starts_with(&format!(
+                "database.url {url}: the server asks for a password"
+            )),
+            "{why}"
+        );
+        assert_eq!(r.reason.as_deref(), Some(why.as_str()));
+    }
+}
+
+#[tokio::test]
+async fn a_blank_password_file_is_named_when_the_server_asks_for_a_password() {
+    without_pgpassword();
+    let addr = password_asking_postgres(10).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pw");
+    std::fs::write(&file, "\n").unwrap();
+    let r = monitor(&DatabaseConfig {
+        password_file: file.display().to_string(),
+        ..cfg(&[&format!("postgres://app@{addr}/app")])
+    })
+    .check()
+    .await;
+    assert_eq!(r.state, DbState::Misconfigured, "{r:?}");
+    let err = r.databases[0].error.clone().unwrap();
+    assert!(
+        err.contains(&format!(
+            "database.password_file {} has no password on its first line",
+            file.display()
+        )),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_login_method_the_check_does_not_speak_is_misconfigured() {
+    let addr = password_asking_postgres(7).await;
+    let r = monitor(&DatabaseConfig {
+        fail_after: 3,
+        ..cfg(&[&format!("postgres://app:Sekr1t-9z@{addr}/app")])
+    })
+    .check()
+    .await;
+    assert_eq!(r.state, DbState::Misconfigured, "{r:?}");
+    let err = r.databases[0].error.clone().unwrap();
+    assert!(err.contains("does not speak"), "{err}");
+    assert_no_secret(&r, &["Sekr1t-9z"]);
+}
+
+#[tokio::test]
+async fn a_password_file_that_does_not_exist_is_misconfigured_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("db-password");
+    // Nothing listens there: the file is found missing before any connect.
+    let (redis, _) = fake_redis(redis_ok, Duration::ZERO).await;
+    for url in [
+        format!("postgres://app@127.0.0.1:{}/app", free_port()),
+        format!("redis://{redis}"),
+    ] {
+        let mut m = monitor(&DatabaseConfig {
+            password_file: missing.display().to_string(),
+            fail_after: 3,
+            ..cfg(&[&url])
+        });
+        let r = m.check().await;
+        assert_eq!(r.state, DbState::Misconfigured, "{url}: {r:?}");
+        let why = r.misconfigured_reason().unwrap();
+        assert!(
+            why.contains(&format!(
+                "cannot read database.password_file {}: No such file",
+                missing.display()
+            )) && why.contains("create it"),
+            "{why}"
+        );
+        assert!(why.starts_with("database.urls[0] "), "{why}");
+    }
+}
+
+#[tokio::test]
+async fn a_certificate_file_that_does_not_exist_is_misconfigured_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    let (cert, key) = (dir.path().join("client.crt"), dir.path().join("client.key"));
+    // Nothing listens there: the files are read before any connect.
+    let port = free_port();
+    for (query, words) in [
+        (
+            format!("sslmode=verify-full&sslrootcert={}", ca.display()),
+            format!("cannot read sslrootcert {}", ca.display()),
+        ),
+        (
+            format!(
+                "sslmode=require&sslcert={}&sslkey={}",
+                cert.display(),
+                key.display()
+            ),
+            format!("cannot read sslcert {}", cert.display()),
+        ),
+    ] {
+        // A password unlike anything in a temp path: errors are sanitised of it.
+        for scheme in ["postgres://app:Sekr1t-9z@", "rediss://"] {
+            let url = format!("{scheme}127.0.0.1:{port}/0?{query}");
+            let mut m = monitor(&DatabaseConfig {
+                fail_after: 3,
+                ..cfg(&[&url])
+            });
+            let r = m.check().await;
+            assert_eq!(r.state, DbState::Misconfigured, "{url}: {r:?}");
+            let why = r.misconfigured_reason().unwrap();
+            assert!(why.contains(&words), "{words:?} not in {why}");
+            assert!(why.contains("(set in database.urls[0])"), "{why}");
+            assert_no_secret(&r, &["Sekr1t-9z"]);
+        }
+    }
+}
+
+#[tokio::test]
+async fn redis_asking_for_a_password_says_where_one_goes() {
+    let (addr, _) = fake_redis(
+        |_| "-NOAUTH Authentication required.\r\n".into(),
+        Duration::ZERO,
+    )
+    .await;
+    let r = monitor(&cfg(&[&format!("redis://{addr}")])).check().await;
+    assert_eq!(r.state, DbState::Misconfigured, "{r:?}");
+    let why = r.misconfigured_reason().unwrap();
+    assert!(
+        why.contains("-NOAUTH")
+            && why.contains("none is set: put it in database.urls[0] (redis://:PASSWORD@"),
+        "{why}"
+    );
+    // A refused password says where it came from.
+    let (addr, _) = fake_redis(
+        |_| "-WRONGPASS invalid username-password pair\r\n".into(),
+        Duration::ZERO,
+    )
+    .await;
+    let r = monitor(&cfg(&[&format!("redis://:nope@{addr}")]))
+        .check()
+        .await;
+    let why = r.misconfigured_reason().unwrap();
+    assert!(
+        why.contains("fix the user or the password in database.urls[0]"),
+        "{why}"
+    );
+}
+
+#[test]
+fn what_can_be_seen_before_connecting_is_said_at_start() {
+    without_pgpassword();
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    let pw = dir.path().join("pw");
+    let warnings = |url: &str, file: Option<&std::path::PathBuf>| {
+        let c = cfg(&[url]);
+        let t = &target::targets(&c).unwrap()[0];
+        target::start_warnings(t, file)
+    };
+    let w = warnings("postgres://app@db.example:5432/app?sslmode=require", None);
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(
+        w[0].starts_with("database.urls[0] postgres://app@db.example:5432/app?sslmode=require: no password is set")
+            && w[0].contains("PGPASSWORD=..."),
+        "{w:?}"
+    );
+    let w = warnings(
+        &format!(
+            "postgres://app:Sekr1t@db/app?sslmode=verify-ca&sslrootcert={}",
+            ca.display()
+        ),
+        Some(&pw),
+    );
+    assert_eq!(w.len(), 2, "{w:?}");
+    assert!(
+        w[0].contains(&format!("cannot read sslrootcert {}", ca.display())),
+        "{w:?}"
+    );
+    assert!(
+        w[1].contains(&format!(
+            "cannot read database.password_file {}",
+            pw.display()
+        )),
+        "{w:?}"
+    );
+    assert!(!format!("{w:?}").contains("Sekr1t"), "{w:?}");
+    // Nothing to say: a password, a client certificate, a Unix socket, a Redis, a MySQL.
+    std::fs::write(&pw, "x\n").unwrap();
+    for url in [
+        "postgres://app:pw@db/app",
+        "postgres://app@%2Frun%2Fpostgresql/app",
+        "redis://db:6379",
+        "mysql://db:3306",
+    ] {
+        assert_eq!(warnings(url, None), Vec::<String>::new(), "{url}");
+    }
+    assert_eq!(
+        warnings("postgres://app@db/app", Some(&pw)),
+        Vec::<String>::new()
+    );
+}
