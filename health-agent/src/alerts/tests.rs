@@ -153,6 +153,51 @@ fn conditions_read_the_snapshot() {
     assert_eq!(holds(&heal_failed_snapshot()), vec![Unhealthy, HealFailed]);
 }
 
+/// A database the agent cannot log in to (a password the server asks for and nobody set) is a
+/// `config_error` incident, not an infrastructure issue, and the alert says the cause and the
+/// key to change in its reasons.
+#[test]
+fn a_misconfigured_database_alerts_config_error_naming_the_cause() {
+    use crate::checks::database::{DatabaseEntry, DbKind};
+    let cause = "the server asks for a password and none is set: put PGPASSWORD=... in the \
+                 agent's environment file (/etc/health-agent/environment)";
+    let mut r = report(DiskLevel::Ok, DbState::Misconfigured, WebVerdict::Up);
+    r.database.databases = vec![DatabaseEntry {
+        name: "postgres://app@127.0.0.1:5432/app".into(),
+        key: "database.url".into(),
+        kind: DbKind::Postgres,
+        state: DbState::Misconfigured,
+        latency_ms: None,
+        error: Some(cause.into()),
+        detail: None,
+        consecutive_failures: 0,
+        last_checked: None,
+    }];
+    let snap = snapshot(r, None);
+    let holds: Vec<Condition> = Condition::ALL
+        .into_iter()
+        .filter(|c| c.holds(&snap))
+        .collect();
+    assert_eq!(holds, [Condition::ConfigError], "{:?}", snap.decision);
+    let t = Transition {
+        kind: Kind::Trigger,
+        condition: Condition::ConfigError,
+        incident: 1,
+        opened_at: SystemTime::now(),
+    };
+    let body = super::webhook::payload(&Event::new(&t, &snap, "web-1".into(), None));
+    let reasons = body["payload"]["reasons"].to_string();
+    assert!(
+        reasons.contains(&format!(
+            "database check misconfigured: database.url postgres://app@127.0.0.1:5432/app: {}",
+            serde_json::to_string(cause).unwrap().trim_matches('"')
+        )),
+        "{reasons}"
+    );
+    assert_eq!(body["payload"]["incident"]["condition"], "config_error");
+    assert_eq!(body["payload"]["recommendation"], "stable");
+}
+
 // ---------------------------------------------------------------- receivers
 
 #[derive(Debug, Clone)]

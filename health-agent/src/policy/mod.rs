@@ -91,6 +91,9 @@ pub struct PolicyInput {
     /// `scaling.up_at`, `scaling.down_at`.
     pub up_at: f64,
     pub down_at: f64,
+    /// Why the database check is misconfigured, with the key to change (redacted: the
+    /// database report's words); `None` when it is not, or when nothing says why.
+    pub database_reason: Option<String>,
 }
 
 impl Default for PolicyInput {
@@ -114,6 +117,7 @@ impl Default for PolicyInput {
             saturation: None,
             up_at: 0.8,
             down_at: 0.3,
+            database_reason: None,
         }
     }
 }
@@ -159,6 +163,7 @@ impl PolicyInput {
                 .map_or(Pressure::Normal, |s| s.pressure),
             in_boot_grace,
             web_config_error: report.web.config_error.clone(),
+            database_reason: report.database.misconfigured_reason(),
             ..PolicyInput::default()
         }
     }
@@ -343,7 +348,10 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
     }
     if i.database == DbState::Misconfigured {
         degraded = true;
-        reasons.push("database check misconfigured (credentials, database name or TLS)".into());
+        reasons.push(match &i.database_reason {
+            Some(why) => format!("database check misconfigured: {why}"),
+            None => "database check misconfigured (credentials, database name or TLS)".into(),
+        });
     }
     if let Some(e) = &i.web_config_error {
         degraded = true;

@@ -722,6 +722,63 @@ fn flap_guard_passes_changes_within_a_code() {
 }
 
 #[test]
+fn a_misconfigured_database_names_its_cause_and_hides_no_web_fault() {
+    let why = "database.url postgres://app@127.0.0.1:5432/app: the server asks for a password \
+               and none is set: put PGPASSWORD=... in the agent's environment file";
+    let i = PolicyInput {
+        database: DbState::Misconfigured,
+        database_reason: Some(why.into()),
+        ..input()
+    };
+    let d = evaluate(&i);
+    assert_eq!(
+        (d.status, d.http, d.recommendation),
+        (Status::Degraded, 200, Recommendation::Stable),
+        "{d:?}"
+    );
+    assert_eq!(
+        d.reasons,
+        [format!("database check misconfigured: {why}")],
+        "the reason says the cause and the key"
+    );
+    assert!(!d.shared_dependency, "{d:?}");
+    // Every backend thread stuck: a misconfigured database explains nothing, so 503 as with a
+    // good one, and never an infrastructure issue.
+    for web in [WebVerdict::Unresponsive, WebVerdict::Hung] {
+        let d = evaluate(&PolicyInput { web, ..i.clone() });
+        assert_eq!(
+            (d.status, d.http),
+            (Status::Unhealthy, 503),
+            "{web:?}: {d:?}"
+        );
+        assert_eq!(d.faults, [Fault::Web(web)], "{d:?}");
+        assert_ne!(d.recommendation, Recommendation::InfrastructureIssue);
+        assert!(
+            d.reasons.iter().all(|r| !r.contains("shared dependency")),
+            "{web:?}: {d:?}"
+        );
+    }
+    // Without words from the check, the generic reason, never an empty one.
+    let d = evaluate(&PolicyInput {
+        database_reason: None,
+        ..i.clone()
+    });
+    assert!(
+        d.reasons
+            .iter()
+            .any(|r| r.starts_with("database check misconfigured (")),
+        "{d:?}"
+    );
+    // The reason is read only for a misconfigured database.
+    let d = evaluate(&PolicyInput {
+        database: DbState::Connected,
+        ..i
+    });
+    assert_eq!(d.status, Status::Healthy, "{d:?}");
+    assert!(d.reasons.iter().all(|r| !r.contains("PGPASSWORD")), "{d:?}");
+}
+
+#[test]
 fn a_web_config_error_is_degraded_never_503() {
     let e = Some("web.container: container \"wbe\" not found".to_string());
     // The backend cannot be found, so it cannot be said never to have served.
