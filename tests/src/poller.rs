@@ -156,7 +156,17 @@ impl HealthPoller {
         Self::spawn(addr, None)
     }
 
+    /// The agent at `addr`, asked every `every` (a balancer checking more often than
+    /// [`POLL_EVERY`] would see shorter spells).
+    pub fn every(addr: SocketAddr, every: Duration) -> Self {
+        Self::spawn_every(addr, Some(MAX_RUN), every)
+    }
+
     fn spawn(addr: SocketAddr, limit: Option<Duration>) -> Self {
+        Self::spawn_every(addr, limit, POLL_EVERY)
+    }
+
+    fn spawn_every(addr: SocketAddr, limit: Option<Duration>, every: Duration) -> Self {
         let started = Instant::now();
         let stop = Arc::new(AtomicBool::new(false));
         let samples = Arc::new(Mutex::new(Vec::new()));
@@ -169,7 +179,7 @@ impl HealthPoller {
                 if let Ok(mut v) = sa.lock() {
                     v.push(sample);
                 }
-                next += POLL_EVERY;
+                next += every;
                 let now = Instant::now();
                 if next > now {
                     std::thread::sleep(next - now);

@@ -1119,3 +1119,254 @@ fn harness_loopback_addresses_hosts_lines_and_stub_servers() {
         Some(slow.addr.to_string().as_str())
     );
 }
+
+/// One instance of a fleet with no database: a Puma, an agent on its own loopback address
+/// peering with the others, a poller of its `/health` every 100 ms, light load or none.
+/// Field order is drop order.
+struct Member {
+    poller: HealthPoller,
+    /// Held for its traffic, stopped on drop.
+    _load: Option<Load>,
+    agent: Agent,
+    puma: Puma,
+}
+
+/// `n` instances of one app, each agent peering with the others.
+struct Fleet {
+    members: Vec<Member>,
+}
+
+impl Fleet {
+    fn start(n: u8, traffic: bool) -> Self {
+        let addrs: Vec<SocketAddr> = (0..n)
+            .map(|i| {
+                let ip = loopback(20 + i);
+                addr(ip, free_port_on(ip))
+            })
+            .collect();
+        let members = addrs
+            .iter()
+            .map(|me| {
+                let puma = Puma::start(PumaOptions {
+                    threads: 2,
+                    ..Default::default()
+                });
+                let peers: Vec<String> = addrs
+                    .iter()
+                    .filter(|a| *a != me)
+                    .map(ToString::to_string)
+                    .collect();
+                // A short latency window: the probes that waited out a stop keep the p99
+                // `slow` for about half of it after the thaw.
+                let extra = format!("[web]\nlatency_window = \"5s\"\n{}", fleet_peers(&peers));
+                let agent = Agent::start_at(*me, &config(puma.port, &extra), &[]);
+                let poller = HealthPoller::every(*me, Duration::from_millis(100));
+                // ~4 requests a second, each on a new connection.
+                let load = traffic.then(|| {
+                    Load::new_connections(
+                        puma.port,
+                        "/",
+                        1,
+                        Duration::from_millis(250),
+                        Duration::from_secs(10),
+                    )
+                });
+                Member {
+                    poller,
+                    _load: load,
+                    agent,
+                    puma,
+                }
+            })
+            .collect();
+        Self { members }
+    }
+
+    fn explain(&self) -> String {
+        let mut out = String::new();
+        for (i, m) in self.members.iter().enumerate() {
+            out.push_str(&format!(
+                "\n--- instance {i}: agent {} (log tail):\n{}",
+                m.agent.addr,
+                tail(&m.agent.logs(), 25)
+            ));
+        }
+        out
+    }
+
+    fn peers_of(&self, i: usize) -> Vec<String> {
+        sorted(
+            self.members
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .map(|(_, m)| m.agent.addr.to_string()),
+        )
+    }
+
+    /// Waits until every agent answers 200 with its web backend up and every peer answering.
+    fn wait_serving(&self, timeout: Duration, what: &str) {
+        let deadline = Instant::now() + timeout;
+        for (i, m) in self.members.iter().enumerate() {
+            let peers = self.peers_of(i);
+            m.poller.wait_for_from(
+                m.poller.elapsed(),
+                deadline.saturating_duration_since(Instant::now()),
+                &format!("instance {i}: 200, webserver up, every peer answering {what}"),
+                |s| s.code == 200 && s.webserver == "up" && answered(s) == peers,
+                || self.explain(),
+            );
+        }
+    }
+
+    /// SIGSTOPs the Pumas of `which`, one right after the other; returns each poller's clock
+    /// at the stop.
+    fn stop(&self, which: &[usize]) -> Vec<Duration> {
+        let at = self.members.iter().map(|m| m.poller.elapsed()).collect();
+        for &i in which {
+            self.members[i].puma.signal(libc::SIGSTOP);
+        }
+        at
+    }
+
+    fn resume(&self, which: &[usize]) {
+        for &i in which {
+            self.members[i].puma.signal(libc::SIGCONT);
+        }
+    }
+}
+
+fn shape(n: u8, traffic: bool) -> String {
+    format!(
+        "{n} instances, {}",
+        if traffic { "under traffic" } else { "idle" }
+    )
+}
+
+/// How many times each shape stops the whole fleet (HEALTH_AGENT_TESTS_FLEET_REPS; the
+/// issue's figure is 10 per shape, CI runs fewer).
+fn reps() -> usize {
+    std::env::var("HEALTH_AGENT_TESTS_FLEET_REPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2)
+}
+
+/// Every backend of the fleet stops at once, `reps()` times: no agent ever answers 503 (polled
+/// every 100 ms, as the split-brain of two idle peers was seen), and every one turns
+/// `infrastructure_issue`. Returns each rep's time to the last agent's `infrastructure_issue`.
+fn whole_fleet_stopped_is_never_503(n: u8, traffic: bool) -> Vec<f64> {
+    require_root();
+    let group = Fleet::start(n, traffic);
+    let all: Vec<usize> = (0..n as usize).collect();
+    let what = shape(n, traffic);
+    group.wait_serving(WAIT, "at start");
+    let mut times = Vec::new();
+    for rep in 0..reps() {
+        let stopped = group.stop(&all);
+        let mut slowest: f64 = 0.0;
+        for (i, m) in group.members.iter().enumerate() {
+            let infra = m.poller.wait_for_from(
+                stopped[i],
+                Duration::from_secs(20),
+                &format!("{what}, rep {rep}: instance {i} says infrastructure_issue"),
+                |s| s.recommendation == "infrastructure_issue",
+                || group.explain(),
+            );
+            slowest = slowest.max(after(&infra, stopped[i]));
+        }
+        // Held a little longer: a late 503 counts too.
+        std::thread::sleep(Duration::from_secs(3));
+        for (i, m) in group.members.iter().enumerate() {
+            let samples = m.poller.samples();
+            let ctx = format!(
+                "\n{what}, rep {rep}, instance {i}:\n{}{}",
+                timeline(&since(&samples, stopped[i])),
+                group.explain()
+            );
+            assert_answered(&since(&samples, stopped[i]), &ctx);
+            if let Some(s) = samples.iter().find(|s| s.at >= stopped[i] && s.code == 503) {
+                panic!(
+                    "a 503 while every backend of the fleet was stopped: {s}\ndetails.fleet: {}{ctx}",
+                    pretty(fleet(s))
+                );
+            }
+        }
+        println!("{what}, rep {rep}: 0 × 503, infrastructure_issue on all within {slowest:.2}s");
+        times.push(slowest);
+        group.resume(&all);
+        group.wait_serving(Duration::from_secs(45), &format!("after rep {rep}'s thaw"));
+    }
+    times
+}
+
+#[test]
+fn whole_fleet_stopped_two_idle() {
+    whole_fleet_stopped_is_never_503(2, false);
+}
+
+#[test]
+fn whole_fleet_stopped_two_under_traffic() {
+    whole_fleet_stopped_is_never_503(2, true);
+}
+
+#[test]
+fn whole_fleet_stopped_three_idle() {
+    whole_fleet_stopped_is_never_503(3, false);
+}
+
+#[test]
+fn whole_fleet_stopped_three_under_traffic() {
+    whole_fleet_stopped_is_never_503(3, true);
+}
+
+/// One backend of two stops, idle and under traffic: still this instance's own fault, 503 as
+/// before (nothing to restart it with), its peer 200 throughout; prints the time to 503, which
+/// now waits for the peer's evidence newer than the fault.
+#[test]
+fn one_stopped_of_two_is_503_and_its_peer_stays_200() {
+    require_root();
+    for traffic in [false, true] {
+        let what = shape(2, traffic);
+        let group = Fleet::start(2, traffic);
+        group.wait_serving(WAIT, "at start");
+        let stopped = group.stop(&[0]);
+        let (one, other) = (&group.members[0], &group.members[1]);
+        let down = one.poller.wait_for_from(
+            stopped[0],
+            Duration::from_secs(20),
+            &format!("{what}: 503 on the stopped instance"),
+            |s| s.code == 503,
+            || group.explain(),
+        );
+        let local = judged(&down, "local");
+        assert!(
+            local.is_some(),
+            "{what}: the 503 rests on no `local` judgement: {down}\ndetails.fleet: {}{}",
+            pretty(fleet(&down)),
+            group.explain()
+        );
+        // What asking the peer adds: from the first answer naming the fault to the 503.
+        let seen = one
+            .poller
+            .samples()
+            .into_iter()
+            .find(|s| s.at >= stopped[0] && s.webserver == "hung")
+            .map_or(f64::NAN, |s| after(&s, stopped[0]));
+        println!(
+            "{what}: stop → hung seen in {seen:.2}s, → 503 in {:.2}s ({down}); judgement {}",
+            after(&down, stopped[0]),
+            local.unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_secs(2));
+        let samples = other.poller.samples();
+        if let Some(s) = samples.iter().find(|s| s.at >= stopped[1] && s.code != 200) {
+            panic!(
+                "{what}: the instance whose backend serves left 200: {s}\n{}{}",
+                timeline(&since(&samples, stopped[1])),
+                group.explain()
+            );
+        }
+        group.resume(&[0]);
+    }
+}

@@ -74,6 +74,8 @@ const DURATIONS: &[DurationBound] = &[
      "faster floods the peers; slower makes their view useless"),
     ("fleet.timeout", |c| c.fleet.timeout, Duration::from_millis(10), MINUTE,
      "0 fails every peer at once; a peer slower than a minute is no evidence"),
+    ("fleet.confirm_within", |c| c.fleet.confirm_within, Duration::ZERO, MINUTE,
+     "longer keeps a dead instance in rotation while its peers stay silent"),
 ];
 
 /// (key, value, min, max, why the bounds).

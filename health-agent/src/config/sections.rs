@@ -39,6 +39,11 @@ pub struct FleetConfig {
     /// Per peer request: a slower peer is not waited for.
     #[serde(with = "dur")]
     pub timeout: Duration,
+    /// How long a fault waits for fresh word from peers whose latest evidence predates it (no
+    /// 503 meanwhile); after that they are left out of the count. "0s" = derived from the
+    /// check cadences: 2 × checks.interval + web.probe_timeout + fleet.timeout, at least 5 s.
+    #[serde(with = "dur")]
+    pub confirm_within: Duration,
 }
 
 impl Default for FleetConfig {
@@ -55,6 +60,7 @@ impl Default for FleetConfig {
             sample: 5,
             interval: Duration::from_secs(2),
             timeout: Duration::from_secs(1),
+            confirm_within: Duration::ZERO,
         }
     }
 }

@@ -8,7 +8,11 @@ use std::{net::SocketAddr, time::Instant};
 
 use serde::Deserialize;
 
-use super::{asg::AsgPeers, instance_id, PeerView, Round, VIEW_PATH, VIEW_VERSION};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::{
+    asg::AsgPeers, instance_id, PeerView, Round, FRESH_DEPENDENCY, VIEW_PATH, VIEW_VERSION,
+};
 use crate::config::FleetConfig;
 
 /// Why a peer gave no usable view. Shown in `details.fleet.peers_failed`, never a reason to
@@ -53,6 +57,9 @@ pub struct Exchange {
     http: reqwest::Client,
     /// `fleet.peers_from = "asg"`.
     asg: Option<AsgPeers>,
+    /// This instance has a dependency fault: peers are asked to check theirs afresh
+    /// (`?fresh=dependency`), so their word on it is newer than the fault.
+    fresh_dependency: AtomicBool,
 }
 
 impl Exchange {
@@ -80,6 +87,7 @@ impl Exchange {
             token,
             http,
             asg,
+            fresh_dependency: AtomicBool::new(false),
         })
     }
 
@@ -113,8 +121,17 @@ impl Exchange {
         round
     }
 
+    /// Whether the next rounds ask the peers to check their dependencies afresh.
+    pub fn want_fresh_dependency(&self, yes: bool) {
+        self.fresh_dependency.store(yes, Ordering::Relaxed);
+    }
+
     async fn ask(&self, peer: &str) -> Result<PeerView, PeerError> {
-        let url = format!("http://{peer}{VIEW_PATH}");
+        let url = if self.fresh_dependency.load(Ordering::Relaxed) {
+            format!("http://{peer}{VIEW_PATH}?{FRESH_DEPENDENCY}")
+        } else {
+            format!("http://{peer}{VIEW_PATH}")
+        };
         let mut req = self.http.get(&url);
         if let Some(t) = &self.token {
             req = req.bearer_auth(t);

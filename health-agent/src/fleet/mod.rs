@@ -5,8 +5,10 @@
 //! - `PeerView` is what an agent tells its peers about itself (`GET /fleet/v1/view`): its raw
 //!   check states, never its fleet-adjusted answer, so no agent echoes another.
 //! - `exchange` asks a sample of the peers every `fleet.interval`, off the request path.
-//! - `Judge` decides per fault class, local or shared, from the latest round — only from a
-//!   round that began after the peers had time to see the fault too.
+//! - `Judge` decides per fault class, local or shared, from the latest round. A peer's "no such
+//!   fault" counts only with evidence newer than this instance's fault (its backend answered,
+//!   its database round trip passed, after the onset here); until most peers have said so,
+//!   or have the fault too, the fault is `asking`: never a 503, never a restart.
 
 pub mod asg;
 pub mod exchange;
@@ -29,6 +31,45 @@ use crate::{
 /// during a rollout keep talking v1 as long as they both serve it.
 pub const VIEW_PATH: &str = "/fleet/v1/view";
 pub const VIEW_VERSION: u32 = 1;
+/// The view's query asking the peer to check its dependencies now: an agent with a dependency
+/// fault needs the peers' word on theirs from after its onset, sooner than their own cadence.
+pub const FRESH_DEPENDENCY: &str = "fresh=dependency";
+
+/// What a peer's `?fresh=dependency` wakes: this agent's database check, at most once per
+/// RECHECK_AT_MOST (a peer asks every quarter second while it waits; a flood of asks must not
+/// become a flood of round trips to the database).
+#[derive(Debug, Default)]
+pub struct Recheck {
+    database: Option<std::sync::Arc<tokio::sync::Notify>>,
+    last: std::sync::Mutex<Option<Instant>>,
+}
+
+const RECHECK_AT_MOST: Duration = Duration::from_secs(1);
+
+impl Recheck {
+    pub fn new(database: Option<std::sync::Arc<tokio::sync::Notify>>) -> Self {
+        Self {
+            database,
+            last: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Wakes the database check now unless it was woken within RECHECK_AT_MOST; whether it was.
+    pub fn poke(&self, now: Instant) -> bool {
+        let Some(n) = &self.database else {
+            return false;
+        };
+        let Ok(mut last) = self.last.lock() else {
+            return false;
+        };
+        if last.is_some_and(|t| now.saturating_duration_since(t) < RECHECK_AT_MOST) {
+            return false;
+        }
+        *last = Some(now);
+        n.notify_one();
+        true
+    }
+}
 
 /// A random id for this agent process: a peer list that includes this agent itself (DNS,
 /// Consul) is recognised by it.
@@ -52,6 +93,65 @@ pub struct PeerView {
     pub dependencies: Vec<String>,
     /// Databases its own check cannot reach, as `host:port`.
     pub unreachable: Vec<String>,
+    /// How old, as the view was served, this agent's latest evidence is that each kind of
+    /// fault is absent here. `None` from agents that predate it: their "fine" counts only
+    /// after a settling time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fine_ms: Option<FineAges>,
+}
+
+/// Ages in milliseconds of an agent's latest evidence, per fault class, that the class is
+/// absent: its web backend answered (a response byte on its port, or its probe passed), its
+/// database round trip passed, its containers were seen running. `None`: no such evidence
+/// (never, or not checked).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default)]
+pub struct FineAges {
+    pub web: Option<u64>,
+    pub dependency: Option<u64>,
+    pub containers: Option<u64>,
+}
+
+impl FineAges {
+    fn of(self, class: FaultClass) -> Option<u64> {
+        match class {
+            FaultClass::Web => self.web,
+            FaultClass::Dependency => self.dependency,
+            FaultClass::Containers => self.containers,
+        }
+    }
+}
+
+/// When this agent last had evidence that each kind of fault is absent (see [`FineAges`]):
+/// kept by the runner beside the report, shown to peers as ages.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Evidence {
+    /// The web backend answered: a response byte on its port, or the probe passed.
+    pub web_answered: Option<Instant>,
+    /// Every configured database round-tripped.
+    pub database_ok: Option<Instant>,
+    /// A database check is configured: only its round trips speak against a dependency fault.
+    pub database_configured: bool,
+    /// Every expected container was seen running.
+    pub containers_ok: Option<Instant>,
+}
+
+impl Evidence {
+    /// As ages at `now`. Without a database check, the web backend answering (not waiting on
+    /// anything) is the evidence against a dependency fault.
+    pub fn ages(&self, now: Instant) -> FineAges {
+        let age =
+            |t: Option<Instant>| t.map(|t| now.saturating_duration_since(t).as_millis() as u64);
+        FineAges {
+            web: age(self.web_answered),
+            dependency: age(if self.database_configured {
+                self.database_ok
+            } else {
+                self.web_answered
+            }),
+            containers: age(self.containers_ok),
+        }
+    }
 }
 
 impl Default for PeerView {
@@ -65,12 +165,14 @@ impl Default for PeerView {
             containers: ContainersState::NotConfigured,
             dependencies: Vec::new(),
             unreachable: Vec::new(),
+            fine_ms: None,
         }
     }
 }
 
 impl PeerView {
-    pub fn of(report: &Report, host: &str) -> Self {
+    /// The view served at `now`, with `evidence`'s ages as of then.
+    pub fn of(report: &Report, evidence: &Evidence, host: &str, now: Instant) -> Self {
         Self {
             version: VIEW_VERSION,
             instance: instance_id().to_string(),
@@ -91,6 +193,7 @@ impl PeerView {
                 .filter(|d| d.state == DbState::Unreachable)
                 .map(|d| endpoint_of(&d.name))
                 .collect(),
+            fine_ms: Some(evidence.ages(now)),
         }
     }
 
@@ -156,6 +259,9 @@ pub struct FleetReport {
     pub judgements: Vec<Judgement>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub peers_failed: Vec<String>,
+    /// Faults of this instance still waiting for the peers' fresh word: no 503 for them yet.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub asking: Vec<FaultClass>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
 }
@@ -180,22 +286,76 @@ impl FleetReport {
 pub struct Judge {
     /// When each current fault class was first seen here.
     onset: HashMap<FaultClass, Instant>,
-    /// How long peers get to see a fault before a round can call it ours alone.
+    /// How long peers that predate `fine_ms` get to see a fault before their "fine" counts.
     settle: Duration,
     /// A round older than this is no evidence.
     max_age: Duration,
+    /// How long a fault waits for fresh word from peers whose latest evidence predates it;
+    /// after that such peers are left out of the count.
+    confirm_within: Duration,
 }
 
-/// However short `fleet.interval`, peers get this long to notice a fault of their own (their
-/// probe and check cadences) before this instance calls the fault its own.
+/// However short `fleet.interval`, peers that predate `fine_ms` get this long to notice a
+/// fault of their own before this instance calls the fault its own.
 const MIN_SETTLE: Duration = Duration::from_secs(5);
 
+/// What one peer's view says of one fault class of ours.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Word {
+    /// It has the same kind of fault.
+    With,
+    /// It has evidence, newer than our fault, that it does not.
+    Fine,
+    /// It shows no fault, but its latest evidence predates ours: it may not have seen it yet.
+    Stale,
+    /// It has nothing to compare (no web backend watched, for a web fault).
+    Mute,
+}
+
+fn word(
+    view: &PeerView,
+    class: FaultClass,
+    onset: Instant,
+    asked: Instant,
+    settle: Duration,
+) -> Word {
+    if view.classes().contains(&class) {
+        return Word::With;
+    }
+    if class == FaultClass::Web && view.web == WebVerdict::NotConfigured {
+        return Word::Mute;
+    }
+    let fresh = match view.fine_ms {
+        // An agent before `fine_ms`: its "fine" counts once it had time to notice.
+        None => asked >= onset + settle,
+        // It answered after `asked`, so its evidence is no older than `asked - age`.
+        Some(ages) => ages
+            .of(class)
+            .and_then(|ms| asked.checked_sub(Duration::from_millis(ms)))
+            .is_some_and(|at| at > onset),
+    };
+    if fresh {
+        Word::Fine
+    } else {
+        Word::Stale
+    }
+}
+
+/// Tally of the peers' words on one class.
+#[derive(Debug, Default)]
+struct Tally<'a> {
+    with: Vec<&'a str>,
+    fine: Vec<&'a str>,
+    stale: Vec<&'a str>,
+}
+
 impl Judge {
-    pub fn new(interval: Duration, timeout: Duration) -> Self {
+    pub fn new(interval: Duration, timeout: Duration, confirm_within: Duration) -> Self {
         Self {
             onset: HashMap::new(),
             settle: MIN_SETTLE.max(interval.saturating_mul(2)),
             max_age: interval.saturating_add(timeout).saturating_mul(3),
+            confirm_within,
         }
     }
 
@@ -214,7 +374,18 @@ impl Judge {
             ..FleetReport::default()
         };
         let Some(round) = round else {
-            report.note = Some("no round of asking yet: judged alone".into());
+            // The first round is under way (the peers are asked at start): wait for it, within
+            // the bound.
+            report.asking = own
+                .iter()
+                .copied()
+                .filter(|c| self.waited(*c, now) < self.confirm_within)
+                .collect();
+            report.note = Some(if report.asking.is_empty() {
+                "no round of asking yet: judged alone".into()
+            } else {
+                "no round of asking yet: no 503 until the peers answer".into()
+            });
             return report;
         };
         let started = round.started.unwrap_or(now);
@@ -231,68 +402,114 @@ impl Judge {
             report.note = Some("the latest round is too old: judged alone".into());
             return report;
         }
-        let answered = round.answered.len();
-        if answered == 0 {
+        if round.answered.is_empty() {
             report.note = Some(match &round.discovery_error {
                 Some(e) => format!("no peers to ask ({e}): single-instance rule"),
                 None => "no peer answered: single-instance rule".into(),
             });
             return report;
         }
+        let mut notes = Vec::new();
         for &class in own {
-            let with = round
-                .answered
-                .iter()
-                .filter(|(_, v)| v.classes().contains(&class))
-                .count();
-            let noun = class.as_str();
-            let judgement = if with * 2 > answered {
-                Some((
-                    Scope::Shared,
-                    format!(
-                        "{with}/{answered} peers answering have a {noun} fault too: the fleet's, not this instance's"
-                    ),
-                ))
-            } else if (answered - with) * 2 > answered {
-                // Ours alone — but only once the peers have had time to see the same.
-                let since = self.onset.get(&class).copied().unwrap_or(now);
-                (started >= since + self.settle).then(|| {
-                    (
-                        Scope::Local,
-                        format!(
-                            "{}/{answered} peers answering ({}) have no {noun} fault: this instance's own",
-                            answered - with,
-                            round
-                                .answered
-                                .iter()
-                                .filter(|(_, v)| !v.classes().contains(&class))
-                                .map(|(a, _)| a.as_str())
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ),
-                    )
-                })
-            } else {
-                None
-            };
-            if let Some((scope, reason)) = judgement {
-                report.judgements.push(Judgement {
-                    class,
-                    scope,
-                    peers_with: with,
-                    peers_answered: answered,
-                    reason,
-                });
+            let onset = self.onset.get(&class).copied().unwrap_or(now);
+            let mut tally = Tally::default();
+            for (addr, view) in &round.answered {
+                match word(view, class, onset, started, self.settle) {
+                    Word::With => tally.with.push(addr),
+                    Word::Fine => tally.fine.push(addr),
+                    Word::Stale => tally.stale.push(addr),
+                    Word::Mute => {}
+                }
+            }
+            let waited = now.saturating_duration_since(onset);
+            match self.decide(class, &tally, waited) {
+                Verdict::Judged(j) => report.judgements.push(j),
+                Verdict::Asking => {
+                    report.asking.push(class);
+                    notes.push(format!(
+                        "{} fault: {} of the peers ({}) show none but have no evidence newer than it; asking again, no 503 until they answer (at most {}s, {:.1}s so far)",
+                        class.as_str(),
+                        tally.stale.len(),
+                        tally.stale.join(", "),
+                        self.confirm_within.as_secs_f64(),
+                        waited.as_secs_f64()
+                    ));
+                }
+                Verdict::Alone(why) => notes.push(format!("{} fault: {why}", class.as_str())),
             }
         }
-        if report.judgements.len() < own.len() {
-            report.note = Some(
-                "some faults are not judged yet (peers split, or too new for the peers to have seen): judged alone"
-                    .into(),
-            );
+        if !notes.is_empty() {
+            report.note = Some(notes.join("; "));
         }
         report
     }
+
+    /// How long this instance has had a fault of `class`.
+    fn waited(&self, class: FaultClass, now: Instant) -> Duration {
+        self.onset
+            .get(&class)
+            .map_or(Duration::ZERO, |t| now.saturating_duration_since(*t))
+    }
+
+    fn decide(&self, class: FaultClass, t: &Tally, waited: Duration) -> Verdict {
+        let noun = class.as_str();
+        let judged = |scope, peers_with: usize, peers_answered: usize, reason: String| {
+            Verdict::Judged(Judgement {
+                class,
+                scope,
+                peers_with,
+                peers_answered,
+                reason,
+            })
+        };
+        let (with, fine, stale) = (t.with.len(), t.fine.len(), t.stale.len());
+        // Stale peers count while they may still show the fault; past the bound they are left
+        // out (a peer that cannot show fresh evidence in that time is no evidence either way).
+        let counted = if stale > 0 && waited >= self.confirm_within {
+            with + fine
+        } else {
+            with + fine + stale
+        };
+        if counted == 0 {
+            return Verdict::Alone(format!(
+                "no peer has evidence newer than it after {}s: single-instance rule",
+                self.confirm_within.as_secs_f64()
+            ));
+        }
+        if with * 2 > counted {
+            return judged(
+                Scope::Shared,
+                with,
+                counted,
+                format!(
+                    "{with}/{counted} peers answering have a {noun} fault too: the fleet's, not this instance's"
+                ),
+            );
+        }
+        if fine * 2 > counted {
+            return judged(
+                Scope::Local,
+                with,
+                counted,
+                format!(
+                    "{fine}/{counted} peers answering ({}) have no {noun} fault, with evidence newer than it: this instance's own",
+                    t.fine.join(", ")
+                ),
+            );
+        }
+        if stale > 0 && counted > with + fine {
+            return Verdict::Asking;
+        }
+        Verdict::Alone("the peers are split: single-instance rule".into())
+    }
+}
+
+enum Verdict {
+    Judged(Judgement),
+    /// Some peers' word is older than the fault: ask again before any 503.
+    Asking,
+    /// No judgement: the single-instance rule holds.
+    Alone(String),
 }
 
 #[cfg(test)]
@@ -327,7 +544,7 @@ mod tests {
     #[test]
     fn a_fault_the_peers_do_not_have_is_local_once_they_had_time_to_see_it() {
         let t0 = Instant::now();
-        let mut j = Judge::new(S, S);
+        let mut j = Judge::new(S, S, 8 * S);
         let ok = view(WebVerdict::Up, DbState::Connected);
         let own = [FaultClass::Dependency];
         // The round began before the peers could have noticed: not judged.
@@ -347,10 +564,188 @@ mod tests {
         assert!(r.judgements[0].reason.contains("2/2 peers"), "{r:?}");
     }
 
+    /// A peer's view with evidence of each class `ms` old.
+    fn fine(web: WebVerdict, ms: u64) -> PeerView {
+        PeerView {
+            fine_ms: Some(FineAges {
+                web: Some(ms),
+                dependency: Some(ms),
+                containers: None,
+            }),
+            ..view(web, DbState::Connected)
+        }
+    }
+
+    #[test]
+    fn a_peer_that_answered_after_the_fault_began_makes_it_local_at_once() {
+        let t0 = Instant::now();
+        let mut j = Judge::new(S, S, 8 * S);
+        let own = [FaultClass::Web];
+        j.judge(&own, None, t0);
+        // Asked 300 ms after the onset; its backend answered 100 ms before it was asked.
+        let at = t0 + Duration::from_millis(300);
+        let r = j.judge(&own, Some(&round(at, &[fine(WebVerdict::Up, 100)])), at);
+        assert_eq!(r.judgements[0].scope, Scope::Local, "{r:?}");
+        assert!(r.asking.is_empty(), "{r:?}");
+    }
+
+    #[test]
+    fn a_peer_whose_evidence_predates_the_fault_is_asked_again_never_called_fine() {
+        // Two idle instances whose backends stop at once: the peer's last answer predates
+        // this instance's fault, it has not seen its own yet.
+        let t0 = Instant::now();
+        let mut j = Judge::new(S, S, 8 * S);
+        let own = [FaultClass::Web];
+        j.judge(&own, None, t0);
+        for ms in [100u64, 1_500, 3_000] {
+            let at = t0 + Duration::from_millis(ms);
+            // Its backend last answered 2 s before the onset here.
+            let r = j.judge(
+                &own,
+                Some(&round(at, &[fine(WebVerdict::Up, ms + 2_000)])),
+                at,
+            );
+            assert!(r.judgements.is_empty(), "{ms} ms: {r:?}");
+            assert_eq!(r.asking, [FaultClass::Web], "{ms} ms: {r:?}");
+            assert!(
+                r.note.as_deref().unwrap_or("").contains("asking again"),
+                "{r:?}"
+            );
+        }
+        // It has seen the same now: shared, never a 503.
+        let at = t0 + 4 * S;
+        let r = j.judge(&own, Some(&round(at, &[fine(WebVerdict::Hung, 2_500)])), at);
+        assert_eq!(r.judgements[0].scope, Scope::Shared, "{r:?}");
+        assert!(r.asking.is_empty());
+    }
+
+    #[test]
+    fn a_local_verdict_is_revisited_when_the_peers_get_the_same_fault() {
+        let t0 = Instant::now();
+        let mut j = Judge::new(S, S, 8 * S);
+        let own = [FaultClass::Web];
+        j.judge(&own, None, t0);
+        let at = t0 + S;
+        let r = j.judge(&own, Some(&round(at, &[fine(WebVerdict::Up, 10)])), at);
+        assert_eq!(r.judgements[0].scope, Scope::Local, "{r:?}");
+        // Later the peer hangs too: the fleet's fault now, the 503 goes.
+        let at = t0 + 20 * S;
+        let r = j.judge(&own, Some(&round(at, &[fine(WebVerdict::Hung, 3_000)])), at);
+        assert_eq!(r.judgements[0].scope, Scope::Shared, "{r:?}");
+    }
+
+    #[test]
+    fn a_round_from_before_the_fault_confirms_nothing() {
+        let t0 = Instant::now();
+        let mut j = Judge::new(S, S, 8 * S);
+        let before = round(t0, &[fine(WebVerdict::Up, 0), fine(WebVerdict::Up, 0)]);
+        let r = j.judge(
+            &[FaultClass::Web],
+            Some(&before),
+            t0 + Duration::from_millis(10),
+        );
+        assert_eq!(r.asking, [FaultClass::Web], "{r:?}");
+    }
+
+    #[test]
+    fn stale_peers_are_left_out_after_the_bound() {
+        let t0 = Instant::now();
+        let mut j = Judge::new(S, S, 8 * S);
+        let own = [FaultClass::Web];
+        j.judge(&own, None, t0);
+        let stale = fine(WebVerdict::Up, 60_000);
+        let at = t0 + 9 * S;
+        let r = j.judge(&own, Some(&round(at, &[stale.clone()])), at);
+        assert!(r.judgements.is_empty() && r.asking.is_empty(), "{r:?}");
+        assert!(r.note.unwrap().contains("single-instance"));
+        // With a fresh peer beside it, the fresh one decides.
+        let r = j.judge(
+            &own,
+            Some(&round(at, &[stale, fine(WebVerdict::Up, 10)])),
+            at,
+        );
+        assert_eq!(r.judgements[0].scope, Scope::Local, "{r:?}");
+        assert_eq!(r.judgements[0].peers_answered, 1, "{r:?}");
+    }
+
+    #[test]
+    fn no_first_round_waits_within_the_bound_only() {
+        let t0 = Instant::now();
+        let mut j = Judge::new(S, S, 8 * S);
+        let own = [FaultClass::Web];
+        assert_eq!(j.judge(&own, None, t0).asking, own);
+        assert!(j.judge(&own, None, t0 + 9 * S).asking.is_empty());
+    }
+
+    #[test]
+    fn a_peer_without_a_web_backend_says_nothing_of_a_web_fault() {
+        let t0 = Instant::now();
+        let mut j = Judge::new(S, S, 8 * S);
+        let own = [FaultClass::Web];
+        j.judge(&own, None, t0);
+        let at = t0 + S;
+        let none = fine(WebVerdict::NotConfigured, 0);
+        let r = j.judge(
+            &own,
+            Some(&round(at, &[none.clone(), fine(WebVerdict::Up, 5)])),
+            at,
+        );
+        assert_eq!(r.judgements[0].scope, Scope::Local, "{r:?}");
+        assert_eq!(r.judgements[0].peers_answered, 1, "{r:?}");
+        let r = j.judge(&own, Some(&round(at, &[none])), at);
+        assert!(r.judgements.is_empty() && r.asking.is_empty(), "{r:?}");
+    }
+
+    #[test]
+    fn evidence_ages_follow_the_database_check_when_there_is_one() {
+        let t0 = Instant::now();
+        let e = Evidence {
+            web_answered: Some(t0),
+            database_ok: None,
+            database_configured: true,
+            containers_ok: Some(t0 + S),
+        };
+        let a = e.ages(t0 + 2 * S);
+        assert_eq!(
+            (a.web, a.dependency, a.containers),
+            (Some(2000), None, Some(1000))
+        );
+        let a = Evidence {
+            database_configured: false,
+            ..e
+        }
+        .ages(t0 + 2 * S);
+        assert_eq!(a.dependency, Some(2000));
+    }
+
+    #[test]
+    fn a_peers_fresh_ask_wakes_the_database_check_at_most_once_a_second() {
+        let n = std::sync::Arc::new(tokio::sync::Notify::new());
+        let r = Recheck::new(Some(n.clone()));
+        let t0 = Instant::now();
+        assert!(r.poke(t0));
+        assert!(
+            !r.poke(t0 + Duration::from_millis(250)),
+            "a second ask within 1 s"
+        );
+        assert!(r.poke(t0 + S));
+        assert!(
+            !Recheck::default().poke(t0),
+            "no database check: nothing to wake"
+        );
+        // The wake-up is stored for the check's task even if it is mid-round.
+        let woken = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async { tokio::time::timeout(S, n.notified()).await.is_ok() });
+        assert!(woken);
+    }
+
     #[test]
     fn a_fault_most_peers_share_is_shared_at_once() {
         let t0 = Instant::now();
-        let mut j = Judge::new(S, S);
+        let mut j = Judge::new(S, S, 8 * S);
         let waiting = view(WebVerdict::Waiting, DbState::Connected);
         let down = view(WebVerdict::Up, DbState::Unreachable);
         let r = j.judge(
@@ -364,7 +759,7 @@ mod tests {
     #[test]
     fn split_peers_or_none_leave_the_fault_to_the_single_instance_rule() {
         let t0 = Instant::now();
-        let mut j = Judge::new(S, S);
+        let mut j = Judge::new(S, S, 8 * S);
         let own = [FaultClass::Web];
         let hung = view(WebVerdict::Hung, DbState::Connected);
         let up = view(WebVerdict::Up, DbState::Connected);
@@ -379,7 +774,7 @@ mod tests {
     #[test]
     fn an_old_round_is_no_evidence() {
         let t0 = Instant::now();
-        let mut j = Judge::new(S, S);
+        let mut j = Judge::new(S, S, 8 * S);
         let ok = view(WebVerdict::Up, DbState::Connected);
         let r = j.judge(&[FaultClass::Web], Some(&round(t0, &[ok])), t0 + 60 * S);
         assert!(r.judgements.is_empty() && r.note.unwrap().contains("too old"));

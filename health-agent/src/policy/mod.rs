@@ -81,6 +81,9 @@ pub struct PolicyInput {
     pub heal: HealPhase,
     /// The peers' judgement of this instance's faults (empty: judged alone).
     pub fleet: Vec<Judgement>,
+    /// Faults the peers are still being asked about (their word predates the fault): held at
+    /// 200 `degraded`, no restart, until they answer — a fault they share is never a 503.
+    pub fleet_asking: Vec<FaultClass>,
     /// A `[web]` setting that cannot be right (a probe path that answers 4xx, a container or
     /// namespace that does not exist), naming the key: degraded, like a misconfigured
     /// database, and never a 503.
@@ -113,6 +116,7 @@ impl Default for PolicyInput {
             boot_status: 503,
             heal: HealPhase::Idle,
             fleet: Vec::new(),
+            fleet_asking: Vec::new(),
             web_config_error: None,
             saturation: None,
             up_at: 0.8,
@@ -175,6 +179,9 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
     let dependency_down = matches!(i.database, DbState::Unreachable | DbState::Slow);
     let mut shared_dependency = false;
     let fleet = |class: FaultClass| i.fleet.iter().find(|j| j.class == class);
+    let asking = |class: FaultClass| i.fleet_asking.contains(&class);
+    // A fault held while the peers are asked: degraded, never a 503 or a restart yet.
+    let mut held = false;
     let web = |what: &str| {
         if i.web_detail.is_empty() {
             format!("web backend {what}")
@@ -254,6 +261,14 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
                 faults.push(Fault::Web(i.web));
                 reasons.push(format!("{}; {}", web(i.web.as_str()), j.reason));
             }
+        } else if asking(FaultClass::Web) {
+            // The peers' word predates this fault: they may have the same one and not have
+            // seen it yet. A 503 now could take the whole fleet out.
+            held = true;
+            reasons.push(format!(
+                "{}; asking the peers whether they have it too: no 503 before they answer",
+                web(i.web.as_str())
+            ));
         } else if dependency_down && !i.web_stopped {
             // Fleet-safety guard: every instance shares this database, so every instance
             // would look the same and replacing them fixes nothing. A stopped or frozen
@@ -286,6 +301,14 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
                     "expected container not running; {}: not replacing the instance",
                     j.reason
                 ));
+            }
+            None if asking(FaultClass::Containers) => {
+                held = true;
+                reasons.push(
+                    "expected container not running; asking the peers whether they have it too: \
+                     no 503 before they answer"
+                        .into(),
+                );
             }
             _ => {
                 faults.push(Fault::Containers);
@@ -329,7 +352,7 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
         );
     }
 
-    let mut degraded = shared_dependency;
+    let mut degraded = shared_dependency || held;
     let mut infrastructure = shared_dependency;
     let mut scale_up = false;
     if dependency_shared {

@@ -514,6 +514,59 @@ fn the_peers_decide_local_or_shared() {
 }
 
 #[test]
+fn a_fault_the_peers_are_still_asked_about_is_held_at_200_without_a_restart() {
+    for (name, i) in [
+        (
+            "hung, the peers' word older than the hang",
+            PolicyInput {
+                web: WebVerdict::Hung,
+                heal: HealPhase::Exhausted,
+                fleet_asking: vec![FaultClass::Web],
+                ..input()
+            },
+        ),
+        (
+            "frozen: still asked, a whole fleet can freeze at once",
+            PolicyInput {
+                web: WebVerdict::Hung,
+                web_stopped: true,
+                fleet_asking: vec![FaultClass::Web],
+                ..input()
+            },
+        ),
+        (
+            "an expected container down, the peers not yet answered",
+            PolicyInput {
+                containers: ContainersState::Faulty,
+                fleet_asking: vec![FaultClass::Containers],
+                ..input()
+            },
+        ),
+    ] {
+        let d = evaluate(&i);
+        assert_eq!(
+            (d.status, d.http, d.recommendation),
+            (Status::Degraded, 200, Recommendation::Stable),
+            "{name}: {d:?}"
+        );
+        assert_eq!(d.healable_fault(), None, "{name}: no restart while asking");
+        assert!(
+            d.reasons.iter().any(|r| r.contains("asking the peers")),
+            "{name}: {:?}",
+            d.reasons
+        );
+    }
+    // Asking about one class holds that class only: a full disk is this instance's alone.
+    let d = evaluate(&PolicyInput {
+        web: WebVerdict::Hung,
+        disk: DiskLevel::Fail,
+        fleet_asking: vec![FaultClass::Web],
+        ..input()
+    });
+    assert_eq!(d.http, 503, "{d:?}");
+}
+
+#[test]
 fn reasons_carry_the_web_evidence() {
     let d = evaluate(&PolicyInput {
         web: WebVerdict::Waiting,

@@ -16,7 +16,7 @@ use crate::{
         disk, system::SystemMonitor, web::WebMonitor, ContainersReport, DatabaseReport, Report,
     },
     config::Config,
-    fleet::{classes_of, Judge},
+    fleet::{classes_of, Evidence, Judge},
     heal::{self, Healer},
     policy::{evaluate, FlapGuard},
     saturation::{assess, Context, HostLoad, Meter, SaturationReport},
@@ -47,6 +47,12 @@ pub(super) struct Composer {
     meter: Meter,
     /// A fault most peers share was judged in the last round: S stays withheld.
     shared: bool,
+    /// When this instance last had evidence against each kind of fault (its peer view).
+    evidence: Evidence,
+    /// A fault waits for the peers' fresh word: a round every tick, each asking them again.
+    asking: bool,
+    /// When the fleet exchange was last woken for a round.
+    last_ask: Option<Instant>,
 }
 
 /// What an operator reads in the journal when `/health` changes its mind.
@@ -68,7 +74,7 @@ impl Composer {
         );
         Self {
             guard: FlapGuard::new(cfg.checks.fail_after, cfg.checks.recover_after),
-            judge: Judge::new(cfg.fleet.interval, cfg.fleet.timeout),
+            judge: Judge::new(cfg.fleet.interval, cfg.fleet.timeout, confirm_within(&cfg)),
             cfg,
             started,
             web,
@@ -83,6 +89,9 @@ impl Composer {
             last_answer: None,
             meter,
             shared: false,
+            evidence: Evidence::default(),
+            asking: false,
+            last_ask: None,
         }
     }
 
@@ -196,6 +205,7 @@ impl Composer {
             || self.healer.busy()
             || self.healer.replacing_worker()
             || self.guard.pending()
+            || self.asking
             || self.slots.changed()
     }
 
@@ -290,6 +300,7 @@ impl Composer {
         input.web_served = served;
         input.warming_up = warming_up;
         input.boot_status = self.cfg.checks.boot_status;
+        self.note_evidence(&report);
         let fleet = self.slots.fleet.as_ref().map(|slot| {
             let own = classes_of(
                 report.web.verdict,
@@ -300,6 +311,8 @@ impl Composer {
             self.judge
                 .judge(&own, round.as_ref().map(|t| &t.value), now)
         });
+        self.ask_fleet_again(fleet.as_ref(), now);
+        input.fleet_asking = fleet.as_ref().map(|f| f.asking.clone()).unwrap_or_default();
         input.fleet = fleet
             .as_ref()
             .map(|f| f.judgements.clone())
@@ -338,7 +351,47 @@ impl Composer {
             now.saturating_duration_since(self.started).as_secs(),
         )
         .with_fleet(fleet.unwrap_or_else(crate::fleet::FleetReport::not_configured))
+        .with_evidence(self.evidence)
         .with_saturation(saturation)
+    }
+
+    /// Keeps what this round shows against each kind of fault, for the peer view: the web
+    /// backend's last answer, the database's and the containers' last good round.
+    fn note_evidence(&mut self, report: &Report) {
+        use crate::status::{ContainersState, DbState};
+        let e = &mut self.evidence;
+        e.web_answered = report.web.answered_at;
+        e.database_configured = self.slots.database.is_some();
+        if report.database.state == DbState::Connected {
+            if let Some(at) = latest_at(self.slots.database.as_ref()) {
+                e.database_ok = Some(at);
+            }
+        }
+        if report.containers.state == ContainersState::AllRunning {
+            if let Some(at) = latest_at(self.slots.containers.as_ref()) {
+                e.containers_ok = Some(at);
+            }
+        }
+    }
+
+    /// While a fault waits for the peers' fresh word, asks them again every ASK_AGAIN (a new
+    /// fault at once): their answer, not the fleet's cadence, decides when a 503 may come.
+    fn ask_fleet_again(&mut self, fleet: Option<&crate::fleet::FleetReport>, now: Instant) {
+        self.asking = fleet.is_some_and(|f| !f.asking.is_empty());
+        if let Some(e) = &self.slots.exchange {
+            // Their database check runs on its own slow cadence: ask them to run it now.
+            e.want_fresh_dependency(
+                fleet.is_some_and(|f| f.asking.contains(&crate::status::FaultClass::Dependency)),
+            );
+        }
+        if self.asking
+            && self
+                .last_ask
+                .is_none_or(|t| now.saturating_duration_since(t) >= ASK_AGAIN)
+        {
+            self.last_ask = Some(now);
+            self.slots.ask_fleet.notify_one();
+        }
     }
 
     /// When the web backend looks stuck, the database check runs now rather than on its
@@ -448,6 +501,30 @@ fn withheld(report: &Report) -> Option<String> {
     }
 }
 
+/// When the slot's latest result was taken.
+fn latest_at<T>(slot: Option<&Slot<T>>) -> Option<Instant> {
+    slot?.borrow().as_ref().map(|t| t.at)
+}
+
+/// How long a fault waits for fresh word from peers whose latest evidence predates it
+/// (`fleet.confirm_within`; by default, time for a peer with the same fault to see it too —
+/// its probe's cadence and timeout — and answer).
+fn confirm_within(cfg: &Config) -> Duration {
+    if !cfg.fleet.confirm_within.is_zero() {
+        return cfg.fleet.confirm_within;
+    }
+    let seen = cfg
+        .checks
+        .interval
+        .saturating_mul(2)
+        .saturating_add(cfg.web.probe_timeout)
+        .saturating_add(cfg.fleet.timeout);
+    seen.max(MIN_CONFIRM_WITHIN)
+}
+
+const MIN_CONFIRM_WITHIN: Duration = Duration::from_secs(5);
+/// How often the peers are asked again while a fault waits for their word.
+const ASK_AGAIN: Duration = Duration::from_millis(250);
 const RECHECK_STUCK_EVERY: Duration = Duration::from_secs(1);
 const RECHECK_DOWN_EVERY: Duration = Duration::from_secs(5);
 

@@ -45,6 +45,9 @@ pub struct Agent {
     pub composer: tokio::task::JoinHandle<()>,
     /// Stops the check loop itself (what a bug would do): for tests of the supervisor.
     pub check_loop: tokio::task::AbortHandle,
+    /// Wakes the database check for a round now (a peer's `?fresh=dependency`); None
+    /// without one.
+    pub recheck_database: Option<Arc<tokio::sync::Notify>>,
 }
 
 /// Where every snapshot goes: the cell `/health` reads, and the alerts' subscription.
@@ -97,6 +100,7 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
         tracing::error!("{e}; the database check is off");
     }
     let slots = Slots::spawn(&cfg, &checks, &shutdown);
+    let recheck_database = slots.0.database.is_some().then(|| slots.1.recheck.clone());
     let Checks {
         web,
         system,
@@ -172,6 +176,7 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
         snapshot: out,
         composer: supervisor,
         check_loop,
+        recheck_database,
     }
 }
 

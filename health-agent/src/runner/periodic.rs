@@ -19,7 +19,7 @@ use crate::{
     },
     config::Config,
     docker::{ContainerNet, DockerError},
-    fleet::Round,
+    fleet::{exchange::Exchange, Round},
 };
 
 /// A check result and when it was taken.
@@ -42,6 +42,10 @@ pub(super) struct Slots {
     pub database: Option<Slot<DatabaseReport>>,
     /// The peers' views, asked off the request path on the fleet's own cadence.
     pub fleet: Option<Slot<Round>>,
+    /// Wakes the fleet exchange for a round now: a new fault is asked about at once.
+    pub ask_fleet: Arc<Notify>,
+    /// The exchange itself, told what to ask the peers for.
+    pub exchange: Option<Arc<Exchange>>,
 }
 
 /// What the composer needs besides the slots to read the database check.
@@ -177,8 +181,9 @@ impl Slots {
             }
         };
 
+        let ask_fleet = Arc::new(Notify::new());
         let fleet = checks.fleet.clone().map(|exchange| {
-            spawn_periodic(
+            spawn_periodic_or_woken(
                 cfg.fleet.interval,
                 cfg.fleet
                     .timeout
@@ -190,6 +195,7 @@ impl Slots {
                     async move { e.round().await }
                 },
                 Round::default,
+                Some(ask_fleet.clone()),
             )
         });
 
@@ -200,6 +206,8 @@ impl Slots {
             containers,
             database,
             fleet,
+            ask_fleet,
+            exchange: checks.fleet.clone(),
         };
         (slots, DatabaseWiring { pending, recheck })
     }

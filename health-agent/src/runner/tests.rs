@@ -28,6 +28,8 @@ fn composer(cfg: Config, started: Instant) -> (Composer, DiskSender) {
         containers: None,
         database: None,
         fleet: None,
+        ask_fleet: Arc::new(Notify::new()),
+        exchange: None,
     };
     let wiring = DatabaseWiring {
         pending: DatabaseReport::not_configured(),
@@ -258,6 +260,7 @@ async fn a_dead_check_loop_fails_livez_and_raises_an_alert() {
         stale_after: cfg.checks.stale_after,
         fleet_token: crate::server::FleetToken::Open,
         host: "web-1".into(),
+        recheck: Default::default(),
     });
     assert_eq!(get(app.clone(), "/livez").await, (200, "ok\n".into()));
     tokio::time::sleep(Duration::from_millis(500)).await;

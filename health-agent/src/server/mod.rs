@@ -50,7 +50,11 @@ pub struct App {
     pub fleet_token: FleetToken,
     /// This host's name, in the peer view.
     pub host: String,
+    /// What a peer's `?fresh=dependency` wakes (the database check).
+    pub recheck: crate::fleet::Recheck,
 }
+
+pub use crate::fleet::Recheck;
 
 /// The peer endpoint's access rule (`fleet.token_env`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -155,7 +159,11 @@ fn age_header(r: &mut Response, age: Duration) {
 }
 
 /// The compact peer view: this instance's raw check states, for its peers' judgement.
-async fn fleet_view(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
+async fn fleet_view(
+    State(app): State<Arc<App>>,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+) -> Response {
     let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -186,9 +194,14 @@ async fn fleet_view(State(app): State<Arc<App>>, headers: HeaderMap) -> Response
                 .into_response()
         }
     }
+    if uri.query() == Some(crate::fleet::FRESH_DEPENDENCY) {
+        // The asker's dependency fault is newer than our last round trip: check now, so
+        // its next ask gets our word from after its onset.
+        app.recheck.poke(Instant::now());
+    }
     let snap = app.snapshot.load();
     let age = Instant::now().saturating_duration_since(snap.created);
-    let view = crate::fleet::PeerView::of(&snap.report, &app.host);
+    let view = crate::fleet::PeerView::of(&snap.report, &snap.evidence, &app.host, Instant::now());
     let mut r = axum::Json(view).into_response();
     age_header(&mut r, age);
     r.headers_mut()

@@ -59,6 +59,8 @@ pub struct WebMonitor {
     served: bool,
     queue_busy_since: Option<Instant>,
     probe_failing_since: Option<Instant>,
+    /// When a probe last passed.
+    probe_passed_at: Option<Instant>,
     last_probe: Option<ProbeResult>,
     /// The latest probe the agent itself could not make (no descriptors, no local port):
     /// shown, never evidence.
@@ -231,6 +233,7 @@ impl WebMonitor {
             served: false,
             queue_busy_since: None,
             probe_failing_since: None,
+            probe_passed_at: None,
             last_probe: None,
             probe_trouble: None,
             drops_baseline: net::listen_drops().ok(),
@@ -610,6 +613,7 @@ impl WebMonitor {
         self.probe_trouble = None;
         if p.ok {
             self.probe_failing_since = None;
+            self.probe_passed_at = Some(now);
         } else if self.probe_failing_since.is_none() {
             self.probe_failing_since = Some(now);
         }
@@ -669,6 +673,7 @@ impl WebMonitor {
             verdict,
             detail,
             served: self.served,
+            answered_at: self.answered_at(),
             kernel: self.kernel_status.clone(),
             probe: self
                 .last_probe
@@ -923,7 +928,14 @@ impl WebMonitor {
             processes,
             stuck_worker,
             agent_error,
+            answered_at: self.answered_at(),
         }
+    }
+
+    /// When the backend last answered: the kernel view's last response byte on the port, or
+    /// the last probe that passed, whichever is later.
+    fn answered_at(&self) -> Option<Instant> {
+        self.progress.answer_at().max(self.probe_passed_at)
     }
 
     /// The programs' evidence merged with the port's connections as sock_diag shows them: the

@@ -117,6 +117,11 @@ impl Progress {
         self.stalled = false;
     }
 
+    /// The tick that last saw an answer go out.
+    pub fn answer_at(&self) -> Option<Instant> {
+        self.answer_at
+    }
+
     pub fn since_answer(&self, now: Instant) -> Option<Duration> {
         self.answer_at.map(|t| now.saturating_duration_since(t))
     }
