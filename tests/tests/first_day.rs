@@ -1,7 +1,8 @@
 //! What a new operator meets on the first day, against the running binary: the answers of a
 //! half-configured agent (no web port, a probe path the backend does not have, a mistyped
 //! container or namespace), the log lines the journal gets, the CLI's shapes, and the README's
-//! "your own backend in five minutes" walk-through, run command by command.
+//! "your own backend in five minutes" walk-through, run command by command. The manual's own
+//! checks (links, the install example) are in `docs.rs`.
 
 use std::{
     os::unix::process::CommandExt as _,
@@ -237,7 +238,9 @@ fn no_web_port_is_said_at_start_and_in_the_reasons() {
     require_root();
     let agent = Agent::start("");
     let (code, body) = agent.health();
+    // Watching nothing is not healthy: degraded, never 503 (README, "Install").
     assert_eq!(code, 200, "{body}");
+    assert_eq!(body["status"], "degraded", "{body}");
     assert!(reasons(&body).contains("web.port"), "{body}");
     let logs = agent.logs();
     assert!(
@@ -477,7 +480,7 @@ fn config_help_offers_only_what_it_reads() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("--config"));
 }
 
-/// The README section that holds the walk-through, from its heading to the next `## `.
+/// The README section that starts at `heading`, up to the next `## `.
 fn readme_section(heading: &str) -> String {
     let readme =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
@@ -533,7 +536,7 @@ impl Drop for Script {
 #[test]
 fn the_readme_walk_through_runs_as_written() {
     require_root();
-    let section = readme_section("### Your own backend in five minutes");
+    let section = readme_section("## Your own backend in five minutes");
     let blocks = fenced(&section, "sh");
     assert!(!blocks.is_empty(), "no ```sh block in the walk-through");
     let script = blocks.join("\n");
@@ -594,12 +597,16 @@ fn the_readme_walk_through_runs_as_written() {
     // The walk-through runs the agent with the default `[disk]` on this machine's `/`: a host
     // whose disk is near the warn threshold (80 %) adds that reason, and it is right to. Only
     // then is it taken out before comparing with the README.
+    // Likewise its default `[scaling]` on this machine's load: a host busy with other builds
+    // adds a scaling reason (the only reasons of the host's CPU and memory), and only those
+    // are taken out.
     let disk_near_warn = root_disk_used_percent() >= 78.0;
     let answers: Vec<Value> = stdout
         .lines()
         .filter(|l| l.starts_with('{'))
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
         .map(|a| without_host_disk_reason(a, disk_near_warn))
+        .map(without_host_load_reasons)
         .collect();
     assert_eq!(answers.len(), 2, "two answers printed:\n{stdout}\n{stderr}");
     assert_eq!(answers[0]["status"], "degraded", "{stdout}");
@@ -659,6 +666,25 @@ fn without_host_disk_reason(mut answer: Value, disk_near_warn: bool) -> Value {
     answer
 }
 
+/// One printed answer without the reasons the host's own load gives (saturation at or above
+/// `scaling.up_at`, sustained high CPU or memory); a `degraded` that came only from them reads
+/// `healthy`. The walk-through's app is idle: on an idle host these reasons never appear.
+fn without_host_load_reasons(mut answer: Value) -> Value {
+    let of_host = |r: &Value| {
+        let r = r.as_str().unwrap_or("");
+        (r.starts_with("saturation ") && r.contains("at or above scaling.up_at"))
+            || r == "sustained high CPU or memory"
+    };
+    if let Some(reasons) = answer["reasons"].as_array_mut() {
+        let before = reasons.len();
+        reasons.retain(|r| !of_host(r));
+        if reasons.len() < before && reasons.is_empty() && answer["status"] == "degraded" {
+            answer["status"] = "healthy".into();
+        }
+    }
+    answer
+}
+
 /// `text` with every `:PORT` cut out (the README's 9000 is a free port in the test).
 fn without_ports(text: &str) -> String {
     let mut out = String::new();
@@ -679,14 +705,14 @@ fn without_ports(text: &str) -> String {
 }
 
 #[test]
-fn the_readme_says_which_uptime_it_is() {
+fn the_manual_says_which_uptime_it_is() {
     require_root();
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
-            .expect("README.md");
+    let page =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/verdicts.md"))
+            .expect("docs/verdicts.md");
     assert!(
-        readme.contains("`uptime` is the host's"),
-        "the README says which uptime `uptime` is"
+        page.contains("`uptime` is the host's"),
+        "docs/verdicts.md says which uptime `uptime` is"
     );
     let agent = Agent::start("");
     let (_, body) = agent.health();

@@ -1,7 +1,17 @@
 //! Developer verbs for the health-agent workspace: `cargo xtask <verb>`.
 //!
 //! Product logic lives in the other crates; this one only drives toolchains, packages, services
-//! and cargo. Each verb is one module.
+//! and cargo. Each verb is one module:
+//! - `cmd`: child processes, and the one-line steps setup and services print;
+//! - `setup`: what a fresh Debian 12 machine needs (`for_demo`: the demo's part only);
+//! - `services`: dockerd and PostgreSQL 15;
+//! - `run`: `build` and `run`;
+//! - `package`: the .deb; `image`: the DaemonSet's FROM-scratch image;
+//! - `test`: the full check CI runs;
+//! - `demo`: the narrated demo; `live`: the agent and the bundled backend for `demo` and `bench`;
+//! - `bench/`: one file per section, `report` writing docs/BENCHMARKS.md; servers and guards
+//!   from the `tests` harness;
+//! - `fuzz`: cargo-fuzz over the parsers.
 
 mod bench;
 mod cmd;
