@@ -10,11 +10,11 @@ fn empty_file_is_the_default() {
 }
 
 #[test]
-fn readme_shows_the_default_config() {
-    let readme = include_str!("../../../README.md");
+fn the_configuration_reference_shows_the_default_config() {
+    let page = include_str!("../../../docs/configuration.md");
     assert!(
-        readme.contains(DEFAULT_TOML.trim_end()),
-        "README.md's configuration section differs from DEFAULT_TOML: paste `health-agent config --dump` there"
+        page.contains(&format!("```toml\n{}\n```", DEFAULT_TOML.trim_end())),
+        "docs/configuration.md's last ```toml block differs from DEFAULT_TOML: paste `health-agent config --dump` there"
     );
 }
 
