@@ -1,7 +1,7 @@
 //! Kernel side of health-agent: tracepoints that follow the web backend's server-side TCP
 //! connections from handshake to first response byte. Tracepoints only: kprobes need
 //! `CONFIG_KPROBES`, which hardened kernels turn off, and fentry/fexit loads fail there with
-//! EPERM (README, "The kernel view of the web backend").
+//! EPERM (docs/kernel-view.md).
 //!
 //! - `tcp_state`: `inet_sock_set_state`, connections in and out of the table;
 //! - `send_recv`: `sock_{send,recv}_length`, claims, first request and response, latency;

@@ -1,6 +1,6 @@
 //! The DaemonSet's image (`cargo xtask image`) run by Docker with exactly what
 //! deploy/kubernetes/health-agent.yaml asks for, each field translated to its `docker run` flag
-//! (README "The container image" lists the same table): `/health` answers, the kernel view is
+//! (docs/deploy.md, "The DaemonSet", lists the same table): `/health` answers, the kernel view is
 //! active, and a backend on the host frozen with SIGSTOP turns it 503 `hung`.
 
 use std::{
