@@ -81,9 +81,13 @@ fn database_down_is_200_degraded_with_one_alert_each_then_resolved() {
     require_root();
     let pg = Postgres::start();
     let rx = Receivers::start();
+    // A watched backend: with nothing watched (no web port, no containers) the agent never
+    // says `healthy`.
+    let backend = Fixture::start("normal");
     let agent = Agent::start_with_env(
         &format!(
-            "[checks]\ninterval = \"500ms\"\n[database]\nurl = \"{}\"\ninterval = \"1s\"\ntimeout = \"1s\"\nfail_after = 2\n{}",
+            "[checks]\ninterval = \"500ms\"\n[web]\nport = {}\n[database]\nurl = \"{}\"\ninterval = \"1s\"\ntimeout = \"1s\"\nfail_after = 2\n{}",
+            backend.port,
             pg.url(),
             rx.config("3s")
         ),

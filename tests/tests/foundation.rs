@@ -40,11 +40,18 @@ fn full_disk_turns_503_with_reason_then_200_after_cleanup() {
     assert!(used >= 90.0, "used {used}");
 
     std::fs::remove_file(&big).expect("removing the file");
-    let (code, body) = agent.wait_health(WAIT, "healthy after the file is removed", |_, b| {
-        b["status"] == "healthy"
+    let (code, body) = agent.wait_health(WAIT, "200 after the file is removed", |c, b| {
+        c == 200 && b["checks"]["disk"] == "ok"
     });
     assert_eq!(code, 200, "{body}");
-    assert_eq!(body["checks"]["disk"], "ok", "{body}");
+    // No web port and no containers: nothing else is watched, so `degraded` for that alone,
+    // never `healthy`.
+    assert_eq!(body["status"], "degraded", "{body}");
+    let reasons = body["reasons"].as_array().expect("reasons");
+    assert!(
+        reasons.len() == 1 && reasons[0].as_str().unwrap_or("").contains("web.port is 0"),
+        "only the nothing-watched reason is left: {body}"
+    );
 }
 
 #[test]
