@@ -1,7 +1,7 @@
 //! `cargo xtask image`: the DaemonSet's OCI image, `health-agent:<version>` and `:latest`, in the
 //! local Docker daemon. Nothing is pulled from a registry: the agent is built static (musl), and
-//! the image is `docker import`ed from a tarball holding only that binary and the default
-//! config — the equivalent of `FROM scratch` + two `COPY`s.
+//! the image is `docker import`ed from a tarball holding only that binary, the default config
+//! and its empty drop-in directory — the equivalent of `FROM scratch` + two `COPY`s.
 
 use std::{
     fs,
@@ -19,6 +19,8 @@ use crate::{
 
 pub const NAME: &str = "health-agent";
 const CONFIG: &str = "etc/health-agent/health-agent.toml";
+/// Drop-ins merged over CONFIG: empty, for a volume or a derived image to fill.
+const DROPINS: &str = "etc/health-agent/conf.d";
 
 /// Builds the image and returns its `name:version` tag.
 pub fn run() -> Result<String> {
@@ -41,6 +43,8 @@ pub fn run() -> Result<String> {
     fs::create_dir_all(rootfs.join("etc/health-agent"))?;
     fs::write(rootfs.join(CONFIG), dump)?;
     fs::set_permissions(rootfs.join(CONFIG), fs::Permissions::from_mode(0o644))?;
+    fs::create_dir_all(rootfs.join(DROPINS))?;
+    fs::set_permissions(rootfs.join(DROPINS), fs::Permissions::from_mode(0o755))?;
     // A writable /tmp is not needed (readOnlyRootFilesystem); the mount points Docker and the
     // kubelet create themselves.
     let tar = ctx.join("rootfs.tar");

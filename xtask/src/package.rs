@@ -1,7 +1,8 @@
 //! `cargo xtask package`: the Debian package, `target/debian/health-agent_<version>_<arch>.deb`,
 //! laid out by hand and built with `dpkg-deb --root-owner-group` (what cargo-deb does, without
 //! another tool to install): the release binary in /usr/bin, the systemd unit from
-//! deploy/systemd, and the default config from `health-agent config --dump` as a conffile.
+//! deploy/systemd, the default config from `health-agent config --dump` as a conffile, and the
+//! empty drop-in directory /etc/health-agent/conf.d/ beside it (tools add their files there).
 
 use std::{
     fs,
@@ -17,6 +18,9 @@ use crate::{cmd, run};
 const NAME: &str = "health-agent";
 const UNIT: &str = "deploy/systemd/health-agent.service";
 const CONFIG: &str = "/etc/health-agent/health-agent.toml";
+/// Drop-ins merged over CONFIG, in name order. Shipped empty: dpkg owns the directory, never
+/// the files a tool or an operator puts in it.
+const DROPINS: &str = "/etc/health-agent/conf.d";
 /// The newest glibc symbol version the binary links (`objdump -T`), and libgcc_s for unwinding.
 const DEPENDS: &str = "libc6 (>= 2.34), libgcc-s1";
 
@@ -46,6 +50,10 @@ pub fn run() -> Result<PathBuf> {
     let dump = cmd::stdout(Command::new(&bin).args(["config", "--dump"]))
         .context("`health-agent config --dump` failed")?;
     write(&root.join(CONFIG.trim_start_matches('/')), &dump, 0o644)?;
+    let dropins = root.join(DROPINS.trim_start_matches('/'));
+    fs::create_dir_all(&dropins)
+        .and_then(|()| fs::set_permissions(&dropins, fs::Permissions::from_mode(0o755)))
+        .with_context(|| format!("cannot create {}", dropins.display()))?;
     install(
         &cmd::root().join("README.md"),
         &root.join("usr/share/doc").join(NAME).join("README.md"),
