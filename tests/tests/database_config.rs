@@ -1,0 +1,254 @@
+//! A database check the agent's own configuration breaks, against real parts: a private
+//! PostgreSQL with password authentication, Debian's Puma, the agent binary. A database URL
+//! without its password (and no `PGPASSWORD`, no `database.password_file`) is `misconfigured`
+//! from the first round, with the cause and the key to change in the reasons, the log and
+//! `health-agent check` — never `unreachable`, so it never reads as a shared outage that
+//! withholds a 503 from a backend whose threads all hang.
+
+use std::{
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use health_agent::{checks::database::DatabaseMonitor, config::DatabaseConfig, status::DbState};
+use health_agent_tests::{
+    agent_binary, merge_toml,
+    puma::{context, wait},
+    require_root, timeline, Agent, HealthPoller, Load, Postgres, Puma, PumaOptions,
+};
+
+/// `web.unanswered_after`, as shipped: how long a read request may go unanswered.
+const UNANSWERED_AFTER: Duration = Duration::from_secs(10);
+/// What a 503 may take beyond `UNANSWERED_AFTER`: a check tick, the probe's timeout, a poll.
+const SLACK: Duration = Duration::from_secs(5);
+
+/// The words a URL without a password gets once the server asks for one.
+const ASKS: &str = "the server asks for a password and none is set";
+
+/// The agent would inherit a `PGPASSWORD` from the test's environment, and then have one.
+fn without_pgpassword() {
+    assert!(
+        std::env::var_os("PGPASSWORD").is_none(),
+        "unset PGPASSWORD to run this test: the agent inherits it"
+    );
+}
+
+/// The library's check against the real server, round by round: `misconfigured` at once (not
+/// after `fail_after` failures), saying where a password goes; then with one in the
+/// environment, connected.
+#[tokio::test]
+async fn postgres_url_without_a_password_is_misconfigured_at_once_and_says_where_it_goes() {
+    require_root();
+    without_pgpassword();
+    let pg = Postgres::start();
+    let c = DatabaseConfig {
+        url: pg.url(),
+        fail_after: 3,
+        ..DatabaseConfig::default()
+    };
+    let mut m = DatabaseMonitor::new(&c)
+        .expect("valid database config")
+        .expect("a database is configured");
+    let r = m.check().await;
+    assert_eq!(r.state, DbState::Misconfigured, "first round: {r:?}");
+    let why = r.misconfigured_reason().expect("a reason");
+    println!("misconfigured: {why}");
+    assert!(
+        why.starts_with(&format!("database.url {}: {ASKS}", pg.url())),
+        "{why}"
+    );
+    for words in [
+        "PGPASSWORD=...",
+        "/etc/health-agent/environment",
+        "database.password_file",
+    ] {
+        assert!(why.contains(words), "{words:?} not in {why}");
+    }
+    // The same the next round: a refusal is not damped toward unreachable.
+    assert_eq!(m.check().await.state, DbState::Misconfigured);
+}
+
+/// The issue's case end to end: 200 `degraded` `stable` with the cause in the reasons while
+/// Puma serves; once every Puma thread sleeps in a request that never ends (not stopped: the
+/// app blocks), 503 `unresponsive` at `web.unanswered_after` as with a good URL — never
+/// `infrastructure_issue`, never "shared dependency".
+#[test]
+fn database_url_without_its_password_is_misconfigured_and_a_hung_puma_is_still_503() {
+    require_root();
+    without_pgpassword();
+    let pg = Postgres::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let block = dir.path().join("block");
+    let puma = Puma::start(PumaOptions {
+        threads: 4,
+        block_file: Some(block.clone()),
+        ..Default::default()
+    });
+    let config = merge_toml(
+        &format!(
+            "[checks]\ninterval = \"500ms\"\nrecover_after = \"1s\"\n\
+             [web]\nport = {}\nprobe_path = \"/up\"\nprobe_timeout = \"2s\"\n\
+             unanswered_after = \"{}s\"\n",
+            puma.port,
+            UNANSWERED_AFTER.as_secs()
+        ),
+        &format!(
+            "[database]\nurl = \"{}\"\ninterval = \"5s\"\ntimeout = \"2s\"\n\
+             [scaling]\ncpu_high_percent = 100.0\nmemory_high_percent = 100.0\n\
+             cpu_low_percent = 0.0\nmemory_low_percent = 0.0\nup_at = 10.0\ndown_at = 0.0\n",
+            pg.url()
+        ),
+    );
+    let agent = Agent::start(&config);
+    let poller = HealthPoller::start(agent.port);
+    let load = Load::new_connections(
+        puma.port,
+        "/",
+        4,
+        Duration::from_millis(100),
+        Duration::from_secs(60),
+    );
+    let mis = wait(
+        &poller,
+        &agent,
+        &puma,
+        Duration::from_secs(30),
+        "database misconfigured while Puma serves",
+        |s| s.code == 200 && s.database == "misconfigured" && s.webserver == "up",
+    );
+    let first = poller.samples();
+    let reasons = mis.body["reasons"].to_string();
+    println!("while Puma serves: {mis}\n  reasons: {reasons}");
+    std::thread::sleep(Duration::from_secs(2));
+
+    // Every request from now on sleeps forever in the app: all four threads hang.
+    std::fs::write(&block, format!("{}\n", puma.pid())).expect("writing the block file");
+    let hang_at = poller.elapsed();
+    let hang_started = Instant::now();
+    let down = wait(
+        &poller,
+        &agent,
+        &puma,
+        UNANSWERED_AFTER + SLACK + Duration::from_secs(10),
+        "503 once every Puma thread hangs",
+        |s| s.code == 503,
+    );
+    let took = down.at.saturating_sub(hang_at);
+    println!(
+        "every Puma thread hung → 503 {} in {:.1}s (web.unanswered_after {}s; {:.1}s by the test's clock)",
+        down.webserver,
+        took.as_secs_f64(),
+        UNANSWERED_AFTER.as_secs(),
+        hang_started.elapsed().as_secs_f64()
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let stats = load.stop();
+    let samples = poller.stop();
+    let ctx = context(&agent, &puma, &samples, &stats.to_string());
+    println!("{}", timeline(&samples));
+
+    assert_eq!(
+        (mis.status.as_str(), mis.recommendation.as_str()),
+        ("degraded", "stable"),
+        "a URL without its password: {mis}{ctx}"
+    );
+    let named = format!(
+        "database check misconfigured: database.url {}: {ASKS}",
+        pg.url()
+    );
+    assert!(
+        reasons.contains(&named) && reasons.contains("PGPASSWORD"),
+        "the reasons do not say the cause ({named:?}): {reasons}{ctx}"
+    );
+    // Misconfigured from the first answer that has a database result: never unreachable first.
+    if let Some(s) = first
+        .iter()
+        .chain(&samples)
+        .find(|s| s.database == "unreachable" || s.recommendation == "infrastructure_issue")
+    {
+        panic!("the missing password read as an outage: {s}{ctx}");
+    }
+    if let Some(s) = samples
+        .iter()
+        .find(|s| s.body["reasons"].to_string().contains("shared dependency"))
+    {
+        panic!("a misconfigured database hid the web fault: {s}{ctx}");
+    }
+    if let Some(s) = samples
+        .iter()
+        .filter(|s| s.at >= mis.at && s.at < hang_at)
+        .find(|s| s.code != 200)
+    {
+        panic!("not 200 while Puma served: {s}{ctx}");
+    }
+    assert_eq!(
+        (down.status.as_str(), down.webserver.as_str()),
+        ("unhealthy", "unresponsive"),
+        "{down}{ctx}"
+    );
+    assert_eq!(down.database, "misconfigured", "{down}{ctx}");
+    assert!(
+        took >= UNANSWERED_AFTER.saturating_sub(Duration::from_secs(1))
+            && took <= UNANSWERED_AFTER + SLACK,
+        "503 after {:.1}s, not at web.unanswered_after ({}s) plus at most {}s{ctx}",
+        took.as_secs_f64(),
+        UNANSWERED_AFTER.as_secs(),
+        SLACK.as_secs()
+    );
+
+    // The log says it at WARN: at start (no password anywhere), and in the answer's reasons.
+    let logs = agent.logs();
+    let start_line = logs
+        .lines()
+        .find(|l| l.contains("database check: database.url") && l.contains("no password is set"))
+        .unwrap_or_else(|| panic!("no start-up warning about the password:\n{logs}"));
+    assert!(start_line.contains("WARN"), "{start_line}");
+    let answer_line = logs
+        .lines()
+        .find(|l| l.contains("/health now 200 degraded") && l.contains(&named))
+        .unwrap_or_else(|| panic!("no answer line naming the cause:\n{logs}"));
+    assert!(answer_line.contains("WARN"), "{answer_line}");
+    let everything = format!("{samples:?}{logs}");
+    assert!(
+        !everything.contains(&pg.password),
+        "the database password leaked"
+    );
+}
+
+/// `health-agent check` says the same: the database row names the key, a reason the cause.
+#[test]
+fn the_one_shot_check_names_the_missing_password_and_the_key() {
+    require_root();
+    let pg = Postgres::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(&cfg, format!("[database]\nurl = \"{}\"\n", pg.url())).expect("config");
+    let out = Command::new(agent_binary())
+        .arg("--config")
+        .arg(&cfg)
+        .arg("check")
+        .env_remove("PGPASSWORD")
+        .output()
+        .expect("health-agent check");
+    let text = String::from_utf8_lossy(&out.stdout);
+    println!("{text}");
+    let reason = format!(
+        "database check misconfigured: database.url {}: {ASKS}",
+        pg.url()
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("reason") && l.contains(&reason)),
+        "no reason row saying {reason:?}:\n{text}"
+    );
+    assert!(
+        text.lines().any(|l| l.contains(&pg.url())
+            && l.contains(&format!("misconfigured — database.url: {ASKS}"))),
+        "no database row with the key:\n{text}"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("no password is set"),
+        "no warning at start on stderr:\n{stderr}"
+    );
+}
