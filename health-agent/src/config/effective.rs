@@ -34,10 +34,15 @@ impl Loaded {
     pub fn effective_toml(&self) -> Result<String, ConfigError> {
         let body = toml::to_string(&self.config.redacted()?)
             .map_err(|e| ConfigError::Render(format!("writing TOML: {e}")))?;
+        let order = if self.dropins.is_empty() {
+            ""
+        } else {
+            " (later files win, key by key)"
+        };
         Ok(format!(
-            "# The configuration health-agent runs with: {}\n\
-             # (later files win, key by key). Secrets hidden: passwords taken out of URLs,\n\
-             # webhook URLs cut to their host, keys shown as \"{HIDDEN}\".\n\n{body}",
+            "# The configuration health-agent runs with: {}{order}.\n\
+             # Secrets hidden: passwords taken out of URLs, webhook URLs cut to their host, keys\n\
+             # shown as \"{HIDDEN}\".\n\n{body}",
             self.describe()
         ))
     }
