@@ -655,7 +655,7 @@ mod tests {
         j.judge(&own, None, t0);
         let stale = fine(WebVerdict::Up, 60_000);
         let at = t0 + 9 * S;
-        let r = j.judge(&own, Some(&round(at, &[stale.clone()])), at);
+        let r = j.judge(&own, Some(&round(at, std::slice::from_ref(&stale))), at);
         assert!(r.judgements.is_empty() && r.asking.is_empty(), "{r:?}");
         assert!(r.note.unwrap().contains("single-instance"));
         // With a fresh peer beside it, the fresh one decides.
