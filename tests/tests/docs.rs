@@ -253,3 +253,23 @@ fn secrets_go_where_the_unit_reads_them() {
     );
     assert!(readme.contains("PGPASSWORD"), "README.md names PGPASSWORD");
 }
+
+/// Every `--only-*` flag of `cargo xtask bench` (its `only_*` fields) is in the manual's table.
+#[test]
+fn the_manual_lists_every_bench_flag() {
+    let bench = read("xtask/src/bench/mod.rs");
+    let page = read("docs/architecture.md");
+    let flags: Vec<String> = bench
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("only_"))
+        .filter_map(|l| l.strip_suffix(": bool,"))
+        .map(|name| format!("`--only-{}`", name.replace('_', "-")))
+        .collect();
+    assert!(flags.len() >= 7, "{flags:?}");
+    for flag in &flags {
+        assert!(
+            page.contains(flag.as_str()),
+            "docs/architecture.md lacks {flag}"
+        );
+    }
+}
