@@ -97,6 +97,30 @@ async fn postgres_wrong_password_is_a_configuration_error_with_a_sanitized_error
 }
 
 #[tokio::test]
+async fn postgres_unknown_database_is_misconfigured_naming_the_path_to_fix() {
+    let pg = started();
+    let url = format!(
+        "postgres://postgres:{}@127.0.0.1:{}/nosuchdb",
+        pg.password, pg.port
+    );
+    let r = monitor(&DatabaseConfig {
+        fail_after: 3,
+        ..cfg(&[&url])
+    })
+    .check()
+    .await;
+    assert_eq!(r.state, DbState::Misconfigured, "{r:?}");
+    let why = r.misconfigured_reason().unwrap();
+    println!("{why}");
+    assert!(
+        why.contains("database \"nosuchdb\" does not exist")
+            && why.contains("fix the database name (the URL's path) in database.urls[0]"),
+        "{why}"
+    );
+    assert_no_secret(&r, &[&pg.password]);
+}
+
+#[tokio::test]
 async fn postgres_password_from_pgpassword() {
     let pg = started();
     let _env = ENV_LOCK.lock().await;
@@ -111,11 +135,16 @@ async fn postgres_password_from_pgpassword() {
     let _pw = EnvVar::set("PGPASSWORD", Some(wrong));
     let r = m.check().await;
     assert_eq!(r.state, DbState::Misconfigured, "{r:?}");
-    assert!(r
-        .reason
-        .as_deref()
-        .unwrap()
-        .contains("password authentication failed"));
+    let reason = r.reason.clone().unwrap();
+    assert!(
+        reason.contains("password authentication failed"),
+        "{reason}"
+    );
+    // Which password was refused: the operator knows where to look.
+    assert!(
+        reason.contains("the password came from PGPASSWORD"),
+        "{reason}"
+    );
     assert_no_secret(&r, &[wrong]);
     // A password in the URL wins over the environment.
     let r = monitor(&cfg(&[&pg_url(&pg, Some(&pg.password))]))
@@ -145,6 +174,14 @@ async fn postgres_password_from_file() {
     std::fs::write(&file, format!("{wrong}\n")).unwrap();
     let r = m.check().await;
     assert_eq!(r.state, DbState::Misconfigured, "{r:?}");
+    let err = r.databases[0].error.clone().unwrap();
+    assert!(
+        err.contains(&format!(
+            "the password came from database.password_file {}",
+            file.display()
+        )),
+        "{err}"
+    );
     assert_no_secret(&r, &[wrong]);
     std::fs::remove_file(&file).unwrap();
     let r = m.check().await;
@@ -263,7 +300,10 @@ async fn postgres_verify_full_with_another_ca_is_misconfigured_not_trusted() {
     assert!(err.contains("certificate is not trusted"), "{err}");
     assert!(err.contains(&other.cert.display().to_string()), "{err}");
     let reason = r.reason.clone().unwrap();
-    assert!(reason.contains("fix the configuration"), "{reason}");
+    assert!(
+        reason.contains("the TLS settings are in database.urls[0]"),
+        "{reason}"
+    );
     assert_no_secret(&r, &[&pg.password]);
 }
 
@@ -342,7 +382,10 @@ async fn postgres_client_certificate_logs_in_without_a_password_and_its_absence_
     assert_eq!(r.state, DbState::Misconfigured, "{r:?}");
     let err = error_of(&r);
     assert!(err.contains("requires a valid client certificate"), "{err}");
-    assert!(err.contains("give database.url sslcert and sslkey"), "{err}");
+    assert!(
+        err.contains("give database.urls[0] sslcert and sslkey"),
+        "{err}"
+    );
 }
 
 /// A CA, and a TLS-only Redis whose certificate it signed for `localhost` and `127.0.0.1`.

@@ -134,7 +134,15 @@ fn classify(e: &tokio_postgres::Error, t: &Target, login: &Login) -> (Failure, b
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {
         if let Some(TlsFailure(f)) = s.downcast_ref::<TlsFailure>() {
-            return (f.clone().map(|m| format!("connect: {m}")), true);
+            return (
+                match f {
+                    Failure::Refused(m) => {
+                        Failure::Refused(format!("connect: {m}; the TLS settings are in {}", t.key))
+                    }
+                    Failure::Outage(m) => Failure::Outage(format!("connect: {m}")),
+                },
+                true,
+            );
         }
         source = s.source();
     }

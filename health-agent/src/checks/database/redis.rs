@@ -165,7 +165,9 @@ pub(super) async fn round_trip(
                     f
                 })
             }
-            Err(f) => return Err(f),
+            Err(f) => {
+                return Err(f.map(|m| format!("{m}; the TLS settings are in {}", t.key)))
+            }
         },
         true = probe => return Err(no_tls_here()),
     };
