@@ -327,6 +327,31 @@ async fn postgres_verify_full_to_an_address_the_certificate_does_not_name_is_a_h
     assert_no_secret(&r, &[&pg.password]);
 }
 
+/// The URL: `sslmode=require`, no password anywhere. The server asks for one inside
+/// TLS: misconfigured on the first round (fail_after 3), saying where a password goes.
+#[tokio::test]
+async fn postgres_require_without_any_password_is_misconfigured_at_once() {
+    let (_ca, pg) = tls_postgres();
+    let _env = ENV_LOCK.lock().await;
+    let _pw = EnvVar::set("PGPASSWORD", None);
+    let url = format!(
+        "postgres://postgres@localhost:{}/postgres?sslmode=require",
+        pg.port
+    );
+    let r = monitor(&DatabaseConfig {
+        fail_after: 3,
+        ..cfg(&[&url])
+    })
+    .check()
+    .await;
+    assert_eq!(r.state, DbState::Misconfigured, "{r:?}");
+    let err = error_of(&r);
+    assert!(
+        err.starts_with("the server asks for a password and none is set: put PGPASSWORD=..."),
+        "{err}"
+    );
+}
+
 #[tokio::test]
 async fn postgres_sslmode_disable_against_a_hostssl_only_server_is_misconfigured() {
     let (_ca, pg) = tls_postgres();
