@@ -459,25 +459,43 @@ fn top_level_keys(body: &str) -> Vec<String> {
     keys
 }
 
+/// `config` reads `--config` for `--effective` and a bare `--validate`; where it reads no file
+/// (`--dump`) or is given another (`--validate OTHER`), a `--config` is refused with a message,
+/// never silently ignored.
 #[test]
-fn config_help_offers_only_what_it_reads() {
-    let out = Command::new(agent_binary())
-        .args(["config", "--help"])
-        .output()
-        .unwrap();
-    let help = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{help}");
-    assert!(
-        help.contains("--dump") && help.contains("--validate"),
-        "{help}"
-    );
-    assert!(
-        !help.contains("--config"),
-        "--dump and --validate ignore --config:\n{help}"
-    );
-    // The other commands still take it.
-    let out = Command::new(agent_binary()).arg("--help").output().unwrap();
-    assert!(String::from_utf8_lossy(&out.stdout).contains("--config"));
+fn config_never_ignores_a_config_file_it_is_given() {
+    let run = |args: &[&str]| {
+        let out = Command::new(agent_binary()).args(args).output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code(), text)
+    };
+    let (code, help) = run(&["config", "--help"]);
+    assert_eq!(code, Some(0), "{help}");
+    for flag in ["--dump", "--effective", "--validate", "--config"] {
+        assert!(help.contains(flag), "config --help lacks {flag}:\n{help}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a.toml");
+    std::fs::write(&file, "[web]\nport = 9000\n").unwrap();
+    let file = file.to_string_lossy();
+    let (code, out) = run(&["--config", &file, "config", "--dump"]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(out.contains("--effective"), "{out}");
+    let (code, out) = run(&["config", "--validate", "--config", &file]);
+    assert_eq!(code, Some(0), "a bare --validate checks --config: {out}");
+    let (code, out) = run(&[
+        "--config",
+        &file,
+        "config",
+        "--validate",
+        "/nonexistent.toml",
+    ]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(out.contains("two files"), "{out}");
 }
 
 /// The README section that starts at `heading`, up to the next `## `.
