@@ -210,7 +210,7 @@ pub struct Metadata {
 
 #[derive(Debug, Clone)]
 pub struct Role {
-    pub name: &'static str,
+    pub name: String,
     pub access_key_id: &'static str,
     pub secret_access_key: &'static str,
     pub session_token: &'static str,
@@ -234,8 +234,8 @@ pub fn imds_stub(m: Metadata) -> Receiver {
             ("instance-id", ..) => (200, m.instance_id.clone()),
             ("placement/region", ..) => (200, m.region.clone()),
             ("tags/instance/aws:autoscaling:groupName", Some(g), _) => (200, g.clone()),
-            ("iam/security-credentials/", _, Some(r)) => (200, r.name.into()),
-            (p, _, Some(r)) if p.strip_prefix("iam/security-credentials/") == Some(r.name) => (
+            ("iam/security-credentials/", _, Some(r)) => (200, r.name.clone()),
+            (p, _, Some(r)) if p.strip_prefix("iam/security-credentials/") == Some(&r.name) => (
                 200,
                 serde_json::json!({
                     "Code": "Success",

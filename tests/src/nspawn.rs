@@ -34,6 +34,8 @@ use std::{
 /// and D-Bus, which logind and `systemctl` on a booted system expect.
 pub const PACKAGES: &[&str] = &["systemd", "systemd-sysv", "dbus"];
 const SUITE: &str = "bookworm";
+/// The unit the .deb ships, in the workspace.
+pub const UNIT: &str = "deploy/systemd/health-agent.service";
 const CACHE: &str = "/var/cache/health-agent";
 /// The host's Debian sources (deb822), so the root file system comes from the same mirror the
 /// host's apt uses.
@@ -102,6 +104,42 @@ pub fn rootfs() -> PathBuf {
         start.elapsed().as_secs_f64()
     );
     dir
+}
+
+/// The newest .deb in target/debian (`cargo xtask package`), refused when it is older than the
+/// agent's sources or the unit it ships: a test must not boot yesterday's agent.
+pub fn built_deb() -> PathBuf {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let debian = crate::target_dir()
+        .parent()
+        .expect("target/<profile> has a parent")
+        .join("debian");
+    let deb = fs::read_dir(&debian)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "deb"))
+        .max_by_key(|p| fs::metadata(p).and_then(|m| m.modified()).ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "no .deb in {}: run `cargo xtask package` (cargo xtask test does)",
+                debian.display()
+            )
+        });
+    let mtime = |p: &Path| fs::metadata(p).and_then(|m| m.modified()).expect("mtime");
+    let sources = ["health-agent", "health-common", "health-agent-ebpf"]
+        .iter()
+        .map(|c| crate::newest(&workspace.join(c).join("src")))
+        .chain([mtime(&workspace.join(UNIT))])
+        .max()
+        .expect("sources");
+    assert!(
+        mtime(&deb) >= sources,
+        "{} is older than {UNIT} or the agent's sources: run `cargo xtask package`",
+        deb.display()
+    );
+    deb
 }
 
 /// A booted container, powered off on drop (then killed if it does not stop in 15 s). Its

@@ -157,7 +157,7 @@ fn instance_role_region_and_group_come_from_imdsv2() {
         region: "eu-west-1".into(),
         group_tag: Some("asg-from-tags".into()),
         role: Some(Role {
-            name: "web-role",
+            name: "web-role".into(),
             access_key_id: "ASIAROLEKEY",
             secret_access_key: role_secret,
             session_token: session,

@@ -13,51 +13,17 @@ use std::{
 };
 
 use health_agent_tests::{
-    background_requests, binary, free_port, get, newest, nspawn, require_root, target_dir,
-    wait_until, Machine,
+    background_requests, binary, free_port, get,
+    nspawn::{self, UNIT},
+    require_root, wait_until, Machine,
 };
 use serde_json::Value;
 
-const UNIT: &str = "deploy/systemd/health-agent.service";
 const SERVICE: &str = "health-agent.service";
 const WAIT: Duration = Duration::from_secs(30);
 
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// The newest .deb in target/debian, refused when it is older than the unit it ships.
-fn built_deb() -> PathBuf {
-    let debian = target_dir()
-        .parent()
-        .expect("target/<profile> has a parent")
-        .join("debian");
-    let deb = fs::read_dir(&debian)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "deb"))
-        .max_by_key(|p| fs::metadata(p).and_then(|m| m.modified()).ok())
-        .unwrap_or_else(|| {
-            panic!(
-                "no .deb in {}: run `cargo xtask package` (cargo xtask test does)",
-                debian.display()
-            )
-        });
-    let mtime = |p: &Path| fs::metadata(p).and_then(|m| m.modified()).expect("mtime");
-    let sources = ["health-agent", "health-common", "health-agent-ebpf"]
-        .iter()
-        .map(|c| newest(&workspace().join(c).join("src")))
-        .chain([mtime(&workspace().join(UNIT))])
-        .max()
-        .expect("sources");
-    assert!(
-        mtime(&deb) >= sources,
-        "{} is older than {UNIT} or the agent's sources: run `cargo xtask package`",
-        deb.display()
-    );
-    deb
 }
 
 /// `/health` from the host (the container shares its network namespace).
@@ -140,7 +106,7 @@ fn journal(machine: &Machine) -> String {
 #[test]
 fn the_shipped_unit_starts_detects_restarts_on_watchdog_and_stops_clean_under_real_systemd() {
     require_root();
-    let deb = built_deb();
+    let deb = nspawn::built_deb();
     let started = Instant::now();
     let rootfs = nspawn::rootfs();
     let fixture = binary("fixture-backend", "health-agent-tests");
