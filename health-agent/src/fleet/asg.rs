@@ -550,6 +550,51 @@ mod tests {
         assert_eq!(private_addresses(&root), ["10.0.0.1", "10.0.0.2"]);
     }
 
+    #[tokio::test]
+    async fn a_failed_listing_keeps_the_last_list_for_a_bounded_time_and_says_so() {
+        let cfg = FleetConfig {
+            peers_refresh: Duration::from_secs(10),
+            ..FleetConfig::default()
+        };
+        let asg = AsgPeers::new(&cfg, 8080).unwrap();
+        let failure = AsgError::Api {
+            action: "DescribeAutoScalingGroups",
+            error: "cannot connect".into(),
+            hint: "",
+            throttled: false,
+        };
+        let set = |age: Duration, error: Option<AsgError>| {
+            let mut s = lock(&asg.state);
+            // No listing starts: this test sets what one would have left.
+            s.running = true;
+            s.listed = Some(Listed {
+                group: "web".into(),
+                peers: vec!["10.0.0.2:8080".into()],
+                at: Instant::now() - age,
+            });
+            s.error = error;
+        };
+        set(Duration::from_secs(30), None);
+        assert_eq!(asg.peers(), Ok((vec!["10.0.0.2:8080".to_string()], None)));
+        set(Duration::from_secs(30), Some(failure.clone()));
+        let (peers, stale) = asg.peers().unwrap();
+        assert_eq!(peers, ["10.0.0.2:8080"]);
+        let said = stale.unwrap().to_string();
+        assert!(
+            said.contains("listing failed, asking the 1 peer(s) listed 30 s ago")
+                && said.contains("cannot connect"),
+            "{said}"
+        );
+        // Kept for 5 refreshes, at least 5 minutes.
+        set(KEEP_MIN + Duration::from_secs(1), Some(failure));
+        let e = asg.peers().unwrap_err();
+        assert!(matches!(e, AsgError::Expired { .. }), "{e}");
+        assert!(e.to_string().contains("the last list is dropped"), "{e}");
+        lock(&asg.state).listed = None;
+        lock(&asg.state).error = None;
+        assert_eq!(asg.peers(), Err(AsgError::NotYet));
+    }
+
     #[test]
     fn access_denied_names_the_permissions() {
         let e = query::classify(
