@@ -283,7 +283,7 @@ async fn serve(cfg: Arc<Config>) -> anyhow::Result<()> {
         stale_after: cfg.checks.stale_after,
         fleet_token,
         host: health_agent::alerts::hostname(),
-        recheck: server::Recheck::new(agent.recheck_database.clone()),
+        witness: agent.witness.clone(),
     });
     tracing::info!(listen = %cfg.server.listen, web_port = cfg.web.port, "serving /health");
     let limits = server::Limits {

@@ -36,9 +36,6 @@ pub struct Snapshot {
     pub generated_at: String,
     /// What the peers said of this instance's faults (`configured: false` without `[fleet]`).
     pub fleet: crate::fleet::FleetReport,
-    /// When this instance last had evidence against each kind of fault: what its peer view
-    /// shows as ages.
-    pub evidence: crate::fleet::Evidence,
     /// The scaling signal (`details.saturation`).
     pub saturation: SaturationReport,
     /// The CloudWatch publisher's state (`details.scaling.cloudwatch`); `None` when it is off.
@@ -129,7 +126,6 @@ impl Snapshot {
             uptime,
             agent_uptime,
             fleet: crate::fleet::FleetReport::not_configured(),
-            evidence: crate::fleet::Evidence::default(),
             saturation: SaturationReport::unknown(std::time::Duration::ZERO),
             cloudwatch: None,
             bodies: Default::default(),
@@ -172,7 +168,6 @@ impl Snapshot {
             uptime: self.uptime,
             agent_uptime: self.agent_uptime,
             fleet: self.fleet.clone(),
-            evidence: self.evidence,
             saturation: self.saturation.clone(),
             cloudwatch: self.cloudwatch.clone(),
             bodies: Default::default(),
@@ -181,10 +176,6 @@ impl Snapshot {
 
     pub fn with_fleet(self, fleet: crate::fleet::FleetReport) -> Self {
         Self { fleet, ..self }
-    }
-
-    pub fn with_evidence(self, evidence: crate::fleet::Evidence) -> Self {
-        Self { evidence, ..self }
     }
 
     pub fn with_cloudwatch(self, cloudwatch: Option<crate::cloudwatch::Status>) -> Self {

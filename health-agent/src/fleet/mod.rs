@@ -15,7 +15,7 @@ pub mod exchange;
 
 use std::{
     collections::HashMap,
-    sync::OnceLock,
+    sync::{Arc, Mutex, OnceLock},
     time::{Duration, Instant},
 };
 
@@ -35,31 +35,44 @@ pub const VIEW_VERSION: u32 = 1;
 /// fault needs the peers' word on theirs from after its onset, sooner than their own cadence.
 pub const FRESH_DEPENDENCY: &str = "fresh=dependency";
 
-/// What a peer's `?fresh=dependency` wakes: this agent's database check, at most once per
-/// RECHECK_AT_MOST (a peer asks every quarter second while it waits; a flood of asks must not
-/// become a flood of round trips to the database).
-#[derive(Debug, Default)]
-pub struct Recheck {
-    database: Option<std::sync::Arc<tokio::sync::Notify>>,
-    last: std::sync::Mutex<Option<Instant>>,
+/// What this agent shows its peers beyond the snapshot, live: its evidence against each kind
+/// of fault (the composer writes it every tick, so a peer asking just after this instance's
+/// backend answered hears so), and what a peer's `?fresh=dependency` wakes — the database
+/// check, at most once per RECHECK_AT_MOST (a peer asks every quarter second while it waits;
+/// a flood of asks must not become a flood of round trips to the database).
+#[derive(Debug, Clone, Default)]
+pub struct Witness {
+    evidence: Arc<Mutex<Evidence>>,
+    database: Option<Arc<tokio::sync::Notify>>,
+    last_recheck: Arc<Mutex<Option<Instant>>>,
 }
 
 const RECHECK_AT_MOST: Duration = Duration::from_secs(1);
 
-impl Recheck {
-    pub fn new(database: Option<std::sync::Arc<tokio::sync::Notify>>) -> Self {
+impl Witness {
+    pub fn new(database: Option<Arc<tokio::sync::Notify>>) -> Self {
         Self {
             database,
-            last: std::sync::Mutex::new(None),
+            ..Self::default()
+        }
+    }
+
+    pub fn evidence(&self) -> Evidence {
+        self.evidence.lock().map(|e| *e).unwrap_or_default()
+    }
+
+    pub fn update(&self, f: impl FnOnce(&mut Evidence)) {
+        if let Ok(mut e) = self.evidence.lock() {
+            f(&mut e);
         }
     }
 
     /// Wakes the database check now unless it was woken within RECHECK_AT_MOST; whether it was.
-    pub fn poke(&self, now: Instant) -> bool {
+    pub fn recheck(&self, now: Instant) -> bool {
         let Some(n) = &self.database else {
             return false;
         };
-        let Ok(mut last) = self.last.lock() else {
+        let Ok(mut last) = self.last_recheck.lock() else {
             return false;
         };
         if last.is_some_and(|t| now.saturating_duration_since(t) < RECHECK_AT_MOST) {
@@ -720,19 +733,22 @@ mod tests {
 
     #[test]
     fn a_peers_fresh_ask_wakes_the_database_check_at_most_once_a_second() {
-        let n = std::sync::Arc::new(tokio::sync::Notify::new());
-        let r = Recheck::new(Some(n.clone()));
+        let n = Arc::new(tokio::sync::Notify::new());
+        let w = Witness::new(Some(n.clone()));
         let t0 = Instant::now();
-        assert!(r.poke(t0));
+        assert!(w.recheck(t0));
         assert!(
-            !r.poke(t0 + Duration::from_millis(250)),
-            "a second ask within 1 s"
+            !w.clone().recheck(t0 + Duration::from_millis(250)),
+            "a second ask within 1 s, through a clone (the server's)"
         );
-        assert!(r.poke(t0 + S));
+        assert!(w.recheck(t0 + S));
         assert!(
-            !Recheck::default().poke(t0),
+            !Witness::default().recheck(t0),
             "no database check: nothing to wake"
         );
+        // The evidence written through one clone is what another reads.
+        w.update(|e| e.web_answered = Some(t0));
+        assert_eq!(w.clone().evidence().web_answered, Some(t0));
         // The wake-up is stored for the check's task even if it is mid-round.
         let woken = tokio::runtime::Builder::new_current_thread()
             .enable_all()

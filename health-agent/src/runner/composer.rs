@@ -16,7 +16,7 @@ use crate::{
         disk, system::SystemMonitor, web::WebMonitor, ContainersReport, DatabaseReport, Report,
     },
     config::Config,
-    fleet::{classes_of, Evidence, Judge},
+    fleet::{classes_of, Judge, Witness},
     heal::{self, Healer},
     policy::{evaluate, FlapGuard},
     saturation::{assess, Context, HostLoad, Meter, SaturationReport},
@@ -47,8 +47,9 @@ pub(super) struct Composer {
     meter: Meter,
     /// A fault most peers share was judged in the last round: S stays withheld.
     shared: bool,
-    /// When this instance last had evidence against each kind of fault (its peer view).
-    evidence: Evidence,
+    /// When this instance last had evidence against each kind of fault: the peer view's
+    /// live cell, written every tick.
+    witness: Witness,
     /// A fault waits for the peers' fresh word: a round every tick, each asking them again.
     asking: bool,
     /// When the fleet exchange was last woken for a round.
@@ -89,15 +90,22 @@ impl Composer {
             last_answer: None,
             meter,
             shared: false,
-            evidence: Evidence::default(),
+            witness: Witness::default(),
             asking: false,
             last_ask: None,
         }
     }
 
+    /// The cell the peer view reads this instance's evidence from.
+    pub fn with_witness(self, witness: Witness) -> Self {
+        Self { witness, ..self }
+    }
+
     /// Every tick: the kernel view (one map read) and the saturation meter.
     pub fn observe(&mut self, now: Instant) {
         self.web.observe(now);
+        let answered = self.web.answered_at();
+        self.witness.update(|e| e.web_answered = answered);
         if let Some(s) = self.web.load_sample() {
             self.meter.tick(now, s);
         }
@@ -351,7 +359,6 @@ impl Composer {
             now.saturating_duration_since(self.started).as_secs(),
         )
         .with_fleet(fleet.unwrap_or_else(crate::fleet::FleetReport::not_configured))
-        .with_evidence(self.evidence)
         .with_saturation(saturation)
     }
 
@@ -359,19 +366,19 @@ impl Composer {
     /// backend's last answer, the database's and the containers' last good round.
     fn note_evidence(&mut self, report: &Report) {
         use crate::status::{ContainersState, DbState};
-        let e = &mut self.evidence;
-        e.web_answered = report.web.answered_at;
-        e.database_configured = self.slots.database.is_some();
-        if report.database.state == DbState::Connected {
-            if let Some(at) = latest_at(self.slots.database.as_ref()) {
-                e.database_ok = Some(at);
-            }
-        }
-        if report.containers.state == ContainersState::AllRunning {
-            if let Some(at) = latest_at(self.slots.containers.as_ref()) {
-                e.containers_ok = Some(at);
-            }
-        }
+        let database = (report.database.state == DbState::Connected)
+            .then(|| latest_at(self.slots.database.as_ref()))
+            .flatten();
+        let containers = (report.containers.state == ContainersState::AllRunning)
+            .then(|| latest_at(self.slots.containers.as_ref()))
+            .flatten();
+        let configured = self.slots.database.is_some();
+        self.witness.update(|e| {
+            e.web_answered = report.web.answered_at;
+            e.database_configured = configured;
+            e.database_ok = database.or(e.database_ok);
+            e.containers_ok = containers.or(e.containers_ok);
+        });
     }
 
     /// While a fault waits for the peers' fresh word, asks them again every ASK_AGAIN (a new

@@ -45,9 +45,9 @@ pub struct Agent {
     pub composer: tokio::task::JoinHandle<()>,
     /// Stops the check loop itself (what a bug would do): for tests of the supervisor.
     pub check_loop: tokio::task::AbortHandle,
-    /// Wakes the database check for a round now (a peer's `?fresh=dependency`); None
-    /// without one.
-    pub recheck_database: Option<Arc<tokio::sync::Notify>>,
+    /// What the peer view shows beyond the snapshot (the live evidence), and what a peer's
+    /// `?fresh=dependency` wakes.
+    pub witness: crate::fleet::Witness,
 }
 
 /// Where every snapshot goes: the cell `/health` reads, and the alerts' subscription.
@@ -100,7 +100,8 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
         tracing::error!("{e}; the database check is off");
     }
     let slots = Slots::spawn(&cfg, &checks, &shutdown);
-    let recheck_database = slots.0.database.is_some().then(|| slots.1.recheck.clone());
+    let witness =
+        crate::fleet::Witness::new(slots.0.database.is_some().then(|| slots.1.recheck.clone()));
     let Checks {
         web,
         system,
@@ -108,7 +109,8 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
         ..
     } = checks;
     let healer = Healer::new(cfg.heal.clone(), cfg.web.clone(), docker);
-    let mut composer = Composer::new(cfg.clone(), started, web, system, healer, slots);
+    let mut composer = Composer::new(cfg.clone(), started, web, system, healer, slots)
+        .with_witness(witness.clone());
 
     // The alerts follow the snapshots on their own task.
     let (alerts_tx, alerts_task) =
@@ -176,7 +178,7 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
         snapshot: out,
         composer: supervisor,
         check_loop,
-        recheck_database,
+        witness,
     }
 }
 

@@ -260,7 +260,7 @@ async fn a_dead_check_loop_fails_livez_and_raises_an_alert() {
         stale_after: cfg.checks.stale_after,
         fleet_token: crate::server::FleetToken::Open,
         host: "web-1".into(),
-        recheck: Default::default(),
+        witness: Default::default(),
     });
     assert_eq!(get(app.clone(), "/livez").await, (200, "ok\n".into()));
     tokio::time::sleep(Duration::from_millis(500)).await;

@@ -50,11 +50,11 @@ pub struct App {
     pub fleet_token: FleetToken,
     /// This host's name, in the peer view.
     pub host: String,
-    /// What a peer's `?fresh=dependency` wakes (the database check).
-    pub recheck: crate::fleet::Recheck,
+    /// The live evidence the peer view shows, and what a peer's `?fresh=dependency` wakes.
+    pub witness: Witness,
 }
 
-pub use crate::fleet::Recheck;
+pub use crate::fleet::Witness;
 
 /// The peer endpoint's access rule (`fleet.token_env`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -197,11 +197,16 @@ async fn fleet_view(
     if uri.query() == Some(crate::fleet::FRESH_DEPENDENCY) {
         // The asker's dependency fault is newer than our last round trip: check now, so
         // its next ask gets our word from after its onset.
-        app.recheck.poke(Instant::now());
+        app.witness.recheck(Instant::now());
     }
     let snap = app.snapshot.load();
     let age = Instant::now().saturating_duration_since(snap.created);
-    let view = crate::fleet::PeerView::of(&snap.report, &snap.evidence, &app.host, Instant::now());
+    let view = crate::fleet::PeerView::of(
+        &snap.report,
+        &app.witness.evidence(),
+        &app.host,
+        Instant::now(),
+    );
     let mut r = axum::Json(view).into_response();
     age_header(&mut r, age);
     r.headers_mut()

@@ -47,7 +47,7 @@ fn app(disk: DiskLevel, details: Details) -> Arc<App> {
         stale_after: Duration::from_secs(10),
         fleet_token: FleetToken::Required("fl33t".into()),
         host: "web-1".into(),
-        recheck: Default::default(),
+        witness: Default::default(),
     })
 }
 
@@ -365,7 +365,7 @@ async fn stale_snapshot_is_503() {
         stale_after: Duration::ZERO,
         fleet_token: FleetToken::Open,
         host: "web-1".into(),
-        recheck: Default::default(),
+        witness: Default::default(),
     });
     tokio::time::sleep(Duration::from_millis(5)).await;
     let (code, _, body) = get(a, req("/health").body(Body::empty()).unwrap()).await;

@@ -934,7 +934,7 @@ impl WebMonitor {
 
     /// When the backend last answered: the kernel view's last response byte on the port, or
     /// the last probe that passed, whichever is later.
-    fn answered_at(&self) -> Option<Instant> {
+    pub fn answered_at(&self) -> Option<Instant> {
         self.progress.answer_at().max(self.probe_passed_at)
     }
 
