@@ -57,8 +57,9 @@ pub enum Rendering {
     IetfBrief = 3,
 }
 
-/// The body's fields in the README's order: the seed fields, then `generated_at`, then (for
-/// those allowed to see them) `details`. A struct, not a JSON map: a map would sort them.
+/// The body's fields in the documented order (docs/verdicts.md): the seed fields, then
+/// `generated_at`, then (for those allowed to see them) `details`. A struct, not a JSON map: a
+/// map would sort them.
 #[derive(Serialize)]
 struct Seed<'a> {
     status: &'static str,

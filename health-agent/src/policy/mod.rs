@@ -1,5 +1,5 @@
-//! The status policy (the table in the README's "What `/health` answers") as one pure
-//! function: check results in, (`status`, HTTP code, `recommendation`, reasons) out. 503 only
+//! The status policy (the table in docs/verdicts.md) as one pure function: check results in,
+//! (`status`, HTTP code, `recommendation`, reasons) out. 503 only
 //! for what a new instance or a restart would fix; a shared dependency (the database) never
 //! takes the fleet out. `FlapGuard` (flap.rs) holds a change of HTTP code back until the new
 //! condition has lasted its configured time.

@@ -13,8 +13,7 @@ fn input() -> PolicyInput {
     }
 }
 
-/// One row per line of the README's status table, "What `/health` answers" (and the edges
-/// around it).
+/// One row per line of the status table in docs/verdicts.md (and the edges around it).
 #[test]
 fn status_table() {
     use Recommendation::*;

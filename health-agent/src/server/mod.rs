@@ -236,7 +236,7 @@ fn stale(age: Duration, ietf: bool) -> Response {
         "health snapshot is {:.1}s old: the agent's check loop has stopped",
         age.as_secs_f64()
     );
-    // Built as text, not a JSON map, to keep the README's order (status first).
+    // Built as text, not a JSON map, to keep the documented order (status first).
     let reason = serde_json::Value::from(reason);
     let body = if ietf {
         format!(r#"{{"status":"fail","notes":[{reason}]}}"#)
