@@ -349,15 +349,9 @@ fn health_at(port: u16) -> Option<(u16, Value)> {
     Some((code, serde_json::from_str(&body).ok()?))
 }
 
-#[test]
-fn the_cloudformation_user_data_configures_the_packaged_agent_under_systemd() {
-    require_root();
-    let started = Instant::now();
-    let deb = nspawn::built_deb();
-    let moto = Moto::start();
-    let (app, listen) = (free_port(), free_port());
-    let workers = 16;
-    let stack = deploy_template(&moto, app, workers);
+/// What the template grants: the role may publish and list the group, and the instances'
+/// security group lets the group's members reach each other's 8080.
+fn assert_peers_may_list_and_reach_each_other(stack: &Stack) {
     assert!(
         stack.peers_reach_8080,
         "the instances' security group lets the group reach 8080"
@@ -374,6 +368,53 @@ fn the_cloudformation_user_data_configures_the_packaged_agent_under_systemd() {
         );
     }
     assert_eq!(stack.members.len(), 3, "{:?}", stack.members);
+}
+
+/// The instance as the AMI would have it before UserData runs: the application on `app`, and
+/// what it has that this host lacks, AWS. The metadata service's address in the unit's
+/// environment file, and a drop-in after the template's naming moto as the endpoint (and a
+/// free port for the agent: the container shares this host's network).
+fn prepare_instance(machine: &Machine, app: u16, listen: u16, imds: &Receiver, moto: &Moto) {
+    machine.run(&[
+        "systemd-run",
+        "--unit=app",
+        "/usr/local/bin/fixture-backend",
+        "--listen",
+        &format!("127.0.0.1:{app}"),
+        "--control",
+        &format!("127.0.0.1:{}", free_port()),
+        "--mode",
+        "normal",
+    ]);
+    wait_until(WAIT, "the application in the container", || {
+        get(app, "/").ok()
+    });
+    machine.write(
+        "/etc/health-agent/environment",
+        &format!("AWS_EC2_METADATA_SERVICE_ENDPOINT={}\n", imds.url("")),
+    );
+    machine.run(&["mkdir", "-p", "/etc/health-agent/conf.d"]);
+    machine.write(
+        "/etc/health-agent/conf.d/90-test-aws-endpoints.toml",
+        &format!(
+            "[server]\nlisten = \"127.0.0.1:{listen}\"\n\
+             [scaling.cloudwatch]\nendpoint = \"{moto}\"\ninterval = \"10s\"\nhigh_resolution = true\n\
+             [fleet]\naws_endpoint = \"{moto}\"\n",
+            moto = moto.endpoint()
+        ),
+    );
+}
+
+#[test]
+fn the_cloudformation_user_data_configures_the_packaged_agent_under_systemd() {
+    require_root();
+    let started = Instant::now();
+    let deb = nspawn::built_deb();
+    let moto = Moto::start();
+    let (app, listen) = (free_port(), free_port());
+    let workers = 16;
+    let stack = deploy_template(&moto, app, workers);
+    assert_peers_may_list_and_reach_each_other(&stack);
     // The agent plays the group's first instance: its metadata as EC2 would serve it (the
     // template turns instance metadata tags on).
     let (own_id, _) = stack.members[0].clone();
@@ -399,38 +440,7 @@ fn the_cloudformation_user_data_configures_the_packaged_agent_under_systemd() {
     let deb_name = deb.file_name().and_then(|n| n.to_str()).expect("deb name");
     machine.run(&["dpkg", "-i", &format!("/mnt/deb/{deb_name}")]);
     let packaged = machine.run(&["cat", "/etc/health-agent/health-agent.toml"]);
-    // The application on AppPort.
-    machine.run(&[
-        "systemd-run",
-        "--unit=app",
-        "/usr/local/bin/fixture-backend",
-        "--listen",
-        &format!("127.0.0.1:{app}"),
-        "--control",
-        &format!("127.0.0.1:{}", free_port()),
-        "--mode",
-        "normal",
-    ]);
-    wait_until(WAIT, "the application in the container", || {
-        get(app, "/").ok()
-    });
-    // What the instance has that this host lacks: AWS. The metadata service's address in the
-    // unit's environment file, and a drop-in after the template's naming moto as the endpoint
-    // (and a free port for the agent: the container shares this host's network).
-    machine.write(
-        "/etc/health-agent/environment",
-        &format!("AWS_EC2_METADATA_SERVICE_ENDPOINT={}\n", imds.url("")),
-    );
-    machine.run(&["mkdir", "-p", "/etc/health-agent/conf.d"]);
-    machine.write(
-        "/etc/health-agent/conf.d/90-test-aws-endpoints.toml",
-        &format!(
-            "[server]\nlisten = \"127.0.0.1:{listen}\"\n\
-             [scaling.cloudwatch]\nendpoint = \"{moto}\"\ninterval = \"10s\"\nhigh_resolution = true\n\
-             [fleet]\naws_endpoint = \"{moto}\"\n",
-            moto = moto.endpoint()
-        ),
-    );
+    prepare_instance(&machine, app, listen, &imds, &moto);
 
     // The UserData, as cloud-init runs it: as root, once.
     machine.write("/var/lib/user-data", &stack.user_data);
@@ -466,7 +476,7 @@ fn the_cloudformation_user_data_configures_the_packaged_agent_under_systemd() {
     );
     assert_eq!(doc["fleet"]["peers_from"].as_str(), Some("asg"));
 
-    // The application served once: the agent is out of its boot grace.
+    // Some traffic for the agent to see.
     for _ in 0..5 {
         let _ = get(app, "/");
     }
