@@ -272,6 +272,10 @@ pub struct FleetReport {
     pub judgements: Vec<Judgement>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub peers_failed: Vec<String>,
+    /// Why listing the peers failed (DNS, Consul, the auto-scaling group), whether or not
+    /// some were asked all the same (a group listed earlier, another source).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub discovery: Option<String>,
     /// Faults of this instance still waiting for the peers' fresh word: no 503 for them yet.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub asking: Vec<FaultClass>,
@@ -409,6 +413,7 @@ impl Judge {
             .iter()
             .map(|(a, why)| format!("{a}: {why}"))
             .collect();
+        report.discovery = round.discovery_error.as_ref().map(ToString::to_string);
         report.round_age_ms = Some(now.saturating_duration_since(started).as_millis() as u64);
         report.round_ms = Some((round.took.as_secs_f64() * 10_000.0).round() / 10.0);
         if now.saturating_duration_since(started) > self.max_age {
@@ -770,6 +775,20 @@ mod tests {
             t0,
         );
         assert_eq!(r.judgements[0].scope, Scope::Shared, "{r:?}");
+    }
+
+    #[test]
+    fn a_listing_that_failed_is_said_even_when_peers_were_asked() {
+        let t0 = Instant::now();
+        let mut j = Judge::new(S, S, 8 * S);
+        let mut r = round(t0, &[fine(WebVerdict::Up, 10)]);
+        r.discovery_error = Some(exchange::DiscoveryError::Asg(
+            "listing failed, asking the 1 peer(s) listed 70 s ago: throttled".into(),
+        ));
+        let out = j.judge(&[], Some(&r), t0);
+        assert_eq!(out.peers_answered.len(), 1);
+        assert!(out.discovery.unwrap().contains("throttled"));
+        assert!(j.judge(&[], Some(&round(t0, &[])), t0).discovery.is_none());
     }
 
     #[test]
