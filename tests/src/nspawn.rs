@@ -7,7 +7,7 @@
 //! list>`: the first run costs about 15 s of mmdebstrap, later ones nothing. Each boot mounts it
 //! under a tmpfs overlay (`--volatile=overlay`), so what a test installs never reaches the cache.
 //!
-//! The nspawn options, each for a reason (README "Install as a service" lists them too):
+//! The nspawn options, each for a reason (docs/deploy.md lists them too):
 //!
 //! | option | why |
 //! |---|---|
