@@ -363,7 +363,8 @@ impl Composer {
     }
 
     /// Keeps what this round shows against each kind of fault, for the peer view: the web
-    /// backend's last answer, the database's and the containers' last good round.
+    /// backend's last answer (a probe that passed is taken in by the round, not the tick), the
+    /// database's and the containers' last good round.
     fn note_evidence(&mut self, report: &Report) {
         use crate::status::{ContainersState, DbState};
         let database = (report.database.state == DbState::Connected)
@@ -373,8 +374,9 @@ impl Composer {
             .then(|| latest_at(self.slots.containers.as_ref()))
             .flatten();
         let configured = self.slots.database.is_some();
+        let answered = self.web.answered_at();
         self.witness.update(|e| {
-            e.web_answered = report.web.answered_at;
+            e.web_answered = answered;
             e.database_configured = configured;
             e.database_ok = database.or(e.database_ok);
             e.containers_ok = containers.or(e.containers_ok);

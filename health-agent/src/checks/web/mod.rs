@@ -180,10 +180,6 @@ pub struct WebReport {
     /// never evidence against the backend, never a 503.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub agent_error: bool,
-    /// When the backend last answered: a response byte on its port, or a probe that passed.
-    /// What the peers weigh against a fault of theirs (see `fleet::Evidence`).
-    #[serde(skip)]
-    pub answered_at: Option<std::time::Instant>,
 }
 
 impl WebReport {
@@ -214,7 +210,6 @@ impl WebReport {
             config_error: None,
             stuck_worker: None,
             agent_error: false,
-            answered_at: None,
         }
     }
 

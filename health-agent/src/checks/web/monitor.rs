@@ -673,7 +673,6 @@ impl WebMonitor {
             verdict,
             detail,
             served: self.served,
-            answered_at: self.answered_at(),
             kernel: self.kernel_status.clone(),
             probe: self
                 .last_probe
@@ -928,12 +927,12 @@ impl WebMonitor {
             processes,
             stuck_worker,
             agent_error,
-            answered_at: self.answered_at(),
         }
     }
 
     /// When the backend last answered: the kernel view's last response byte on the port, or
-    /// the last probe that passed, whichever is later.
+    /// the last probe that passed, whichever is later. What the peers weigh against a fault of
+    /// theirs (see `fleet::Evidence`).
     pub fn answered_at(&self) -> Option<Instant> {
         self.progress.answer_at().max(self.probe_passed_at)
     }
