@@ -14,6 +14,7 @@
 //! | `bpf_stats` | the kernel's run counts of the agent's BPF programs (`BPF_ENABLE_STATS`) |
 //! | `poller` | `HealthPoller`: every `/health` answer of a run; `timeline` |
 //! | `load` | `Load`: background HTTP clients |
+//! | `markdown` | fenced blocks of the README and docs/ pages, for the tests that run them |
 //! | `fixture`, `nginx`, `postgres`, `redis`, `puma`, `docker`, `receiver`, `tmpfs`, `moto` | one server each |
 //! | `certs` | a CA and the certificates it signs, made with the openssl CLI |
 //! | `netns` | network namespaces reached over a veth pair |
@@ -29,6 +30,7 @@ pub mod fixture;
 pub mod fleet;
 pub mod http;
 pub mod load;
+pub mod markdown;
 pub mod moto;
 pub mod net;
 pub mod netns;

@@ -8,7 +8,7 @@ use std::{
     process::Command,
 };
 
-use health_agent_tests::agent_binary;
+use health_agent_tests::{agent_binary, markdown::fenced};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -43,31 +43,6 @@ fn prose(text: &str) -> Vec<&str> {
             !fenced
         })
         .collect()
-}
-
-/// The body of every fenced block of `lang` in `text`.
-fn fenced(text: &str, lang: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut cur: Option<(String, String)> = None;
-    for line in text.lines() {
-        let fence = line.trim_start().strip_prefix("```");
-        match (&mut cur, fence) {
-            (None, Some(l)) => cur = Some((l.trim().to_string(), String::new())),
-            (Some(_), Some(_)) => {
-                if let Some((l, body)) = cur.take() {
-                    if l == lang {
-                        out.push(body);
-                    }
-                }
-            }
-            (Some((_, body)), None) => {
-                body.push_str(line);
-                body.push('\n');
-            }
-            (None, None) => {}
-        }
-    }
-    out
 }
 
 /// The targets of the markdown links `[text](target)` in the prose of `text`.

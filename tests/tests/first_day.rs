@@ -12,8 +12,8 @@ use std::{
 };
 
 use health_agent_tests::{
-    agent_binary, docker, fixture_image, free_port, request_at, require_root, wait_until, Agent,
-    Container, Fixture, Proc, Receiver,
+    agent_binary, docker, fixture_image, free_port, markdown::fenced, request_at, require_root,
+    wait_until, Agent, Container, Fixture, Proc, Receiver,
 };
 use serde_json::Value;
 
@@ -509,32 +509,6 @@ fn readme_section(heading: &str) -> String {
     let rest = &readme[start + heading.len()..];
     let end = rest.find("\n## ").unwrap_or(rest.len());
     rest[..end].to_string()
-}
-
-/// The body of every fenced block of `lang` in `text` ("" for a block without a language).
-fn fenced(text: &str, lang: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    // (the block's language, its body) while inside one.
-    let mut cur: Option<(String, String)> = None;
-    for line in text.lines() {
-        let fence = line.trim_start().strip_prefix("```");
-        match (&mut cur, fence) {
-            (None, Some(l)) => cur = Some((l.trim().to_string(), String::new())),
-            (Some(_), Some(_)) => {
-                if let Some((l, body)) = cur.take() {
-                    if l == lang {
-                        out.push(body);
-                    }
-                }
-            }
-            (Some((_, body)), None) => {
-                body.push_str(line);
-                body.push('\n');
-            }
-            (None, None) => {}
-        }
-    }
-    out
 }
 
 /// A shell script and everything it starts in the background, in one process group that is
