@@ -42,6 +42,14 @@ fn fleet_peers(peers: &[String]) -> String {
     format!("[fleet]\npeers = {peers:?}\ninterval = \"1s\"\ntimeout = \"1s\"\n")
 }
 
+/// Every address of `all` but `me`, as `fleet.peers` takes them.
+fn others(all: &[SocketAddr], me: &SocketAddr) -> Vec<String> {
+    all.iter()
+        .filter(|a| *a != me)
+        .map(ToString::to_string)
+        .collect()
+}
+
 fn addr(ip: IpAddr, port: u16) -> SocketAddr {
     SocketAddr::new(ip, port)
 }
@@ -191,11 +199,7 @@ impl Trio {
                 up_uses_db: true,
                 ..Default::default()
             });
-            let peers: Vec<String> = addrs
-                .iter()
-                .filter(|a| *a != me)
-                .map(ToString::to_string)
-                .collect();
+            let peers = others(&addrs, me);
             // A 20 s latency window (60 s by default): the requests that waited out a freeze
             // keep the p99 `slow` for about half the window after the thaw, which would eat
             // most of the 45 s the tests give the instances to be `healthy` again.
@@ -1151,11 +1155,7 @@ impl Fleet {
                     threads: 2,
                     ..Default::default()
                 });
-                let peers: Vec<String> = addrs
-                    .iter()
-                    .filter(|a| *a != me)
-                    .map(ToString::to_string)
-                    .collect();
+                let peers = others(&addrs, me);
                 // A short latency window: the probes that waited out a stop keep the p99
                 // `slow` for about half of it after the thaw.
                 let extra = format!("[web]\nlatency_window = \"5s\"\n{}", fleet_peers(&peers));
