@@ -9,7 +9,7 @@
 //! from the agent's first 200 on. All traffic stays on 127.0.0.0/8.
 
 use std::{
-    net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs},
+    net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs},
     sync::atomic::{AtomicUsize, Ordering},
     time::{Duration, Instant},
 };
@@ -181,24 +181,28 @@ struct Trio {
 impl Trio {
     fn start() -> Self {
         let pg = Postgres::start();
-        let addrs: Vec<SocketAddr> = (0..3u8)
-            .map(|i| {
-                let ip = loopback(2 + i);
-                addr(ip, free_port_on(ip))
+        // The paths and backends first, then the agents on ports no listener holds on any
+        // address (see `Fleet::start`).
+        let backends: Vec<(TcpProxy, Puma)> = (0..3)
+            .map(|_| {
+                let proxy = TcpProxy::start(pg.port);
+                let puma = Puma::start(PumaOptions {
+                    threads: 2,
+                    db_url: Some(format!(
+                        "postgres://postgres:{}@127.0.0.1:{}/postgres",
+                        pg.password, proxy.port
+                    )),
+                    up_uses_db: true,
+                    ..Default::default()
+                });
+                (proxy, puma)
             })
             .collect();
+        let addrs: Vec<SocketAddr> = (0..3u8)
+            .map(|i| addr(loopback(2 + i), free_port_on(Ipv4Addr::UNSPECIFIED.into())))
+            .collect();
         let mut instances = Vec::new();
-        for (i, me) in addrs.iter().enumerate() {
-            let proxy = TcpProxy::start(pg.port);
-            let puma = Puma::start(PumaOptions {
-                threads: 2,
-                db_url: Some(format!(
-                    "postgres://postgres:{}@127.0.0.1:{}/postgres",
-                    pg.password, proxy.port
-                )),
-                up_uses_db: true,
-                ..Default::default()
-            });
+        for ((i, me), (proxy, puma)) in addrs.iter().enumerate().zip(backends) {
             let peers = others(&addrs, me);
             // A 20 s latency window (60 s by default): the requests that waited out a freeze
             // keep the p99 `slow` for about half the window after the thaw, which would eat
@@ -1142,19 +1146,24 @@ struct Fleet {
 
 impl Fleet {
     fn start(n: u8, traffic: bool) -> Self {
-        let addrs: Vec<SocketAddr> = (0..n)
-            .map(|i| {
-                let ip = loopback(20 + i);
-                addr(ip, free_port_on(ip))
+        // The backends first, then the agents on ports no listener holds on any address: an
+        // agent's port equal to another instance's backend port would be watched as that
+        // backend (one host here, not a fleet's many), and answer its probe with 404.
+        let pumas: Vec<Puma> = (0..n)
+            .map(|_| {
+                Puma::start(PumaOptions {
+                    threads: 2,
+                    ..Default::default()
+                })
             })
+            .collect();
+        let addrs: Vec<SocketAddr> = (0..n)
+            .map(|i| addr(loopback(20 + i), free_port_on(Ipv4Addr::UNSPECIFIED.into())))
             .collect();
         let members = addrs
             .iter()
-            .map(|me| {
-                let puma = Puma::start(PumaOptions {
-                    threads: 2,
-                    ..Default::default()
-                });
+            .zip(pumas)
+            .map(|(me, puma)| {
                 let peers = others(&addrs, me);
                 // A short latency window: the probes that waited out a stop keep the p99
                 // `slow` for about half of it after the thaw.
