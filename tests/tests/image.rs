@@ -141,6 +141,25 @@ fn the_image_runs_as_the_daemonset_asks_and_turns_503_for_a_frozen_host_backend(
     .expect("writing the config");
     // DirectoryOrCreate, as the kubelet does for the netns hostPath.
     std::fs::create_dir_all("/var/run/netns").expect("/var/run/netns");
+    // HostToContainer propagation (rslave) needs the host's netns directory on a shared
+    // mount. A host with systemd has / shared; this one need not, so make it what `ip netns`
+    // makes it the first time it runs: a shared bind mount of itself.
+    if !is_mount_point("/var/run/netns") {
+        for args in [
+            &["--bind", "/var/run/netns", "/var/run/netns"][..],
+            &["--make-shared", "/var/run/netns"][..],
+        ] {
+            let out = std::process::Command::new("mount")
+                .args(args)
+                .output()
+                .expect("running mount");
+            assert!(
+                out.status.success(),
+                "mount {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
 
     let name = format!("ha-test-image-{}", std::process::id());
     let config_mount = format!("{}:/etc/health-agent:ro", config.path().display());
@@ -262,4 +281,14 @@ fn the_image_runs_as_the_daemonset_asks_and_turns_503_for_a_frozen_host_backend(
         stop.elapsed().as_secs_f64()
     );
     assert_eq!(exit, "0", "the agent exits cleanly on SIGTERM");
+}
+
+/// Whether `path` is itself a mount point (a line of /proc/self/mountinfo mounts it).
+fn is_mount_point(path: &str) -> bool {
+    let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.into());
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .any(|mount| std::path::Path::new(mount) == real)
 }
