@@ -489,10 +489,14 @@ impl Judge {
             with + fine + stale
         };
         if counted == 0 {
-            return Verdict::Alone(format!(
-                "no peer has evidence newer than it after {}s: single-instance rule",
-                self.confirm_within.as_secs_f64()
-            ));
+            return Verdict::Alone(if stale > 0 {
+                format!(
+                    "no peer has evidence newer than it after {}s: single-instance rule",
+                    self.confirm_within.as_secs_f64()
+                )
+            } else {
+                "no peer answering watches this kind of check: single-instance rule".into()
+            });
         }
         if with * 2 > counted {
             return judged(
