@@ -6,6 +6,7 @@
 //! - `tcp_state`: `inet_sock_set_state`, connections in and out of the table;
 //! - `send_recv`: `sock_{send,recv}_length`, claims, first request and response, latency;
 //! - `accept`: the accept syscalls, listen fd by listen fd;
+//! - `answers`: cgroup-skb programs, the status class of each answer;
 //! - `conn`: what `tcp_state` and `send_recv` share (port filter, table, counters).
 //!
 //! This root holds what every area uses: the record offsets and the map-error counters.
@@ -13,6 +14,7 @@
 #![no_main]
 
 mod accept;
+mod answers;
 mod conn;
 mod send_recv;
 mod tcp_state;

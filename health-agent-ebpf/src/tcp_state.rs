@@ -105,7 +105,7 @@ fn try_classic(ctx: &TracePointContext) -> Option<()> {
 /// the kernel's BTF did not give its offsets. Two reads, paid once per accepted connection on a
 /// watched port number, never per socket call.
 #[inline(always)]
-fn netns(off: &TracepointOffsets, sk: u64) -> u32 {
+pub fn netns(off: &TracepointOffsets, sk: u64) -> u32 {
     if off.net_known != 1 {
         return 0;
     }
@@ -121,6 +121,14 @@ fn netns(off: &TracepointOffsets, sk: u64) -> u32 {
     // SAFETY: `net` is the `struct net *` just read and `net_inum` the BTF offset of
     // `ns.inum` in it; the same helper, the same guarantee (an error reads as 0, any namespace).
     unsafe { bpf_probe_read_kernel((net + off.net_inum as u64) as *const u32) }.unwrap_or(0)
+}
+
+/// The counter slot of a watched port, or None for any other port (or namespace).
+#[inline(always)]
+pub fn slot(key: WatchKey) -> Option<u32> {
+    // SAFETY: copied out at once (a u32); user space replacing the entry meanwhile can only
+    // hand us the old or the new slot, both plain integers.
+    unsafe { WATCHED_PORTS.get(key) }.copied()
 }
 
 /// A passive handshake on a watched port completed: the connection waits in the accept queue.

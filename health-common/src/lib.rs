@@ -26,6 +26,11 @@ pub mod maps {
     /// `PerCpuArray<u64>` of `MapErrorKind::COUNT` entries, indexed by [`MapErrorKind`]: map
     /// updates the programs could not make. User space sums the CPUs.
     pub const MAP_ERRORS: &str = "MAP_ERRORS";
+    /// `PerCpuArray<AnswerCounters>` indexed by slot: answers by status class, from the
+    /// packets' first bytes (cgroup-skb).
+    pub const ANSWERS: &str = "ANSWERS";
+    /// `Array<ProbePath>` with one entry: the probe path, whose requests are not real traffic.
+    pub const ANSWER_PROBE: &str = "ANSWER_PROBE";
 }
 
 /// Index of [`maps::MAP_ERRORS`]: which kind of map update failed in the kernel. Each failure
@@ -190,6 +195,62 @@ impl PortCounters {
     }
 }
 
+/// What one watched port answers, by the first bytes of its TCP segments (cgroup-skb
+/// programs). Monotonic, per CPU in the kernel; user space sums them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AnswerCounters {
+    /// Segments sent that start with `HTTP/1.x D..`, by the status's first digit (index 1–5;
+    /// 0 unused): one per answer, keep-alive ones included.
+    pub status: [u64; 6],
+    /// Segments sent that start like a TLS record: answers whose status is not visible.
+    pub tls: u64,
+    /// Segments received that start with a request line.
+    pub requests: u64,
+    /// … of which for the probe path (`GET` or `HEAD`): the agent's probe, a balancer's checks.
+    pub probe_requests: u64,
+    /// Segments received that start with the HTTP/2 connection preface.
+    pub h2: u64,
+}
+
+impl AnswerCounters {
+    pub fn add(&mut self, o: &AnswerCounters) {
+        for (a, b) in self.status.iter_mut().zip(o.status) {
+            *a += b;
+        }
+        self.tls += o.tls;
+        self.requests += o.requests;
+        self.probe_requests += o.probe_requests;
+        self.h2 += o.h2;
+    }
+
+    /// Answers with a visible status, every class.
+    pub fn answers(&self) -> u64 {
+        self.status.iter().sum()
+    }
+}
+
+/// Longest probe path the ingress program compares.
+pub const PROBE_PATH_MAX: usize = 64;
+
+/// The probe path (without its query), for [`maps::ANSWER_PROBE`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProbePath {
+    /// Bytes of `path` in use; 0: no probe path.
+    pub len: u32,
+    pub path: [u8; PROBE_PATH_MAX],
+}
+
+impl Default for ProbePath {
+    fn default() -> Self {
+        Self {
+            len: 0,
+            path: [0; PROBE_PATH_MAX],
+        }
+    }
+}
+
 /// What the kernel remembers about one server-side connection, keyed by its `struct sock *`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -347,6 +408,8 @@ mod pod {
     unsafe impl aya::Pod for super::AcceptStat {}
     unsafe impl aya::Pod for super::TracepointOffsets {}
     unsafe impl aya::Pod for super::WatchKey {}
+    unsafe impl aya::Pod for super::AnswerCounters {}
+    unsafe impl aya::Pod for super::ProbePath {}
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! record offsets and watched ports, attach the tracepoints, drain aya-log into `tracing`, and
 //! read the maps into plain samples. Dropping `KernelView` detaches everything.
 
+pub mod answers;
 mod batch;
 pub mod btf;
 mod sample;
@@ -93,6 +94,8 @@ pub struct KernelView {
     follow_links: Vec<FollowLink>,
     /// Set when the programs run in a slower form than they could, and why.
     pub note: Option<String>,
+    /// The answer programs (status classes), or why they are not attached.
+    answers: Result<answers::Answers, String>,
     // Owns the programs and their links: dropping it detaches every tracepoint.
     ebpf: Ebpf,
 }
@@ -320,6 +323,10 @@ impl KernelView {
                 "on demand"
             }
         );
+        let answers = answers::Answers::load(&mut ebpf);
+        if let Err(e) = &answers {
+            tracing::warn!("answers' status classes not visible: {e}");
+        }
         // The offsets map stays referenced by the loaded programs; our handle can go.
         drop(offsets_map);
         let mut view = Self {
@@ -339,6 +346,7 @@ impl KernelView {
             state_hook,
             follow_links: Vec::new(),
             note,
+            answers,
             ebpf,
         };
         if follow {
@@ -397,6 +405,20 @@ impl KernelView {
         tracing::info!("kernel programs watch {}", watched.join(", "));
         self.watched = keys;
         Ok(())
+    }
+
+    /// Why the answers' status classes are not visible, when they are not.
+    pub fn answers_unavailable(&self) -> Option<&str> {
+        self.answers.as_ref().err().map(String::as_str)
+    }
+
+    /// Tells the answer programs the probe path: its requests are not real traffic.
+    pub fn set_probe_path(&mut self, path: &str) {
+        if let Ok(a) = self.answers.as_mut() {
+            if let Err(e) = a.set_probe_path(path) {
+                tracing::warn!("the probe's requests will count as real traffic: {e}");
+            }
+        }
     }
 
     /// Whether connections are told apart by network namespace.
@@ -569,6 +591,7 @@ impl KernelView {
                     port,
                     counters,
                     latency,
+                    answers: self.answers.as_ref().ok().map(|a| a.counters(slot)),
                     ..PortSample::default()
                 }
             })

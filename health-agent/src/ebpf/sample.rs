@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use health_common::{AcceptKey, AcceptStat, LatencyHist, MapErrorKind, PortCounters};
+use health_common::{
+    AcceptKey, AcceptStat, AnswerCounters, LatencyHist, MapErrorKind, PortCounters,
+};
 use serde::ser::{Serialize, SerializeMap, Serializer};
 
 /// What the kernel saw for one watched port, at one instant.
@@ -18,6 +20,8 @@ pub struct PortSample {
     /// Connections whose first request was read and not yet answered.
     pub pending: u32,
     pub oldest_pending: Option<Duration>,
+    /// What the port answered, by status class (None: the answer programs are not attached).
+    pub answers: Option<AnswerCounters>,
 }
 
 #[derive(Debug, Clone, Default)]

@@ -272,3 +272,72 @@ async fn the_connection_table_reads_the_same_in_batches_as_entry_by_entry() {
     assert_eq!(batched, one_by_one);
     drop(held);
 }
+
+/// One keep-alive connection to `port`: each request written, read by the server and answered
+/// with `answer`, read back whole.
+fn keep_alive(listener: &TcpListener, requests: &[&[u8]], answer: impl Fn(usize) -> Vec<u8>) {
+    let port = listener.local_addr().unwrap().port();
+    let mut client = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    let (mut server, _) = listener.accept().expect("accept");
+    for (i, req) in requests.iter().enumerate() {
+        client.write_all(req).unwrap();
+        let mut buf = vec![0u8; req.len()];
+        server.read_exact(&mut buf).unwrap();
+        let a = answer(i);
+        server.write_all(&a).unwrap();
+        let mut back = vec![0u8; a.len()];
+        client.read_exact(&mut back).unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+#[ignore = "needs root and a kernel with BTF: loads the eBPF programs (cargo test -- --ignored)"]
+async fn answers_count_by_status_class_and_the_probe_path_apart() {
+    // Detached connection programs, as `on_suspicion` starts: the answer programs do not need
+    // them.
+    let mut k = KernelView::load(1024, false, false).expect("loading the kernel programs");
+    if let Some(why) = k.answers_unavailable() {
+        panic!("answer programs not attached: {why}");
+    }
+    k.set_probe_path("/up");
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // Another server on another port: never counted.
+    let other = TcpListener::bind("127.0.0.1:0").unwrap();
+    k.watch(&[(own_netns(), port)]).unwrap();
+
+    let get = b"GET /orders/7 HTTP/1.1\r\nHost: x\r\n\r\n".as_slice();
+    let probe = b"GET /up HTTP/1.1\r\nHost: x\r\nUser-Agent: health-agent\r\n\r\n".as_slice();
+    let query = b"HEAD /up?full=1 HTTP/1.1\r\nHost: x\r\n\r\n".as_slice();
+    let longer = b"GET /upload HTTP/1.1\r\nHost: x\r\n\r\n".as_slice();
+    let post = b"POST /orders HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n".as_slice();
+    let status =
+        |code: u16| format!("HTTP/1.1 {code} X\r\nContent-Length: 2\r\n\r\nok").into_bytes();
+    // Six requests on one connection (keep-alive): 500, 500, 200 (probe), 204 (probe), 404,
+    // 503.
+    let codes = [500, 500, 200, 204, 404, 503];
+    keep_alive(&listener, &[get, post, probe, query, longer, get], |i| {
+        status(codes[i])
+    });
+    // A new connection per request, three times: 302.
+    for _ in 0..3 {
+        keep_alive(&listener, &[get], |_| status(302));
+    }
+    // A TLS record, and a body segment that merely follows an answer: neither is a status.
+    keep_alive(&listener, &[b"\x16\x03\x01\x00\x05hello world!"], |_| {
+        b"\x17\x03\x03\x00\x10abcdefghijklmnop".to_vec()
+    });
+    keep_alive(&other, &[get], |_| status(500));
+
+    let s = settle(&k, |s| {
+        s.ports[0]
+            .answers
+            .is_some_and(|a| a.answers() >= 9 && a.tls >= 1)
+    });
+    let a = s.ports[0].answers.expect("answer counters");
+    assert_eq!(a.status, [0, 0, 2, 3, 1, 3], "{a:?}");
+    assert_eq!(a.tls, 1, "{a:?}");
+    assert_eq!(a.requests, 9, "{a:?}");
+    assert_eq!(a.probe_requests, 2, "{a:?}");
+    assert_eq!(a.h2, 0, "{a:?}");
+}

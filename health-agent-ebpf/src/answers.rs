@@ -1,0 +1,208 @@
+//! What the backend answers: cgroup-skb programs on the root cgroup (every socket of the host,
+//! containers included) that read the first bytes of each TCP segment of a watched port. No
+//! tracepoint hands over the bytes a server sends: `sock_send_length` gives a count, and the
+//! payload of a segment sits in page fragments that only `bpf_skb_load_bytes` can read
+//! (docs/kernel-view.md, "What it answers").
+//!
+//! - egress: a segment whose payload starts with `HTTP/1.x DDD` is the start of an answer and
+//!   counts in its status class; one that starts like a TLS record counts as TLS (its status is
+//!   not visible).
+//! - ingress: a segment whose payload starts with a request line counts as a request; one for
+//!   the probe path (`ANSWER_PROBE`: the agent's own probe, and a balancer's checks of the same
+//!   path) counts apart, so that user space can leave those answers out of the real traffic; an
+//!   HTTP/2 connection preface counts apart too.
+//!
+//! Both return 1 (pass) whatever they see: they only count. The first test is the local port
+//! against the watched-port bitmap, a field of the context and one array read, which turns away
+//! every other socket's packets.
+
+use aya_ebpf::{
+    helpers::{bpf_probe_read_kernel, bpf_skb_load_bytes},
+    macros::{cgroup_skb, map},
+    maps::{Array, PerCpuArray},
+    programs::SkBuffContext,
+};
+use health_common::{AnswerCounters, ProbePath, WatchKey, MAX_PORTS, PROBE_PATH_MAX};
+
+use crate::{conn::port_watched, offsets, tcp_state};
+
+#[map]
+static ANSWERS: PerCpuArray<AnswerCounters> = PerCpuArray::with_max_entries(MAX_PORTS, 0);
+
+/// The probe path, written by user space (one entry; `len` 0: none).
+#[map]
+static ANSWER_PROBE: Array<ProbePath> = Array::with_max_entries(1, 0);
+
+const IPPROTO_TCP: u8 = 6;
+
+#[cgroup_skb(egress)]
+pub fn answers_egress(ctx: SkBuffContext) -> i32 {
+    let _ = try_egress(&ctx);
+    1
+}
+
+#[cgroup_skb(ingress)]
+pub fn answers_ingress(ctx: SkBuffContext) -> i32 {
+    let _ = try_ingress(&ctx);
+    1
+}
+
+/// The counters of the watched port this packet's socket is bound to, and the offset of its
+/// TCP payload; None for any other socket, or a packet without payload.
+#[inline(always)]
+fn watched(ctx: &SkBuffContext) -> Option<(&'static mut AnswerCounters, usize)> {
+    // Host byte order for the local port.
+    let port = ctx.skb.local_port() as u16;
+    if !port_watched(port) {
+        return None;
+    }
+    let off = offsets()?;
+    let netns = if off.net_known == 1 {
+        // The socket's address, as the tracepoints see it. The verifier types the context's
+        // `sk` field as a socket pointer, on which it allows no arithmetic; copied through
+        // the helper it becomes a plain number.
+        let sk = unsafe { (*ctx.skb.skb).__bindgen_anon_2.sk };
+        if sk.is_null() {
+            return None;
+        }
+        // SAFETY: reads 8 bytes of our own stack (the local `sk`); the helper never faults.
+        let addr: u64 = unsafe { bpf_probe_read_kernel(&sk as *const _ as *const u64) }.ok()?;
+        tcp_state::netns(off, addr)
+    } else {
+        0
+    };
+    let slot = tcp_state::slot(WatchKey::new(netns, port))?;
+    let payload = payload_offset(ctx)?;
+    let p = ANSWERS.get_ptr_mut(slot)?;
+    // SAFETY: a per-CPU array value, valid for the map's lifetime and touched only by programs
+    // on this CPU, which do not preempt one another.
+    Some((unsafe { &mut *p }, payload))
+}
+
+/// Where the TCP payload starts (the context's data begins at the network header), when the
+/// packet is TCP and holds at least 12 payload bytes.
+#[inline(always)]
+fn payload_offset(ctx: &SkBuffContext) -> Option<usize> {
+    let b0: u8 = ctx.load(0).ok()?;
+    let (ip_len, proto) = match b0 >> 4 {
+        4 => (((b0 & 0x0f) as usize) * 4, ctx.load::<u8>(9).ok()?),
+        // Extension headers are not followed: a TCP segment of a server has none.
+        6 => (40, ctx.load::<u8>(6).ok()?),
+        _ => return None,
+    };
+    if proto != IPPROTO_TCP || ip_len < 20 || ip_len > 60 {
+        return None;
+    }
+    let doff: u8 = ctx.load(ip_len + 12).ok()?;
+    let at = ip_len + ((doff >> 4) as usize) * 4;
+    if (ctx.skb.len() as usize) < at + 12 {
+        return None;
+    }
+    Some(at)
+}
+
+fn try_egress(ctx: &SkBuffContext) -> Option<()> {
+    let (c, at) = watched(ctx)?;
+    let head: [u8; 12] = ctx.load(at).ok()?;
+    if head[0] == b'H'
+        && head[1] == b'T'
+        && head[2] == b'T'
+        && head[3] == b'P'
+        && head[4] == b'/'
+        && head[5] == b'1'
+        && head[6] == b'.'
+        && head[8] == b' '
+    {
+        // One constant index per class: a computed one loses its bound to the compiler's
+        // rewriting before the verifier sees it.
+        match head[9] {
+            b'1' => c.status[1] += 1,
+            b'2' => c.status[2] += 1,
+            b'3' => c.status[3] += 1,
+            b'4' => c.status[4] += 1,
+            b'5' => c.status[5] += 1,
+            _ => {}
+        }
+    } else if (0x14..=0x17).contains(&head[0]) && head[1] == 0x03 && head[2] <= 0x04 {
+        c.tls += 1;
+    }
+    Some(())
+}
+
+fn try_ingress(ctx: &SkBuffContext) -> Option<()> {
+    let (c, at) = watched(ctx)?;
+    let head: [u8; 8] = ctx.load(at).ok()?;
+    let path_at = if starts(&head, b"GET /") {
+        4
+    } else if starts(&head, b"HEAD /") {
+        5
+    } else if starts(&head, b"POST /")
+        || starts(&head, b"PUT /")
+        || starts(&head, b"PATCH /")
+        || starts(&head, b"DELETE")
+        || starts(&head, b"OPTIONS")
+    {
+        0
+    } else if starts(&head, b"PRI * HT") {
+        c.h2 += 1;
+        return Some(());
+    } else {
+        return None;
+    };
+    c.requests += 1;
+    if path_at == 0 {
+        return None;
+    }
+    let probe = ANSWER_PROBE.get(0)?;
+    let len = probe.len as usize;
+    if len == 0 || len > PROBE_PATH_MAX {
+        return None;
+    }
+    // The path and the byte after it: a space, or `?` before a query.
+    let need = len + 1;
+    if (ctx.skb.len() as usize) < at + path_at + need {
+        return None;
+    }
+    let mut path = [0u8; PROBE_PATH_MAX + 1];
+    // SAFETY: bpf_skb_load_bytes copies `need` bytes (1..=PROBE_PATH_MAX + 1, checked above)
+    // of this packet into `path`, which holds that many; it never reads past the packet.
+    let ret = unsafe {
+        bpf_skb_load_bytes(
+            ctx.skb.skb as *const _,
+            (at + path_at) as u32,
+            path.as_mut_ptr() as *mut _,
+            need as u32,
+        )
+    };
+    if ret != 0 {
+        return None;
+    }
+    let mut i = 0;
+    while i < PROBE_PATH_MAX {
+        if i == len {
+            break;
+        }
+        if path[i] != probe.path[i] {
+            return None;
+        }
+        i += 1;
+    }
+    let next = path[len.min(PROBE_PATH_MAX)];
+    if next == b' ' || next == b'?' {
+        c.probe_requests += 1;
+    }
+    Some(())
+}
+
+/// Whether `head` starts with `pat` (a loop the compiler unrolls: no `memcmp` in eBPF).
+#[inline(always)]
+fn starts<const N: usize>(head: &[u8; 8], pat: &[u8; N]) -> bool {
+    let mut i = 0;
+    while i < N && i < 8 {
+        if head[i] != pat[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}

@@ -1,0 +1,170 @@
+//! The answer programs (cgroup-skb, `health-agent-ebpf/src/answers.rs`): attached once to the
+//! root of the cgroup v2 hierarchy, where they see every socket of the host, containers
+//! included, and count what the watched ports answer by status class. They are optional: where
+//! they cannot attach (no cgroup v2, a kernel or a sandbox that refuses the program type), the
+//! rest of the kernel view works and the answers say why they are not visible.
+
+use std::path::{Path, PathBuf};
+
+use aya::{
+    maps::{Array, MapData, PerCpuArray},
+    programs::{CgroupAttachMode, CgroupSkb, CgroupSkbAttachType},
+    Ebpf,
+};
+use health_common::{maps, AnswerCounters, ProbePath, PROBE_PATH_MAX};
+
+/// Program names in the object, and the direction each attaches to.
+const PROGRAMS: [(&str, CgroupSkbAttachType); 2] = [
+    ("answers_egress", CgroupSkbAttachType::Egress),
+    ("answers_ingress", CgroupSkbAttachType::Ingress),
+];
+
+pub struct Answers {
+    counters: PerCpuArray<MapData, AnswerCounters>,
+    probe: Array<MapData, ProbePath>,
+}
+
+impl Answers {
+    /// Loads the programs and attaches them to the root cgroup, or says why not.
+    pub fn load(ebpf: &mut Ebpf) -> Result<Self, String> {
+        let counters = super::take(ebpf, maps::ANSWERS).map_err(|e| e.to_string())?;
+        let probe = super::take(ebpf, maps::ANSWER_PROBE).map_err(|e| e.to_string())?;
+        same_cgroup_namespace_as_init()?;
+        let root = cgroup2_root(Path::new("/proc/self/mountinfo"))?;
+        let cgroup = std::fs::File::open(&root)
+            .map_err(|e| format!("opening the cgroup v2 root {}: {e}", root.display()))?;
+        for (name, direction) in PROGRAMS {
+            let program: &mut CgroupSkb = super::typed(ebpf, name).map_err(|e| e.to_string())?;
+            program
+                .load()
+                .map_err(|e| format!("loading {name}: {}", crate::dburl::error_chain(&e)))?;
+            // A link (5.7+, aya's choice there): it runs beside any program systemd or a
+            // container runtime attaches, and the kernel refuses attach flags on links, so
+            // the mode must say none.
+            program
+                .attach(&cgroup, direction, CgroupAttachMode::Single)
+                .map_err(|e| {
+                    format!(
+                        "attaching {name} to {}: {}",
+                        root.display(),
+                        crate::dburl::error_chain(&e)
+                    )
+                })?;
+        }
+        tracing::info!(
+            "answer programs attached to the cgroup v2 root {}",
+            root.display()
+        );
+        Ok(Self { counters, probe })
+    }
+
+    /// Sets the probe path whose requests are not real traffic ("" for none). A path longer
+    /// than the programs compare is left unset: its requests then count as real ones.
+    pub fn set_probe_path(&mut self, path: &str) -> Result<(), String> {
+        let path = path.split('?').next().unwrap_or_default().as_bytes();
+        let mut entry = ProbePath::default();
+        if path.len() <= PROBE_PATH_MAX && path.starts_with(b"/") {
+            // The programs compare from the byte after the leading slash's method: the whole
+            // path, slash included, follows `GET ` or `HEAD `.
+            entry.len = path.len() as u32;
+            entry.path[..path.len()].copy_from_slice(path);
+        }
+        self.probe
+            .set(0, entry, 0)
+            .map_err(|e| format!("map {}: {e}", maps::ANSWER_PROBE))
+    }
+
+    /// The counters of `slot`, summed over CPUs (zeros when the read fails).
+    pub fn counters(&self, slot: u32) -> AnswerCounters {
+        let mut sum = AnswerCounters::default();
+        if let Ok(per_cpu) = self.counters.get(&slot, 0) {
+            for c in per_cpu.iter() {
+                sum.add(c);
+            }
+        }
+        sum
+    }
+}
+
+/// The root the agent sees is the host's only in the host's cgroup namespace: in a container's
+/// own, the programs would see that container's sockets alone.
+fn same_cgroup_namespace_as_init() -> Result<(), String> {
+    let ns = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/cgroup")).ok();
+    match (ns("self"), ns("1")) {
+        (Some(a), Some(b)) if a != b => Err(format!(
+            "the agent runs in its own cgroup namespace ({}, not the host's {}): it would see \
+             only its own container's answers (run its container with --cgroupns host)",
+            a.display(),
+            b.display()
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Where the cgroup v2 hierarchy is mounted (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified`
+/// on hosts that still mount v1 controllers beside it), from a mountinfo file: the mount of
+/// its root.
+pub fn cgroup2_root(mountinfo: &Path) -> Result<PathBuf, String> {
+    let text = std::fs::read_to_string(mountinfo)
+        .map_err(|e| format!("reading {}: {e}", mountinfo.display()))?;
+    text.lines()
+        .filter_map(|line| {
+            // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER
+            let (left, right) = line.split_once(" - ")?;
+            let fields: Vec<&str> = left.split(' ').collect();
+            let fstype = right.split(' ').next()?;
+            let mountpoint = fields.get(4)?;
+            (fstype == "cgroup2" && fields.get(3) == Some(&"/"))
+                .then(|| PathBuf::from(unescape(mountpoint)))
+        })
+        .next()
+        .ok_or_else(|| "no cgroup v2 hierarchy is mounted (cgroup2 at its root)".into())
+}
+
+/// Mountinfo escapes spaces, tabs, newlines and backslashes as octal.
+fn unescape(s: &str) -> String {
+    s.replace("\\040", " ")
+        .replace("\\011", "\t")
+        .replace("\\012", "\n")
+        .replace("\\134", "\\")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_cgroup2_root_pure_or_hybrid() {
+        let dir = tempfile::tempdir().unwrap();
+        let hybrid = dir.path().join("hybrid");
+        std::fs::write(
+            &hybrid,
+            "25 1 0:22 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755\n\
+             26 25 0:23 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw\n\
+             27 25 0:24 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n",
+        )
+        .unwrap();
+        assert_eq!(
+            cgroup2_root(&hybrid).unwrap(),
+            PathBuf::from("/sys/fs/cgroup/unified")
+        );
+        // A container's own cgroup mounted below the root is not the root.
+        let nested = dir.path().join("nested");
+        std::fs::write(
+            &nested,
+            "30 1 0:30 /docker/abc /sys/fs/cgroup rw shared:1 - cgroup2 cgroup2 rw\n",
+        )
+        .unwrap();
+        assert!(cgroup2_root(&nested).unwrap_err().contains("no cgroup v2"));
+        let pure = dir.path().join("pure");
+        std::fs::write(
+            &pure,
+            "35 24 0:30 / /sys/fs/cgroup rw,nosuid shared:9 - cgroup2 cgroup2 rw,nsdelegate\n",
+        )
+        .unwrap();
+        assert_eq!(
+            cgroup2_root(&pure).unwrap(),
+            PathBuf::from("/sys/fs/cgroup")
+        );
+    }
+}
