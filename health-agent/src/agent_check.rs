@@ -240,6 +240,7 @@ mod tests {
                 reasons: reasons.iter().map(|r| r.to_string()).collect(),
                 faults: Vec::new(),
                 shared_dependency: false,
+                erroring_alone: false,
             },
             report,
             HealLog::default(),

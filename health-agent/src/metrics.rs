@@ -181,7 +181,7 @@ pub fn render(s: &Snapshot, detailed: bool) -> String {
             c.requests,
         );
         o.counter(
-            "web_responses",
+            "web_connections_answered",
             "Connections whose first response byte was sent",
             c.answered,
         );
@@ -232,6 +232,24 @@ pub fn render(s: &Snapshot, detailed: bool) -> String {
                 (vec![("quantile", "0.99".into())], c.latency.p99_ms / 1000.0),
             ],
         );
+    }
+    if let Some(a) = w.answers.as_ref().filter(|a| a.status_visible) {
+        o.labeled_counter(
+            "web_responses",
+            "Real answers of the web backend by status class, as the kernel saw their first \
+             bytes (the probe path's left out)",
+            a.total_by_class
+                .iter()
+                .map(|(class, n)| (vec![("class", class.to_string())], *n))
+                .collect(),
+        );
+        if let Some(share) = a.share_5xx {
+            o.gauge(
+                "web_error_share",
+                "5xx share of the real answers over web.errors_window",
+                share,
+            );
+        }
     }
     if let Some(p) = &w.probe {
         o.gauge(

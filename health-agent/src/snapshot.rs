@@ -159,6 +159,7 @@ impl Snapshot {
             )],
             faults: Vec::new(),
             shared_dependency: false,
+            erroring_alone: false,
         };
         Self {
             created: self.created,
@@ -312,7 +313,9 @@ fn ietf(decision: &Decision, report: &Report, time: &str, details: bool) -> Valu
                 web_fault,
                 matches!(
                     web.verdict,
-                    crate::status::WebVerdict::Slow | crate::status::WebVerdict::PartialHang
+                    crate::status::WebVerdict::Slow
+                        | crate::status::WebVerdict::PartialHang
+                        | crate::status::WebVerdict::Erroring
                 )
             ),
             "time": time,

@@ -67,6 +67,10 @@ states! {
         /// stopped, frozen or deadlocked worker): half capacity, which replacing that one
         /// worker fixes, not a new instance and not scaling up.
         PartialHang => "partial_hang",
+        /// It answers, but its real answers are mostly 5xx (the status classes the kernel
+        /// sees, the probe path's requests left out) while its probe passes: a bad box, or a
+        /// bad deploy when the peers err too.
+        Erroring => "erroring",
         Hung => "hung",
         Unresponsive => "unresponsive",
         Down => "down",
@@ -171,6 +175,8 @@ states! {
         Web => "web",
         /// An expected container not running.
         Containers => "containers",
+        /// The web backend erroring: its real answers mostly 5xx.
+        Errors => "errors",
     }
 }
 
@@ -230,7 +236,7 @@ mod tests {
         check(&Recommendation::ALL, |v| v.as_str());
         check(&FaultClass::ALL, |v| v.as_str());
         check(&Scope::ALL, |v| v.as_str());
-        assert_eq!(WebVerdict::ALL.len(), 9);
+        assert_eq!(WebVerdict::ALL.len(), 10);
         assert_eq!(DbState::ALL.len(), 6);
         assert_eq!(Status::Recovering.to_string(), "recovering");
     }

@@ -15,7 +15,7 @@ use super::evidence::Pending;
 use crate::{
     policy::Fault,
     snapshot::Snapshot,
-    status::{DbState, HealPhase, Recommendation, Status},
+    status::{DbState, HealPhase, Recommendation, Status, WebVerdict},
 };
 
 /// `dedup_key` (PagerDuty) and fingerprint (GitHub) length limit.
@@ -36,14 +36,20 @@ pub enum Condition {
     /// or `web.container` / `web.netns` names nothing. Nothing is replaced for it, but a person
     /// has to fix it.
     ConfigError,
+    /// The web backend's real answers are mostly 5xx while it stays in rotation (no peers to
+    /// compare, and a restart did not help or cannot be made): nothing replaces it, a person
+    /// has to look. Erroring the peers share is an `InfrastructureIssue`; one that takes the
+    /// instance out is `Unhealthy`.
+    Erroring,
 }
 
 impl Condition {
-    pub const ALL: [Condition; 4] = [
+    pub const ALL: [Condition; 5] = [
         Self::InfrastructureIssue,
         Self::Unhealthy,
         Self::HealFailed,
         Self::ConfigError,
+        Self::Erroring,
     ];
 
     /// The machine name, used in keys, labels and payloads.
@@ -53,6 +59,7 @@ impl Condition {
             Self::Unhealthy => "unhealthy",
             Self::HealFailed => "heal_failed",
             Self::ConfigError => "config_error",
+            Self::Erroring => "erroring",
         }
     }
 
@@ -62,6 +69,7 @@ impl Condition {
             Self::Unhealthy => "unhealthy (503)",
             Self::HealFailed => "self-heal failed",
             Self::ConfigError => "check misconfigured",
+            Self::Erroring => "web backend answering mostly 5xx",
         }
     }
 
@@ -76,6 +84,11 @@ impl Condition {
                 snap.report.database.state == DbState::Misconfigured
                     || snap.report.web.config_error.is_some()
             }
+            Self::Erroring => {
+                snap.report.web.verdict == WebVerdict::Erroring
+                    && snap.decision.http == 200
+                    && snap.decision.recommendation != Recommendation::InfrastructureIssue
+            }
         }
     }
 
@@ -85,6 +98,7 @@ impl Condition {
         match self {
             Self::Unhealthy | Self::HealFailed => "critical",
             Self::InfrastructureIssue | Self::ConfigError => "warning",
+            Self::Erroring => "error",
         }
     }
 
@@ -108,6 +122,7 @@ pub fn priority(condition: Condition, suspicious: bool) -> &'static str {
         Condition::HealFailed => "p1",
         Condition::Unhealthy if suspicious => "p1",
         Condition::Unhealthy => "p2",
+        Condition::Erroring => "p2",
         Condition::InfrastructureIssue | Condition::ConfigError => "p3",
     }
 }
@@ -212,6 +227,9 @@ pub struct Event {
     pub recommendation: Recommendation,
     pub reasons: Vec<String>,
     pub faults: Vec<Fault>,
+    /// The web backend was erroring (its real answers mostly 5xx): what an infrastructure
+    /// issue is about, rather than the database.
+    pub erroring: bool,
     /// The snapshot's seed body and full diagnostics (the `/health` renderings).
     pub brief: Bytes,
     pub full: Bytes,
@@ -236,6 +254,7 @@ impl Event {
             recommendation: snap.decision.recommendation,
             reasons: snap.decision.reasons.clone(),
             faults: snap.decision.faults.clone(),
+            erroring: snap.report.web.verdict == WebVerdict::Erroring,
             brief: snap.body(crate::snapshot::Rendering::Brief).clone(),
             full: snap.body(crate::snapshot::Rendering::Full).clone(),
             evidence,
@@ -276,7 +295,7 @@ impl Event {
     /// What is broken, for PagerDuty's `component`: the faults, or the condition's area.
     pub fn component(&self) -> String {
         if self.condition == Condition::InfrastructureIssue {
-            return "database".into();
+            return if self.erroring { "web" } else { "database" }.into();
         }
         let mut parts: Vec<&str> = self
             .faults

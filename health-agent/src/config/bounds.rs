@@ -50,6 +50,8 @@ const DURATIONS: &[DurationBound] = &[
      "the percentiles need at least a second of requests"),
     ("web.eval_interval", |c| c.web.eval_interval, Duration::from_millis(10), MINUTE,
      "faster costs CPU for nothing; slower reports a hang that much later"),
+    ("web.errors_window", |c| c.web.errors_window, SEC, HOUR,
+     "a share needs at least a second of answers; longer than an hour keeps an erroring box in"),
     ("database.interval", |c| c.database.interval, Duration::from_millis(100), DAY,
      "faster hammers the database; slower than a day is no check"),
     ("database.timeout", |c| c.database.timeout, Duration::from_millis(10), HOUR,
@@ -107,6 +109,8 @@ const COUNTS: &[CountBound] = &[
      "0 asks no peer: leave the peers empty instead"),
     ("web.workers", |c| u64::from(c.web.workers), 0, 100_000,
      "0 learns it; more threads than this is no single backend"),
+    ("web.error_min_answers", |c| u64::from(c.web.error_min_answers), 1, 1_000_000,
+     "0 answers would judge an idle backend; more than a million never judges"),
 ];
 
 /// (key, value, min, max, why the bounds): saturation ratios (1.0 = at capacity).
@@ -118,6 +122,8 @@ const RATIOS: &[RatioBound] = &[
      "near 0 asks to scale up when idle; above 10 waits for a tenfold overload"),
     ("scaling.down_at", |c| c.scaling.down_at, 0.0, 5.0,
      "0 never scales down; above 5 scales down an overloaded instance"),
+    ("web.error_share", |c| c.web.error_share, 0.01, 1.0,
+     "a share of real answers that are 5xx: near 0 takes a box out for one error, 1 only when every answer fails"),
 ];
 
 /// (key, value): percentages, 0 to 100.
@@ -308,10 +314,10 @@ mod tests {
             }
             // Each bound is allowed with the other key moved out of its way.
             for v in [*min, *max] {
-                let other = if *key == "scaling.up_at" {
-                    "down_at = 0.0"
-                } else {
-                    "up_at = 10.0"
+                let other = match *key {
+                    "scaling.up_at" => "down_at = 0.0",
+                    "scaling.down_at" => "up_at = 10.0",
+                    _ => "",
                 };
                 let toml = format!("[{section}]\n{field} = {v:?}\n{other}\n");
                 let cfg = Config::parse(&toml, "x").unwrap_or_else(|e| panic!("{toml}: {e}"));

@@ -226,6 +226,13 @@ pub struct WebConfig {
     /// The backend's concurrency (Puma: workers × max threads): the capacity the saturation
     /// number's web part is measured against. 0 = learn it.
     pub workers: u32,
+    /// The window over which the 5xx share of real answers is taken.
+    #[serde(with = "dur")]
+    pub errors_window: Duration,
+    /// A 5xx share of real answers at or above this (with `error_min_answers`) is `erroring`.
+    pub error_share: f64,
+    /// Fewer real answers than this in the window judge nothing: the share is only shown.
+    pub error_min_answers: u32,
 }
 
 impl Default for WebConfig {
@@ -247,6 +254,9 @@ impl Default for WebConfig {
             netns: String::new(),
             restart_command: String::new(),
             workers: 0,
+            errors_window: Duration::from_secs(10),
+            error_share: 0.5,
+            error_min_answers: 10,
         }
     }
 }

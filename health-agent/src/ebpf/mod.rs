@@ -412,6 +412,19 @@ impl KernelView {
         self.answers.as_ref().err().map(String::as_str)
     }
 
+    /// What `port` answered since the programs loaded, by status class (every namespace it
+    /// is watched in), or why that is not visible.
+    pub fn answer_counters(&self, port: u16) -> Result<health_common::AnswerCounters, String> {
+        let a = self.answers.as_ref().map_err(Clone::clone)?;
+        let mut sum = health_common::AnswerCounters::default();
+        for (slot, key) in (0u32..).zip(&self.watched) {
+            if key.port == port {
+                sum.add(&a.counters(slot));
+            }
+        }
+        Ok(sum)
+    }
+
     /// Tells the answer programs the probe path: its requests are not real traffic.
     pub fn set_probe_path(&mut self, path: &str) {
         if let Ok(a) = self.answers.as_mut() {

@@ -111,6 +111,29 @@ pub struct PeerView {
     /// after a settling time.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fine_ms: Option<FineAges>,
+    /// What its web backend answers over its `web.errors_window`: the 5xx share the peers
+    /// compare an errors fault with. None from agents that predate it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub answers: Option<PeerAnswers>,
+}
+
+/// A peer's real answers over its window, as its view carries them.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct PeerAnswers {
+    /// Whether their status can be read (plaintext HTTP/1.x).
+    pub visible: bool,
+    pub answers: u64,
+    pub share_5xx: Option<f64>,
+}
+
+impl PeerAnswers {
+    fn describe(&self) -> String {
+        match self.share_5xx {
+            Some(s) => format!("{:.0}% of {}", s * 100.0, self.answers),
+            None => "no real answers".into(),
+        }
+    }
 }
 
 /// Ages in milliseconds of an agent's latest evidence, per fault class, that the class is
@@ -123,6 +146,8 @@ pub struct FineAges {
     pub web: Option<u64>,
     pub dependency: Option<u64>,
     pub containers: Option<u64>,
+    /// Its real answers, enough of them to judge, were mostly not 5xx.
+    pub errors: Option<u64>,
 }
 
 impl FineAges {
@@ -131,6 +156,7 @@ impl FineAges {
             FaultClass::Web => self.web,
             FaultClass::Dependency => self.dependency,
             FaultClass::Containers => self.containers,
+            FaultClass::Errors => self.errors,
         }
     }
 }
@@ -147,6 +173,8 @@ pub struct Evidence {
     pub database_configured: bool,
     /// Every expected container was seen running.
     pub containers_ok: Option<Instant>,
+    /// The web backend's real answers, enough to judge, were mostly not 5xx.
+    pub answers_fine: Option<Instant>,
 }
 
 impl Evidence {
@@ -163,6 +191,7 @@ impl Evidence {
                 self.web_answered
             }),
             containers: age(self.containers_ok),
+            errors: age(self.answers_fine),
         }
     }
 }
@@ -179,6 +208,7 @@ impl Default for PeerView {
             dependencies: Vec::new(),
             unreachable: Vec::new(),
             fine_ms: None,
+            answers: None,
         }
     }
 }
@@ -207,6 +237,11 @@ impl PeerView {
                 .map(|d| endpoint_of(&d.name))
                 .collect(),
             fine_ms: Some(evidence.ages(now)),
+            answers: report.web.answers.as_ref().map(|a| PeerAnswers {
+                visible: a.status_visible,
+                answers: a.answers,
+                share_5xx: a.share_5xx,
+            }),
         }
     }
 
@@ -238,6 +273,9 @@ pub fn classes_of(web: WebVerdict, db: DbState, containers: ContainersState) -> 
     }
     if containers == ContainersState::Faulty {
         out.push(FaultClass::Containers);
+    }
+    if web == WebVerdict::Erroring {
+        out.push(FaultClass::Errors);
     }
     out
 }
@@ -342,6 +380,12 @@ fn word(
     if class == FaultClass::Web && view.web == WebVerdict::NotConfigured {
         return Word::Mute;
     }
+    // A peer that cannot read its answers' status has nothing to compare with.
+    if class == FaultClass::Errors
+        && (view.web == WebVerdict::NotConfigured || !view.answers.is_some_and(|a| a.visible))
+    {
+        return Word::Mute;
+    }
     let fresh = match view.fine_ms {
         // An agent before `fine_ms`: its "fine" counts once it had time to notice.
         None => asked >= onset + settle,
@@ -441,7 +485,15 @@ impl Judge {
             }
             let waited = now.saturating_duration_since(onset);
             match self.decide(class, &tally, waited) {
-                Verdict::Judged(j) => report.judgements.push(j),
+                Verdict::Judged(mut j) => {
+                    if class == FaultClass::Errors {
+                        j.reason.push_str(&format!(
+                            " (the peers' 5xx shares: {})",
+                            peer_shares(&round.answered)
+                        ));
+                    }
+                    report.judgements.push(j)
+                }
                 Verdict::Asking => {
                     report.asking.push(class);
                     notes.push(format!(
@@ -526,6 +578,22 @@ impl Judge {
     }
 }
 
+/// Each answering peer's 5xx share, for the reason of an errors judgement.
+fn peer_shares(answered: &[(String, PeerView)]) -> String {
+    answered
+        .iter()
+        .map(|(addr, v)| {
+            format!(
+                "{addr} {}",
+                v.answers
+                    .filter(|a| a.visible)
+                    .map_or("not visible".into(), |a| a.describe())
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 enum Verdict {
     Judged(Judgement),
     /// Some peers' word is older than the fault: ask again before any 503.
@@ -593,6 +661,7 @@ mod tests {
                 web: Some(ms),
                 dependency: Some(ms),
                 containers: None,
+                errors: None,
             }),
             ..view(web, DbState::Connected)
         }
@@ -726,6 +795,7 @@ mod tests {
             database_ok: None,
             database_configured: true,
             containers_ok: Some(t0 + S),
+            answers_fine: None,
         };
         let a = e.ages(t0 + 2 * S);
         assert_eq!(

@@ -26,6 +26,10 @@ pub struct WebSigns {
     /// None without the kernel view): any change is the server moving. Connections taken alone
     /// are not: an unresponsive server keeps reading requests it never answers.
     pub progress: Option<u64>,
+    /// While the web backend is erroring on enough real answers: since when the evidence
+    /// runs (the answers' window starts over at a restart), to tell errors after a restart
+    /// from the ones before it.
+    pub erroring_since: Option<std::time::Instant>,
 }
 
 impl WebSigns {
@@ -39,7 +43,15 @@ impl WebSigns {
                 .counters
                 .as_ref()
                 .map(|c| c.answered.saturating_add(c.sent)),
+            erroring_since: None,
         }
+    }
+
+    /// With the answers' evidence (see `erroring_since`).
+    pub fn with_answers(mut self, answers: &crate::checks::web::answers::AnswerWindow) -> Self {
+        let enough = answers.stats().answers > 0 && answers.erroring() && answers.judged();
+        self.erroring_since = enough.then(|| answers.since()).flatten();
+        self
     }
 }
 
@@ -162,6 +174,7 @@ mod tests {
             pids: p.to_vec(),
             frozen: frozen.then(|| "server processes 7 stopped".to_string()),
             progress,
+            erroring_since: None,
         }
     }
 

@@ -38,6 +38,7 @@ use crate::{
     config::{HealConfig, WebConfig},
     docker::Docker,
     policy::{Decision, Fault},
+    status::WebVerdict,
     status::{HealPhase, Status},
     text::rfc3339,
 };
@@ -92,6 +93,21 @@ pub enum HealOutcome {
 /// changes nothing.
 pub fn applied(mut decision: Decision, phase: HealPhase) -> Decision {
     if decision.faults.is_empty() {
+        return decision;
+    }
+    if decision.erroring_alone && phase != HealPhase::Recovering {
+        // Erroring with no peers to compare, and the one restart did not help or none can be
+        // made: 200 degraded, the alert says why.
+        decision.faults.clear();
+        decision.status = Status::Degraded;
+        decision.http = 200;
+        decision.recommendation = crate::status::Recommendation::Stable;
+        decision.reasons.push(match phase {
+            HealPhase::Exhausted => "a restart did not help: not taking the instance out".into(),
+            _ => "no restart to try (web.container or web.restart_command, heal.enabled): not \
+                  taking the instance out"
+                .into(),
+        });
         return decision;
     }
     match phase {
@@ -356,6 +372,21 @@ impl Healer {
         if since_return < judge::SETTLE || !attempt.web || !matches!(fault, Fault::Web(_)) {
             return HealPhase::Recovering;
         }
+        if fault == Fault::Web(WebVerdict::Erroring) {
+            // Judged by the answers after the restart, and only by them.
+            if self.signs.erroring_since.is_some_and(|t| t >= started) {
+                let why = format!(
+                    "the answers since the restart are still mostly 5xx ({})",
+                    decision.reasons.first().map_or("", String::as_str)
+                );
+                self.fail(HealError::DidNotTake(why), started, now);
+                return self.try_start(fault, decision, faulty_containers, now);
+            }
+            self.update_last(|a| {
+                a.why = Some("waiting for enough answers after the restart to judge it".into())
+            });
+            return HealPhase::Recovering;
+        }
         match judge::judge(
             &attempt.before,
             &self.signs,
@@ -425,6 +456,12 @@ impl Healer {
         let Some(action) = self.action_for(fault, faulty_containers) else {
             return self.phase();
         };
+        if fault == Fault::Web(WebVerdict::Erroring) && self.incident_failed {
+            // One restart per incident: errors a restart did not fix are the code's or a
+            // dependency's, and more restarts only drop the requests in flight.
+            self.state = State::Failed;
+            return HealPhase::Exhausted;
+        }
         if self.restarts.len() as u32 >= self.cfg.max_restarts {
             // Said once, when the answer turns to 503 for it.
             if self.log.phase != Some(HealPhase::Exhausted) {
@@ -676,6 +713,7 @@ mod tests {
             pids: pids.to_vec(),
             frozen: Some(format!("server processes {pids:?} stopped")),
             progress: Some(progress),
+            erroring_since: None,
         }
     }
 
@@ -786,6 +824,7 @@ mod tests {
             pids: vec![5151],
             frozen: None,
             progress: Some(17),
+            erroring_since: None,
         };
         let phases = drive(
             &mut h,

@@ -136,6 +136,10 @@ pub struct Decision {
     pub faults: Vec<Fault>,
     /// A fault was seen but attributed to a shared dependency (fleet-safety guard).
     pub shared_dependency: bool,
+    /// The only fault is the web backend erroring, with no peers to compare: one restart may
+    /// help, but once it did not (or none can be made) it is 200 `degraded`, never a 503 —
+    /// alone, the agent cannot know that a new instance would do better (`heal::applied`).
+    pub erroring_alone: bool,
 }
 
 impl Decision {
@@ -190,6 +194,8 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
         }
     };
 
+    // Erroring with no peers to compare: a restart is worth one try, no more.
+    let mut erroring_alone = false;
     let decided = |status, http, recommendation, reasons, faults, shared_dependency| Decision {
         status,
         http,
@@ -197,6 +203,7 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
         reasons,
         faults,
         shared_dependency,
+        erroring_alone: false,
     };
 
     // The agent cannot look (its own error): whether the backend serves is not known, and
@@ -244,6 +251,39 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
                 shared_dependency = true;
                 reasons.push(web("waiting on a dependency, not replacing the instance"));
                 reasons.extend(j.map(|j| j.reason.clone()));
+            }
+        }
+    } else if i.web == WebVerdict::Erroring {
+        match fleet(FaultClass::Errors) {
+            Some(j) if j.scope == Scope::Shared => {
+                // A bad deploy or a shared dependency: a rollback is a person's call, and a
+                // fleet-wide 503 would take every instance out.
+                shared_dependency = true;
+                reasons.push(format!(
+                    "{}; {}: a bad deploy or a shared dependency, not replacing the instance",
+                    web("erroring"),
+                    j.reason
+                ));
+            }
+            Some(j) => {
+                faults.push(Fault::Web(i.web));
+                reasons.push(format!("{}; {}", web("erroring"), j.reason));
+            }
+            None if asking(FaultClass::Errors) => {
+                held = true;
+                reasons.push(format!(
+                    "{}; asking the peers whether they err too: no 503 before they answer",
+                    web("erroring")
+                ));
+            }
+            None => {
+                erroring_alone = true;
+                faults.push(Fault::Web(i.web));
+                reasons.push(format!(
+                    "{}; no peers to compare: one restart, and if the errors stay, 200 \
+                     degraded (alone it cannot know a new instance would do better)",
+                    web("erroring")
+                ));
             }
         }
     } else if i.web.is_fault() {
@@ -321,6 +361,11 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
         reasons.push("disk usage at or above the fail threshold".into());
     }
 
+    if erroring_alone && faults.len() == 1 && i.heal == HealPhase::Exhausted {
+        // The restart did not help: kept in rotation, degraded (see `Decision::erroring_alone`).
+        faults.clear();
+        reasons.push("a restart did not help: not taking the instance out".into());
+    }
     if !faults.is_empty() {
         let only_healable = faults.iter().all(|f| f.healable());
         if i.heal == HealPhase::Recovering && only_healable {
@@ -342,7 +387,7 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
         if i.in_boot_grace {
             reasons.push("within the boot grace period: no restart".into());
         }
-        return decided(
+        let mut d = decided(
             Status::Unhealthy,
             503,
             Recommendation::Stable,
@@ -350,9 +395,11 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
             faults,
             shared_dependency,
         );
+        d.erroring_alone = erroring_alone && d.faults.len() == 1;
+        return d;
     }
 
-    let mut degraded = shared_dependency || held;
+    let mut degraded = shared_dependency || held || erroring_alone;
     let mut infrastructure = shared_dependency;
     let mut scale_up = false;
     if dependency_shared {

@@ -1043,3 +1043,134 @@ fn watching_nothing_is_degraded_never_healthy() {
         "{NOTHING_WATCHED}"
     );
 }
+
+#[test]
+fn erroring_is_503_only_when_the_peers_serve() {
+    use Recommendation::*;
+    use Status::*;
+    let judged = |scope| Judgement {
+        class: FaultClass::Errors,
+        scope,
+        peers_with: if scope == Scope::Shared { 2 } else { 0 },
+        peers_answered: 2,
+        reason: format!("{scope:?} by 2 peers"),
+    };
+    let erroring = |f: fn(&mut PolicyInput)| {
+        let mut i = PolicyInput {
+            web: WebVerdict::Erroring,
+            web_detail: "100% of 40 real answers 5xx in 10s".into(),
+            ..input()
+        };
+        f(&mut i);
+        i
+    };
+    let cases: &[(&str, PolicyInput, Status, u16, Recommendation)] = &[
+        (
+            "only this instance errs, its restart did not help: 503",
+            erroring(|i| {
+                i.fleet = vec![Judgement {
+                    class: FaultClass::Errors,
+                    scope: Scope::Local,
+                    peers_with: 0,
+                    peers_answered: 2,
+                    reason: "2/2 peers answering have no errors fault".into(),
+                }];
+                i.heal = HealPhase::Exhausted;
+            }),
+            Unhealthy,
+            503,
+            Stable,
+        ),
+        (
+            "only this instance errs, restarting: 200 recovering",
+            erroring(|i| {
+                i.fleet = vec![Judgement {
+                    class: FaultClass::Errors,
+                    scope: Scope::Local,
+                    peers_with: 0,
+                    peers_answered: 2,
+                    reason: "local".into(),
+                }];
+                i.heal = HealPhase::Recovering;
+            }),
+            Recovering,
+            200,
+            Stable,
+        ),
+        (
+            "most peers err too (a bad deploy): 200, nothing to scale",
+            erroring(|i| {
+                i.fleet = vec![Judgement {
+                    class: FaultClass::Errors,
+                    scope: Scope::Shared,
+                    peers_with: 2,
+                    peers_answered: 2,
+                    reason: "shared".into(),
+                }]
+            }),
+            Degraded,
+            200,
+            InfrastructureIssue,
+        ),
+        (
+            "a fleet that 500s under load is never told to scale up",
+            erroring(|i| {
+                i.fleet = vec![Judgement {
+                    class: FaultClass::Errors,
+                    scope: Scope::Shared,
+                    peers_with: 2,
+                    peers_answered: 2,
+                    reason: "shared".into(),
+                }];
+                i.pressure = Pressure::High;
+                i.saturation = Some(1.4);
+            }),
+            Degraded,
+            200,
+            InfrastructureIssue,
+        ),
+        (
+            "the peers are being asked: held at 200",
+            erroring(|i| i.fleet_asking = vec![FaultClass::Errors]),
+            Degraded,
+            200,
+            Stable,
+        ),
+        (
+            "no peers, the one restart did not help: 200 degraded",
+            erroring(|i| i.heal = HealPhase::Exhausted),
+            Degraded,
+            200,
+            Stable,
+        ),
+    ];
+    for (name, i, status, http, rec) in cases {
+        let d = evaluate(i);
+        assert_eq!(
+            (d.status, d.http, d.recommendation),
+            (*status, *http, *rec),
+            "{name}: {:?}",
+            d.reasons
+        );
+        assert!(
+            d.reasons.iter().any(|r| r.contains("erroring")),
+            "{name}: {:?}",
+            d.reasons
+        );
+    }
+    // Alone and not yet restarted, the raw decision asks for the restart (a healable fault);
+    // with no restart to make, healing leaves it at 200 degraded.
+    let raw = evaluate(&erroring(|_| {}));
+    assert!(raw.erroring_alone, "{raw:?}");
+    assert_eq!(raw.healable_fault(), Some(Fault::Web(WebVerdict::Erroring)));
+    let d = crate::heal::applied(raw.clone(), HealPhase::Idle);
+    assert_eq!((d.status, d.http), (Degraded, 200), "{d:?}");
+    let d = crate::heal::applied(raw, HealPhase::Recovering);
+    assert_eq!((d.status, d.http), (Recovering, 200), "{d:?}");
+    // Peers that serve make it this instance's own: not `erroring_alone`.
+    let mut i = erroring(|_| {});
+    i.fleet = vec![judged(Scope::Local)];
+    let local = evaluate(&i);
+    assert!(!local.erroring_alone);
+    assert_eq!(crate::heal::applied(local, HealPhase::Exhausted).http, 503);
+}

@@ -340,7 +340,8 @@ impl Composer {
             HealPhase::Idle
         } else {
             // Fresh evidence judges a restart that returned (did it take?).
-            self.healer.see(heal::WebSigns::of(&report.web));
+            self.healer
+                .see(heal::WebSigns::of(&report.web).with_answers(self.web.answers_window()));
             let phase = self.healer.step(&raw, &report.containers.faulty, now);
             self.healer.replace_worker(&report.web, now);
             phase
@@ -375,8 +376,10 @@ impl Composer {
             .flatten();
         let configured = self.slots.database.is_some();
         let answered = self.web.answered_at();
+        let answers_fine = self.web.answers_window().fine_at();
         self.witness.update(|e| {
             e.web_answered = answered;
+            e.answers_fine = answers_fine;
             e.database_configured = configured;
             e.database_ok = database.or(e.database_ok);
             e.containers_ok = containers.or(e.containers_ok);

@@ -1,8 +1,8 @@
 //! The web backend check: who listens on `web.port`, how full its accept queue is, what the
 //! kernel programs saw of its connections, what its processes are doing (stopped, burning
 //! CPU, waiting on their own outbound requests, one worker stuck), and what the active probe
-//! got — merged into one verdict (`up`, `slow`, `waiting`, `partial_hang`, `hung`,
-//! `unresponsive`, `down`) that names its evidence. Without eBPF the probe, the accept queue
+//! got — merged into one verdict (`up`, `slow`, `waiting`, `partial_hang`, `erroring`,
+//! `hung`, `unresponsive`, `down`) that names its evidence. Without eBPF the probe, the accept queue
 //! and /proc still decide, and the report says the kernel view is unavailable.
 //!
 //! - `verdict`: the rules, a pure function of the evidence;
@@ -11,8 +11,10 @@
 //!   worker's own unanswered requests (a partial hang);
 //! - `latency`: server-side latency over a sliding window;
 //! - `sockets`: the port's connections from sock_diag alone, and what attaches the programs;
+//! - `answers`: what it answers by status class over `web.errors_window` (`erroring`);
 //! - `monitor`: gathers the evidence each round and builds the report.
 
+pub mod answers;
 mod latency;
 mod monitor;
 pub(crate) mod process;
@@ -171,6 +173,9 @@ pub struct WebReport {
     /// `web.container` or `web.netns` names nothing. Degraded and alerted, never a 503.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub config_error: Option<String>,
+    /// What it answered over `web.errors_window`, by status class (None: no web port).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub answers: Option<answers::AnswersReport>,
     /// The process a `partial_hang` verdict names: what it holds, and whether its master can
     /// replace it.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -208,6 +213,7 @@ impl WebReport {
             processes: None,
             disagreement: None,
             config_error: None,
+            answers: None,
             stuck_worker: None,
             agent_error: false,
         }

@@ -11,6 +11,7 @@ use std::{
 use health_common::{AcceptKey, PortCounters};
 
 use super::{
+    answers::AnswerWindow,
     latency::LatencyWindow,
     process::{self, CpuMeter, WorkerView},
     progress::{Moves, Progress},
@@ -111,6 +112,11 @@ pub struct WebMonitor {
     /// How often the port's connections are read while nothing goes on: QUIET_READ_EVERY, or
     /// longer when a read costs more than QUIET_BUDGET allows (see `read_sockets`).
     quiet_every: Duration,
+    /// What the backend answered over `web.errors_window`, by status class.
+    answers: AnswerWindow,
+    /// The processes holding the listener when the answers were last read: a wholly new set
+    /// (a restart) starts the answers' window over.
+    answers_pids: Vec<u32>,
 }
 
 /// A container that was found before and is gone this long is no longer "being recreated"
@@ -213,7 +219,14 @@ pub fn load_kernel(cfg: &WebConfig) -> (Option<KernelView>, KernelStatus) {
 impl WebMonitor {
     /// A monitor on `kernel` (loaded by `load_kernel`, or None: probe, accept queue and /proc
     /// only), whose reports carry `kernel_status`.
-    pub fn new(cfg: WebConfig, kernel: Option<KernelView>, kernel_status: KernelStatus) -> Self {
+    pub fn new(
+        cfg: WebConfig,
+        mut kernel: Option<KernelView>,
+        kernel_status: KernelStatus,
+    ) -> Self {
+        if let Some(k) = kernel.as_mut() {
+            k.set_probe_path(&cfg.probe_path);
+        }
         Self {
             cfg,
             target: None,
@@ -259,6 +272,8 @@ impl WebMonitor {
             listen_addrs: ListenAddrs::default(),
             quiet_every: QUIET_READ_EVERY,
             counted_detaching: false,
+            answers: AnswerWindow::default(),
+            answers_pids: Vec::new(),
         }
     }
 
@@ -584,6 +599,7 @@ impl WebMonitor {
             WebVerdict::Slow
                 | WebVerdict::Waiting
                 | WebVerdict::PartialHang
+                | WebVerdict::Erroring
                 | WebVerdict::Hung
                 | WebVerdict::Unresponsive
                 | WebVerdict::Down
@@ -826,7 +842,10 @@ impl WebMonitor {
         if self.follow_failed && !following {
             kernel = None;
         }
+        self.observe_answers(port, listening, now);
         let mut evidence = Evidence {
+            answers: Some(self.answers.stats()),
+            erroring: self.answers.erroring(),
             listening,
             queue,
             queue_busy_for: self
@@ -904,6 +923,7 @@ impl WebMonitor {
         });
         WebReport {
             config_error,
+            answers: Some(self.answers.report(&self.cfg)),
             port: self.cfg.port,
             namespace: Some(namespace),
             verdict,
@@ -928,6 +948,36 @@ impl WebMonitor {
             stuck_worker,
             agent_error,
         }
+    }
+
+    /// Reads what the port answered this round (one small map read). A restart (no listener,
+    /// or a wholly new set of processes holding it) starts the window over.
+    fn observe_answers(&mut self, port: u16, listening: bool, now: Instant) {
+        let replaced = !self.answers_pids.is_empty()
+            && !self.owners.is_empty()
+            && !self.owners.iter().any(|p| self.answers_pids.contains(p));
+        if !listening || replaced {
+            self.answers.restart(now);
+        }
+        if !self.owners.is_empty() || !listening {
+            self.answers_pids.clone_from(&self.owners);
+        }
+        let counters = match &self.kernel {
+            Some(k) => k.answer_counters(port),
+            None => Err(self
+                .kernel_status
+                .reason
+                .clone()
+                .unwrap_or_else(|| "the kernel view is not running".into())),
+        };
+        let probe_status = self.last_probe.as_ref().and_then(|p| p.status);
+        self.answers.observe(counters, probe_status, now, &self.cfg);
+    }
+
+    /// The answers' evidence for the peers and for judging a restart: since when the window
+    /// runs, and when it last showed real answers mostly fine.
+    pub fn answers_window(&self) -> &AnswerWindow {
+        &self.answers
     }
 
     /// When the backend last answered: the kernel view's last response byte on the port, or

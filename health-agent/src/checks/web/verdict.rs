@@ -41,6 +41,10 @@ pub struct Evidence {
     /// The processes holding the listener (when there are several) whose own requests went
     /// unanswered, read while work was stuck.
     pub workers: Vec<WorkerView>,
+    /// The real answers over `web.errors_window`, and whether their 5xx share is judged
+    /// erroring (see `answers`).
+    pub answers: Option<super::answers::Stats>,
+    pub erroring: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -421,6 +425,27 @@ pub fn decide(e: &Evidence, cfg: &WebConfig) -> (WebVerdict, String) {
                     "probe {} failing for {}: {what}",
                     cfg.probe_path,
                     secs(failing)
+                ),
+            );
+        }
+    }
+
+    // It answers, but its real answers mostly fail while its own probe passes: not slow, not
+    // busy (more capacity serves more errors), whatever the queue.
+    if e.erroring {
+        let probe = e.probe.as_ref();
+        if probe.map_or(cfg.probe_path.is_empty(), |p| p.ok) {
+            let stats = e.answers.unwrap_or_default();
+            return (
+                WebVerdict::Erroring,
+                format!(
+                    "{}{}",
+                    stats.describe(),
+                    probe.map_or(String::new(), |p| format!(
+                        " while the probe {} answers {}",
+                        cfg.probe_path,
+                        p.status.unwrap_or(0)
+                    ))
                 ),
             );
         }
