@@ -23,6 +23,10 @@ use serde::Serialize;
 
 use crate::config::WebConfig;
 
+/// The peers weigh this instance's latest answers, over this long, against an errors fault
+/// of theirs (see `fine_at`).
+const RECENT: Duration = Duration::from_secs(1);
+
 /// The status classes' names, by index (0 unused).
 const CLASSES: [&str; 6] = ["", "1xx", "2xx", "3xx", "4xx", "5xx"];
 
@@ -92,8 +96,8 @@ pub struct AnswerWindow {
     erroring: bool,
     /// Since when the window's evidence runs (the latest start over).
     since: Option<Instant>,
-    /// When the window last had enough real answers, mostly not 5xx: the evidence peers weigh
-    /// against an errors fault of theirs.
+    /// When the latest second's real answers were last mostly not 5xx (and the window not
+    /// erroring): the evidence peers weigh against an errors fault of theirs.
     fine_at: Option<Instant>,
     /// The class the agent's own probe last got (2 until one is known).
     probe_class: usize,
@@ -150,12 +154,15 @@ impl AnswerWindow {
             let erroring = stats.share().is_some_and(|s| s >= cfg.error_share);
             self.erroring = erroring;
             self.judged = true;
-            if !erroring {
-                self.fine_at = Some(now);
-            }
         } else if stats.answers == 0 && stats.span >= cfg.errors_window {
             // A whole window without real traffic: no evidence either way.
             self.erroring = false;
+        }
+        // Evidence for the peers is of now, not of the window: a shared fault that began a
+        // few seconds ago leaves a window still mostly fine, while the latest answers fail.
+        let recent = self.stats_since(now.checked_sub(RECENT));
+        if !self.erroring && recent.answers > 0 && recent.share() < Some(cfg.error_share) {
+            self.fine_at = Some(now);
         }
     }
 
@@ -193,7 +200,15 @@ impl AnswerWindow {
 
     /// The window's figures: the newest sample against the oldest kept.
     pub fn stats(&self) -> Stats {
-        let (Some((t0, first)), Some((t1, last))) = (self.samples.front(), self.samples.back())
+        self.stats_since(None)
+    }
+
+    /// The figures since the latest sample at or before `from` (the oldest kept when None or
+    /// older).
+    fn stats_since(&self, from: Option<Instant>) -> Stats {
+        let base = from.and_then(|from| self.samples.iter().rev().find(|(t, _)| *t <= from));
+        let (Some((t0, first)), Some((t1, last))) =
+            (base.or(self.samples.front()), self.samples.back())
         else {
             return Stats::default();
         };
@@ -362,6 +377,29 @@ mod tests {
         w.observe(counters([0, 0, 31, 0, 0, 80], 0), Some(200), at(40), &cfg);
         w.observe(counters([0, 0, 31, 0, 0, 80], 0), Some(200), at(51), &cfg);
         assert!(!w.erroring());
+    }
+
+    #[test]
+    fn the_peers_hear_of_the_latest_answers_not_of_a_window_still_full_of_old_ones() {
+        let cfg = cfg();
+        let t = Instant::now();
+        let ms = |n: u64| t + Duration::from_millis(n);
+        let mut w = AnswerWindow::default();
+        // Ten seconds of 200s, 20 a second, a sample every 250 ms.
+        let mut c = [0u64; 6];
+        for i in 0..=40 {
+            w.observe(counters(c, 0), Some(200), ms(i * 250), &cfg);
+            c[2] += 5;
+        }
+        assert_eq!(w.fine_at(), Some(ms(10_000)));
+        // Errors begin: for a few seconds the window is still mostly 200s, not erroring, but
+        // the latest answers are 5xx and no longer count as evidence of being fine.
+        for i in 41..=52 {
+            c[5] += 5;
+            w.observe(counters(c, 0), Some(200), ms(i * 250), &cfg);
+        }
+        assert!(!w.erroring(), "{:?}", w.stats());
+        assert!(w.fine_at() <= Some(ms(10_500)), "{:?}", w.fine_at());
     }
 
     #[test]
