@@ -7,12 +7,21 @@
 //! Every test records every `/health` answer of its run ([`HealthPoller`]) and asserts over all
 //! of them.
 
-use std::time::Duration;
+use std::{
+    collections::BTreeMap,
+    process::{Command, Stdio},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex,
+    },
+    time::{Duration, Instant},
+};
 
 use health_agent_tests::{
-    merge_toml,
-    puma::{context, wait},
-    require_root, timeline, Agent, HealthPoller, Load, Puma, PumaOptions,
+    free_port, get, merge_toml,
+    puma::{context, tail, wait},
+    require_root, timeline, wait_until, Agent, Ca, HealthPoller, HealthSample, Load, Nginx,
+    NginxOptions, Puma, PumaOptions, Receiver,
 };
 
 /// Agent start to a first verdict.
@@ -119,4 +128,475 @@ fn puma_that_raises_alone_is_restarted_once_then_degraded_never_503() {
         println!("{}", timeline(&samples));
         std::fs::remove_file(&error_file).unwrap();
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// nginx, a 404 flood, a 2 % 5xx share, recovery, TLS.
+// ---------------------------------------------------------------------------------------------
+
+/// Every answer the agent may give while the box must stay in rotation: 200. A 503 (or no
+/// answer) anywhere in the run fails the test, naming the first one.
+fn assert_all_200(samples: &[HealthSample], ctx: &str) {
+    if let Some(s) = samples.iter().find(|s| s.code != 200) {
+        panic!("an answer other than 200 for a backend that must stay in rotation: {s}{ctx}");
+    }
+}
+
+/// What a failed assertion of a test without Puma prints: every answer, the load, the agent's
+/// log and the server's.
+fn explain(agent: &Agent, samples: &[HealthSample], load: &str, server_log: &str) -> String {
+    format!(
+        "\n/health answers:\n{}load: {load}\nserver log (tail):\n{}\nagent log (tail):\n{}\nlast body: {}",
+        timeline(samples),
+        tail(server_log, 20),
+        tail(&agent.logs(), 40),
+        samples
+            .last()
+            .map(|s| serde_json::to_string_pretty(&s.body).unwrap_or_default())
+            .unwrap_or_default()
+    )
+}
+
+/// nginx with a second `server` of the test's own on a free port, put into its `http` block
+/// (nginx.rs builds one server, serving files, whose `location /` cannot be replaced): `body`
+/// is that server's directives after `listen 127.0.0.1:PORT{listen_extra};`. Returns nginx
+/// and the port of that server, which is the one the tests watch.
+fn nginx_with_server(listen_extra: &str, body: &str) -> (Nginx, u16) {
+    let port = free_port();
+    let nginx = Nginx::launch(NginxOptions {
+        http_extra: format!(
+            "server {{\n    listen 127.0.0.1:{port}{listen_extra};\n    {body}\n  }}\n"
+        ),
+        ..NginxOptions::default()
+    });
+    (nginx, port)
+}
+
+fn nginx_log(nginx: &Nginx) -> String {
+    std::fs::read_to_string(nginx.dir.path().join("error.log")).unwrap_or_default()
+}
+
+/// nginx whose real pages `return 500` while `/up` answers 200.
+fn nginx_returning_500() -> (Nginx, u16) {
+    let (nginx, port) = nginx_with_server(
+        "",
+        "location = /up { return 200 \"ok\\n\"; }\n    location / { return 500; }",
+    );
+    // The fixture itself: the probe path says 200, every other path 500.
+    assert_eq!(get(port, "/up").map(|(c, _)| c).ok(), Some(200));
+    assert_eq!(get(port, "/orders").map(|(c, _)| c).ok(), Some(500));
+    (nginx, port)
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Traffic {
+    KeepAlive,
+    NewConnections,
+}
+
+impl Traffic {
+    fn start(self, port: u16, path: &str) -> Load {
+        match self {
+            Self::KeepAlive => Load::keep_alive(port, path, 2, Duration::from_secs(5)),
+            Self::NewConnections => Load::new_connections(
+                port,
+                path,
+                2,
+                Duration::from_millis(5),
+                Duration::from_secs(5),
+            ),
+        }
+    }
+}
+
+/// nginx `return 500` on every real page, no restart target, alone, in both socket-tracing
+/// modes: `erroring` and 200 `degraded` within 10 s of the load's start, the share shown, an
+/// `erroring` alert delivered to the webhook, never a 503.
+fn nginx_500_alone(traffic: Traffic) {
+    require_root();
+    for mode in ["always", "on_suspicion"] {
+        let (nginx, port) = nginx_returning_500();
+        let hook = Receiver::ok();
+        let agent = Agent::start(&config(
+            port,
+            &format!(
+                "[web]\nsocket_tracing = \"{mode}\"\n[alerts]\nwebhook_url = \"{}\"\n",
+                hook.url("/hook")
+            ),
+        ));
+        let poller = HealthPoller::start(agent.port);
+        let logs = || format!("\nagent log (tail):\n{}", tail(&agent.logs(), 40));
+        poller.wait_for_explained(
+            WAIT,
+            "healthy before the traffic",
+            |s| s.code == 200 && s.status == "healthy" && s.webserver == "up",
+            logs,
+        );
+        let load = traffic.start(port, "/orders");
+        let started = poller.elapsed();
+        let erroring = poller.wait_for_from(
+            started,
+            Duration::from_secs(20),
+            "200 degraded, erroring",
+            |s| s.code == 200 && s.status == "degraded" && s.webserver == "erroring",
+            || format!("\nload: {}{}", load.stats(), logs()),
+        );
+        let took = erroring.at.saturating_sub(started).as_secs_f64();
+        println!(
+            "nginx 500, {traffic:?}, {mode}: load start → erroring in {took:.1}s ({erroring})"
+        );
+        let alert = wait_until(
+            Duration::from_secs(15),
+            "an erroring alert at the webhook",
+            || {
+                hook.posts().into_iter().find(|r| {
+                    r.body["event"] == "incident.triggered"
+                        && r.body["payload"]["incident"]["condition"] == "erroring"
+                })
+            },
+        );
+        println!(
+            "  erroring alert at the webhook by {:.1}s after the load started",
+            poller.elapsed().saturating_sub(started).as_secs_f64()
+        );
+        std::thread::sleep(Duration::from_secs(1));
+        let (code, body) = agent.health();
+        let stats = load.stop();
+        let samples = poller.stop();
+        let ctx = explain(&agent, &samples, &stats.to_string(), &nginx_log(&nginx));
+        assert!(
+            took <= 10.0,
+            "erroring {took:.1}s after the load started{ctx}"
+        );
+        assert_all_200(&samples, &ctx);
+        assert_eq!(code, 200, "{body:#}{ctx}");
+        assert_eq!(body["status"], "degraded", "{body:#}{ctx}");
+        assert_eq!(body["recommendation"], "stable", "{body:#}{ctx}");
+        assert_eq!(body["checks"]["webserver"], "erroring", "{body:#}{ctx}");
+        let answers = &body["details"]["web"]["answers"];
+        assert_eq!(answers["status_visible"], true, "{answers:#}{ctx}");
+        assert_eq!(answers["erroring"], true, "{answers:#}{ctx}");
+        assert!(
+            answers["share_5xx"].as_f64().is_some_and(|s| s > 0.9),
+            "{answers:#}{ctx}"
+        );
+        assert!(
+            stats.count(500) > 0 && stats.count(200) == 0,
+            "the load got nginx's 500s: {stats}{ctx}"
+        );
+        let incident = &alert.body["payload"];
+        assert_eq!(incident["http"], 200, "{:#}{ctx}", alert.body);
+        assert_eq!(incident["status"], "degraded", "{:#}{ctx}", alert.body);
+        assert!(
+            body["details"]["heal"]["total_attempts"]
+                .as_u64()
+                .unwrap_or(0)
+                == 0,
+            "no restart target, no restart: {body:#}{ctx}"
+        );
+        println!("{}", timeline(&samples));
+    }
+}
+
+#[test]
+fn nginx_returning_500_keep_alive_alone_is_erroring_degraded_never_503_and_alerts() {
+    nginx_500_alone(Traffic::KeepAlive);
+}
+
+#[test]
+fn nginx_returning_500_new_connections_alone_is_erroring_degraded_never_503_and_alerts() {
+    nginx_500_alone(Traffic::NewConnections);
+}
+
+/// Puma under ~15 s of keep-alive load on `path`, no restart target: every answer 200
+/// `healthy`, webserver `up`, never `erroring`. Returns the last `details.web.answers`.
+fn puma_stays_healthy(path: &str) -> serde_json::Value {
+    require_root();
+    let puma = Puma::start(PumaOptions {
+        threads: 4,
+        ..Default::default()
+    });
+    let agent = Agent::start(&config(puma.port, ""));
+    let poller = HealthPoller::start(agent.port);
+    wait(&poller, &agent, &puma, WAIT, "healthy idle", |s| {
+        s.code == 200 && s.status == "healthy" && s.webserver == "up"
+    });
+    let from = poller.elapsed();
+    let load = Load::keep_alive(puma.port, path, 2, Duration::from_secs(5));
+    std::thread::sleep(Duration::from_secs(15));
+    let (code, body) = agent.health();
+    let stats = load.stop();
+    let samples: Vec<HealthSample> = poller.stop().into_iter().filter(|s| s.at >= from).collect();
+    let ctx = context(&agent, &puma, &samples, &stats.to_string());
+    assert!(stats.answers() > 100, "the load got answers: {stats}{ctx}");
+    if let Some(s) = samples
+        .iter()
+        .find(|s| !(s.code == 200 && s.status == "healthy" && s.webserver == "up"))
+    {
+        panic!("not 200 healthy/up under {path}: {s}{ctx}");
+    }
+    if let Some(s) = samples
+        .iter()
+        .find(|s| s.web()["answers"]["erroring"] != false)
+    {
+        panic!(
+            "answers judged erroring (or not shown) under {path}: {s} {:#}{ctx}",
+            s.web()["answers"]
+        );
+    }
+    assert_eq!(code, 200, "{body:#}{ctx}");
+    let answers = body["details"]["web"]["answers"].clone();
+    assert_eq!(answers["status_visible"], true, "{answers:#}{ctx}");
+    println!("{path}: load {stats}\n  answers {answers}");
+    println!("{}", timeline(&samples));
+    answers
+}
+
+/// A 404 flood is not a fault: healthy throughout, the 4xx shown.
+#[test]
+fn puma_404_flood_is_healthy_never_erroring() {
+    let answers = puma_stays_healthy("/missing");
+    let n4 = answers["by_class"]["4xx"].as_u64().unwrap_or(0);
+    let total = answers["answers"].as_u64().unwrap_or(0);
+    assert!(
+        n4 > 0 && n4 * 10 >= total * 9,
+        "the flood's 404s: {answers:#}"
+    );
+    assert_eq!(answers["share_5xx"].as_f64(), Some(0.0), "{answers:#}");
+}
+
+/// An app's everyday noise (one 500 in fifty) is healthy, the small share shown.
+#[test]
+fn puma_flaky_2_percent_5xx_is_healthy_never_erroring() {
+    let answers = puma_stays_healthy("/flaky");
+    let share = answers["share_5xx"].as_f64();
+    assert!(
+        share.is_some_and(|s| s > 0.0 && s < 0.1),
+        "a share near 2 %: {answers:#}"
+    );
+}
+
+/// Puma's pages raise (no restart target): erroring, 200 degraded; the error goes away:
+/// healthy again within 15 s, never a 503.
+#[test]
+fn puma_that_stops_raising_is_healthy_again_within_15s() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let error_file = dir.path().join("broken");
+    let puma = Puma::start(PumaOptions {
+        threads: 4,
+        error_file: Some(error_file.clone()),
+        ..Default::default()
+    });
+    let agent = Agent::start(&config(puma.port, ""));
+    let poller = HealthPoller::start(agent.port);
+    let load = Load::keep_alive(puma.port, "/orders", 2, Duration::from_secs(5));
+    wait(&poller, &agent, &puma, WAIT, "healthy under traffic", |s| {
+        s.code == 200 && s.status == "healthy" && s.webserver == "up"
+    });
+    std::fs::write(&error_file, "").unwrap();
+    let broke = poller.elapsed();
+    let degraded = wait(
+        &poller,
+        &agent,
+        &puma,
+        Duration::from_secs(20),
+        "200 degraded, erroring",
+        |s| s.at >= broke && s.code == 200 && s.status == "degraded" && s.webserver == "erroring",
+    );
+    println!(
+        "errors began → degraded, erroring in {:.1}s ({degraded})",
+        degraded.at.saturating_sub(broke).as_secs_f64()
+    );
+    // A whole window of 5xx before the fix: recovery has to outweigh all of it.
+    std::thread::sleep(Duration::from_secs(10));
+    let (_, broken) = agent.health();
+    let share = broken["details"]["web"]["answers"]["share_5xx"].as_f64();
+    assert!(
+        share.is_some_and(|s| s > 0.9),
+        "a window of 5xx: {:#}{}",
+        broken["details"]["web"]["answers"],
+        context(&agent, &puma, &poller.samples(), &load.stats().to_string())
+    );
+    std::fs::remove_file(&error_file).unwrap();
+    let fixed = poller.elapsed();
+    let healthy = wait(
+        &poller,
+        &agent,
+        &puma,
+        Duration::from_secs(30),
+        "healthy again",
+        |s| s.at >= fixed && s.code == 200 && s.status == "healthy" && s.webserver == "up",
+    );
+    let took = healthy.at.saturating_sub(fixed).as_secs_f64();
+    println!("errors ended → healthy in {took:.1}s ({healthy})");
+    std::thread::sleep(Duration::from_secs(2));
+    let (code, body) = agent.health();
+    let stats = load.stop();
+    let samples = poller.stop();
+    let ctx = context(&agent, &puma, &samples, &stats.to_string());
+    assert!(
+        took <= 15.0,
+        "healthy {took:.1}s after the errors ended{ctx}"
+    );
+    assert_all_200(&samples, &ctx);
+    assert_eq!(
+        (
+            code,
+            body["status"].as_str(),
+            body["checks"]["webserver"].as_str()
+        ),
+        (200, Some("healthy"), Some("up")),
+        "stays healthy: {body:#}{ctx}"
+    );
+    assert!(
+        body["details"]["heal"]["total_attempts"]
+            .as_u64()
+            .unwrap_or(0)
+            == 0,
+        "no restart target, no restart: {body:#}{ctx}"
+    );
+    println!("{}", timeline(&samples));
+}
+
+/// `curl -k` clients fetching `https://127.0.0.1:PORT/` over and over, each run of curl
+/// fetching it 20 times on one connection (keep-alive) and then exiting (a new connection),
+/// counting the status codes curl reports.
+struct TlsLoad {
+    stop: Arc<AtomicBool>,
+    codes: Arc<Mutex<BTreeMap<String, u64>>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl TlsLoad {
+    fn start(port: u16, clients: usize) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let codes = Arc::new(Mutex::new(BTreeMap::new()));
+        let url = format!("https://127.0.0.1:{port}/orders");
+        let threads = (0..clients)
+            .map(|_| {
+                let (stop, codes, url) = (stop.clone(), codes.clone(), url.clone());
+                std::thread::spawn(move || {
+                    let deadline = Instant::now() + Duration::from_secs(120);
+                    while !stop.load(Ordering::SeqCst) && Instant::now() < deadline {
+                        let mut cmd = Command::new("curl");
+                        cmd.args(["-sk", "--max-time", "5", "-w", "%{http_code}\\n"]);
+                        for _ in 0..20 {
+                            cmd.args(["-o", "/dev/null", &url]);
+                        }
+                        let out = cmd.stdin(Stdio::null()).stderr(Stdio::null()).output();
+                        let text = out
+                            .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+                            .unwrap_or_else(|e| format!("spawn:{e}\n"));
+                        if let Ok(mut c) = codes.lock() {
+                            for line in text.lines() {
+                                *c.entry(line.to_string()).or_default() += 1;
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        Self {
+            stop,
+            codes,
+            threads,
+        }
+    }
+
+    /// Stops the clients; the status codes curl reported, with counts.
+    fn stop(mut self) -> BTreeMap<String, u64> {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        self.codes.lock().map(|c| c.clone()).unwrap_or_default()
+    }
+}
+
+/// A TLS backend: the status is encrypted, so the answers are shown as not visible (naming
+/// TLS), and nothing is judged from them: 200, never `erroring`.
+#[test]
+fn tls_backend_status_not_visible_and_never_erroring() {
+    require_root();
+    let ca = Ca::new("health-agent-tests answers CA");
+    let cert = ca.server("127.0.0.1", &["IP:127.0.0.1", "DNS:localhost"]);
+    let (nginx, port) = nginx_with_server(
+        " ssl",
+        &format!(
+            "ssl_certificate {};\n    ssl_certificate_key {};\n    location / {{ return 200 \"hello\\n\"; }}",
+            cert.cert.display(),
+            cert.key.display()
+        ),
+    );
+    let probe = Command::new("curl")
+        .args([
+            "-sk",
+            "--max-time",
+            "5",
+            "-w",
+            "%{http_code}",
+            "-o",
+            "/dev/null",
+        ])
+        .arg(format!("https://127.0.0.1:{port}/"))
+        .output()
+        .expect("running curl");
+    assert_eq!(
+        String::from_utf8_lossy(&probe.stdout),
+        "200",
+        "nginx answers over TLS: {}",
+        nginx_log(&nginx)
+    );
+    let agent = Agent::start(&config(port, "[web]\nprobe_path = \"\"\n"));
+    let poller = HealthPoller::start(agent.port);
+    poller.wait_for_explained(
+        WAIT,
+        "200 healthy before the traffic (idle, with no probe path, the webserver is unknown)",
+        |s| s.code == 200 && s.status == "healthy",
+        || tail(&agent.logs(), 40),
+    );
+    let from = poller.elapsed();
+    let load = TlsLoad::start(port, 2);
+    let hidden = poller.wait_for_from(
+        from,
+        Duration::from_secs(15),
+        "the answers shown as not visible",
+        |s| s.web()["answers"]["status_visible"] == false,
+        || tail(&agent.logs(), 40),
+    );
+    println!(
+        "TLS load start → status_visible false in {:.1}s ({hidden})",
+        hidden.at.saturating_sub(from).as_secs_f64()
+    );
+    std::thread::sleep(Duration::from_secs(10));
+    let (code, body) = agent.health();
+    let codes = load.stop();
+    let samples = poller.stop();
+    let ctx = explain(&agent, &samples, &format!("{codes:?}"), &nginx_log(&nginx));
+    assert!(
+        codes.get("200").copied().unwrap_or(0) > 100,
+        "the TLS load got answers{ctx}"
+    );
+    assert_all_200(&samples, &ctx);
+    if let Some(s) = samples
+        .iter()
+        .find(|s| s.webserver == "erroring" || s.web()["answers"]["erroring"] == true)
+    {
+        panic!("erroring for a TLS backend: {s}{ctx}");
+    }
+    assert_eq!(code, 200, "{body:#}{ctx}");
+    let answers = &body["details"]["web"]["answers"];
+    assert_eq!(answers["status_visible"], false, "{answers:#}{ctx}");
+    assert!(
+        answers["not_visible"]
+            .as_str()
+            .is_some_and(|w| w.contains("TLS")),
+        "{answers:#}{ctx}"
+    );
+    println!(
+        "TLS load: {codes:?}\n  final: {code} {} webserver={} answers {answers}",
+        body["status"], body["checks"]["webserver"]
+    );
+    println!("{}", timeline(&samples));
 }
