@@ -90,7 +90,7 @@ fn payload_offset(ctx: &SkBuffContext) -> Option<usize> {
         6 => (40, ctx.load::<u8>(6).ok()?),
         _ => return None,
     };
-    if proto != IPPROTO_TCP || ip_len < 20 || ip_len > 60 {
+    if proto != IPPROTO_TCP || !(20..=60).contains(&ip_len) {
         return None;
     }
     let doff: u8 = ctx.load(ip_len + 12).ok()?;

@@ -1137,6 +1137,32 @@ struct Member {
     _load: Option<Load>,
     agent: Agent,
     puma: Puma,
+    /// While this file exists, the Puma's pages (all but `/up`) raise: it answers 500.
+    error_file: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Member {
+    /// Its real pages start answering 500 (its `/up` still 200).
+    fn break_pages(&self) {
+        std::fs::write(&self.error_file, "").expect("writing the error file");
+    }
+
+    fn mend_pages(&self) {
+        std::fs::remove_file(&self.error_file).expect("removing the error file");
+    }
+}
+
+/// How a [`Fleet`]'s instances are set up beyond the defaults.
+#[derive(Default)]
+struct Setup {
+    /// Light traffic on each backend: about 4 requests a second on new connections.
+    traffic: bool,
+    /// Heavier traffic on each backend's real pages: about 20 requests a second, enough for
+    /// a 5xx share to be judged within a second or two.
+    pages: bool,
+    /// Each agent restarts its Puma for real (`Puma::restart_script`).
+    restart: bool,
 }
 
 /// `n` instances of one app, each agent peering with the others.
@@ -1146,13 +1172,28 @@ struct Fleet {
 
 impl Fleet {
     fn start(n: u8, traffic: bool) -> Self {
+        Self::start_with(
+            n,
+            Setup {
+                traffic,
+                ..Setup::default()
+            },
+        )
+    }
+
+    fn start_with(n: u8, setup: Setup) -> Self {
         // The backends first, then the agents on ports no listener holds on any address: an
         // agent's port equal to another instance's backend port would be watched as that
         // backend (one host here, not a fleet's many), and answer its probe with 404.
-        let pumas: Vec<Puma> = (0..n)
-            .map(|_| {
+        let dirs: Vec<tempfile::TempDir> = (0..n)
+            .map(|_| tempfile::tempdir().expect("tempdir"))
+            .collect();
+        let pumas: Vec<Puma> = dirs
+            .iter()
+            .map(|d| {
                 Puma::start(PumaOptions {
                     threads: 2,
+                    error_file: Some(d.path().join("broken")),
                     ..Default::default()
                 })
             })
@@ -1162,29 +1203,50 @@ impl Fleet {
             .collect();
         let members = addrs
             .iter()
-            .zip(pumas)
-            .map(|(me, puma)| {
+            .zip(pumas.into_iter().zip(dirs))
+            .map(|(me, (puma, dir))| {
                 let peers = others(&addrs, me);
                 // A short latency window: the probes that waited out a stop keep the p99
                 // `slow` for about half of it after the thaw.
-                let extra = format!("[web]\nlatency_window = \"5s\"\n{}", fleet_peers(&peers));
+                let mut extra = format!("[web]\nlatency_window = \"5s\"\n{}", fleet_peers(&peers));
+                if setup.restart {
+                    extra = merge_toml(
+                        &extra,
+                        &format!(
+                            "[web]\nrestart_command = \"{}\"\n",
+                            puma.restart_script().display()
+                        ),
+                    );
+                }
                 let agent = Agent::start_at(*me, &config(puma.port, &extra), &[]);
                 let poller = HealthPoller::every(*me, Duration::from_millis(100));
-                // ~4 requests a second, each on a new connection.
-                let load = traffic.then(|| {
-                    Load::new_connections(
+                // ~4 requests a second, each on a new connection; or ~20 on the real pages.
+                let load = if setup.pages {
+                    Some(Load::new_connections(
                         puma.port,
-                        "/",
-                        1,
-                        Duration::from_millis(250),
+                        "/orders",
+                        2,
+                        Duration::from_millis(100),
                         Duration::from_secs(10),
-                    )
-                });
+                    ))
+                } else {
+                    setup.traffic.then(|| {
+                        Load::new_connections(
+                            puma.port,
+                            "/",
+                            1,
+                            Duration::from_millis(250),
+                            Duration::from_secs(10),
+                        )
+                    })
+                };
                 Member {
                     poller,
                     _load: load,
                     agent,
                     puma,
+                    error_file: dir.path().join("broken"),
+                    _dir: dir,
                 }
             })
             .collect();
@@ -1377,5 +1439,169 @@ fn one_stopped_of_two_is_503_and_its_peer_stays_200() {
             );
         }
         group.resume(&[0]);
+    }
+}
+
+/// One instance of three answers 500 to its real pages while its `/up` says 200 and its peers
+/// serve: its own fault. Its agent restarts Puma once (for real: the new process raises too),
+/// then answers 503 naming its 5xx share and the peers', at most 15 s after the errors began;
+/// the peers stay 200 throughout. Mended, it is healthy again.
+#[test]
+fn one_erroring_of_three_is_503_after_its_restart_and_its_peers_stay_200() {
+    require_root();
+    let group = Fleet::start_with(
+        3,
+        Setup {
+            pages: true,
+            restart: true,
+            ..Setup::default()
+        },
+    );
+    group.wait_serving(WAIT, "at start");
+    // A whole window (web.errors_window, 10 s) of good answers first, as in a fleet that has
+    // served for a while: the 5xx share then crosses the threshold only some seconds after
+    // the errors begin.
+    std::thread::sleep(Duration::from_secs(10));
+    let at: Vec<Duration> = group.members.iter().map(|m| m.poller.elapsed()).collect();
+    let one = &group.members[0];
+    let first = one.puma.pid();
+    one.break_pages();
+    let down = one.poller.wait_for_from(
+        at[0],
+        Duration::from_secs(30),
+        "503 on the erroring instance",
+        |s| s.code == 503,
+        || group.explain(),
+    );
+    let took = after(&down, at[0]);
+    let samples = since(&one.poller.samples(), at[0]);
+    let ctx = format!("\n{}{}", timeline(&samples), group.explain());
+    let local = judged(&down, "local");
+    println!(
+        "errors began → 503 in {took:.2}s ({down}); judgement {}\n{}",
+        local.clone().unwrap_or_default(),
+        timeline(&samples)
+    );
+    assert!(
+        took <= 15.0,
+        "503 came {took:.2}s after the errors began (at most 15 s){ctx}"
+    );
+    assert_eq!(down.webserver, "erroring", "{down}{ctx}");
+    let reason = reasons(&down).join("; ");
+    assert!(
+        reason.contains("real answers 5xx") && reason.contains("the peers' 5xx shares"),
+        "the reason names its share and the peers': {reason}{ctx}"
+    );
+    assert!(
+        local.is_some(),
+        "the 503 rests on no `local` judgement{ctx}"
+    );
+    assert_ne!(
+        one.puma.current_pid(),
+        first,
+        "the restart did not replace Puma{ctx}"
+    );
+    assert_eq!(
+        down.body["details"]["heal"]["total_attempts"], 1,
+        "one restart{ctx}"
+    );
+    assert!(
+        samples.iter().any(|s| s.status == "recovering"),
+        "no self-heal before the 503{ctx}"
+    );
+    // The peers served 200 throughout.
+    for (i, m) in group.members.iter().enumerate().skip(1) {
+        let samples = since(&m.poller.samples(), at[i]);
+        if let Some(s) = samples.iter().find(|s| s.code != 200) {
+            panic!(
+                "instance {i}, whose backend serves, left 200: {s}\n{}{}",
+                timeline(&samples),
+                group.explain()
+            );
+        }
+    }
+    // Mended: healthy again.
+    let mended = one.poller.elapsed();
+    one.mend_pages();
+    let healthy = one.poller.wait_for_from(
+        mended,
+        Duration::from_secs(30),
+        "healthy again once mended",
+        |s| s.code == 200 && s.status == "healthy" && s.webserver == "up",
+        || group.explain(),
+    );
+    println!(
+        "mended → healthy in {:.2}s ({healthy})",
+        after(&healthy, mended)
+    );
+}
+
+/// Every instance answers 500 to its real pages (a bad deploy): no agent ever answers 503, none
+/// restarts, and all three say `infrastructure_issue` within 20 s. Mended, all are healthy.
+#[test]
+fn all_three_erroring_is_never_503_and_infrastructure_issue_on_all() {
+    require_root();
+    let group = Fleet::start_with(
+        3,
+        Setup {
+            pages: true,
+            restart: true,
+            ..Setup::default()
+        },
+    );
+    group.wait_serving(WAIT, "at start");
+    // A whole window (web.errors_window, 10 s) of good answers first, as in a fleet that has
+    // served for a while: the 5xx share then crosses the threshold only some seconds after
+    // the errors begin.
+    std::thread::sleep(Duration::from_secs(10));
+    let at: Vec<Duration> = group.members.iter().map(|m| m.poller.elapsed()).collect();
+    for m in &group.members {
+        m.break_pages();
+    }
+    let mut slowest: f64 = 0.0;
+    for (i, m) in group.members.iter().enumerate() {
+        let infra = m.poller.wait_for_from(
+            at[i],
+            Duration::from_secs(20),
+            &format!("instance {i} says infrastructure_issue"),
+            |s| s.recommendation == "infrastructure_issue" && s.webserver == "erroring",
+            || group.explain(),
+        );
+        slowest = slowest.max(after(&infra, at[i]));
+    }
+    // Held a little longer: a late 503 or restart counts too.
+    std::thread::sleep(Duration::from_secs(3));
+    for (i, m) in group.members.iter().enumerate() {
+        let samples = since(&m.poller.samples(), at[i]);
+        let ctx = format!("\ninstance {i}:\n{}{}", timeline(&samples), group.explain());
+        assert_answered(&samples, &ctx);
+        if let Some(s) = samples.iter().find(|s| s.code == 503) {
+            panic!(
+                "a 503 while the whole fleet errs: {s}\ndetails.fleet: {}{ctx}",
+                pretty(fleet(s))
+            );
+        }
+        let last = samples.last().expect("samples");
+        assert_eq!(
+            last.body["details"]["heal"]["total_attempts"], 0,
+            "a restart for a fault the whole fleet shares{ctx}"
+        );
+        assert_eq!(last.status, "degraded", "{last}{ctx}");
+    }
+    println!(
+        "all three erroring: 0 × 503, no restart, infrastructure_issue on all within {slowest:.2}s"
+    );
+    let mended: Vec<Duration> = group.members.iter().map(|m| m.poller.elapsed()).collect();
+    for m in &group.members {
+        m.mend_pages();
+    }
+    for (i, m) in group.members.iter().enumerate() {
+        m.poller.wait_for_from(
+            mended[i],
+            Duration::from_secs(30),
+            &format!("instance {i} healthy again once mended"),
+            |s| s.code == 200 && s.status == "healthy",
+            || group.explain(),
+        );
     }
 }

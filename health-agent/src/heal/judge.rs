@@ -145,11 +145,13 @@ pub fn judge(
     }
 }
 
-/// Why the fault counts as gone, or None while the web check cannot confirm it (it sees
-/// nothing: `unknown`, e.g. a restarted container's new namespace not found yet).
+/// Why the fault counts as gone, or None while the web check cannot confirm it: it sees
+/// nothing (`unknown`, e.g. a restarted container's new namespace not found yet), or a fault
+/// still (the policy may hold it back a moment, while the peers are asked: that is no
+/// recovery).
 pub fn recovered(now: &WebSigns) -> Option<String> {
     match now.verdict {
-        Some(WebVerdict::Unknown) => None,
+        Some(v) if v == WebVerdict::Unknown || v.is_fault() || v == WebVerdict::Erroring => None,
         Some(v) if v != WebVerdict::NotConfigured => Some(format!(
             "the fault cleared: webserver {}{}",
             v.as_str(),
@@ -245,6 +247,14 @@ mod tests {
         let mut s = signs(true, &[9], false, Some(1));
         s.verdict = Some(WebVerdict::Unknown);
         assert_eq!(recovered(&s), None);
+        // A fault the policy holds back for a moment is not a recovery either.
+        for v in [WebVerdict::Down, WebVerdict::Hung, WebVerdict::Erroring] {
+            let s = WebSigns {
+                verdict: Some(v),
+                ..s.clone()
+            };
+            assert_eq!(recovered(&s), None, "{v:?}");
+        }
         s.verdict = Some(WebVerdict::Up);
         assert!(recovered(&s).is_some_and(|w| w.contains("up") && w.contains('9')));
     }

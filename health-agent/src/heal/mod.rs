@@ -422,7 +422,11 @@ impl Healer {
                 None if now.saturating_duration_since(started) <= self.cfg.timeout => {
                     return HealPhase::Recovering
                 }
-                None => "the fault cleared; the web check could not confirm it (unknown)".into(),
+                None => format!(
+                    "no fault to heal any more; the web check could not confirm a recovery \
+                     (webserver {})",
+                    self.signs.verdict.map_or("unknown", WebVerdict::as_str)
+                ),
             };
             let after = now.saturating_duration_since(started);
             tracing::info!("self-heal worked after {:.1}s: {why}", after.as_secs_f64());

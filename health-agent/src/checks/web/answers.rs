@@ -96,6 +96,11 @@ pub struct AnswerWindow {
     erroring: bool,
     /// Since when the window's evidence runs (the latest start over).
     since: Option<Instant>,
+    /// Since when every second's real answers have been mostly 5xx (None: the latest was
+    /// not).
+    failing_since: Option<Instant>,
+    /// The figures the latest judgement rests on: the window's, or a run of failing seconds'.
+    basis: Stats,
     /// When the latest second's real answers were last mostly not 5xx (and the window not
     /// erroring): the evidence peers weigh against an errors fault of theirs.
     fine_at: Option<Instant>,
@@ -149,19 +154,40 @@ impl AnswerWindow {
         {
             self.samples.pop_front();
         }
+        let min = u64::from(cfg.error_min_answers);
+        let failing = |s: &Stats| s.share().is_some_and(|v| v >= cfg.error_share);
+        // The latest second: evidence for the peers is of now, not of the window (a shared
+        // fault that began a few seconds ago leaves a window still mostly fine while the
+        // latest answers fail), and the start of a run of failing seconds.
+        let recent = self.stats_since(now.checked_sub(RECENT));
+        if recent.answers > 0 {
+            if failing(&recent) {
+                self.failing_since
+                    .get_or_insert(now.checked_sub(RECENT).unwrap_or(now));
+            } else {
+                self.failing_since = None;
+            }
+        }
         let stats = self.stats();
-        if stats.answers >= u64::from(cfg.error_min_answers) {
-            let erroring = stats.share().is_some_and(|s| s >= cfg.error_share);
-            self.erroring = erroring;
+        // A run of failing seconds a quarter of the window long judges as the window does:
+        // an errors fault is seen in seconds, not only once it fills half the window.
+        let run = self
+            .failing_since
+            .map(|t| self.stats_since(Some(t)))
+            .filter(|r| r.span >= cfg.errors_window / 4 && r.answers >= min && failing(r));
+        if let Some(run) = run {
+            self.erroring = true;
             self.judged = true;
+            self.basis = run;
+        } else if stats.answers >= min {
+            self.erroring = failing(&stats);
+            self.judged = true;
+            self.basis = stats;
         } else if stats.answers == 0 && stats.span >= cfg.errors_window {
             // A whole window without real traffic: no evidence either way.
             self.erroring = false;
         }
-        // Evidence for the peers is of now, not of the window: a shared fault that began a
-        // few seconds ago leaves a window still mostly fine, while the latest answers fail.
-        let recent = self.stats_since(now.checked_sub(RECENT));
-        if !self.erroring && recent.answers > 0 && recent.share() < Some(cfg.error_share) {
+        if !self.erroring && recent.answers > 0 && !failing(&recent) {
             self.fine_at = Some(now);
         }
     }
@@ -175,6 +201,7 @@ impl AnswerWindow {
         }
         self.since = Some(now);
         self.judged = false;
+        self.failing_since = None;
     }
 
     /// The class whose count the probe path's answers are taken off.
@@ -233,6 +260,15 @@ impl AnswerWindow {
 
     pub fn erroring(&self) -> bool {
         self.erroring
+    }
+
+    /// The figures the judgement rests on (the window's when no judgement was made yet).
+    pub fn basis(&self) -> Stats {
+        if self.judged {
+            self.basis
+        } else {
+            self.stats()
+        }
     }
 
     /// Whether the judgement rests on enough answers since the latest start over.
@@ -394,12 +430,20 @@ mod tests {
         assert_eq!(w.fine_at(), Some(ms(10_000)));
         // Errors begin: for a few seconds the window is still mostly 200s, not erroring, but
         // the latest answers are 5xx and no longer count as evidence of being fine.
-        for i in 41..=52 {
+        for i in 41..=48 {
             c[5] += 5;
             w.observe(counters(c, 0), Some(200), ms(i * 250), &cfg);
         }
         assert!(!w.erroring(), "{:?}", w.stats());
         assert!(w.fine_at() <= Some(ms(10_500)), "{:?}", w.fine_at());
+        // A run of failing seconds a quarter of the window long is erroring, though the window
+        // is still mostly 200s.
+        for i in 49..=52 {
+            c[5] += 5;
+            w.observe(counters(c, 0), Some(200), ms(i * 250), &cfg);
+        }
+        assert!(w.erroring(), "{:?}", w.stats());
+        assert!(w.stats().share() < Some(0.5));
     }
 
     #[test]

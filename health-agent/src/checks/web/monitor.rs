@@ -844,7 +844,7 @@ impl WebMonitor {
         }
         self.observe_answers(port, listening, now);
         let mut evidence = Evidence {
-            answers: Some(self.answers.stats()),
+            answers: Some(self.answers.basis()),
             erroring: self.answers.erroring(),
             listening,
             queue,
