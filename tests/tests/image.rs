@@ -240,17 +240,28 @@ fn the_image_runs_as_the_daemonset_asks_and_turns_503_for_a_frozen_host_backend(
     for _ in 0..5 {
         let _ = get(fixture.port, "/");
     }
-    let (code, body) = wait_health(listen, "200 with the kernel view active", |c, b| {
-        c == 200
-            && b["details"]["web"]["kernel"]["state"] == "active"
-            && b["details"]["web"]["counters"]["answered"].as_u64() > Some(0)
-    });
+    // The answer programs reach the host's cgroup hierarchy from the container's own cgroup
+    // namespace (through the host's init: hostPID), and read the host backend's 200s.
+    let (code, body) = wait_health(
+        listen,
+        "200 with the kernel view active and the answers' status visible",
+        |c, b| {
+            // Real traffic all along: the answers are counted from the programs' attach on.
+            let _ = get(fixture.port, "/");
+            c == 200
+                && b["details"]["web"]["kernel"]["state"] == "active"
+                && b["details"]["web"]["counters"]["answered"].as_u64() > Some(0)
+                && b["details"]["web"]["answers"]["status_visible"] == true
+                && b["details"]["web"]["answers"]["total_by_class"]["2xx"].as_u64() > Some(0)
+        },
+    );
     println!(
-        "image: /health {code} {} after {:.1} s, kernel view {}, {} answers seen",
+        "image: /health {code} {} after {:.1} s, kernel view {}, {} answers seen, by class {}",
         body["status"],
         started.elapsed().as_secs_f64(),
         body["details"]["web"]["kernel"]["state"],
-        body["details"]["web"]["counters"]["answered"]
+        body["details"]["web"]["counters"]["answered"],
+        body["details"]["web"]["answers"]["total_by_class"]
     );
     let (code, _) = get(listen, "/livez").expect("/livez");
     assert_eq!(code, 200, "the liveness probe's path");

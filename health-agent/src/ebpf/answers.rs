@@ -29,8 +29,7 @@ impl Answers {
     pub fn load(ebpf: &mut Ebpf) -> Result<Self, String> {
         let counters = super::take(ebpf, maps::ANSWERS).map_err(|e| e.to_string())?;
         let probe = super::take(ebpf, maps::ANSWER_PROBE).map_err(|e| e.to_string())?;
-        same_cgroup_namespace_as_init()?;
-        let root = cgroup2_root(Path::new("/proc/self/mountinfo"))?;
+        let root = host_cgroup_root()?;
         let cgroup = std::fs::File::open(&root)
             .map_err(|e| format!("opening the cgroup v2 root {}: {e}", root.display()))?;
         for (name, direction) in PROGRAMS {
@@ -86,18 +85,34 @@ impl Answers {
     }
 }
 
-/// The root the agent sees is the host's only in the host's cgroup namespace: in a container's
-/// own, the programs would see that container's sockets alone.
-fn same_cgroup_namespace_as_init() -> Result<(), String> {
+/// The root of the host's cgroup v2 hierarchy, as a path the agent can open. In the host's
+/// cgroup namespace that is its own mount. In a container's own namespace (Docker's default on
+/// cgroup v2, every Kubernetes pod) its mounts show that container's cgroup, whose programs see
+/// its sockets alone: then the host's root is reached through the host's init
+/// (`/proc/1/root`, which needs the host's PID namespace and `CAP_SYS_PTRACE`).
+fn host_cgroup_root() -> Result<PathBuf, String> {
     let ns = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/cgroup")).ok();
     match (ns("self"), ns("1")) {
-        (Some(a), Some(b)) if a != b => Err(format!(
-            "the agent runs in its own cgroup namespace ({}, not the host's {}): it would see \
-             only its own container's answers (run its container with --cgroupns host)",
-            a.display(),
-            b.display()
-        )),
-        _ => Ok(()),
+        (Some(own), Some(init)) if own != init => {
+            let at = cgroup2_root(Path::new("/proc/1/mountinfo")).map_err(|e| {
+                format!(
+                    "the agent runs in its own cgroup namespace, and the host's init does not \
+                     show the host's hierarchy ({e}): run it in the host's PID namespace \
+                     (hostPID, --pid host) or its cgroup namespace (--cgroupns host)"
+                )
+            })?;
+            let root = Path::new("/proc/1/root").join(at.strip_prefix("/").unwrap_or(&at));
+            match std::fs::metadata(&root) {
+                Ok(_) => Ok(root),
+                Err(e) => Err(format!(
+                    "the agent runs in its own cgroup namespace and cannot reach the host's \
+                     hierarchy at {} ({e}): it needs the host's PID namespace and \
+                     CAP_SYS_PTRACE, or the host's cgroup namespace (--cgroupns host)",
+                    root.display()
+                )),
+            }
+        }
+        _ => cgroup2_root(Path::new("/proc/self/mountinfo")),
     }
 }
 
