@@ -103,6 +103,7 @@ fn payload_offset(ctx: &SkBuffContext) -> Option<usize> {
 
 fn try_egress(ctx: &SkBuffContext) -> Option<()> {
     let (c, at) = watched(ctx)?;
+    c.sent += 1;
     let head: [u8; 12] = ctx.load(at).ok()?;
     if head[0] == b'H'
         && head[1] == b'T'

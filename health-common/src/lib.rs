@@ -211,6 +211,10 @@ pub struct AnswerCounters {
     pub probe_requests: u64,
     /// Segments received that start with the HTTP/2 connection preface.
     pub h2: u64,
+    /// Segments sent with a payload (at least 12 bytes), whatever it is: answers going out,
+    /// the evidence of a server moving where the socket-call tracepoints are missing (before
+    /// Linux 6.3).
+    pub sent: u64,
 }
 
 impl AnswerCounters {
@@ -222,6 +226,7 @@ impl AnswerCounters {
         self.requests += o.requests;
         self.probe_requests += o.probe_requests;
         self.h2 += o.h2;
+        self.sent += o.sent;
     }
 
     /// Answers with a visible status, every class.

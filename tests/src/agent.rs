@@ -74,6 +74,14 @@ impl Agent {
                 base.push_str(&format!("\n[web]\nsocket_tracing = \"{mode}\"\n"));
             }
         }
+        // … and in a kernel-view tier forced lower than this kernel offers, to see how the
+        // judgement holds on the kernels users run: `HEALTH_AGENT_TESTS_KERNEL_TIER=sock_diag`
+        // (Linux 5.10–6.2) or `no_ebpf`.
+        if let Ok(tier) = std::env::var("HEALTH_AGENT_TESTS_KERNEL_TIER") {
+            if !extra.contains("kernel_tier") {
+                base.push_str(&format!("\n[web]\nkernel_tier = \"{tier}\"\n"));
+            }
+        }
         std::fs::write(&config, merge_toml(&base, extra)).expect("writing config");
         let log = dir.path().join("agent.log");
         let log_file = std::fs::File::create(&log).expect("log file");

@@ -26,8 +26,8 @@ pub use dropin::{dropin_dir, Loaded};
 pub use secrets::world_readable_warning;
 pub use sections::{
     AcceptTracing, AlertsConfig, ChecksConfig, CloudWatchConfig, ContainersConfig, DatabaseConfig,
-    Details, DiskConfig, FleetConfig, HealConfig, ScalingConfig, ServerConfig, SocketTracing,
-    WebConfig,
+    Details, DiskConfig, FleetConfig, HealConfig, KernelTier, ScalingConfig, ServerConfig,
+    SocketTracing, WebConfig,
 };
 
 // Database URLs are checked and redacted by a leaf module shared with the database check.

@@ -125,6 +125,35 @@ pub enum SocketTracing {
     Always,
 }
 
+/// How much of the kernel view the agent uses: what the running kernel offers (`auto`), or a
+/// tier forced lower, to see how the judgement holds where a kernel offers less.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KernelTier {
+    /// The highest the kernel offers: `full` on 6.3+, `sock_diag` before, `no_ebpf` without
+    /// privilege or BTF.
+    Auto,
+    /// Every program: the socket-call tracepoints (6.3+) count each exchange and its latency.
+    Full,
+    /// eBPF without the socket-call tracepoints (Linux 5.10–6.2): the answers' status classes
+    /// and segments sent (cgroup-skb), the accept tracepoints on demand, and sock_diag reading
+    /// the port's connections every evaluation.
+    SockDiag,
+    /// No eBPF: sock_diag and /proc alone (and the probe).
+    NoEbpf,
+}
+
+impl KernelTier {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Full => "full",
+            Self::SockDiag => "sock_diag",
+            Self::NoEbpf => "no_ebpf",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServerConfig {
@@ -215,6 +244,9 @@ pub struct WebConfig {
     #[serde(with = "dur")]
     pub eval_interval: Duration,
     pub kernel: bool,
+    /// `auto`, or a tier forced lower (`sock_diag`, `no_ebpf`; `full` fails to load where the
+    /// kernel lacks it, and the agent says so).
+    pub kernel_tier: KernelTier,
     pub accept_tracing: AcceptTracing,
     pub socket_tracing: SocketTracing,
     pub max_connections_tracked: u32,
@@ -247,6 +279,7 @@ impl Default for WebConfig {
             latency_window: Duration::from_secs(60),
             eval_interval: Duration::from_millis(250),
             kernel: true,
+            kernel_tier: KernelTier::Auto,
             accept_tracing: AcceptTracing::OnStall,
             socket_tracing: SocketTracing::Always,
             max_connections_tracked: health_common::DEFAULT_MAX_CONNS,

@@ -96,6 +96,8 @@ pub struct KernelView {
     pub note: Option<String>,
     /// The answer programs (status classes), or why they are not attached.
     answers: Result<answers::Answers, String>,
+    /// The socket-call tracepoints can attach (the `full` tier), or why not (`sock_diag`).
+    socket_calls: Result<(), String>,
     // Owns the programs and their links: dropping it detaches every tracepoint.
     ebpf: Ebpf,
 }
@@ -178,15 +180,20 @@ impl LoadProgram for RawTracePoint {
     }
 }
 
+/// Whether the kernel has the socket-call tracepoints (`sock_{send,recv}_length`, Linux 6.3),
+/// or why not.
+fn socket_calls(root: &std::path::Path) -> Result<(), String> {
+    for name in RAW_PROGRAMS {
+        tracefs::Format::read(root, "sock", name)
+            .map_err(|e| format!("no {name} tracepoint (it arrived in Linux 6.3): {e}"))?;
+    }
+    Ok(())
+}
+
 /// Reads the record offsets of every tracepoint the programs use.
 fn read_offsets(root: &std::path::Path) -> Result<TracepointOffsets, KernelError> {
     use tracefs::Format;
     let state = Format::read(root, "sock", "inet_sock_set_state")?;
-    // Raw tracepoints need no offsets, but their absence should read as clearly as a missing
-    // record field: sock_{send,recv}_length arrived in Linux 6.3.
-    for name in RAW_PROGRAMS {
-        Format::read(root, "sock", name)?;
-    }
     let enter = Format::read(root, "syscalls", "sys_enter_accept4")?;
     let exit = Format::read(root, "syscalls", "sys_exit_accept4")?;
     // The plain accept pair must share the accept4 layout: one offset serves both.
@@ -221,9 +228,22 @@ impl KernelView {
     /// Loads and attaches the programs, watching nothing until `watch` says what. Must run
     /// inside a tokio runtime (the aya-log drain is a task).
     /// `follow`: attach the TCP state and send/receive programs now (else `follow` later).
-    pub fn load(max_conns: u32, watch_accepts: bool, follow: bool) -> Result<Self, KernelError> {
+    /// `socket_calls`: use the socket-call tracepoints where the kernel has them (false: the
+    /// `sock_diag` tier, forced).
+    pub fn load(
+        max_conns: u32,
+        watch_accepts: bool,
+        follow: bool,
+        socket_calls: bool,
+    ) -> Result<Self, KernelError> {
         let root = tracefs::ensure_mounted()?;
         let mut offsets = read_offsets(&root)?;
+        let socket_calls = if socket_calls {
+            self::socket_calls(&root)
+        } else {
+            Err("web.kernel_tier = \"sock_diag\" leaves them out".into())
+        };
+        let follow = follow && socket_calls.is_ok();
         raise_memlock_limit();
 
         let mut ebpf = EbpfLoader::new()
@@ -347,6 +367,7 @@ impl KernelView {
             follow_links: Vec::new(),
             note,
             answers,
+            socket_calls,
             ebpf,
         };
         if follow {
@@ -434,6 +455,11 @@ impl KernelView {
         }
     }
 
+    /// Why the socket-call tracepoints cannot attach (the `sock_diag` tier), when they cannot.
+    pub fn socket_calls_missing(&self) -> Option<&str> {
+        self.socket_calls.as_ref().err().map(String::as_str)
+    }
+
     /// Whether connections are told apart by network namespace.
     pub fn netns_keyed(&self) -> bool {
         self.netns_keyed
@@ -501,6 +527,9 @@ impl KernelView {
     pub fn follow(&mut self, on: bool) -> Result<(), KernelError> {
         if on == self.following() {
             return Ok(());
+        }
+        if let (true, Err(why)) = (on, &self.socket_calls) {
+            return Err(KernelError::Tracefs(why.clone()));
         }
         if !on {
             for link in std::mem::take(&mut self.follow_links) {

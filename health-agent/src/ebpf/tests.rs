@@ -78,7 +78,7 @@ fn settle(k: &KernelView, done: impl Fn(&super::KernelSample) -> bool) -> super:
 #[ignore = "needs root and a kernel with BTF: loads the eBPF programs (cargo test -- --ignored)"]
 async fn map_errors_read_zero_under_normal_traffic_and_count_a_failed_update() {
     // A small table, like a tight `web.max_connections_tracked`.
-    let mut k = KernelView::load(64, true, true).expect("loading the kernel programs");
+    let mut k = KernelView::load(64, true, true, true).expect("loading the kernel programs");
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     k.watch(&[(own_netns(), port)]).unwrap();
@@ -119,7 +119,7 @@ async fn map_errors_read_zero_under_normal_traffic_and_count_a_failed_update() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
 #[ignore = "needs root and a kernel with BTF: loads the eBPF programs (cargo test -- --ignored)"]
 async fn keep_alive_requests_count_one_exchange_each_and_an_unanswered_one_is_dropped_at_close() {
-    let mut k = KernelView::load(1024, true, true).expect("loading the kernel programs");
+    let mut k = KernelView::load(1024, true, true, true).expect("loading the kernel programs");
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     k.watch(&[(own_netns(), port)]).unwrap();
@@ -172,7 +172,7 @@ async fn keep_alive_requests_count_one_exchange_each_and_an_unanswered_one_is_dr
 #[ignore = "needs root and a kernel with BTF: loads the eBPF programs (cargo test -- --ignored)"]
 async fn detached_programs_count_nothing_and_attach_afresh() {
     // Loaded detached, as `web.socket_tracing = "on_suspicion"` starts.
-    let mut k = KernelView::load(1024, false, false).expect("loading the kernel programs");
+    let mut k = KernelView::load(1024, false, false, true).expect("loading the kernel programs");
     assert!(!k.following());
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -234,7 +234,7 @@ async fn detached_programs_count_nothing_and_attach_afresh() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
 #[ignore = "needs root and a kernel with BTF: loads the eBPF programs (cargo test -- --ignored)"]
 async fn the_connection_table_reads_the_same_in_batches_as_entry_by_entry() {
-    let mut k = KernelView::load(4096, false, true).expect("loading the kernel programs");
+    let mut k = KernelView::load(4096, false, true, true).expect("loading the kernel programs");
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     k.watch(&[(own_netns(), port)]).unwrap();
@@ -295,7 +295,7 @@ fn keep_alive(listener: &TcpListener, requests: &[&[u8]], answer: impl Fn(usize)
 async fn answers_count_by_status_class_and_the_probe_path_apart() {
     // Detached connection programs, as `on_suspicion` starts: the answer programs do not need
     // them.
-    let mut k = KernelView::load(1024, false, false).expect("loading the kernel programs");
+    let mut k = KernelView::load(1024, false, false, true).expect("loading the kernel programs");
     if let Some(why) = k.answers_unavailable() {
         panic!("answer programs not attached: {why}");
     }

@@ -52,6 +52,12 @@ pub struct KernelStatus {
     /// state, every send and receive) are attached now, and why (`web.socket_tracing`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub following: Option<Following>,
+    /// The tier of the kernel view in use (`full`, `sock_diag`, `no_ebpf`; None: no web
+    /// port), and what it lacks against `full`, with why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tier: Option<crate::config::KernelTier>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub missing: Vec<String>,
 }
 
 /// Whether the programs that follow connections are attached, and why.
@@ -206,6 +212,8 @@ impl WebReport {
                 state: KernelState::Disabled,
                 reason: Some("no web port configured".into()),
                 following: None,
+                tier: None,
+                missing: Vec::new(),
             },
             counters: None,
             probe: None,

@@ -22,7 +22,7 @@ use super::{
 };
 use crate::{
     checks::probe::{ProbeResult, ProbeTarget, SharedProbeTarget},
-    config::{AcceptTracing, SocketTracing, WebConfig},
+    config::{AcceptTracing, KernelTier, SocketTracing, WebConfig},
     docker::ContainerNet,
     ebpf::{KernelSample, KernelView, PortSample},
     net::{self, ListenAddrs},
@@ -114,6 +114,10 @@ pub struct WebMonitor {
     quiet_every: Duration,
     /// What the backend answered over `web.errors_window`, by status class.
     answers: AnswerWindow,
+    /// The kernel view's tier (`web.kernel_tier`, or what the kernel offers).
+    tier: KernelTier,
+    /// In the `sock_diag` tier: the segments-sent count at the previous tick.
+    segments: Option<u64>,
     /// The processes holding the listener when the answers were last read: a wholly new set
     /// (a restart) starts the answers' window over.
     answers_pids: Vec<u32>,
@@ -164,54 +168,100 @@ const QUIET_READ_MAX: Duration = Duration::from_secs(5);
 const COUNT_FOR: Duration = Duration::from_millis(450);
 const COUNT_EVERY: Duration = Duration::from_secs(15);
 
-/// Loads the kernel programs when `cfg` asks for them. A failure is not fatal: the monitor
-/// then decides from the probe and the accept queue, and its report says why.
+/// Loads the kernel programs when `cfg` asks for them, in the highest tier the kernel offers
+/// (or the one `web.kernel_tier` forces). A failure is not fatal: the monitor then decides from
+/// sock_diag, /proc and the probe (the `no_ebpf` tier), and its report says why.
 pub fn load_kernel(cfg: &WebConfig) -> (Option<KernelView>, KernelStatus) {
-    let disabled = |why: &str| {
+    if cfg.port == 0 {
         let status = KernelStatus {
             state: KernelState::Disabled,
-            reason: Some(why.into()),
+            reason: Some("no web port configured".into()),
             following: None,
+            tier: None,
+            missing: Vec::new(),
+        };
+        return (None, status);
+    }
+    let no_ebpf = |state, why: String| {
+        let status = KernelStatus {
+            state,
+            reason: Some(format!("{why}; sock_diag, /proc and the probe decide")),
+            following: None,
+            tier: Some(KernelTier::NoEbpf),
+            missing: vec![
+                format!("eBPF: {why}"),
+                "the answers' status classes (erroring)".into(),
+            ],
         };
         (None, status)
     };
-    if cfg.port == 0 {
-        return disabled("no web port configured");
-    }
     if !cfg.kernel {
-        return disabled("web.kernel = false: probe and accept queue only");
+        return no_ebpf(KernelState::Disabled, "web.kernel = false".into());
+    }
+    if cfg.kernel_tier == KernelTier::NoEbpf {
+        return no_ebpf(
+            KernelState::Disabled,
+            "web.kernel_tier = \"no_ebpf\"".into(),
+        );
     }
     let always = cfg.accept_tracing == AcceptTracing::Always;
     let follow = cfg.socket_tracing == SocketTracing::Always;
-    match KernelView::load(cfg.max_connections_tracked, always, follow) {
+    let socket_calls = cfg.kernel_tier != KernelTier::SockDiag;
+    match KernelView::load(cfg.max_connections_tracked, always, follow, socket_calls) {
         Ok(k) => {
-            let why = if follow {
-                "web.socket_tracing = \"always\"".to_string()
-            } else {
-                "nothing suspicious yet: sock_diag reads the port's connections".to_string()
+            let mut missing = Vec::new();
+            let tier = match k.socket_calls_missing() {
+                None => KernelTier::Full,
+                Some(why) => {
+                    missing.push(format!(
+                        "the socket-call tracepoints: {why}; sock_diag reads the port's \
+                         connections every evaluation instead (no per-exchange counts, no \
+                         latency histogram)"
+                    ));
+                    KernelTier::SockDiag
+                }
             };
+            if cfg.kernel_tier == KernelTier::Full && tier != KernelTier::Full {
+                tracing::warn!(
+                    "web.kernel_tier = \"full\" asked for, but this kernel has no socket-call \
+                     tracepoints: running the sock_diag tier"
+                );
+            }
+            if let Some(why) = k.answers_unavailable() {
+                missing.push(format!("the answers' status classes (erroring): {why}"));
+            }
+            let following = (tier == KernelTier::Full).then(|| Following {
+                mode: cfg.socket_tracing,
+                attached: follow,
+                why: if follow {
+                    "web.socket_tracing = \"always\"".to_string()
+                } else {
+                    "nothing suspicious yet: sock_diag reads the port's connections".to_string()
+                },
+                connections: None,
+                quiet_read_every_ms: None,
+            });
+            tracing::info!(
+                "kernel view: tier {}{}",
+                tier.as_str(),
+                if missing.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (without {})", missing.join("; "))
+                }
+            );
             let status = KernelStatus {
                 state: KernelState::Active,
                 reason: k.note.clone(),
-                following: Some(Following {
-                    mode: cfg.socket_tracing,
-                    attached: follow,
-                    why,
-                    connections: None,
-                    quiet_read_every_ms: None,
-                }),
+                following,
+                tier: Some(tier),
+                missing,
             };
             (Some(k), status)
         }
         Err(e) => {
-            let reason = format!("{e}; deciding from the probe and the accept queue");
-            tracing::warn!("kernel view unavailable: {reason}");
-            let status = KernelStatus {
-                state: KernelState::Unavailable,
-                reason: Some(reason),
-                following: None,
-            };
-            (None, status)
+            tracing::warn!("kernel view unavailable: {e}; tier no_ebpf");
+            no_ebpf(KernelState::Unavailable, e.to_string())
         }
     }
 }
@@ -227,6 +277,7 @@ impl WebMonitor {
         if let Some(k) = kernel.as_mut() {
             k.set_probe_path(&cfg.probe_path);
         }
+        let tier = kernel_status.tier.unwrap_or(KernelTier::NoEbpf);
         Self {
             cfg,
             target: None,
@@ -274,6 +325,8 @@ impl WebMonitor {
             counted_detaching: false,
             answers: AnswerWindow::default(),
             answers_pids: Vec::new(),
+            tier,
+            segments: None,
         }
     }
 
@@ -319,18 +372,27 @@ impl WebMonitor {
     /// Reads the kernel counters (one map read) and notes what moved since the previous tick.
     /// Runs on every tick, so the time of the last answer is known to within one tick.
     pub fn observe(&mut self, now: Instant) {
-        if self.kernel.is_none() {
-            return;
-        }
-        // With `socket_tracing = "on_suspicion"`, the port's connections (one sock_diag dump
-        // filtered by port): what moved on them, and whether anything is suspicious.
+        // With `socket_tracing = "on_suspicion"`, or below the `full` tier, the port's
+        // connections (one sock_diag dump filtered by port): what moved on them, and whether
+        // anything is suspicious.
         let seen = if self.sockets_due(now) {
             self.read_sockets(now)
         } else {
             None
         };
         let read = seen.is_some();
-        let seen = seen.unwrap_or_default();
+        let mut seen = seen.unwrap_or_default();
+        if self.kernel.is_none() {
+            // The no_ebpf tier: what sock_diag saw move is all there is. A connection the
+            // server took and that is gone now was closed by it: the server moved.
+            if read {
+                seen.answered |= seen.gone;
+                self.progress
+                    .observe_moves(seen, now, self.cfg.latency_window);
+            }
+            return;
+        }
+        seen.answered |= self.segments_sent();
         let suspicion = self.suspicion();
         // Read before steering: a tick that detaches the programs (a counting window closing)
         // still counts the quarter-second since the previous one.
@@ -390,14 +452,38 @@ impl WebMonitor {
         })
     }
 
-    /// With `socket_tracing = "on_suspicion"`: reads the port's connections into
-    /// `self.sockets` (None when there is no target yet or sock_diag failed: the failure is
-    /// itself a reason to follow, see `suspicion`) and returns what moved on them since the
-    /// previous read.
+    /// Whether sock_diag reads the port's connections: with `socket_tracing = "on_suspicion"`
+    /// (between the programs' attachments), and always below the `full` tier.
+    fn reads_sockets(&self) -> bool {
+        self.cfg.socket_tracing == SocketTracing::OnSuspicion || self.tier != KernelTier::Full
+    }
+
+    /// In the `sock_diag` tier: whether a segment with a payload left the port since the
+    /// previous tick (the answer programs count them): answers going out, between two reads
+    /// of the connections or on a connection that opened and closed between them.
+    fn segments_sent(&mut self) -> bool {
+        if self.tier != KernelTier::SockDiag {
+            return false;
+        }
+        let (Some(k), Some(port)) = (&self.kernel, self.target.as_ref().map(|t| t.port)) else {
+            return false;
+        };
+        let Ok(sent) = k.answer_counters(port).map(|c| c.sent) else {
+            return false;
+        };
+        let moved = self.segments.is_some_and(|before| sent > before);
+        self.segments = Some(sent);
+        moved
+    }
+
+    /// With `socket_tracing = "on_suspicion"`, or below the `full` tier: reads the port's
+    /// connections into `self.sockets` (None when there is no target yet or sock_diag failed:
+    /// the failure is itself a reason to follow, see `suspicion`) and returns what moved on
+    /// them since the previous read.
     fn read_sockets(&mut self, now: Instant) -> Option<Moves> {
         self.sockets = None;
         self.sockets_error = None;
-        if self.cfg.socket_tracing != SocketTracing::OnSuspicion || self.kernel.is_none() {
+        if !self.reads_sockets() {
             return None;
         }
         let t = self.target.as_ref()?;
@@ -480,12 +566,16 @@ impl WebMonitor {
     /// their counts: what was learned from them before (quiet spells) stays, the latency
     /// window starts over.
     fn steer_following(&mut self, suspicion: Option<String>, now: Instant) {
-        if self.cfg.socket_tracing != SocketTracing::OnSuspicion {
+        if !self.reads_sockets() {
             return;
         }
         self.suspicious = suspicion.is_some();
         if let Some(why) = suspicion {
             self.last_suspicion = Some((now, why));
+        }
+        if self.tier != KernelTier::Full {
+            // Nothing to attach: sock_diag (and the answer programs) are the view.
+            return;
         }
         let Some(k) = self.kernel.as_mut() else {
             return;
@@ -800,8 +890,10 @@ impl WebMonitor {
         });
         if !fresh {
             let seen = self.read_sockets(now);
-            if let (Some(seen), Some(k)) = (seen, self.kernel.as_ref()) {
-                if !k.following() {
+            if let Some(mut seen) = seen {
+                if !self.kernel.as_ref().is_some_and(KernelView::following) {
+                    seen.answered |= self.segments_sent();
+                    seen.answered |= self.kernel.is_none() && seen.gone;
                     self.progress
                         .observe_moves(seen, now, self.cfg.latency_window);
                 }
@@ -834,7 +926,7 @@ impl WebMonitor {
             answered: c.answered,
         });
         if let Some(v) = &self.sockets {
-            kernel = Some(self.with_sockets(kernel, v));
+            kernel = Some(self.with_sockets(kernel, v, now));
         }
         // Attaching failed: sock_diag alone misses connections that opened and closed between
         // two reads, so it is not kernel evidence of progress (the probe and the accept queue
@@ -992,10 +1084,20 @@ impl WebMonitor {
     /// attached only its exchanges from its next socket call on (not its handshake, claim or a
     /// request it had read); sock_diag sees every open one but none that closed. Ages take the
     /// older of the two, counts the larger, the last answer the more recent.
-    fn with_sockets(&self, kernel: Option<KernelEvidence>, v: &SocketView) -> KernelEvidence {
+    fn with_sockets(
+        &self,
+        kernel: Option<KernelEvidence>,
+        v: &SocketView,
+        now: Instant,
+    ) -> KernelEvidence {
         let max = |a: Option<Duration>, b: Option<Duration>| a.max(b);
+        // Without the programs' counters (detached, or a tier without them), what sock_diag
+        // saw move between reads: answers sent, connections taken up (and, in the sock_diag
+        // tier, segments the answer programs counted).
         let k = kernel.unwrap_or_else(|| KernelEvidence {
             longest_quiet: self.progress.longest_quiet(),
+            since_answer: self.progress.since_answer(now),
+            since_claim: self.progress.since_taken(now),
             ..KernelEvidence::default()
         });
         KernelEvidence {

@@ -29,6 +29,9 @@ pub struct Moves {
     /// same jiffy: a keep-alive request sent the moment the previous answer arrived reads
     /// like one already answered, so whether it is in service cannot be told.
     pub unsure: bool,
+    /// A connection the server had taken is gone: it closed it (a server stuck in a request
+    /// leaves its connections in CLOSE_WAIT, listed), or the client reset it.
+    pub gone: bool,
 }
 
 #[derive(Debug, Default)]
@@ -36,6 +39,8 @@ pub struct Progress {
     last: Option<PortCounters>,
     /// The tick that first saw the send count move past its previous reading.
     answer_at: Option<Instant>,
+    /// The tick that last saw a waiting connection taken up (sock_diag).
+    taken_at: Option<Instant>,
     /// A quiet spell under way: since when, and whether work was seen during it (a spell
     /// that ends with no work seen in it was idleness, not quiet).
     quiet: Option<(Instant, bool)>,
@@ -71,6 +76,7 @@ impl Progress {
                     || seen.taken,
                 finished: c.answered + c.closed_pending != prev.answered + prev.closed_pending,
                 unsure: false,
+                gone: seen.gone,
             },
             now,
             window,
@@ -83,6 +89,9 @@ impl Progress {
     }
 
     fn step(&mut self, m: Moves, now: Instant, window: Duration) {
+        if m.taken {
+            self.taken_at = Some(now);
+        }
         let in_flight = m.waiting || m.pending;
         if m.answered {
             if let Some((from, true)) = self.quiet {
@@ -124,6 +133,11 @@ impl Progress {
 
     pub fn since_answer(&self, now: Instant) -> Option<Duration> {
         self.answer_at.map(|t| now.saturating_duration_since(t))
+    }
+
+    /// Since sock_diag last saw the server take a waiting connection up.
+    pub fn since_taken(&self, now: Instant) -> Option<Duration> {
+        self.taken_at.map(|t| now.saturating_duration_since(t))
     }
 
     /// The longest quiet spell with work, ended within the window.

@@ -187,6 +187,10 @@ impl SocketMoves {
                 && c.last_data_recv_ms == c.last_data_sent_ms;
             next.insert(c.remote, (c.bytes_received, c.bytes_acked, accepted));
         }
+        m.gone = self
+            .prev
+            .iter()
+            .any(|(remote, &(_, _, accepted))| accepted && !next.contains_key(remote));
         self.prev = next;
         m
     }
