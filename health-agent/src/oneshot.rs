@@ -20,6 +20,11 @@ pub async fn run(cfg: &Config) -> Snapshot {
         // Checks::build turned it off for this run: say why, not "web.kernel = false".
         report.web.kernel.reason = Some(KERNEL_NOT_LOADED.into());
     }
+    // What `serve` would run on this kernel, told at once.
+    if let Some((tier, missing)) = crate::ebpf::tier::offered(&cfg.web) {
+        report.web.kernel.tier = Some(tier);
+        report.web.kernel.missing = missing;
+    }
     let uptime = crate::snapshot::host_uptime();
     Snapshot::new(decision, report, HealLog::default(), uptime, 0)
 }
@@ -121,6 +126,20 @@ pub fn table(d: &Decision, r: &Report) -> String {
         "webserver",
         format!("{} — {}", r.web.verdict.as_str(), r.web.detail),
     );
+    if let Some(tier) = r.web.kernel.tier {
+        row(
+            "kernel tier",
+            format!(
+                "{} (what serve runs on this kernel){}",
+                tier.as_str(),
+                if r.web.kernel.missing.is_empty() {
+                    String::new()
+                } else {
+                    format!(" — without {}", r.web.kernel.missing.join("; "))
+                }
+            ),
+        );
+    }
     for m in &r.disk.mounts {
         let v = match &m.error {
             Some(e) => format!("unknown — {e}"),

@@ -8,6 +8,7 @@ pub mod btf;
 mod sample;
 #[cfg(test)]
 mod tests;
+pub mod tier;
 pub mod tracefs;
 
 use std::time::Duration;

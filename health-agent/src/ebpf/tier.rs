@@ -1,0 +1,99 @@
+//! Which tier of the kernel view this kernel offers, told without loading anything: what
+//! `health-agent check` says at once, and what `serve` then finds by loading the programs.
+
+use std::path::Path;
+
+use crate::config::{KernelTier, WebConfig};
+
+/// Linux capability numbers (`linux/capability.h`).
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+/// The tier `serve` would run with `cfg` on this kernel, and what it lacks against `full`
+/// (None: no web port, nothing to watch).
+pub fn offered(cfg: &WebConfig) -> Option<(KernelTier, Vec<String>)> {
+    if cfg.port == 0 {
+        return None;
+    }
+    let none = |why: String| Some((KernelTier::NoEbpf, vec![format!("eBPF: {why}")]));
+    if !cfg.kernel {
+        return none("web.kernel = false".into());
+    }
+    if cfg.kernel_tier == KernelTier::NoEbpf {
+        return none("web.kernel_tier = \"no_ebpf\"".into());
+    }
+    let btf = match std::fs::read(super::VMLINUX_BTF) {
+        Ok(b) => b,
+        Err(e) => return none(format!("no kernel BTF ({}: {e})", super::VMLINUX_BTF)),
+    };
+    if !privileged(Path::new("/proc/self/status")) {
+        return none("no privilege (needs root, or CAP_BPF and CAP_PERFMON)".into());
+    }
+    if cfg.kernel_tier == KernelTier::SockDiag {
+        return Some((
+            KernelTier::SockDiag,
+            vec!["the socket-call tracepoints: web.kernel_tier = \"sock_diag\"".into()],
+        ));
+    }
+    // A raw tracepoint shows in the kernel's BTF as the typedef `btf_trace_<name>`.
+    if contains(&btf, b"btf_trace_sock_send_length\0") {
+        Some((KernelTier::Full, Vec::new()))
+    } else {
+        Some((
+            KernelTier::SockDiag,
+            vec![
+                "the socket-call tracepoints: no sock_send_length (it arrived in Linux 6.3)".into(),
+            ],
+        ))
+    }
+}
+
+/// Whether the effective capabilities in a `/proc/PID/status` file load eBPF programs.
+fn privileged(status: &Path) -> bool {
+    let eff = std::fs::read_to_string(status).ok().and_then(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+    });
+    let has = |eff: u64, cap: u32| eff & (1 << cap) != 0;
+    eff.is_some_and(|e| has(e, CAP_SYS_ADMIN) || (has(e, CAP_BPF) && has(e, CAP_PERFMON)))
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn privilege_is_sys_admin_or_bpf_with_perfmon() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = |eff: u64| {
+            let p = dir.path().join(format!("s{eff:x}"));
+            std::fs::write(&p, format!("Name:\tx\nCapEff:\t{eff:016x}\n")).unwrap();
+            privileged(&p)
+        };
+        assert!(at(1 << CAP_SYS_ADMIN));
+        assert!(at((1 << CAP_BPF) | (1 << CAP_PERFMON)));
+        assert!(!at(1 << CAP_BPF));
+        assert!(!at(0));
+        assert!(!privileged(&dir.path().join("missing")));
+    }
+
+    #[test]
+    fn no_port_no_tier_and_forced_tiers_are_said() {
+        let cfg = WebConfig::default();
+        assert_eq!(offered(&cfg), None);
+        let cfg = WebConfig {
+            port: 9000,
+            kernel: false,
+            ..WebConfig::default()
+        };
+        let (tier, missing) = offered(&cfg).unwrap();
+        assert_eq!(tier, KernelTier::NoEbpf);
+        assert!(missing[0].contains("web.kernel = false"), "{missing:?}");
+    }
+}
