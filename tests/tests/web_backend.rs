@@ -116,16 +116,26 @@ fn fixture_shapes_get_their_verdicts() {
 
     // accepts and reads, never answers → unresponsive, 503.
     backend.set_mode("no-respond");
+    let at = std::time::Instant::now();
     let _waiting = background_requests(backend.port, 3, Duration::from_secs(8));
     let (code, body) = agent.wait_health(WAIT, "unresponsive", |_, b| {
         b["checks"]["webserver"] == "unresponsive"
     });
-    assert_eq!(code, 503, "{body}");
-    let c = counters(&body);
-    assert!(
-        c["pending"].as_u64().unwrap() >= 1,
-        "kernel saw read-but-unanswered requests: {c}"
+    println!(
+        "no-respond → {code} unresponsive in {:.1}s (unanswered_after 3s), tier {}",
+        at.elapsed().as_secs_f64(),
+        body["details"]["web"]["kernel"]["tier"]
     );
+    assert_eq!(code, 503, "{body}");
+    // The programs' counters exist in the full tier; below it sock_diag saw the same requests
+    // (HEALTH_AGENT_TESTS_KERNEL_TIER runs this test per tier).
+    if body["details"]["web"]["kernel"]["tier"] == "full" {
+        let c = counters(&body);
+        assert!(
+            c["pending"].as_u64().unwrap() >= 1,
+            "kernel saw read-but-unanswered requests: {c}"
+        );
+    }
 
     backend.set_mode("normal");
     agent.wait_health(WAIT, "up again", |c, b| {
@@ -134,8 +144,13 @@ fn fixture_shapes_get_their_verdicts() {
 
     // keeps the listen socket, never accepts → hung, 503.
     backend.set_mode("stop-accepting");
+    let at = std::time::Instant::now();
     let _queued = background_requests(backend.port, 4, Duration::from_secs(8));
     let (code, body) = agent.wait_health(WAIT, "hung", |_, b| b["checks"]["webserver"] == "hung");
+    println!(
+        "stop-accepting → {code} hung in {:.1}s (hung_after 2s)",
+        at.elapsed().as_secs_f64()
+    );
     assert_eq!(code, 503, "{body}");
 
     backend.set_mode("normal");
@@ -160,18 +175,30 @@ fn without_ebpf_a_stopped_server_is_still_caught() {
     let (_, body) = agent.wait_health(WAIT, "up", |c, b| {
         c == 200 && b["checks"]["webserver"] == "up"
     });
-    assert_eq!(body["details"]["web"]["kernel"]["state"], "disabled");
+    let kernel = &body["details"]["web"]["kernel"];
+    assert_eq!(kernel["state"], "disabled");
+    // The no_ebpf tier, and the response says what it lacks.
+    assert_eq!(kernel["tier"], "no_ebpf", "{kernel}");
+    assert!(
+        kernel["missing"].to_string().contains("web.kernel = false"),
+        "{kernel}"
+    );
     assert!(body["details"]["web"].get("counters").is_none());
 
     backend.signal(libc::SIGSTOP);
+    let stopped = std::time::Instant::now();
     let _clients = background_requests(backend.port, 3, Duration::from_secs(10));
-    let (code, body) = agent.wait_health(WAIT, "503 hung from probe + queue", |c, _| c == 503);
+    let (code, body) = agent.wait_health(
+        WAIT,
+        "503 hung from sock_diag, /proc and the probe",
+        |c, _| c == 503,
+    );
     assert_eq!(body["checks"]["webserver"], "hung", "{body}");
     assert_eq!(code, 503);
-    let detail = body["details"]["web"]["detail"].as_str().unwrap();
-    assert!(
-        detail.contains("kernel view unavailable"),
-        "the response says so: {detail}"
+    println!(
+        "no eBPF: SIGSTOP → 503 hung in {:.1}s: {}",
+        stopped.elapsed().as_secs_f64(),
+        body["details"]["web"]["detail"]
     );
     backend.signal(libc::SIGCONT);
     agent.wait_health(WAIT, "200 after SIGCONT", |c, _| c == 200);
@@ -228,7 +255,9 @@ fn saturated_but_working(socket_tracing: &str) {
     for c in clients {
         let _ = c.join();
     }
-    if socket_tracing != "always" {
+    // The exact counts come from the programs that follow connections: the full tier only.
+    let tier = agent.health().1["details"]["web"]["kernel"]["tier"].clone();
+    if socket_tracing != "always" || tier != "full" {
         return;
     }
     let (_, body) = agent.wait_health(WAIT, "all served", |_, b| counters(b)["answered"] == 60);

@@ -575,6 +575,16 @@ impl WebMonitor {
         }
         if self.tier != KernelTier::Full {
             // Nothing to attach: sock_diag (and the answer programs) are the view.
+            self.kernel_status.following = Some(Following {
+                mode: self.cfg.socket_tracing,
+                attached: false,
+                why: format!(
+                    "the {} tier: sock_diag reads the port's connections",
+                    self.tier.as_str()
+                ),
+                connections: self.sockets.clone(),
+                quiet_read_every_ms: Some(self.quiet_every.as_millis() as u64),
+            });
             return;
         }
         let Some(k) = self.kernel.as_mut() else {
