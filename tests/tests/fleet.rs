@@ -1442,12 +1442,11 @@ fn one_stopped_of_two_is_503_and_its_peer_stays_200() {
     }
 }
 
-/// One instance of three answers 500 to its real pages while its `/up` says 200 and its peers
-/// serve: its own fault. Its agent restarts Puma once (for real: the new process raises too),
-/// then answers 503 naming its 5xx share and the peers', at most 15 s after the errors began;
-/// the peers stay 200 throughout. Mended, it is healthy again.
-#[test]
-fn one_erroring_of_three_is_503_after_its_restart_and_its_peers_stay_200() {
+/// Three instances serving their real pages (about 20 requests a second each), each agent
+/// able to restart its Puma for real, after a whole window (`web.errors_window`, 10 s) of good
+/// answers, as in a fleet that has served for a while: a 5xx share then crosses the threshold
+/// only some seconds after the errors begin. Returns each poller's clock at that point.
+fn serving_pages() -> (Fleet, Vec<Duration>) {
     require_root();
     let group = Fleet::start_with(
         3,
@@ -1458,11 +1457,18 @@ fn one_erroring_of_three_is_503_after_its_restart_and_its_peers_stay_200() {
         },
     );
     group.wait_serving(WAIT, "at start");
-    // A whole window (web.errors_window, 10 s) of good answers first, as in a fleet that has
-    // served for a while: the 5xx share then crosses the threshold only some seconds after
-    // the errors begin.
     std::thread::sleep(Duration::from_secs(10));
-    let at: Vec<Duration> = group.members.iter().map(|m| m.poller.elapsed()).collect();
+    let at = group.members.iter().map(|m| m.poller.elapsed()).collect();
+    (group, at)
+}
+
+/// One instance of three answers 500 to its real pages while its `/up` says 200 and its peers
+/// serve: its own fault. Its agent restarts Puma once (for real: the new process raises too),
+/// then answers 503 naming its 5xx share and the peers', at most 15 s after the errors began;
+/// the peers stay 200 throughout. Mended, it is healthy again.
+#[test]
+fn one_erroring_of_three_is_503_after_its_restart_and_its_peers_stay_200() {
+    let (group, at) = serving_pages();
     let one = &group.members[0];
     let first = one.puma.pid();
     one.break_pages();
@@ -1540,21 +1546,7 @@ fn one_erroring_of_three_is_503_after_its_restart_and_its_peers_stay_200() {
 /// restarts, and all three say `infrastructure_issue` within 20 s. Mended, all are healthy.
 #[test]
 fn all_three_erroring_is_never_503_and_infrastructure_issue_on_all() {
-    require_root();
-    let group = Fleet::start_with(
-        3,
-        Setup {
-            pages: true,
-            restart: true,
-            ..Setup::default()
-        },
-    );
-    group.wait_serving(WAIT, "at start");
-    // A whole window (web.errors_window, 10 s) of good answers first, as in a fleet that has
-    // served for a while: the 5xx share then crosses the threshold only some seconds after
-    // the errors begin.
-    std::thread::sleep(Duration::from_secs(10));
-    let at: Vec<Duration> = group.members.iter().map(|m| m.poller.elapsed()).collect();
+    let (group, at) = serving_pages();
     for m in &group.members {
         m.break_pages();
     }

@@ -1048,13 +1048,15 @@ fn watching_nothing_is_degraded_never_healthy() {
 fn erroring_is_503_only_when_the_peers_serve() {
     use Recommendation::*;
     use Status::*;
-    let judged = |scope| Judgement {
-        class: FaultClass::Errors,
-        scope,
-        peers_with: if scope == Scope::Shared { 2 } else { 0 },
-        peers_answered: 2,
-        reason: format!("{scope:?} by 2 peers"),
-    };
+    fn judged(scope: Scope) -> Judgement {
+        Judgement {
+            class: FaultClass::Errors,
+            scope,
+            peers_with: if scope == Scope::Shared { 2 } else { 0 },
+            peers_answered: 2,
+            reason: format!("{scope:?} by 2 peers"),
+        }
+    }
     let erroring = |f: fn(&mut PolicyInput)| {
         let mut i = PolicyInput {
             web: WebVerdict::Erroring,
@@ -1068,13 +1070,7 @@ fn erroring_is_503_only_when_the_peers_serve() {
         (
             "only this instance errs, its restart did not help: 503",
             erroring(|i| {
-                i.fleet = vec![Judgement {
-                    class: FaultClass::Errors,
-                    scope: Scope::Local,
-                    peers_with: 0,
-                    peers_answered: 2,
-                    reason: "2/2 peers answering have no errors fault".into(),
-                }];
+                i.fleet = vec![judged(Scope::Local)];
                 i.heal = HealPhase::Exhausted;
             }),
             Unhealthy,
@@ -1084,13 +1080,7 @@ fn erroring_is_503_only_when_the_peers_serve() {
         (
             "only this instance errs, restarting: 200 recovering",
             erroring(|i| {
-                i.fleet = vec![Judgement {
-                    class: FaultClass::Errors,
-                    scope: Scope::Local,
-                    peers_with: 0,
-                    peers_answered: 2,
-                    reason: "local".into(),
-                }];
+                i.fleet = vec![judged(Scope::Local)];
                 i.heal = HealPhase::Recovering;
             }),
             Recovering,
@@ -1099,15 +1089,7 @@ fn erroring_is_503_only_when_the_peers_serve() {
         ),
         (
             "most peers err too (a bad deploy): 200, nothing to scale",
-            erroring(|i| {
-                i.fleet = vec![Judgement {
-                    class: FaultClass::Errors,
-                    scope: Scope::Shared,
-                    peers_with: 2,
-                    peers_answered: 2,
-                    reason: "shared".into(),
-                }]
-            }),
+            erroring(|i| i.fleet = vec![judged(Scope::Shared)]),
             Degraded,
             200,
             InfrastructureIssue,
@@ -1115,13 +1097,7 @@ fn erroring_is_503_only_when_the_peers_serve() {
         (
             "a fleet that 500s under load is never told to scale up",
             erroring(|i| {
-                i.fleet = vec![Judgement {
-                    class: FaultClass::Errors,
-                    scope: Scope::Shared,
-                    peers_with: 2,
-                    peers_answered: 2,
-                    reason: "shared".into(),
-                }];
+                i.fleet = vec![judged(Scope::Shared)];
                 i.pressure = Pressure::High;
                 i.saturation = Some(1.4);
             }),
