@@ -84,10 +84,16 @@ impl Condition {
                 snap.report.database.state == DbState::Misconfigured
                     || snap.report.web.config_error.is_some()
             }
+            // Kept in rotation for good: not while a restart runs (`recovering`) or the peers
+            // are still being asked (a moment, before a 503 or an infrastructure issue).
             Self::Erroring => {
                 snap.report.web.verdict == WebVerdict::Erroring
-                    && snap.decision.http == 200
-                    && snap.decision.recommendation != Recommendation::InfrastructureIssue
+                    && snap.decision.status == Status::Degraded
+                    && snap.decision.recommendation == Recommendation::Stable
+                    && !snap
+                        .fleet
+                        .asking
+                        .contains(&crate::status::FaultClass::Errors)
             }
         }
     }
