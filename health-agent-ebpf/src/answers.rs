@@ -22,7 +22,9 @@ use aya_ebpf::{
     maps::{Array, PerCpuArray},
     programs::SkBuffContext,
 };
-use health_common::{AnswerCounters, ProbePath, WatchKey, MAX_PORTS, PROBE_PATH_MAX};
+use health_common::{
+    kernel::AF_INET6, AnswerCounters, ProbePath, WatchKey, MAX_PORTS, PROBE_PATH_MAX,
+};
 
 use crate::{conn::port_watched, offsets, tcp_state};
 
@@ -47,15 +49,11 @@ pub fn answers_ingress(ctx: SkBuffContext) -> i32 {
     1
 }
 
-/// The counters of the watched port this packet's socket is bound to, and the offset of its
-/// TCP payload; None for any other socket, or a packet without payload.
+/// The counters of the watched port `port` (known watched) in this packet socket's
+/// namespace; None for the same port number in another namespace. Paid only for segments that
+/// start an answer or a request: a namespace read and a hash look-up.
 #[inline(always)]
-fn watched(ctx: &SkBuffContext) -> Option<(&'static mut AnswerCounters, usize)> {
-    // Host byte order for the local port.
-    let port = ctx.skb.local_port() as u16;
-    if !port_watched(port) {
-        return None;
-    }
+fn counters(ctx: &SkBuffContext, port: u16) -> Option<&'static mut AnswerCounters> {
     let off = offsets()?;
     let netns = if off.net_known == 1 {
         // The socket's address, as the tracepoints see it. The verifier types the context's
@@ -72,17 +70,36 @@ fn watched(ctx: &SkBuffContext) -> Option<(&'static mut AnswerCounters, usize)> 
         0
     };
     let slot = tcp_state::slot(WatchKey::new(netns, port))?;
-    let payload = payload_offset(ctx)?;
     let p = ANSWERS.get_ptr_mut(slot)?;
     // SAFETY: a per-CPU array value, valid for the map's lifetime and touched only by programs
     // on this CPU, which do not preempt one another.
-    Some((unsafe { &mut *p }, payload))
+    Some(unsafe { &mut *p })
+}
+
+/// The local port of this packet's socket when it is watched: the first test, a field of the
+/// context and one array read, which turns away every other socket's packets.
+#[inline(always)]
+fn watched_port(ctx: &SkBuffContext) -> Option<u16> {
+    // Host byte order for the local port.
+    let port = ctx.skb.local_port() as u16;
+    port_watched(port).then_some(port)
 }
 
 /// Where the TCP payload starts (the context's data begins at the network header), when the
-/// packet is TCP and holds at least 12 payload bytes.
+/// packet is TCP and holds at least 12 payload bytes. A segment too short for that (an ACK,
+/// with or without timestamps) is turned away on its length alone, before any byte is read.
 #[inline(always)]
 fn payload_offset(ctx: &SkBuffContext) -> Option<usize> {
+    // IPv4 + TCP with timestamps + 12 bytes; IPv6 the same. Without timestamps a segment of
+    // 12 to 23 payload bytes is turned away too: no status line or request line is that short.
+    let min = if ctx.skb.family() == u32::from(AF_INET6) {
+        84
+    } else {
+        64
+    };
+    if ctx.skb.len() < min {
+        return None;
+    }
     let b0: u8 = ctx.load(0).ok()?;
     let (ip_len, proto) = match b0 >> 4 {
         4 => (((b0 & 0x0f) as usize) * 4, ctx.load::<u8>(9).ok()?),
@@ -101,10 +118,10 @@ fn payload_offset(ctx: &SkBuffContext) -> Option<usize> {
     Some(at)
 }
 
-fn try_egress(ctx: &SkBuffContext) -> Option<()> {
-    let (c, at) = watched(ctx)?;
-    c.sent += 1;
-    let head: [u8; 12] = ctx.load(at).ok()?;
+/// What a segment's first bytes say: 1–5 the class of an `HTTP/1.x` status line, `TLS` a TLS
+/// record, 0 anything else (the rest of an answer's body).
+#[inline(always)]
+fn answer_kind(head: &[u8; 12]) -> u8 {
     if head[0] == b'H'
         && head[1] == b'T'
         && head[2] == b'T'
@@ -113,25 +130,50 @@ fn try_egress(ctx: &SkBuffContext) -> Option<()> {
         && head[5] == b'1'
         && head[6] == b'.'
         && head[8] == b' '
+        && (b'1'..=b'5').contains(&head[9])
     {
-        // One constant index per class: a computed one loses its bound to the compiler's
-        // rewriting before the verifier sees it.
-        match head[9] {
-            b'1' => c.status[1] += 1,
-            b'2' => c.status[2] += 1,
-            b'3' => c.status[3] += 1,
-            b'4' => c.status[4] += 1,
-            b'5' => c.status[5] += 1,
-            _ => {}
-        }
+        head[9] - b'0'
     } else if (0x14..=0x17).contains(&head[0]) && head[1] == 0x03 && head[2] <= 0x04 {
-        c.tls += 1;
+        TLS
+    } else {
+        0
+    }
+}
+
+const TLS: u8 = 6;
+
+fn try_egress(ctx: &SkBuffContext) -> Option<()> {
+    let port = watched_port(ctx)?;
+    let at = payload_offset(ctx)?;
+    let head: [u8; 12] = ctx.load(at).ok()?;
+    let kind = answer_kind(&head);
+    // Every segment sent counts only where it is the evidence of answers going out (the
+    // sock_diag tier); elsewhere a body segment leaves here, before any look-up.
+    let count_sent = ANSWER_PROBE.get(0).is_some_and(|p| p.count_sent == 1);
+    if kind == 0 && !count_sent {
+        return None;
+    }
+    let c = counters(ctx, port)?;
+    if count_sent {
+        c.sent += 1;
+    }
+    // One constant index per class: a computed one loses its bound to the compiler's
+    // rewriting before the verifier sees it.
+    match kind {
+        1 => c.status[1] += 1,
+        2 => c.status[2] += 1,
+        3 => c.status[3] += 1,
+        4 => c.status[4] += 1,
+        5 => c.status[5] += 1,
+        TLS => c.tls += 1,
+        _ => {}
     }
     Some(())
 }
 
 fn try_ingress(ctx: &SkBuffContext) -> Option<()> {
-    let (c, at) = watched(ctx)?;
+    let port = watched_port(ctx)?;
+    let at = payload_offset(ctx)?;
     let head: [u8; 8] = ctx.load(at).ok()?;
     let path_at = if starts(&head, b"GET /") {
         4
@@ -145,11 +187,12 @@ fn try_ingress(ctx: &SkBuffContext) -> Option<()> {
     {
         0
     } else if starts(&head, b"PRI * HT") {
-        c.h2 += 1;
+        counters(ctx, port)?.h2 += 1;
         return Some(());
     } else {
         return None;
     };
+    let c = counters(ctx, port)?;
     c.requests += 1;
     if path_at == 0 {
         return None;

@@ -244,6 +244,10 @@ pub const PROBE_PATH_MAX: usize = 64;
 pub struct ProbePath {
     /// Bytes of `path` in use; 0: no probe path.
     pub len: u32,
+    /// 1: count every segment sent (`AnswerCounters::sent`), the evidence of answers going out
+    /// where the socket-call tracepoints are missing; 0: only the segments that start an
+    /// answer are looked at further.
+    pub count_sent: u32,
     pub path: [u8; PROBE_PATH_MAX],
 }
 
@@ -251,6 +255,7 @@ impl Default for ProbePath {
     fn default() -> Self {
         Self {
             len: 0,
+            count_sent: 0,
             path: [0; PROBE_PATH_MAX],
         }
     }

@@ -1,6 +1,7 @@
-//! The answer programs (cgroup-skb, `health-agent-ebpf/src/answers.rs`): attached once to the
-//! root of the cgroup v2 hierarchy, where they see every socket of the host, containers
-//! included, and count what the watched ports answer by status class. They are optional: where
+//! The answer programs (cgroup-skb, `health-agent-ebpf/src/answers.rs`): attached to the root
+//! of the cgroup v2 hierarchy, where they see every socket of the host, containers included,
+//! and count what the watched ports answer by status class. With `socket_tracing =
+//! "on_suspicion"` they attach in sampling windows and on a suspicion (`checks::web::monitor`). They are optional: where
 //! they cannot attach (no cgroup v2, a kernel or a sandbox that refuses the program type), the
 //! rest of the kernel view works and the answers say why they are not visible.
 
@@ -8,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use aya::{
     maps::{Array, MapData, PerCpuArray},
-    programs::{CgroupAttachMode, CgroupSkb, CgroupSkbAttachType},
+    programs::{cgroup_skb::CgroupSkbLinkId, CgroupAttachMode, CgroupSkb, CgroupSkbAttachType},
     Ebpf,
 };
 use health_common::{maps, AnswerCounters, ProbePath, PROBE_PATH_MAX};
@@ -22,54 +23,107 @@ const PROGRAMS: [(&str, CgroupSkbAttachType); 2] = [
 pub struct Answers {
     counters: PerCpuArray<MapData, AnswerCounters>,
     probe: Array<MapData, ProbePath>,
+    /// What the programs are told (the probe path, whether to count every segment sent).
+    settings: ProbePath,
+    /// The root cgroup the programs attach to.
+    cgroup: std::fs::File,
+    root: PathBuf,
+    /// Their links while attached.
+    links: Vec<(&'static str, CgroupSkbLinkId)>,
 }
 
 impl Answers {
-    /// Loads the programs and attaches them to the root cgroup, or says why not.
-    pub fn load(ebpf: &mut Ebpf) -> Result<Self, String> {
+    /// Loads the programs and attaches them to the root cgroup (or, `attach` false, leaves
+    /// them ready to), or says why not.
+    pub fn load(ebpf: &mut Ebpf, attach: bool) -> Result<Self, String> {
         let counters = super::take(ebpf, maps::ANSWERS).map_err(|e| e.to_string())?;
         let probe = super::take(ebpf, maps::ANSWER_PROBE).map_err(|e| e.to_string())?;
         let root = host_cgroup_root()?;
         let cgroup = std::fs::File::open(&root)
             .map_err(|e| format!("opening the cgroup v2 root {}: {e}", root.display()))?;
-        for (name, direction) in PROGRAMS {
+        for (name, _) in PROGRAMS {
             let program: &mut CgroupSkb = super::typed(ebpf, name).map_err(|e| e.to_string())?;
             program
                 .load()
                 .map_err(|e| format!("loading {name}: {}", crate::dburl::error_chain(&e)))?;
+        }
+        let mut answers = Self {
+            counters,
+            probe,
+            settings: ProbePath::default(),
+            cgroup,
+            root,
+            links: Vec::new(),
+        };
+        if attach {
+            answers.attach(ebpf, true)?;
+        }
+        Ok(answers)
+    }
+
+    /// Whether the programs are attached.
+    pub fn attached(&self) -> bool {
+        !self.links.is_empty()
+    }
+
+    /// Attaches or detaches the programs. The counters carry on: while detached they stand
+    /// still.
+    pub fn attach(&mut self, ebpf: &mut Ebpf, on: bool) -> Result<(), String> {
+        if on == self.attached() {
+            return Ok(());
+        }
+        if !on {
+            for (name, link) in std::mem::take(&mut self.links) {
+                let program: &mut CgroupSkb =
+                    super::typed(ebpf, name).map_err(|e| e.to_string())?;
+                program
+                    .detach(link)
+                    .map_err(|e| format!("detaching {name}: {}", crate::dburl::error_chain(&e)))?;
+            }
+            return Ok(());
+        }
+        for (name, direction) in PROGRAMS {
+            let program: &mut CgroupSkb = super::typed(ebpf, name).map_err(|e| e.to_string())?;
             // A link (5.7+, aya's choice there): it runs beside any program systemd or a
             // container runtime attaches, and the kernel refuses attach flags on links, so
             // the mode must say none.
-            program
-                .attach(&cgroup, direction, CgroupAttachMode::Single)
+            let link = program
+                .attach(&self.cgroup, direction, CgroupAttachMode::Single)
                 .map_err(|e| {
                     format!(
                         "attaching {name} to {}: {}",
-                        root.display(),
+                        self.root.display(),
                         crate::dburl::error_chain(&e)
                     )
                 })?;
+            self.links.push((name, link));
         }
-        tracing::info!(
-            "answer programs attached to the cgroup v2 root {}",
-            root.display()
-        );
-        Ok(Self { counters, probe })
+        Ok(())
     }
 
     /// Sets the probe path whose requests are not real traffic ("" for none). A path longer
     /// than the programs compare is left unset: its requests then count as real ones.
     pub fn set_probe_path(&mut self, path: &str) -> Result<(), String> {
         let path = path.split('?').next().unwrap_or_default().as_bytes();
-        let mut entry = ProbePath::default();
+        self.settings.len = 0;
+        self.settings.path = [0; PROBE_PATH_MAX];
         if path.len() <= PROBE_PATH_MAX && path.starts_with(b"/") {
-            // The programs compare from the byte after the leading slash's method: the whole
-            // path, slash included, follows `GET ` or `HEAD `.
-            entry.len = path.len() as u32;
-            entry.path[..path.len()].copy_from_slice(path);
+            // The whole path, slash included, follows `GET ` or `HEAD `.
+            self.settings.len = path.len() as u32;
+            self.settings.path[..path.len()].copy_from_slice(path);
         }
+        self.write_settings()
+    }
+
+    /// Counts every segment sent (the `sock_diag` tier's evidence of answers going out).
+    pub fn count_sent(&mut self, on: bool) -> Result<(), String> {
+        self.settings.count_sent = u32::from(on);
+        self.write_settings()
+    }
+
+    fn write_settings(&mut self) -> Result<(), String> {
         self.probe
-            .set(0, entry, 0)
+            .set(0, self.settings, 0)
             .map_err(|e| format!("map {}: {e}", maps::ANSWER_PROBE))
     }
 

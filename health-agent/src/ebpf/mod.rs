@@ -344,9 +344,11 @@ impl KernelView {
                 "on demand"
             }
         );
-        let answers = answers::Answers::load(&mut ebpf);
-        if let Err(e) = &answers {
-            tracing::warn!("answers' status classes not visible: {e}");
+        let answers = answers::Answers::load(&mut ebpf, follow || socket_calls.is_err());
+        match &answers {
+            Ok(a) if a.attached() => tracing::info!("answer programs attached"),
+            Ok(_) => tracing::info!("answer programs loaded, attached on demand"),
+            Err(e) => tracing::warn!("answers' status classes not visible: {e}"),
         }
         // The offsets map stays referenced by the loaded programs; our handle can go.
         drop(offsets_map);
@@ -445,6 +447,28 @@ impl KernelView {
             }
         }
         Ok(sum)
+    }
+
+    /// Whether the answer programs are attached now.
+    pub fn answers_attached(&self) -> bool {
+        self.answers.as_ref().is_ok_and(answers::Answers::attached)
+    }
+
+    /// Attaches or detaches the answer programs (sampling windows with `on_suspicion`).
+    pub fn attach_answers(&mut self, on: bool) -> Result<(), String> {
+        match self.answers.as_mut() {
+            Ok(a) => a.attach(&mut self.ebpf, on),
+            Err(e) => Err(e.clone()),
+        }
+    }
+
+    /// Tells the answer programs to count every segment sent (the `sock_diag` tier).
+    pub fn count_segments_sent(&mut self) {
+        if let Ok(a) = self.answers.as_mut() {
+            if let Err(e) = a.count_sent(true) {
+                tracing::warn!("segments sent will not be counted: {e}");
+            }
+        }
     }
 
     /// Tells the answer programs the probe path: its requests are not real traffic.

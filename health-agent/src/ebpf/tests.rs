@@ -297,8 +297,12 @@ async fn answers_count_by_status_class_and_the_probe_path_apart() {
     // them.
     let mut k = KernelView::load(1024, false, false, true).expect("loading the kernel programs");
     if let Some(why) = k.answers_unavailable() {
-        panic!("answer programs not attached: {why}");
+        panic!("answer programs not loaded: {why}");
     }
+    // Loaded detached, as `on_suspicion` starts them between sampling windows.
+    assert!(!k.answers_attached());
+    k.attach_answers(true)
+        .expect("attaching the answer programs");
     k.set_probe_path("/up");
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();

@@ -271,6 +271,12 @@ impl AnswerWindow {
         }
     }
 
+    /// Whether the answers fail now: the judgement is `erroring`, or the latest second's were
+    /// mostly 5xx.
+    pub fn failing(&self) -> bool {
+        self.erroring || self.failing_since.is_some()
+    }
+
     /// Whether the judgement rests on enough answers since the latest start over.
     pub fn judged(&self) -> bool {
         self.judged

@@ -118,6 +118,11 @@ pub struct WebMonitor {
     tier: KernelTier,
     /// In the `sock_diag` tier: the segments-sent count at the previous tick.
     segments: Option<u64>,
+    /// `socket_tracing = "on_suspicion"`: when the latest sampling window of the answer
+    /// programs opened (see ANSWERS_EVERY).
+    answers_sampled_at: Option<Instant>,
+    /// Attaching the answer programs failed once: do not retry (and warn) every tick.
+    answers_attach_failed: bool,
     /// The processes holding the listener when the answers were last read: a wholly new set
     /// (a restart) starts the answers' window over.
     answers_pids: Vec<u32>,
@@ -167,6 +172,13 @@ const QUIET_READ_MAX: Duration = Duration::from_secs(5);
 /// the per-call cost for a web part that is measured.
 const COUNT_FOR: Duration = Duration::from_millis(450);
 const COUNT_EVERY: Duration = Duration::from_secs(15);
+/// `socket_tracing = "on_suspicion"`: the answer programs (status classes) run per packet of
+/// the watched port, so they too attach only for a sampling window of ANSWERS_FOR every
+/// ANSWERS_EVERY, and for as long as the programs that follow connections are attached or the
+/// answers' latest second failed: a box that answers only 5xx is seen within ANSWERS_EVERY,
+/// and then followed until the judgement is made.
+const ANSWERS_FOR: Duration = Duration::from_secs(1);
+const ANSWERS_EVERY: Duration = Duration::from_secs(10);
 
 /// Loads the kernel programs when `cfg` asks for them, in the highest tier the kernel offers
 /// (or the one `web.kernel_tier` forces). A failure is not fatal: the monitor then decides from
@@ -208,7 +220,7 @@ pub fn load_kernel(cfg: &WebConfig) -> (Option<KernelView>, KernelStatus) {
     let follow = cfg.socket_tracing == SocketTracing::Always;
     let socket_calls = cfg.kernel_tier != KernelTier::SockDiag;
     match KernelView::load(cfg.max_connections_tracked, always, follow, socket_calls) {
-        Ok(k) => {
+        Ok(mut k) => {
             let mut missing = Vec::new();
             let tier = match k.socket_calls_missing() {
                 None => KernelTier::Full,
@@ -221,6 +233,10 @@ pub fn load_kernel(cfg: &WebConfig) -> (Option<KernelView>, KernelStatus) {
                     KernelTier::SockDiag
                 }
             };
+            if tier == KernelTier::SockDiag {
+                // Every segment sent is the evidence of answers going out there.
+                k.count_segments_sent();
+            }
             if cfg.kernel_tier == KernelTier::Full && tier != KernelTier::Full {
                 tracing::warn!(
                     "web.kernel_tier = \"full\" asked for, but this kernel has no socket-call \
@@ -327,6 +343,8 @@ impl WebMonitor {
             answers_pids: Vec::new(),
             tier,
             segments: None,
+            answers_sampled_at: None,
+            answers_attach_failed: false,
         }
     }
 
@@ -1055,6 +1073,7 @@ impl WebMonitor {
     /// Reads what the port answered this round (one small map read). A restart (no listener,
     /// or a wholly new set of processes holding it) starts the window over.
     fn observe_answers(&mut self, port: u16, listening: bool, now: Instant) {
+        self.steer_answers(now);
         let replaced = !self.answers_pids.is_empty()
             && !self.owners.is_empty()
             && !self.owners.iter().any(|p| self.answers_pids.contains(p));
@@ -1074,6 +1093,43 @@ impl WebMonitor {
         };
         let probe_status = self.last_probe.as_ref().and_then(|p| p.status);
         self.answers.observe(counters, probe_status, now, &self.cfg);
+    }
+
+    /// With `socket_tracing = "on_suspicion"` in the full tier: attaches the answer programs
+    /// for their sampling windows, while the connection programs are attached, and while the
+    /// answers fail; detaches them otherwise. The window starts over at each attach: counters
+    /// that stood still while detached are no evidence of an idle backend.
+    fn steer_answers(&mut self, now: Instant) {
+        if self.cfg.socket_tracing != SocketTracing::OnSuspicion
+            || self.tier != KernelTier::Full
+            || self.answers_attach_failed
+        {
+            return;
+        }
+        let Some(k) = self.kernel.as_mut() else {
+            return;
+        };
+        if k.answers_unavailable().is_some() {
+            return;
+        }
+        let since = |t: Option<Instant>| t.map(|t| now.saturating_duration_since(t));
+        let due = since(self.answers_sampled_at).is_none_or(|d| d >= ANSWERS_EVERY);
+        let sampling = since(self.answers_sampled_at).is_some_and(|d| d < ANSWERS_FOR);
+        let want = due || sampling || k.following() || self.answers.failing();
+        if want == k.answers_attached() {
+            return;
+        }
+        if want && due {
+            self.answers_sampled_at = Some(now);
+        }
+        match k.attach_answers(want) {
+            Ok(()) if want => self.answers.restart(now),
+            Ok(()) => {}
+            Err(e) => {
+                tracing::warn!("the answer programs: {e}; the answers' status is not sampled");
+                self.answers_attach_failed = true;
+            }
+        }
     }
 
     /// The answers' evidence for the peers and for judging a restart: since when the window
