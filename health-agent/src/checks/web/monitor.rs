@@ -178,7 +178,7 @@ const COUNT_EVERY: Duration = Duration::from_secs(15);
 /// answers' latest second failed: a box that answers only 5xx is seen within ANSWERS_EVERY,
 /// and then followed until the judgement is made.
 const ANSWERS_FOR: Duration = Duration::from_secs(1);
-const ANSWERS_EVERY: Duration = Duration::from_secs(10);
+const ANSWERS_EVERY: Duration = Duration::from_secs(30);
 
 /// Loads the kernel programs when `cfg` asks for them, in the highest tier the kernel offers
 /// (or the one `web.kernel_tier` forces). A failure is not fatal: the monitor then decides from
