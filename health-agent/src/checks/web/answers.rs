@@ -89,9 +89,20 @@ impl Stats {
     }
 }
 
+/// One round's reading: the kernel's counters, and the probe path's answers taken off each
+/// class up to then (each round's new ones in the class the agent's own probe got at that
+/// round: a probe that answered 500 during an outage is not a real 500 later).
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    at: Instant,
+    counters: AnswerCounters,
+    probe: [u64; 6],
+}
+
 #[derive(Debug, Default)]
 pub struct AnswerWindow {
-    samples: VecDeque<(Instant, AnswerCounters)>,
+    /// Each round's counters, with the probe path's answers attributed by class so far.
+    samples: VecDeque<Sample>,
     /// The judgement, held between windows that have too few answers to make one.
     erroring: bool,
     /// Since when the window's evidence runs (the latest start over).
@@ -137,20 +148,29 @@ impl AnswerWindow {
         self.unavailable = None;
         self.since.get_or_insert(now);
         // Counters that went back (a slot reused for another port) start the window over.
-        if self
-            .samples
-            .back()
-            .is_some_and(|(_, last)| last.answers() > c.answers() || last.requests > c.requests)
-        {
+        let last = self.samples.back().copied();
+        let went_back = last.is_some_and(|l| {
+            l.counters.answers() > c.answers() || l.counters.requests > c.requests
+        });
+        if went_back {
             self.samples.clear();
         }
-        self.samples.push_back((now, c));
+        let mut probe = last.filter(|_| !went_back).map_or([0; 6], |l| l.probe);
+        let new_probes = last.filter(|_| !went_back).map_or(0, |l| {
+            c.probe_requests.saturating_sub(l.counters.probe_requests)
+        });
+        probe[self.probe_class()] += new_probes;
+        self.samples.push_back(Sample {
+            at: now,
+            counters: c,
+            probe,
+        });
         // Keep one sample at or before the window's start, as its base.
         while self.samples.len() > 2
             && self
                 .samples
                 .get(1)
-                .is_some_and(|(t, _)| now.saturating_duration_since(*t) >= cfg.errors_window)
+                .is_some_and(|s| now.saturating_duration_since(s.at) >= cfg.errors_window)
         {
             self.samples.pop_front();
         }
@@ -197,7 +217,7 @@ impl AnswerWindow {
     pub fn restart(&mut self, now: Instant) {
         if let Some(last) = self.samples.pop_back() {
             self.samples.clear();
-            self.samples.push_back((now, last.1));
+            self.samples.push_back(Sample { at: now, ..last });
         }
         self.since = Some(now);
         self.judged = false;
@@ -215,13 +235,12 @@ impl AnswerWindow {
 
     /// Real answers by class since the programs loaded.
     fn totals(&self) -> [u64; 6] {
-        let mut t = self.samples.back().map_or([0; 6], |(_, c)| c.status);
-        let class = self.probe_class();
-        let probe = self
-            .samples
-            .back()
-            .map_or(0, |(_, c)| c.probe_requests.min(t[class]));
-        t[class] -= probe;
+        let mut t = [0; 6];
+        if let Some(last) = self.samples.back() {
+            for (i, n) in t.iter_mut().enumerate() {
+                *n = last.counters.status[i].saturating_sub(last.probe[i]);
+            }
+        }
         t
     }
 
@@ -233,28 +252,27 @@ impl AnswerWindow {
     /// The figures since the latest sample at or before `from` (the oldest kept when None or
     /// older).
     fn stats_since(&self, from: Option<Instant>) -> Stats {
-        let base = from.and_then(|from| self.samples.iter().rev().find(|(t, _)| *t <= from));
-        let (Some((t0, first)), Some((t1, last))) =
-            (base.or(self.samples.front()), self.samples.back())
-        else {
+        let base = from.and_then(|from| self.samples.iter().rev().find(|s| s.at <= from));
+        let (Some(first), Some(last)) = (base.or(self.samples.front()), self.samples.back()) else {
             return Stats::default();
         };
         let mut by_class = [0u64; 6];
+        let mut probe = 0;
         for (i, n) in by_class.iter_mut().enumerate().skip(1) {
-            *n = last.status[i].saturating_sub(first.status[i]);
+            let all = last.counters.status[i].saturating_sub(first.counters.status[i]);
+            let probes = last.probe[i].saturating_sub(first.probe[i]).min(all);
+            probe += probes;
+            *n = all - probes;
         }
-        let probe_requests = last.probe_requests.saturating_sub(first.probe_requests);
-        let class = self.probe_class();
-        let probe = probe_requests.min(by_class[class]);
-        by_class[class] -= probe;
+        let (a, b) = (&first.counters, &last.counters);
         Stats {
             by_class,
             probe,
             answers: by_class.iter().sum(),
             errors: by_class[5],
-            tls: last.tls.saturating_sub(first.tls),
-            h2: last.h2.saturating_sub(first.h2),
-            span: t1.saturating_duration_since(*t0),
+            tls: b.tls.saturating_sub(a.tls),
+            h2: b.h2.saturating_sub(a.h2),
+            span: last.at.saturating_duration_since(first.at),
         }
     }
 
@@ -450,6 +468,24 @@ mod tests {
         }
         assert!(w.erroring(), "{:?}", w.stats());
         assert!(w.stats().share() < Some(0.5));
+    }
+
+    #[test]
+    fn the_probes_own_500s_stay_the_probes_once_it_answers_200_again() {
+        // A backend with no real traffic answers its probe 500, then 200 again: none of it
+        // is a real answer, whatever the probe gets now.
+        let cfg = cfg();
+        let t = Instant::now();
+        let s = |n: u64| t + Duration::from_secs(n);
+        let mut w = AnswerWindow::default();
+        w.observe(counters([0; 6], 0), Some(200), s(0), &cfg);
+        w.observe(counters([0, 0, 0, 0, 0, 8], 8), Some(500), s(4), &cfg);
+        w.observe(counters([0, 0, 0, 0, 0, 16], 16), Some(500), s(8), &cfg);
+        w.observe(counters([0, 0, 2, 0, 0, 16], 18), Some(200), s(9), &cfg);
+        let st = w.stats();
+        assert_eq!((st.answers, st.errors, st.probe), (0, 0, 18), "{st:?}");
+        assert!(!w.erroring());
+        assert_eq!(w.report(&cfg).total_by_class["5xx"], 0);
     }
 
     #[test]
