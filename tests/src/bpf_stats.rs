@@ -41,9 +41,14 @@ impl BpfStats {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProgRuns {
     pub id: u64,
+    /// `BPF_PROG_TYPE_*` (8: cgroup-skb, the answer programs).
+    pub prog_type: u64,
     pub run_cnt: u64,
     pub run_time_ns: u64,
 }
+
+/// `BPF_PROG_TYPE_CGROUP_SKB`: the answer programs, which run per packet of the watched port.
+pub const CGROUP_SKB: u64 = 8;
 
 /// Every BPF program `pid` holds a descriptor to, with its run count and time so far (both
 /// move only while run counting is on).
@@ -67,6 +72,7 @@ pub fn prog_runs(pid: u32) -> Vec<ProgRuns> {
             if !out.iter().any(|p: &ProgRuns| p.id == id) {
                 out.push(ProgRuns {
                     id,
+                    prog_type: field("prog_type:").unwrap_or(0),
                     run_cnt,
                     run_time_ns,
                 });
@@ -80,4 +86,13 @@ pub fn prog_runs(pid: u32) -> Vec<ProgRuns> {
 /// Runs of all of `pid`'s programs together.
 pub fn total_runs(pid: u32) -> u64 {
     prog_runs(pid).iter().map(|p| p.run_cnt).sum()
+}
+
+/// Runs of `pid`'s programs of one type (`keep` true) or of every other type.
+pub fn runs_of_type(pid: u32, prog_type: u64, keep: bool) -> u64 {
+    prog_runs(pid)
+        .iter()
+        .filter(|p| (p.prog_type == prog_type) == keep)
+        .map(|p| p.run_cnt)
+        .sum()
 }

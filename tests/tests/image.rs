@@ -246,8 +246,9 @@ fn the_image_runs_as_the_daemonset_asks_and_turns_503_for_a_frozen_host_backend(
         listen,
         "200 with the kernel view active and the answers' status visible",
         |c, b| {
-            // Real traffic all along: the answers are counted from the programs' attach on.
-            let _ = get(fixture.port, "/");
+            // Real traffic all along (not the probe's path, "/": its answers are left out),
+            // counted from the programs' attach on.
+            let _ = get(fixture.port, "/orders");
             c == 200
                 && b["details"]["web"]["kernel"]["state"] == "active"
                 && b["details"]["web"]["counters"]["answered"].as_u64() > Some(0)

@@ -1,14 +1,14 @@
 //! `web.socket_tracing = "on_suspicion"`: while real traffic is served well, the programs that
-//! follow connections stay detached — the kernel counts not one run of any of the agent's
-//! programs under a new connection per request, and under back-to-back keep-alive requests only
-//! a short counting window's — and a frozen server still leaves rotation, the attach shown and
-//! logged.
+//! follow connections stay detached — the kernel counts not one run of them under a new
+//! connection per request, and under back-to-back keep-alive requests only a short counting
+//! window's; the answer programs run only in their 1 s sampling windows — and a frozen server
+//! still leaves rotation, the attach shown and logged.
 
 use std::time::{Duration, Instant};
 
 use health_agent_tests::{
     background_requests,
-    bpf_stats::{total_runs, BpfStats},
+    bpf_stats::{runs_of_type, total_runs, BpfStats, CGROUP_SKB},
     require_root, Agent, Load, Nginx,
 };
 
@@ -27,19 +27,33 @@ fn healthy_traffic_runs_no_program_and_a_frozen_server_still_leaves_rotation() {
         c == 200 && b["checks"]["webserver"] == "up"
     });
 
-    // A new connection per request, for a few seconds: nothing runs at all.
+    // The answer programs' first 1 s sampling window opens as the agent starts; the next is
+    // 30 s later.
+    std::thread::sleep(Duration::from_millis(1500));
+
+    // A new connection per request, for a few seconds: nothing runs at all, neither the
+    // programs that follow connections nor, between their sampling windows, the answer
+    // programs.
     let timeout = Duration::from_secs(2);
     let stats = BpfStats::enable();
-    let before = total_runs(agent.pid());
+    let pid = agent.pid();
+    let before = (
+        runs_of_type(pid, CGROUP_SKB, false),
+        runs_of_type(pid, CGROUP_SKB, true),
+    );
     let fresh = Load::new_connections(nginx.port, "/index.html", 2, Duration::ZERO, timeout);
     std::thread::sleep(Duration::from_secs(3));
     let fresh = fresh.stop();
-    let runs = total_runs(agent.pid()) - before;
+    let runs = (
+        runs_of_type(pid, CGROUP_SKB, false) - before.0,
+        runs_of_type(pid, CGROUP_SKB, true) - before.1,
+    );
     assert!(fresh.answers() > 100, "the load ran: {fresh:?}");
     assert_eq!(
         runs,
-        0,
-        "the agent's programs ran {runs} times for {} requests served well",
+        (0, 0),
+        "the agent's programs (connection, answer) ran {runs:?} times for {} requests served \
+         well",
         fresh.answers()
     );
 

@@ -390,6 +390,8 @@ impl WebMonitor {
     /// Reads the kernel counters (one map read) and notes what moved since the previous tick.
     /// Runs on every tick, so the time of the last answer is known to within one tick.
     pub fn observe(&mut self, now: Instant) {
+        // The answer programs' sampling windows close on the tick, not at the next report.
+        self.steer_answers(now);
         // With `socket_tracing = "on_suspicion"`, or below the `full` tier, the port's
         // connections (one sock_diag dump filtered by port): what moved on them, and whether
         // anything is suspicious.
