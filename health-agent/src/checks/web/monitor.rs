@@ -121,8 +121,9 @@ pub struct WebMonitor {
     /// `socket_tracing = "on_suspicion"`: when the latest sampling window of the answer
     /// programs opened (see ANSWERS_EVERY).
     answers_sampled_at: Option<Instant>,
-    /// Attaching the answer programs failed once: do not retry (and warn) every tick.
-    answers_attach_failed: bool,
+    /// Attaching the answer programs failed once, and why: not retried (nor warned) every
+    /// tick, and the answers say the status is not visible.
+    answers_attach_failed: Option<String>,
     /// The processes holding the listener when the answers were last read: a wholly new set
     /// (a restart) starts the answers' window over.
     answers_pids: Vec<u32>,
@@ -344,7 +345,7 @@ impl WebMonitor {
             tier,
             segments: None,
             answers_sampled_at: None,
-            answers_attach_failed: false,
+            answers_attach_failed: None,
         }
     }
 
@@ -1086,6 +1087,9 @@ impl WebMonitor {
             self.answers_pids.clone_from(&self.owners);
         }
         let counters = match &self.kernel {
+            Some(_) if self.answers_attach_failed.is_some() => {
+                Err(self.answers_attach_failed.clone().unwrap_or_default())
+            }
             Some(k) => k.answer_counters(port),
             None => Err(self
                 .kernel_status
@@ -1104,7 +1108,7 @@ impl WebMonitor {
     fn steer_answers(&mut self, now: Instant) {
         if self.cfg.socket_tracing != SocketTracing::OnSuspicion
             || self.tier != KernelTier::Full
-            || self.answers_attach_failed
+            || self.answers_attach_failed.is_some()
         {
             return;
         }
@@ -1129,7 +1133,7 @@ impl WebMonitor {
             Ok(()) => {}
             Err(e) => {
                 tracing::warn!("the answer programs: {e}; the answers' status is not sampled");
-                self.answers_attach_failed = true;
+                self.answers_attach_failed = Some(e);
             }
         }
     }
