@@ -17,7 +17,7 @@
 //! every other socket's packets.
 
 use aya_ebpf::{
-    helpers::{bpf_probe_read_kernel, bpf_skb_load_bytes},
+    helpers::bpf_probe_read_kernel,
     macros::{cgroup_skb, map},
     maps::{Array, PerCpuArray},
     programs::SkBuffContext,
@@ -202,23 +202,12 @@ fn try_ingress(ctx: &SkBuffContext) -> Option<()> {
     if len == 0 || len > PROBE_PATH_MAX {
         return None;
     }
-    // The path and the byte after it: a space, or `?` before a query.
-    let need = len + 1;
-    if (ctx.skb.len() as usize) < at + path_at + need {
-        return None;
-    }
-    let mut path = [0u8; PROBE_PATH_MAX + 1];
-    // SAFETY: bpf_skb_load_bytes copies `need` bytes (1..=PROBE_PATH_MAX + 1, checked above)
-    // of this packet into `path`, which holds that many; it never reads past the packet.
-    let ret = unsafe {
-        bpf_skb_load_bytes(
-            ctx.skb.skb as *const _,
-            (at + path_at) as u32,
-            path.as_mut_ptr() as *mut _,
-            need as u32,
-        )
-    };
-    if ret != 0 {
+    // The path and the byte after it: a space, or `?` before a query. Byte by byte, each load
+    // of a constant size: a real request's path differs within its first bytes, and a load of
+    // `len + 1` bytes at once needs a verifier that keeps `len`'s bound through a stack spill,
+    // which Linux 6.1's does not ("R4 unbounded memory access").
+    let from = at + path_at;
+    if (ctx.skb.len() as usize) < from + len + 1 {
         return None;
     }
     let mut i = 0;
@@ -226,12 +215,13 @@ fn try_ingress(ctx: &SkBuffContext) -> Option<()> {
         if i == len {
             break;
         }
-        if path[i] != probe.path[i] {
+        let b: u8 = ctx.load(from + i).ok()?;
+        if b != probe.path[i] {
             return None;
         }
         i += 1;
     }
-    let next = path[len.min(PROBE_PATH_MAX)];
+    let next: u8 = ctx.load(from + len).ok()?;
     if next == b' ' || next == b'?' {
         c.probe_requests += 1;
     }
