@@ -166,8 +166,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Serve => {
             let loaded = Config::load_all(&path)?;
-            // Which files made the configuration: a drop-in a tool wrote shows here.
-            tracing::info!("configuration: {}", loaded.describe());
+            // Which files made the configuration (a drop-in a tool wrote shows here), and the
+            // kernel view this kernel offers: the first line says where the judgement stands.
+            tracing::info!(
+                "configuration: {}; {}",
+                loaded.describe(),
+                health_agent::oneshot::tier_line(&loaded.config.web)
+            );
             let cfg = Arc::new(loaded.config);
             // The background checks are light and mostly waiting: one thread is plenty, and it
             // wakes fewer threads per tick than a work-stealing pool. HTTP has its own threads.

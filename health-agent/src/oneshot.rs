@@ -29,6 +29,22 @@ pub async fn run(cfg: &Config) -> Snapshot {
     Snapshot::new(decision, report, HealLog::default(), uptime, 0)
 }
 
+/// The tier of the kernel view `serve` will run on this kernel, and what it lacks: the
+/// agent's first log line carries it.
+pub fn tier_line(web: &crate::config::WebConfig) -> String {
+    match crate::ebpf::tier::offered(web) {
+        None => "kernel tier: none (no web port)".into(),
+        Some((tier, missing)) if missing.is_empty() => format!("kernel tier {}", tier.as_str()),
+        Some((tier, missing)) => {
+            format!(
+                "kernel tier {} (without {})",
+                tier.as_str(),
+                missing.join("; ")
+            )
+        }
+    }
+}
+
 /// `check --json`: the body `/health` serves with details, so one jq works on both.
 pub fn json(snap: &Snapshot) -> String {
     String::from_utf8_lossy(snap.body(crate::snapshot::Rendering::Full)).into_owned()
