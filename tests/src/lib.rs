@@ -19,6 +19,7 @@
 //! | `certs` | a CA and the certificates it signs, made with the openssl CLI |
 //! | `netns` | network namespaces reached over a veth pair |
 //! | `nspawn` | a Debian system booted with `systemd-nspawn -b` (the shipped unit under real systemd) |
+//! | `qemu` | Debian's Linux 6.1 booted under qemu, running scenarios inside (`bin/vm-init.rs`) |
 //! | `fleet` | stub servers, `/etc/hosts` lines, `/metrics` gauges for the fleet tests |
 
 pub mod agent;
@@ -40,6 +41,7 @@ pub mod poller;
 pub mod postgres;
 pub mod process;
 pub mod puma;
+pub mod qemu;
 pub mod receiver;
 pub mod redis;
 pub mod tmpfs;

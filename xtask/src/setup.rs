@@ -53,6 +53,10 @@ const PACKAGES: &[&str] = &[
     "bpftool",
     // cargo xtask image: the static (musl) agent; ring's C parts need musl-gcc.
     "musl-tools",
+    // tests/tests/old_kernel.rs: Debian's 6.1 kernel booted under qemu (TCG), with busybox as
+    // the guest's /bin/sh (the agent's restart_command runs under it).
+    "qemu-system-x86",
+    "busybox-static",
 ];
 /// The deploy-file validators that come from PyPI, by the command each installs.
 /// (command, PyPI requirement): the deploy validators, and moto (a CloudWatch API server for

@@ -1,0 +1,212 @@
+//! The judgement on a real old kernel: Debian 12's own Linux 6.1 (the kernel of Amazon Linux
+//! 2023 and Debian 12), booted under qemu (`tests/src/qemu.rs`), with the static agent (the
+//! image's binary) and the fixture backend inside. 6.1 has no `sock_send_length` /
+//! `sock_recv_length`, so the agent runs the `sock_diag` tier; nothing is forced.
+//!
+//! One boot runs three scenarios, each with a fresh backend and agent (`tests/src/bin/vm-init.rs`):
+//! - a busy pool (2 workers, 3 s requests, 4 clients): `slow`, never a 503, never restarted;
+//! - the backend frozen (SIGSTOP) under traffic: 503 `hung` within 2 s, 200 after SIGCONT;
+//! - the same with a restart command that replaces it: healed without a 503.
+//!
+//! Every `/health` answer of each scenario is asserted.
+
+use std::time::Duration;
+
+use health_agent_tests::{qemu, require_root};
+use serde_json::Value;
+
+fn t(v: &Value) -> f64 {
+    v["t"].as_f64().unwrap_or(f64::NAN)
+}
+
+/// The answers from `ready` on, and a one-line-per-change story of them.
+fn answers(r: &Value) -> (Vec<Value>, String) {
+    let ready = r["ready"].as_f64().expect("ready");
+    let samples: Vec<Value> = r["samples"]
+        .as_array()
+        .expect("samples")
+        .iter()
+        .filter(|s| t(s) >= ready)
+        .cloned()
+        .collect();
+    let mut story = String::new();
+    let mut last = String::new();
+    for s in &samples {
+        let now = format!("{} {} {}", s["code"], s["status"], s["webserver"]);
+        if now != last {
+            story.push_str(&format!("  {:6.2}s {now} {}\n", t(s), s["reasons"]));
+            last = now;
+        }
+    }
+    (samples, story)
+}
+
+fn ctx(r: &Value, story: &str) -> String {
+    format!(
+        "\nscenario {}; load {}; restarts {}; kernel {}\n{story}agent log:\n{}",
+        r["scenario"],
+        r["load"],
+        r["restarts"],
+        r["kernel"],
+        r["agent_log"].as_str().unwrap_or_default()
+    )
+}
+
+/// What every scenario shares: the tier, and why; the agent's first log line says it too.
+fn assert_tier(r: &Value, ctx: &str) {
+    assert_eq!(
+        r["kernel"]["tier"], "sock_diag",
+        "6.1 lacks the socket-call tracepoints: the tier is sock_diag{ctx}"
+    );
+    let missing = r["kernel"]["missing"].to_string();
+    assert!(
+        missing.contains("socket-call tracepoints") && missing.contains("Linux 6.3"),
+        "details.web.kernel.missing does not say what is missing and why: {missing}{ctx}"
+    );
+    let first = r["agent_log"]
+        .as_str()
+        .unwrap_or_default()
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        first.contains("kernel tier sock_diag"),
+        "the agent's first log line does not name the tier: {first:?}{ctx}"
+    );
+}
+
+#[test]
+fn on_debian_12s_6_1_kernel_a_frozen_backend_is_503_within_2s_and_a_busy_pool_never() {
+    require_root();
+    let vm = qemu::boot(
+        &["busy", "frozen", "frozen_restarted"],
+        Duration::from_secs(600),
+    );
+    println!(
+        "{}: kernel {}, BTF {}; initramfs built in {:.1} s, guest init {:.1} s after qemu started, whole run {:.0} s",
+        vm.package,
+        vm.ready["kernel"],
+        vm.ready["btf"],
+        vm.setup.as_secs_f64(),
+        vm.boot.as_secs_f64(),
+        vm.total.as_secs_f64()
+    );
+    assert!(
+        vm.ready["kernel"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("6.1."),
+        "not a 6.1 kernel: {}",
+        vm.ready
+    );
+
+    // A busy pool: slow, never 503, never restarted.
+    let busy = vm.result("busy");
+    let (samples, story) = answers(busy);
+    let c = ctx(busy, &story);
+    println!("busy pool on 6.1: load {}\n{story}", busy["load"]);
+    assert_tier(busy, &c);
+    assert!(
+        // 2 workers × 40 s / 3 s is 26 at most, and the agent's probes take their turns too.
+        busy["load"]["200"].as_u64().unwrap_or(0) >= 8,
+        "the load got too few answers (harness problem){c}"
+    );
+    let loaded: Vec<&Value> = samples
+        .iter()
+        .filter(|s| t(s) >= busy["load_start"].as_f64().unwrap())
+        .collect();
+    assert!(loaded.len() >= 200, "too few /health answers{c}");
+    if let Some(s) = samples.iter().find(|s| s["code"] != 200) {
+        panic!("a busy (not broken) backend got {s}{c}");
+    }
+    if let Some(s) = samples
+        .iter()
+        .find(|s| s["webserver"] == "hung" || s["webserver"] == "unresponsive")
+    {
+        panic!("a busy backend was called {}: {s}{c}", s["webserver"]);
+    }
+    assert!(
+        loaded.iter().any(|s| s["webserver"] == "slow"),
+        "never `slow` while every request waited seconds for a worker{c}"
+    );
+    assert_eq!(busy["restarts"], 0, "a busy backend was restarted{c}");
+    // The answer programs (cgroup-skb) pass 6.1's verifier: the status classes are seen.
+    let seen = &busy["answers"];
+    println!("details.web.answers at the end: {seen}");
+    assert_eq!(
+        seen["status_visible"], true,
+        "the answers' status is not visible on 6.1: {seen}{c}"
+    );
+    assert!(
+        seen["total_by_class"]["2xx"].as_u64().unwrap_or(0) >= 1,
+        "the backend's 200s were not counted: {seen}{c}"
+    );
+    assert!(
+        samples.iter().all(|s| s["heal"].as_u64().unwrap_or(0) == 0),
+        "details.heal counts restart attempts{c}"
+    );
+
+    // Frozen under traffic: 503 hung within 2 s; 200 again after SIGCONT.
+    let frozen = vm.result("frozen");
+    let (samples, story) = answers(frozen);
+    let c = ctx(frozen, &story);
+    assert_tier(frozen, &c);
+    let stopped = frozen["stopped"].as_f64().unwrap();
+    let continued = frozen["continued"].as_f64().unwrap();
+    assert!(
+        samples
+            .iter()
+            .filter(|s| t(s) < stopped)
+            .all(|s| s["code"] == 200),
+        "503 before the SIGSTOP{c}"
+    );
+    let first = samples
+        .iter()
+        .find(|s| t(s) >= stopped && s["code"] == 503)
+        .unwrap_or_else(|| panic!("no 503 for a frozen backend{c}"));
+    let took = t(first) - stopped;
+    println!(
+        "frozen on 6.1: SIGSTOP → 503 {} in {took:.2} s; load {}\n{story}",
+        first["webserver"], frozen["load"]
+    );
+    assert_eq!(first["webserver"], "hung", "{first}{c}");
+    assert!(
+        took <= 2.0,
+        "503 came {took:.2} s after the SIGSTOP (≤ 2 s){c}"
+    );
+    let back = samples
+        .iter()
+        .find(|s| t(s) >= continued && s["code"] == 200)
+        .unwrap_or_else(|| panic!("no 200 after SIGCONT{c}"));
+    println!("SIGCONT → 200 in {:.2} s", t(back) - continued);
+
+    // Frozen with a restart command that replaces it: healed, never a 503.
+    let healed = vm.result("frozen_restarted");
+    let (samples, story) = answers(healed);
+    let c = ctx(healed, &story);
+    assert_tier(healed, &c);
+    let stopped = healed["stopped"].as_f64().unwrap();
+    let again = samples
+        .iter()
+        .find(|s| {
+            t(s) > stopped && s["status"] == "healthy" && s["heal"].as_u64().unwrap_or(0) >= 1
+        })
+        .unwrap_or_else(|| panic!("never healthy again after the restart{c}"));
+    println!(
+        "frozen with a real restart on 6.1: {} restart(s), healthy again {:.2} s after the SIGSTOP\n{story}",
+        healed["restarts"],
+        t(again) - stopped
+    );
+    assert!(
+        healed["restarts"].as_u64().unwrap_or(0) >= 1,
+        "never restarted{c}"
+    );
+    assert_ne!(
+        healed["backend_pid_at_end"], healed["frozen_pid"],
+        "the frozen backend still serves{c}"
+    );
+    if let Some(s) = samples.iter().find(|s| s["code"] == 503) {
+        panic!("a backend healed by a restart still got a 503: {s}{c}");
+    }
+}
