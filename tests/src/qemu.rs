@@ -9,6 +9,7 @@
 //! | agent | the release build for `x86_64-unknown-linux-musl` (the image's binary: `cargo xtask image` builds it) |
 //! | fixture backend, `vm-init` | this crate's binaries, built static for the same target |
 //! | `/bin/busybox`, `/bin/sh` | Debian's `busybox-static` |
+//! | `/usr/bin/health-agent`, its shipped configuration, the libraries it loads | the .deb (`cargo xtask package`), glibc from this Debian 12 host |
 //!
 //! No root disk and no network device: the initramfs is the root file system and the guest's
 //! traffic stays on its loopback. Nested KVM is not used (`-cpu host` fails on this machine's
@@ -205,6 +206,38 @@ impl Cpio {
     }
 }
 
+/// The .deb's binary and shipped configuration, and the libraries the binary loads (from this
+/// Debian 12 host, the same release the .deb is for), as `(path in the guest, file)`.
+fn deb_files(deb: &Path, into: &Path) -> Vec<(String, PathBuf)> {
+    let x = Command::new("dpkg-deb")
+        .arg("-x")
+        .arg(deb)
+        .arg(into)
+        .status()
+        .expect("dpkg-deb");
+    assert!(x.success(), "dpkg-deb -x {}", deb.display());
+    let bin = into.join("usr/bin/health-agent");
+    let mut files = vec![
+        ("usr/bin/health-agent".to_owned(), bin.clone()),
+        (
+            "etc/health-agent/health-agent.toml".to_owned(),
+            into.join("etc/health-agent/health-agent.toml"),
+        ),
+    ];
+    let ldd = Command::new("ldd").arg(&bin).output().expect("ldd");
+    for line in String::from_utf8_lossy(&ldd.stdout).lines() {
+        // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x…)" or "/lib64/ld-linux-x86-64.so.2 (0x…)"
+        let path = line
+            .split_whitespace()
+            .find(|w| w.starts_with('/'))
+            .map(str::to_owned);
+        if let Some(path) = path {
+            files.push((path.trim_start_matches('/').to_owned(), PathBuf::from(path)));
+        }
+    }
+    files
+}
+
 /// The guest's initramfs, written to `out`.
 fn initramfs(out: &Path, modules: &Path) {
     let [agent, backend, init] = static_binaries();
@@ -233,6 +266,19 @@ fn initramfs(out: &Path, modules: &Path) {
     cpio.file("bin/fixture-backend", &backend);
     cpio.file("bin/busybox", Path::new(BUSYBOX));
     cpio.symlink("bin/sh", "busybox");
+    let unpacked = tempfile::tempdir().expect("tempdir");
+    let mut dirs = std::collections::BTreeSet::new();
+    for (at, from) in deb_files(&crate::nspawn::built_deb(), unpacked.path()) {
+        // Parents first: the kernel's unpacker creates no missing directory.
+        let parents: Vec<&Path> = Path::new(&at).ancestors().skip(1).collect();
+        for parent in parents.into_iter().rev() {
+            let p = parent.to_string_lossy().into_owned();
+            if !p.is_empty() && dirs.insert(p.clone()) && !["etc", "lib"].contains(&p.as_str()) {
+                cpio.dir(&p);
+            }
+        }
+        cpio.file(&at, &from);
+    }
     for m in ["inet_diag", "tcp_diag"] {
         cpio.file(
             &format!("lib/modules/{m}.ko"),

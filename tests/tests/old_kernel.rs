@@ -3,7 +3,9 @@
 //! image's binary) and the fixture backend inside. 6.1 has no `sock_send_length` /
 //! `sock_recv_length`, so the agent runs the `sock_diag` tier; nothing is forced.
 //!
-//! One boot runs three scenarios, each with a fresh backend and agent (`tests/src/bin/vm-init.rs`):
+//! One boot runs four scenarios, each with a fresh backend and agent (`tests/src/bin/vm-init.rs`):
+//! - the .deb's own binary (glibc) with its shipped configuration: it starts, and both `check`
+//!   and its first log line name the tier;
 //! - a busy pool (2 workers, 3 s requests, 4 clients): `slow`, never a 503, never restarted;
 //! - the backend frozen (SIGSTOP) under traffic: 503 `hung` within 2 s, 200 after SIGCONT;
 //! - the same with a restart command that replaces it: healed without a 503.
@@ -80,7 +82,7 @@ fn assert_tier(r: &Value, ctx: &str) {
 fn on_debian_12s_6_1_kernel_a_frozen_backend_is_503_within_2s_and_a_busy_pool_never() {
     require_root();
     let vm = qemu::boot(
-        &["busy", "frozen", "frozen_restarted"],
+        &["deb", "busy", "frozen", "frozen_restarted"],
         Duration::from_secs(600),
     );
     println!(
@@ -99,6 +101,23 @@ fn on_debian_12s_6_1_kernel_a_frozen_backend_is_503_within_2s_and_a_busy_pool_ne
             .starts_with("6.1."),
         "not a 6.1 kernel: {}",
         vm.ready
+    );
+
+    // The .deb's binary with its shipped configuration: it starts, `check` and the first log
+    // line name the tier, and it serves.
+    let deb = vm.result("deb");
+    let c = ctx(deb, "");
+    println!(
+        "the .deb on 6.1, `health-agent check`:\n{}",
+        deb["check"].as_str().unwrap_or_default()
+    );
+    assert_tier(deb, &c);
+    let check = deb["check"].as_str().unwrap_or_default();
+    assert!(
+        check
+            .lines()
+            .any(|l| l.contains("kernel tier") && l.contains("sock_diag") && l.contains("6.3")),
+        "`health-agent check` does not say the tier and why: {check}{c}"
     );
 
     // A busy pool: slow, never 503, never restarted.

@@ -67,6 +67,7 @@ fn main() {
             "busy" => busy(),
             "frozen" => frozen(false),
             "frozen_restarted" => frozen(true),
+            "deb" => deb(),
             other => Err(io::Error::other(format!("unknown scenario {other}"))),
         };
         match record {
@@ -337,6 +338,29 @@ impl Agent {
             .spawn()?;
         Ok(Agent(child))
     }
+}
+
+/// A drop-in for this backend beside the .deb's shipped configuration.
+fn deb_drop_in() -> io::Result<()> {
+    fs::create_dir_all("/etc/health-agent/conf.d")?;
+    fs::write(
+        "/etc/health-agent/conf.d/vm.toml",
+        format!(
+            "[server]\ndetails = \"always\"\n[checks]\nboot_grace = \"0s\"\n[web]\nport = {WEB}\n"
+        ),
+    )
+}
+
+/// The .deb's agent (glibc, `/usr/bin/health-agent`) as its unit starts it: the shipped
+/// configuration and its drop-ins.
+fn start_deb_agent() -> io::Result<Agent> {
+    let log = fs::File::create(AGENT_LOG)?;
+    let child = Command::new("/usr/bin/health-agent")
+        .arg("serve")
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()?;
+    Ok(Agent(child))
 }
 
 impl Drop for Agent {
@@ -656,6 +680,34 @@ fn frozen(restart: bool) -> io::Result<Value> {
         "restarts": restarts,
         "frozen_pid": frozen_pid,
         "backend_pid_at_end": pid,
+        "samples": samples,
+        "kernel": kernel,
+        "answers": answers,
+        "agent_log": agent_log(),
+    }))
+}
+
+/// The install path of Debian 12 and Amazon Linux 2023: the .deb's own binary and shipped
+/// configuration start on this kernel, say the tier in their first log line, and serve;
+/// `health-agent check` says the tier at once.
+fn deb() -> io::Result<Value> {
+    let zero = Instant::now();
+    let backend = Backend::start(&["--workers", "4"])?;
+    deb_drop_in()?;
+    let check = Command::new("/usr/bin/health-agent")
+        .arg("check")
+        .env("RUST_LOG", "off")
+        .output()?;
+    let agent = start_deb_agent()?;
+    let poller = Poller::start(zero);
+    let ready = ready(&poller, zero)?;
+    let (samples, kernel, answers) = poller.stop();
+    drop(agent);
+    drop(backend);
+    Ok(json!({
+        "ready": ready,
+        "check": String::from_utf8_lossy(&check.stdout),
+        "check_status": check.status.code(),
         "samples": samples,
         "kernel": kernel,
         "answers": answers,
