@@ -69,10 +69,14 @@ const SETTLE: Duration = Duration::from_secs(2);
 /// whatever its length (5 s runs held one each: three times the long-run rate).
 const WALL_SECS: u32 = 15;
 const WARM_SECS: u32 = 2;
-/// The counted runs' length: over the 15 s between `on_suspicion`'s counting windows (half a second
-/// each while keep-alive requests come back to back), so each run holds at least one and its
-/// average is the long-run cost, not the detached one.
-const COUNTED_SECS: u32 = 16;
+/// The counted runs' length with `on_suspicion`: the longest period of its sampling (the answer
+/// programs' 1 s every 30 s; the counting windows' half second every 15 s while keep-alive
+/// requests come back to back). A run starting 19 s after the agent holds exactly one answer
+/// window and two counting windows, the steady state's share: its average is the long-run cost.
+/// (16 s runs held one answer window each: twice the long-run rate.)
+const COUNTED_SECS: u32 = 30;
+/// … and with every program attached all the time, where the length changes nothing.
+const COUNTED_SECS_ATTACHED: u32 = 16;
 const IDLE_CONNS: usize = 10_000;
 /// Source addresses the idle connections are spread over, so no one address runs short of
 /// ephemeral ports after the connection-per-request loads.
@@ -347,7 +351,11 @@ pub(super) fn run(
     } else {
         (4, WALL_SECS, 30)
     };
-    let counted_secs = if quick { secs } else { COUNTED_SECS };
+    let counted_secs = |judged: bool| match (quick, judged) {
+        (true, _) => secs,
+        (false, true) => COUNTED_SECS,
+        (false, false) => COUNTED_SECS_ATTACHED,
+    };
     let nginx = start_nginx(NginxOptions {
         worker_connections: 16_384,
         // Idle connections, with or without a request, stay open for the whole window.
@@ -425,7 +433,7 @@ pub(super) fn run(
             let load_for = |secs| wrk(&load.url, load.conns, secs, &load.extra, None);
             // Warmed up by the same load, discarded (see WALL_SECS).
             let run = || load_for(WARM_SECS).and_then(|_| load_for(secs));
-            let counted = || load_for(counted_secs);
+            let counted = |judged| load_for(counted_secs(judged));
             // Each agent run has a run without the agent right next to it, before or after by
             // turns, and the builds' order turns from trial to trial: the machine's other load
             // comes and goes over tens of seconds, and pairs this close mostly share it.
@@ -453,7 +461,7 @@ pub(super) fn run(
                 let c0 = super::cpu_seconds(agent.pid());
                 let w = load_for(secs)?;
                 let c1 = super::cpu_seconds(agent.pid());
-                let counted = counted_run(agent.pid(), counted)?;
+                let counted = counted_run(agent.pid(), || counted(variant.judged))?;
                 let attached = suspicions(&log);
                 for why in &attached {
                     println!("bench:   the programs attached: {why}");
@@ -502,9 +510,11 @@ pub(super) fn run(
     );
     let _ = writeln!(
         md,
-        "`wrk -t2 -c{CONNS} -d{secs}s` on loopback against nginx (1 worker, 1 KiB static file) with keep-alive and with `Connection: close`, and `-c{PUMA_CONNS}` (one connection per thread) against Puma (Debian's, single mode, 8 threads, a Rack app answering 1 KiB), each wall-clock run right after {WARM_SECS} s of the same load, not counted ({secs} s is the interval of `on_suspicion`'s counting windows, and its first opens as load starts: each run holds one, as the steady state does); variants: no agent, this build with `web.socket_tracing = \"always\"` (every program attached, as before) and with `\"on_suspicion\"` (the targets are judged on it){}; {trials} trial(s). Each agent starts {} s before its runs and does two: one with the statistics off for the wall clock, paired with a run without the agent just before or after it (by turns; the builds' order also turns from trial to trial), then one of {counted_secs} s with `kernel.bpf_stats_enabled = 1` for the kernel's figures (the sysctl goes back to its previous value after each; {counted_secs} s holds at least one of `on_suspicion`'s counting windows, half a second every 15 s under back-to-back keep-alive, so its figure is the long-run average). The kernel's `run_time_ns` counts our programs' own run time, from entry to exit; the tracepoint's dispatch to them and the clock reads the statistics add are not in it. The agent's programs are the ones its process holds (program and link descriptors in /proc/<pid>/fd); counters from `bpftool -j prog show`, summed over the counted runs.\n",
+        "`wrk -t2 -c{CONNS} -d{secs}s` on loopback against nginx (1 worker, 1 KiB static file) with keep-alive and with `Connection: close`, and `-c{PUMA_CONNS}` (one connection per thread) against Puma (Debian's, single mode, 8 threads, a Rack app answering 1 KiB), each wall-clock run right after {WARM_SECS} s of the same load, not counted ({secs} s is the interval of `on_suspicion`'s counting windows, and its first opens as load starts: each run holds one, as the steady state does); variants: no agent, this build with `web.socket_tracing = \"always\"` (every program attached, as before) and with `\"on_suspicion\"` (the targets are judged on it){}; {trials} trial(s). Each agent starts {} s before its runs and does two: one with the statistics off for the wall clock, paired with a run without the agent just before or after it (by turns; the builds' order also turns from trial to trial), then one with `kernel.bpf_stats_enabled = 1` for the kernel's figures (the sysctl goes back to its previous value after each): {} s with `on_suspicion`, which then holds exactly one of its answer programs' sampling windows (1 s every 30 s) and two of its counting windows (half a second every 15 s under back-to-back keep-alive), the steady state's share, so its figure is the long-run average; {} s for the builds whose programs are attached all the time. The kernel's `run_time_ns` counts our programs' own run time, from entry to exit; the tracepoint's dispatch to them and the clock reads the statistics add are not in it. The agent's programs are the ones its process holds (program and link descriptors in /proc/<pid>/fd); counters from `bpftool -j prog show`, summed over the counted runs.\n",
         baseline.map_or(String::new(), |b| format!(", and the baseline build `{}`", b.display())),
-        SETTLE.as_secs()
+        SETTLE.as_secs(),
+        counted_secs(true),
+        counted_secs(false)
     );
     md.push_str(&summary(&loads, &variants, &cells));
     md.push_str(&per_program(&loads, &variants, &cells));
