@@ -20,6 +20,63 @@ const PROGRAMS: [(&str, CgroupSkbAttachType); 2] = [
     ("answers_ingress", CgroupSkbAttachType::Ingress),
 ];
 
+/// Why the answer programs cannot count: the reason `details.web.answers` gives for a status
+/// that is not visible. Clone, because the kernel view keeps it and hands it on at every read.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum AnswersError {
+    /// The object lacks a map or a program, or it has another type: a build problem.
+    #[error("{0}")]
+    Object(String),
+    #[error("reading {}: {detail}", path.display())]
+    Mountinfo { path: PathBuf, detail: String },
+    #[error("no cgroup v2 hierarchy is mounted (cgroup2 at its root)")]
+    NoCgroup2,
+    #[error(
+        "the agent runs in its own cgroup namespace, and the host's init does not show the \
+         host's hierarchy ({0}): run it in the host's PID namespace (hostPID, --pid host) or \
+         its cgroup namespace (--cgroupns host)"
+    )]
+    HostHierarchyHidden(Box<AnswersError>),
+    #[error(
+        "the agent runs in its own cgroup namespace and cannot reach the host's hierarchy at \
+         {} ({detail}): it needs the host's PID namespace and CAP_SYS_PTRACE, or the host's \
+         cgroup namespace (--cgroupns host)",
+        path.display()
+    )]
+    HostHierarchyUnreachable { path: PathBuf, detail: String },
+    #[error("opening the cgroup v2 root {}: {detail}", path.display())]
+    OpenRoot { path: PathBuf, detail: String },
+    #[error("loading {program}: {detail}")]
+    Load {
+        program: &'static str,
+        detail: String,
+    },
+    #[error("attaching {program} to {}: {detail}", root.display())]
+    Attach {
+        program: &'static str,
+        root: PathBuf,
+        detail: String,
+    },
+    #[error("detaching {program}: {detail}")]
+    Detach {
+        program: &'static str,
+        detail: String,
+    },
+    #[error("map {map}: {detail}")]
+    Settings { map: &'static str, detail: String },
+}
+
+impl From<super::KernelError> for AnswersError {
+    fn from(e: super::KernelError) -> Self {
+        Self::Object(e.to_string())
+    }
+}
+
+/// aya's error with its causes, as one line.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    crate::dburl::error_chain(e)
+}
+
 pub struct Answers {
     counters: PerCpuArray<MapData, AnswerCounters>,
     probe: Array<MapData, ProbePath>,
@@ -35,17 +92,20 @@ pub struct Answers {
 impl Answers {
     /// Loads the programs and attaches them to the root cgroup (or, `attach` false, leaves
     /// them ready to), or says why not.
-    pub fn load(ebpf: &mut Ebpf, attach: bool) -> Result<Self, String> {
-        let counters = super::take(ebpf, maps::ANSWERS).map_err(|e| e.to_string())?;
-        let probe = super::take(ebpf, maps::ANSWER_PROBE).map_err(|e| e.to_string())?;
+    pub fn load(ebpf: &mut Ebpf, attach: bool) -> Result<Self, AnswersError> {
+        let counters = super::take(ebpf, maps::ANSWERS)?;
+        let probe = super::take(ebpf, maps::ANSWER_PROBE)?;
         let root = host_cgroup_root()?;
-        let cgroup = std::fs::File::open(&root)
-            .map_err(|e| format!("opening the cgroup v2 root {}: {e}", root.display()))?;
+        let cgroup = std::fs::File::open(&root).map_err(|e| AnswersError::OpenRoot {
+            path: root.clone(),
+            detail: e.to_string(),
+        })?;
         for (name, _) in PROGRAMS {
-            let program: &mut CgroupSkb = super::typed(ebpf, name).map_err(|e| e.to_string())?;
-            program
-                .load()
-                .map_err(|e| format!("loading {name}: {}", crate::dburl::error_chain(&e)))?;
+            let program: &mut CgroupSkb = super::typed(ebpf, name)?;
+            program.load().map_err(|e| AnswersError::Load {
+                program: name,
+                detail: chain(&e),
+            })?;
         }
         let mut answers = Self {
             counters,
@@ -68,33 +128,31 @@ impl Answers {
 
     /// Attaches or detaches the programs. The counters carry on: while detached they stand
     /// still.
-    pub fn attach(&mut self, ebpf: &mut Ebpf, on: bool) -> Result<(), String> {
+    pub fn attach(&mut self, ebpf: &mut Ebpf, on: bool) -> Result<(), AnswersError> {
         if on == self.attached() {
             return Ok(());
         }
         if !on {
             for (name, link) in std::mem::take(&mut self.links) {
-                let program: &mut CgroupSkb =
-                    super::typed(ebpf, name).map_err(|e| e.to_string())?;
-                program
-                    .detach(link)
-                    .map_err(|e| format!("detaching {name}: {}", crate::dburl::error_chain(&e)))?;
+                let program: &mut CgroupSkb = super::typed(ebpf, name)?;
+                program.detach(link).map_err(|e| AnswersError::Detach {
+                    program: name,
+                    detail: chain(&e),
+                })?;
             }
             return Ok(());
         }
         for (name, direction) in PROGRAMS {
-            let program: &mut CgroupSkb = super::typed(ebpf, name).map_err(|e| e.to_string())?;
+            let program: &mut CgroupSkb = super::typed(ebpf, name)?;
             // A link (5.7+, aya's choice there): it runs beside any program systemd or a
             // container runtime attaches, and the kernel refuses attach flags on links, so
             // the mode must say none.
             let link = program
                 .attach(&self.cgroup, direction, CgroupAttachMode::Single)
-                .map_err(|e| {
-                    format!(
-                        "attaching {name} to {}: {}",
-                        self.root.display(),
-                        crate::dburl::error_chain(&e)
-                    )
+                .map_err(|e| AnswersError::Attach {
+                    program: name,
+                    root: self.root.clone(),
+                    detail: chain(&e),
                 })?;
             self.links.push((name, link));
         }
@@ -103,7 +161,7 @@ impl Answers {
 
     /// Sets the probe path whose requests are not real traffic ("" for none). A path longer
     /// than the programs compare is left unset: its requests then count as real ones.
-    pub fn set_probe_path(&mut self, path: &str) -> Result<(), String> {
+    pub fn set_probe_path(&mut self, path: &str) -> Result<(), AnswersError> {
         let path = path.split('?').next().unwrap_or_default().as_bytes();
         self.settings.len = 0;
         self.settings.path = [0; PROBE_PATH_MAX];
@@ -116,15 +174,18 @@ impl Answers {
     }
 
     /// Counts every segment sent (the `sock_diag` tier's evidence of answers going out).
-    pub fn count_sent(&mut self, on: bool) -> Result<(), String> {
+    pub fn count_sent(&mut self, on: bool) -> Result<(), AnswersError> {
         self.settings.count_sent = u32::from(on);
         self.write_settings()
     }
 
-    fn write_settings(&mut self) -> Result<(), String> {
+    fn write_settings(&mut self) -> Result<(), AnswersError> {
         self.probe
             .set(0, self.settings, 0)
-            .map_err(|e| format!("map {}: {e}", maps::ANSWER_PROBE))
+            .map_err(|e| AnswersError::Settings {
+                map: maps::ANSWER_PROBE,
+                detail: e.to_string(),
+            })
     }
 
     /// The counters of `slot`, summed over CPUs (zeros when the read fails).
@@ -144,26 +205,19 @@ impl Answers {
 /// cgroup v2, every Kubernetes pod) its mounts show that container's cgroup, whose programs see
 /// its sockets alone: then the host's root is reached through the host's init
 /// (`/proc/1/root`, which needs the host's PID namespace and `CAP_SYS_PTRACE`).
-fn host_cgroup_root() -> Result<PathBuf, String> {
+fn host_cgroup_root() -> Result<PathBuf, AnswersError> {
     let ns = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/cgroup")).ok();
     match (ns("self"), ns("1")) {
         (Some(own), Some(init)) if own != init => {
-            let at = cgroup2_root(Path::new("/proc/1/mountinfo")).map_err(|e| {
-                format!(
-                    "the agent runs in its own cgroup namespace, and the host's init does not \
-                     show the host's hierarchy ({e}): run it in the host's PID namespace \
-                     (hostPID, --pid host) or its cgroup namespace (--cgroupns host)"
-                )
-            })?;
+            let at = cgroup2_root(Path::new("/proc/1/mountinfo"))
+                .map_err(|e| AnswersError::HostHierarchyHidden(Box::new(e)))?;
             let root = Path::new("/proc/1/root").join(at.strip_prefix("/").unwrap_or(&at));
             match std::fs::metadata(&root) {
                 Ok(_) => Ok(root),
-                Err(e) => Err(format!(
-                    "the agent runs in its own cgroup namespace and cannot reach the host's \
-                     hierarchy at {} ({e}): it needs the host's PID namespace and \
-                     CAP_SYS_PTRACE, or the host's cgroup namespace (--cgroupns host)",
-                    root.display()
-                )),
+                Err(e) => Err(AnswersError::HostHierarchyUnreachable {
+                    path: root,
+                    detail: e.to_string(),
+                }),
             }
         }
         _ => cgroup2_root(Path::new("/proc/self/mountinfo")),
@@ -173,9 +227,11 @@ fn host_cgroup_root() -> Result<PathBuf, String> {
 /// Where the cgroup v2 hierarchy is mounted (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified`
 /// on hosts that still mount v1 controllers beside it), from a mountinfo file: the mount of
 /// its root.
-pub fn cgroup2_root(mountinfo: &Path) -> Result<PathBuf, String> {
-    let text = std::fs::read_to_string(mountinfo)
-        .map_err(|e| format!("reading {}: {e}", mountinfo.display()))?;
+pub fn cgroup2_root(mountinfo: &Path) -> Result<PathBuf, AnswersError> {
+    let text = std::fs::read_to_string(mountinfo).map_err(|e| AnswersError::Mountinfo {
+        path: mountinfo.to_path_buf(),
+        detail: e.to_string(),
+    })?;
     text.lines()
         .filter_map(|line| {
             // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER
@@ -187,7 +243,7 @@ pub fn cgroup2_root(mountinfo: &Path) -> Result<PathBuf, String> {
                 .then(|| PathBuf::from(unescape(mountpoint)))
         })
         .next()
-        .ok_or_else(|| "no cgroup v2 hierarchy is mounted (cgroup2 at its root)".into())
+        .ok_or(AnswersError::NoCgroup2)
 }
 
 /// Mountinfo escapes spaces, tabs, newlines and backslashes as octal.
@@ -224,7 +280,10 @@ mod tests {
             "30 1 0:30 /docker/abc /sys/fs/cgroup rw shared:1 - cgroup2 cgroup2 rw\n",
         )
         .unwrap();
-        assert!(cgroup2_root(&nested).unwrap_err().contains("no cgroup v2"));
+        assert!(matches!(
+            cgroup2_root(&nested),
+            Err(AnswersError::NoCgroup2)
+        ));
         let pure = dir.path().join("pure");
         std::fs::write(
             &pure,

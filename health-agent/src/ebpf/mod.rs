@@ -96,7 +96,7 @@ pub struct KernelView {
     /// Set when the programs run in a slower form than they could, and why.
     pub note: Option<String>,
     /// The answer programs (status classes), or why they are not attached.
-    answers: Result<answers::Answers, String>,
+    answers: Result<answers::Answers, answers::AnswersError>,
     /// The socket-call tracepoints can attach (the `full` tier), or why not (`sock_diag`).
     socket_calls: Result<(), String>,
     // Owns the programs and their links: dropping it detaches every tracepoint.
@@ -432,13 +432,16 @@ impl KernelView {
     }
 
     /// Why the answers' status classes are not visible, when they are not.
-    pub fn answers_unavailable(&self) -> Option<&str> {
-        self.answers.as_ref().err().map(String::as_str)
+    pub fn answers_unavailable(&self) -> Option<&answers::AnswersError> {
+        self.answers.as_ref().err()
     }
 
     /// What `port` answered since the programs loaded, by status class (every namespace it
     /// is watched in), or why that is not visible.
-    pub fn answer_counters(&self, port: u16) -> Result<health_common::AnswerCounters, String> {
+    pub fn answer_counters(
+        &self,
+        port: u16,
+    ) -> Result<health_common::AnswerCounters, answers::AnswersError> {
         let a = self.answers.as_ref().map_err(Clone::clone)?;
         let mut sum = health_common::AnswerCounters::default();
         for (slot, key) in (0u32..).zip(&self.watched) {
@@ -455,7 +458,7 @@ impl KernelView {
     }
 
     /// Attaches or detaches the answer programs (sampling windows with `on_suspicion`).
-    pub fn attach_answers(&mut self, on: bool) -> Result<(), String> {
+    pub fn attach_answers(&mut self, on: bool) -> Result<(), answers::AnswersError> {
         match self.answers.as_mut() {
             Ok(a) => a.attach(&mut self.ebpf, on),
             Err(e) => Err(e.clone()),

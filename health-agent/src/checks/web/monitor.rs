@@ -1090,7 +1090,7 @@ impl WebMonitor {
             Some(_) if self.answers_attach_failed.is_some() => {
                 Err(self.answers_attach_failed.clone().unwrap_or_default())
             }
-            Some(k) => k.answer_counters(port),
+            Some(k) => k.answer_counters(port).map_err(|e| e.to_string()),
             None => Err(self
                 .kernel_status
                 .reason
@@ -1133,7 +1133,7 @@ impl WebMonitor {
             Ok(()) => {}
             Err(e) => {
                 tracing::warn!("the answer programs: {e}; the answers' status is not sampled");
-                self.answers_attach_failed = Some(e);
+                self.answers_attach_failed = Some(e.to_string());
             }
         }
     }
