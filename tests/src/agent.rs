@@ -67,20 +67,23 @@ impl Agent {
                 "\n[scaling]\ncpu_high_percent = 100.0\nmemory_high_percent = 100.0\nup_at = 10.0\n",
             );
         }
-        // The whole suite can run with the connection programs attached only on suspicion:
-        // `HEALTH_AGENT_TESTS_SOCKET_TRACING=on_suspicion` sets it wherever a test does not.
-        if let Ok(mode) = std::env::var("HEALTH_AGENT_TESTS_SOCKET_TRACING") {
-            if !extra.contains("socket_tracing") {
-                base.push_str(&format!("\n[web]\nsocket_tracing = \"{mode}\"\n"));
+        // The whole suite can run with the connection programs attached only on suspicion
+        // (`HEALTH_AGENT_TESTS_SOCKET_TRACING=on_suspicion`), and in a kernel-view tier forced
+        // lower than this kernel offers (`HEALTH_AGENT_TESTS_KERNEL_TIER=sock_diag`, the
+        // judgement on Linux 5.10–6.2, or `no_ebpf`), each wherever a test does not set it.
+        let mut web = String::new();
+        for (var, key) in [
+            ("HEALTH_AGENT_TESTS_SOCKET_TRACING", "socket_tracing"),
+            ("HEALTH_AGENT_TESTS_KERNEL_TIER", "kernel_tier"),
+        ] {
+            if let Ok(value) = std::env::var(var) {
+                if !extra.contains(key) {
+                    web.push_str(&format!("{key} = \"{value}\"\n"));
+                }
             }
         }
-        // … and in a kernel-view tier forced lower than this kernel offers, to see how the
-        // judgement holds on the kernels users run: `HEALTH_AGENT_TESTS_KERNEL_TIER=sock_diag`
-        // (Linux 5.10–6.2) or `no_ebpf`.
-        if let Ok(tier) = std::env::var("HEALTH_AGENT_TESTS_KERNEL_TIER") {
-            if !extra.contains("kernel_tier") {
-                base.push_str(&format!("\n[web]\nkernel_tier = \"{tier}\"\n"));
-            }
+        if !web.is_empty() {
+            base.push_str(&format!("\n[web]\n{web}"));
         }
         std::fs::write(&config, merge_toml(&base, extra)).expect("writing config");
         let log = dir.path().join("agent.log");
