@@ -3,12 +3,15 @@
 //! image's binary) and the fixture backend inside. 6.1 has no `sock_send_length` /
 //! `sock_recv_length`, so the agent runs the `sock_diag` tier; nothing is forced.
 //!
-//! One boot runs four scenarios, each with a fresh backend and agent (`tests/src/bin/vm-init.rs`):
+//! One boot runs six scenarios, each with a fresh backend and agent (`tests/src/bin/vm-init.rs`):
 //! - the .deb's own binary (glibc) with its shipped configuration: it starts, and both `check`
 //!   and its first log line name the tier;
 //! - a busy pool (2 workers, 3 s requests, 4 clients): `slow`, never a 503, never restarted;
 //! - the backend frozen (SIGSTOP) under traffic: 503 `hung` within 2 s, 200 after SIGCONT;
-//! - the same with a restart command that replaces it: healed without a 503.
+//! - the same with a restart command that replaces it: healed without a 503;
+//! - under traffic, a backend that reads requests and never answers (`unresponsive`), and one
+//!   that keeps its port and never accepts (`hung`), at the product's thresholds: 503, then 200
+//!   once it serves again.
 //!
 //! Every `/health` answer of each scenario is asserted.
 
@@ -82,7 +85,14 @@ fn assert_tier(r: &Value, ctx: &str) {
 fn on_debian_12s_6_1_kernel_a_frozen_backend_is_503_within_2s_and_a_busy_pool_never() {
     require_root();
     let vm = qemu::boot(
-        &["deb", "busy", "frozen", "frozen_restarted"],
+        &[
+            "deb",
+            "busy",
+            "frozen",
+            "frozen_restarted",
+            "unresponsive",
+            "never_accepts",
+        ],
         Duration::from_secs(600),
     );
     println!(
@@ -227,5 +237,46 @@ fn on_debian_12s_6_1_kernel_a_frozen_backend_is_503_within_2s_and_a_busy_pool_ne
     );
     if let Some(s) = samples.iter().find(|s| s["code"] == 503) {
         panic!("a backend healed by a restart still got a 503: {s}{c}");
+    }
+
+    // A backend that stops answering, and one that stops accepting: 503 at the product's
+    // thresholds, 200 again once it serves. Unanswered: the probe fails from its first timeout
+    // (probe_timeout 2 s) for unanswered_after (10 s), and 2 s for the emulated machine.
+    // Never accepting: hung_after (2 s), and 2 s.
+    for (scenario, verdict, within) in [
+        ("unresponsive", "unresponsive", 14.0),
+        ("never_accepts", "hung", 4.0),
+    ] {
+        let r = vm.result(scenario);
+        let (samples, story) = answers(r);
+        let c = ctx(r, &story);
+        assert_tier(r, &c);
+        let switched = r["switched"].as_f64().unwrap();
+        let mended = r["mended"].as_f64().unwrap();
+        assert!(
+            samples
+                .iter()
+                .filter(|s| t(s) < switched)
+                .all(|s| s["code"] == 200),
+            "503 before the backend failed{c}"
+        );
+        let first = samples
+            .iter()
+            .find(|s| t(s) >= switched && s["code"] == 503)
+            .unwrap_or_else(|| panic!("no 503 for {scenario}{c}"));
+        let took = t(first) - switched;
+        println!(
+            "{scenario} on 6.1: 503 {} in {took:.2} s\n{story}",
+            first["webserver"]
+        );
+        assert_eq!(first["webserver"], verdict, "{first}{c}");
+        assert!(
+            took <= within,
+            "503 came {took:.2} s after the fault (≤ {within} s){c}"
+        );
+        assert!(
+            samples.iter().any(|s| t(s) >= mended && s["code"] == 200),
+            "no 200 once the backend served again{c}"
+        );
     }
 }

@@ -68,6 +68,8 @@ fn main() {
             "frozen" => frozen(false),
             "frozen_restarted" => frozen(true),
             "deb" => deb(),
+            "unresponsive" => fault("no-respond"),
+            "never_accepts" => fault("stop-accepting"),
             other => Err(io::Error::other(format!("unknown scenario {other}"))),
         };
         match record {
@@ -600,6 +602,23 @@ fn ready(poller: &Poller, zero: Instant) -> io::Result<f64> {
         })
 }
 
+/// Ends a scenario: stops the polling, the agent and the backend (in that order: the agent's
+/// last answers are of a live backend), and adds what every record holds to `record`.
+fn finish(poller: Poller, agent: Agent, backend: Backend, mut record: Value) -> Value {
+    let (samples, kernel, answers) = poller.stop();
+    let restarts = restarts();
+    drop(agent);
+    let pid = backend.pid();
+    drop(backend);
+    record["samples"] = json!(samples);
+    record["kernel"] = kernel;
+    record["answers"] = answers;
+    record["restarts"] = json!(restarts);
+    record["backend_pid_at_end"] = json!(pid);
+    record["agent_log"] = json!(agent_log());
+    record
+}
+
 /// A busy pool: 2 workers, every request takes 3 s, 4 clients on new connections. The workers
 /// are always full, the accept queue holds the rest (the agent's probe among them), and answers
 /// keep going out. 40 s of it.
@@ -615,23 +634,13 @@ fn busy() -> io::Result<Value> {
     thread::sleep(Duration::from_secs(40));
     let load_end = zero.elapsed().as_secs_f64();
     let counts = load.stop();
-    let (samples, kernel, answers) = poller.stop();
-    let restarts = restarts();
-    drop(agent);
-    let pid = backend.pid();
-    drop(backend);
-    Ok(json!({
+    let record = json!({
         "ready": ready,
         "load_start": load_start,
         "load_end": load_end,
         "load": counts,
-        "restarts": restarts,
-        "backend_pid_at_end": pid,
-        "samples": samples,
-        "kernel": kernel,
-        "answers": answers,
-        "agent_log": agent_log(),
-    }))
+    });
+    Ok(finish(poller, agent, backend, record))
 }
 
 /// The production failure: the backend frozen (SIGSTOP) under traffic, 2 clients each sending
@@ -667,24 +676,44 @@ fn frozen(restart: bool) -> io::Result<Value> {
     }
     thread::sleep(Duration::from_secs(1));
     let counts = load.stop();
-    let (samples, kernel, answers) = poller.stop();
-    let restarts = restarts();
-    drop(agent);
-    let pid = backend.pid();
-    drop(backend);
-    Ok(json!({
+    let record = json!({
         "ready": ready,
         "stopped": stopped,
         "continued": continued,
         "load": counts,
-        "restarts": restarts,
         "frozen_pid": frozen_pid,
-        "backend_pid_at_end": pid,
-        "samples": samples,
-        "kernel": kernel,
-        "answers": answers,
-        "agent_log": agent_log(),
-    }))
+    });
+    Ok(finish(poller, agent, backend, record))
+}
+
+/// The backend switched, under traffic, to a mode that fails every request: `no-respond` (it
+/// reads each request and never answers) or `stop-accepting` (it keeps its port and never
+/// accepts). The agent's configuration is the product's (`web.unanswered_after` 10 s,
+/// `web.hung_after` 2 s). Then back to `normal`, and 200 again.
+fn fault(mode: &str) -> io::Result<Value> {
+    let zero = Instant::now();
+    // A thread per connection, no pool: requests held unanswered never stop the accepting.
+    let backend = Backend::start(&[])?;
+    let agent = Agent::start(&config(false))?;
+    let poller = Poller::start(zero);
+    let load = Load::start(2, "/", Duration::from_millis(200), Duration::from_secs(5));
+    let ready = ready(&poller, zero)?;
+    thread::sleep(Duration::from_secs(2));
+    get(CONTROL, &format!("/mode/{mode}"), Duration::from_secs(5))?;
+    let switched = zero.elapsed().as_secs_f64();
+    poller.wait(Duration::from_secs(20), switched, |s| s["code"] == 503);
+    get(CONTROL, "/mode/normal", Duration::from_secs(5))?;
+    let mended = zero.elapsed().as_secs_f64();
+    poller.wait(Duration::from_secs(20), mended, |s| s["code"] == 200);
+    thread::sleep(Duration::from_secs(1));
+    let counts = load.stop();
+    let record = json!({
+        "ready": ready,
+        "switched": switched,
+        "mended": mended,
+        "load": counts,
+    });
+    Ok(finish(poller, agent, backend, record))
 }
 
 /// The install path of Debian 12 and Amazon Linux 2023: the .deb's own binary and shipped
@@ -701,16 +730,10 @@ fn deb() -> io::Result<Value> {
     let agent = start_deb_agent()?;
     let poller = Poller::start(zero);
     let ready = ready(&poller, zero)?;
-    let (samples, kernel, answers) = poller.stop();
-    drop(agent);
-    drop(backend);
-    Ok(json!({
+    let record = json!({
         "ready": ready,
         "check": String::from_utf8_lossy(&check.stdout),
         "check_status": check.status.code(),
-        "samples": samples,
-        "kernel": kernel,
-        "answers": answers,
-        "agent_log": agent_log(),
-    }))
+    });
+    Ok(finish(poller, agent, backend, record))
 }
