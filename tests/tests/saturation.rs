@@ -279,3 +279,93 @@ fn a_load_balancers_connections_opened_before_the_agent_started_are_counted() {
         "the pooled connections' requests were not counted: {counters:#}"
     );
 }
+
+/// A pool that is not Puma — the fixture backend with 5 workers, each request 100 ms — at the
+/// product's default (`socket_tracing` unset), its capacity learned from the accept queue and
+/// `scaling.window = "10s"`: S tracks offered / capacity from a quarter to full load, reads
+/// overload at 1.5×, and never says both `scale_down` and `scale_up` during one steady load.
+#[test]
+fn saturation_at_the_default_tracks_a_pool_whose_capacity_is_learned() {
+    require_root();
+    const WORKERS: usize = 5;
+    let pool = health_agent_tests::Fixture::start_with(
+        "slow",
+        &[
+            "--workers",
+            &WORKERS.to_string(),
+            "--delay-ms",
+            "100",
+            "--backlog",
+            "4096",
+        ],
+    );
+    let agent = Agent::start(&format!(
+        "[web]\nport = {}\n\n[scaling]\nwindow = \"10s\"\n",
+        pool.port
+    ));
+    agent.wait_health(Duration::from_secs(30), "healthy", |code, b| {
+        code == 200 && b["status"] == "healthy"
+    });
+    // Flat out (closed loop, more clients than workers): the capacity, and the agent learns
+    // the worker count from the connections waiting in the accept queue.
+    let flat = Load::new_connections(pool.port, "/", 16, Duration::ZERO, Duration::from_secs(10));
+    std::thread::sleep(Duration::from_secs(12));
+    let flat = flat.stop();
+    let capacity = flat.answers() as f64 / flat.elapsed.as_secs_f64();
+    let (_, details) = saturation(&agent);
+    println!(
+        "capacity {capacity:.1}/s flat out; the agent's capacity {}",
+        details["capacity"]
+    );
+
+    let mut failures = Vec::new();
+    for (i, m) in [0.25, 0.5, 0.75, 1.0, 1.5].into_iter().enumerate() {
+        let load = OpenLoop::start(
+            pool.port,
+            "/",
+            m * capacity,
+            11 + i as u64,
+            Duration::from_secs(30),
+        );
+        // The window fills with this load only, then it is read for as long again.
+        std::thread::sleep(Duration::from_secs(12));
+        let (mut readings, mut advice) = (Vec::new(), std::collections::BTreeSet::new());
+        let until = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < until {
+            let (_, body) = agent.health();
+            if let Some(s) = body["details"]["saturation"]["parts"]["web"].as_f64() {
+                readings.push(s);
+            }
+            advice.insert(body["recommendation"].as_str().unwrap_or("?").to_string());
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        let (_, details) = saturation(&agent);
+        let stats = load.stop();
+        let truth = stats.offered_rate() / capacity;
+        let web = details["parts"]["web"].as_f64();
+        let (lo, hi) = readings
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(l, h), &s| (l.min(s), h.max(s)));
+        println!(
+            "{m}×: true {truth:.2}, web part {web:?} at the end ({} readings {lo:.2}–{hi:.2}), \
+             advice {advice:?}; {details}",
+            readings.len()
+        );
+        let ok = match web {
+            Some(w) if m >= 1.5 => w >= 1.3,
+            Some(w) => (w - truth).abs() <= 0.15,
+            None => false,
+        };
+        if !ok {
+            failures.push(format!("{m}×: web part {web:?} against {truth:.2}"));
+        }
+        if advice.contains("scale_down") && advice.contains("scale_up") {
+            failures.push(format!("{m}×: both scale_down and scale_up ({advice:?})"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{failures:#?}\nagent log:\n{}",
+        agent.logs()
+    );
+}

@@ -281,7 +281,7 @@ impl Default for WebConfig {
             kernel: true,
             kernel_tier: KernelTier::Auto,
             accept_tracing: AcceptTracing::OnStall,
-            socket_tracing: SocketTracing::Always,
+            socket_tracing: SocketTracing::OnSuspicion,
             max_connections_tracked: health_common::DEFAULT_MAX_CONNS,
             container: String::new(),
             netns: String::new(),

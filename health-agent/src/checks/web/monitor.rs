@@ -109,6 +109,8 @@ pub struct WebMonitor {
     /// This tick detached the programs after reading their counters (`last_counters`): its
     /// load sample is still a counted one.
     counted_detaching: bool,
+    /// This tick's `observe` read the port's connections: a sampled load sample is fresh.
+    read_now: bool,
     /// How often the port's connections are read while nothing goes on: QUIET_READ_EVERY, or
     /// longer when a read costs more than QUIET_BUDGET allows (see `read_sockets`).
     quiet_every: Duration,
@@ -340,6 +342,7 @@ impl WebMonitor {
             listen_addrs: ListenAddrs::default(),
             quiet_every: QUIET_READ_EVERY,
             counted_detaching: false,
+            read_now: false,
             answers: AnswerWindow::default(),
             answers_pids: Vec::new(),
             tier,
@@ -402,6 +405,7 @@ impl WebMonitor {
             None
         };
         let read = seen.is_some();
+        self.read_now = read;
         let mut seen = seen.unwrap_or_default();
         if self.kernel.is_none() {
             // The no_ebpf tier: what sock_diag saw move is all there is. A connection the
@@ -446,14 +450,23 @@ impl WebMonitor {
     pub fn load_sample(&self) -> Option<crate::saturation::LoadSample> {
         self.target.as_ref()?;
         if self.kernel.as_ref().is_some_and(|k| !k.following()) && !self.counted_detaching {
-            // Detached: requests in service and connections waiting, read from sock_diag.
+            // Detached: requests in service and connections waiting, read from sock_diag —
+            // by this tick only. A tick between two reads (once a second while nothing was in
+            // service at the last) has nothing of its own: the next read stands for the whole
+            // span, rather than the last read's "nothing in service" standing for a second of
+            // load that came after it.
+            if !self.read_now {
+                return None;
+            }
             let v = self.sockets.as_ref()?;
             return Some(crate::saturation::LoadSample {
                 pending: u64::from(v.pending),
                 waiting: u64::from(v.unaccepted),
                 backend_cpu_seconds: process::cpu_seconds(&self.owners),
                 sampled: true,
-                moved: self.last_moves.answered,
+                // A connection the server had taken that is gone was served and closed (one
+                // request per connection lives between two reads): progress too.
+                moved: self.last_moves.answered || self.last_moves.gone,
                 unsure: self.last_moves.unsure,
                 ..Default::default()
             });
