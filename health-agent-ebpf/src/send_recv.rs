@@ -67,20 +67,23 @@ fn try_io(ctx: &RawTracePointContext, send: bool) -> Option<()> {
     // Every byte in or out is movement, keep-alive exchanges included: one per-CPU add (the
     // array lookup is inlined by the verifier), no clock read.
     let c = counters(conn.slot)?;
-    // Exchanges are counted on the entry already in hand, a flag and an add, no clock: a
-    // request read opens one (however many reads it takes), the first send after it closes
-    // it. Every request of a keep-alive connection counts, which the first-request and
-    // first-response timestamps below cannot see.
+    // Exchanges are counted on the entry already in hand: a request read opens one (however
+    // many reads it takes), the first send after it closes it, and its time between the two
+    // goes in the latency histogram. Every request of a keep-alive connection counts, which
+    // the first-request and first-response timestamps below cannot see. One clock read at
+    // each end of an exchange; none for the reads and sends in between.
     if send {
         c.sent += 1;
-        if conn.exchange != 0 {
-            conn.exchange = 0;
+        if conn.exchange_ns != 0 {
+            let us = now_ns().saturating_sub(conn.exchange_ns) / 1000;
+            conn.exchange_ns = 0;
             c.exchanges_out += 1;
+            record_latency(conn.slot, us)?;
         }
     } else if ret > 0 {
         c.received += 1;
-        if conn.exchange == 0 {
-            conn.exchange = 1;
+        if conn.exchange_ns == 0 {
+            conn.exchange_ns = now_ns().max(1);
             c.exchanges_in += 1;
         }
     }
@@ -109,20 +112,24 @@ fn try_io(ctx: &RawTracePointContext, send: bool) -> Option<()> {
     }
     conn.first_response_ns = now;
     c.answered += 1;
-    if conn.first_request_ns != 0 {
-        let us = now.saturating_sub(conn.first_request_ns) / 1000;
-        let bucket = latency_bucket(us);
-        let Some(hist) = LATENCY.get_ptr_mut(conn.slot) else {
-            map_error(MapErrorKind::PortCounters);
-            return None;
-        };
-        // SAFETY: a per-CPU array value, valid for the map's lifetime and touched only by
-        // programs on this CPU, which do not preempt one another.
-        let hist = unsafe { &mut *hist };
-        // Redundant for correctness; it gives the verifier a bound it can see.
-        if bucket < LATENCY_BUCKETS {
-            hist.buckets[bucket] += 1;
-        }
+    Some(())
+}
+
+/// One exchange's server latency (request read → first response byte) into the port's
+/// histogram.
+#[inline(always)]
+fn record_latency(slot: u32, us: u64) -> Option<()> {
+    let bucket = latency_bucket(us);
+    let Some(hist) = LATENCY.get_ptr_mut(slot) else {
+        map_error(MapErrorKind::PortCounters);
+        return None;
+    };
+    // SAFETY: a per-CPU array value, valid for the map's lifetime and touched only by
+    // programs on this CPU, which do not preempt one another.
+    let hist = unsafe { &mut *hist };
+    // Redundant for correctness; it gives the verifier a bound it can see.
+    if bucket < LATENCY_BUCKETS {
+        hist.buckets[bucket] += 1;
     }
     Some(())
 }

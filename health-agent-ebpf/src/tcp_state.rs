@@ -172,7 +172,8 @@ pub fn adopt(off: &TracepointOffsets, sk: u64, port: u16) -> Option<&'static mut
             first_request_ns: now,
             first_response_ns: now,
             slot,
-            exchange: 0,
+            _pad: 0,
+            exchange_ns: 0,
         },
     );
     conn::get_mut(sk)
@@ -186,7 +187,7 @@ fn on_close(sk: u64) -> Option<()> {
     }
     // A request read and never answered, on any exchange of the connection: what keeps the
     // in-service count (in − out − dropped) from growing by every client that gave up.
-    if conn.exchange != 0 {
+    if conn.exchange_ns != 0 {
         c.exchanges_dropped += 1;
     }
     if conn.first_response_ns == 0 {

@@ -159,7 +159,11 @@ pub fn render(s: &Snapshot, detailed: bool) -> String {
         "TcpExt ListenDrops since agent start",
         w.listen_drops,
     );
-    if let Some(c) = &w.counters {
+    // Counters only where the programs count all along: with `socket_tracing =
+    // "on_suspicion"` they start from zero at each attach, which Prometheus would read as
+    // resets. The rates below stand for them in both modes.
+    let counted = w.figures.as_ref().is_some_and(|f| f.basis == "counted");
+    if let Some(c) = w.counters.as_ref().filter(|_| counted) {
         o.counter(
             "web_connections_established",
             "Handshakes completed into the accept queue",
@@ -195,6 +199,9 @@ pub fn render(s: &Snapshot, detailed: bool) -> String {
             "Connections closed while waiting in the queue",
             c.closed_unaccepted,
         );
+    }
+    // Gauges of now, while the programs are attached (in both modes).
+    if let Some(c) = &w.counters {
         o.gauge(
             "web_waiting",
             "Connections waiting untouched now",
@@ -223,15 +230,54 @@ pub fn render(s: &Snapshot, detailed: bool) -> String {
                 .map(|(kind, n)| (vec![("kind", kind.as_str().to_string())], n))
                 .collect(),
         );
+    }
+    if let Some(f) = &w.figures {
         o.labeled(
-            "web_latency_seconds",
-            "Server latency, request read to first response byte, over the window",
-            vec![
-                (vec![("quantile", "0.5".into())], c.latency.p50_ms / 1000.0),
-                (vec![("quantile", "0.95".into())], c.latency.p95_ms / 1000.0),
-                (vec![("quantile", "0.99".into())], c.latency.p99_ms / 1000.0),
-            ],
+            "web_figures_windows",
+            "Spans the rates and latency come from, by basis (counted: socket_tracing = \
+             always; windows: estimated from the counting windows)",
+            vec![(vec![("basis", f.basis.to_string())], f.windows as f64)],
         );
+        o.gauge(
+            "web_figures_counted_seconds",
+            "Seconds the programs counted within web.latency_window",
+            f.counted_seconds,
+        );
+        if let Some(age) = f.age_seconds {
+            o.gauge(
+                "web_figures_age_seconds",
+                "Age of the newest span the rates and latency come from",
+                age,
+            );
+        }
+        if let Some(r) = f.requests_per_second {
+            o.gauge(
+                "web_requests_per_second",
+                "Requests arriving per second over web.latency_window (the agent's probes left out)",
+                r,
+            );
+        }
+        if let Some(by) = &f.answers_per_second {
+            o.labeled(
+                "web_responses_per_second",
+                "Real answers per second by status class over web.latency_window (the probe \
+                 path's left out)",
+                by.iter()
+                    .map(|(class, r)| (vec![("class", class.to_string())], *r))
+                    .collect(),
+            );
+        }
+        if let Some(l) = &f.latency {
+            o.labeled(
+                "web_latency_seconds",
+                "Server latency, request read to first response byte, over web.latency_window",
+                vec![
+                    (vec![("quantile", "0.5".into())], l.p50_ms / 1000.0),
+                    (vec![("quantile", "0.95".into())], l.p95_ms / 1000.0),
+                    (vec![("quantile", "0.99".into())], l.p99_ms / 1000.0),
+                ],
+            );
+        }
     }
     if let Some(a) = w.answers.as_ref().filter(|a| a.status_visible) {
         o.labeled_counter(

@@ -275,10 +275,11 @@ pub struct ConnState {
     pub first_response_ns: u64,
     /// Counter slot of the listen port.
     pub slot: u32,
-    /// 1 while a request has been read and its answer has not begun (an exchange is open),
-    /// else 0. A `u32` rather than a `bool`: the value stays free of padding holes
-    /// (`aya::Pod`).
-    pub exchange: u32,
+    /// Keeps the value free of padding holes (`aya::Pod`).
+    pub _pad: u32,
+    /// While a request has been read and its answer has not begun (an exchange is open):
+    /// when that request's first byte was read (`bpf_ktime_get_ns`, never 0); else 0.
+    pub exchange_ns: u64,
 }
 
 /// Buckets of the server-latency histogram (request read → first response byte).

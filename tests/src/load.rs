@@ -497,6 +497,9 @@ pub struct OpenLoopStats {
     /// clock was not kept (the machine too busy), and the load was less than asked.
     pub max_lag: Duration,
     pub elapsed: Duration,
+    /// Each answer's time from the request written to the answer read (loopback: what the
+    /// server took, within a fraction of a millisecond).
+    pub latencies: Vec<Duration>,
 }
 
 impl OpenLoopStats {
@@ -507,6 +510,22 @@ impl OpenLoopStats {
     /// Requests sent per second.
     pub fn offered_rate(&self) -> f64 {
         self.sent as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// The `q` quantile of the answers' latencies (0 < q ≤ 1), None without answers.
+    pub fn latency_quantile(&self, q: f64) -> Option<Duration> {
+        let mut v = self.latencies.clone();
+        v.sort_unstable();
+        let rank = ((v.len() as f64 * q).ceil() as usize).max(1);
+        v.get(rank - 1).copied()
+    }
+
+    /// The answers' mean latency.
+    pub fn mean_latency(&self) -> Option<Duration> {
+        let n = u32::try_from(self.latencies.len())
+            .ok()
+            .filter(|n| *n > 0)?;
+        Some(self.latencies.iter().sum::<Duration>() / n)
     }
 }
 
@@ -621,6 +640,98 @@ impl Drop for OpenLoop {
     }
 }
 
+impl OpenLoop {
+    /// Open-loop load over keep-alive connections, as a load balancer's pool sends it:
+    /// `connections` persistent connections; each request, on its Poisson instant of `rate`
+    /// per second, goes out on a connection that is free (one that is answering waits its
+    /// turn: with more connections than the server has workers that is rare, and a late send
+    /// shows in `max_lag`).
+    pub fn keep_alive(
+        port: u16,
+        path: &str,
+        rate: f64,
+        seed: u64,
+        connections: usize,
+        timeout: Duration,
+    ) -> Self {
+        assert!(rate > 0.0 && rate.is_finite(), "rate {rate}");
+        let started = Instant::now();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stats = Arc::new(Mutex::new(OpenLoopStats::default()));
+        // The schedule: the xorshift state and the next arrival, taken by the free connection.
+        let schedule = Arc::new(Mutex::new((seed.max(1), started)));
+        let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n");
+        let threads = (0..connections)
+            .map(|_| {
+                let (stop, stats, schedule) = (stop.clone(), stats.clone(), schedule.clone());
+                let request = request.clone();
+                std::thread::spawn(move || {
+                    let mut conn: Option<(TcpStream, Vec<u8>)> = None;
+                    while !stop.load(Ordering::SeqCst) && started.elapsed() < MAX_RUN {
+                        let at = {
+                            let Ok(mut s) = schedule.lock() else { return };
+                            let (rng, next) = &mut *s;
+                            *rng ^= *rng << 13;
+                            *rng ^= *rng >> 7;
+                            *rng ^= *rng << 17;
+                            let u = ((*rng >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+                            *next += Duration::from_secs_f64(-u.ln() / rate);
+                            *next
+                        };
+                        while Instant::now() < at {
+                            if stop.load(Ordering::SeqCst) {
+                                return;
+                            }
+                            std::thread::sleep(
+                                (at - Instant::now()).min(Duration::from_millis(50)),
+                            );
+                        }
+                        let lag = Instant::now().saturating_duration_since(at);
+                        let sent = Instant::now();
+                        let result = (|| {
+                            if conn.is_none() {
+                                conn = Some((
+                                    connect(([127, 0, 0, 1], port).into(), timeout)?,
+                                    Vec::new(),
+                                ));
+                            }
+                            let (s, buf) = conn.as_mut().expect("connected above");
+                            s.write_all(request.as_bytes())?;
+                            read_response(s, buf)
+                        })();
+                        let Ok(mut st) = stats.lock() else { return };
+                        st.sent += 1;
+                        st.max_lag = st.max_lag.max(lag);
+                        match result {
+                            Ok((code, close)) => {
+                                *st.by_status.entry(code).or_default() += 1;
+                                st.latencies.push(sent.elapsed());
+                                if close {
+                                    conn = None;
+                                }
+                            }
+                            Err(e) if is_timeout(&e) => {
+                                st.timeouts += 1;
+                                conn = None;
+                            }
+                            Err(_) => {
+                                st.errors += 1;
+                                conn = None;
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        Self {
+            stop,
+            stats,
+            threads,
+            started,
+        }
+    }
+}
+
 /// The reader: polls every connection in flight, reads answers to EOF, counts them.
 fn read_answers(
     stop: &AtomicBool,
@@ -659,7 +770,10 @@ fn read_answers(
                             let code = parse_status(&f.raw);
                             if let Ok(mut st) = stats.lock() {
                                 match code {
-                                    Ok(c) => *st.by_status.entry(c).or_default() += 1,
+                                    Ok(c) => {
+                                        *st.by_status.entry(c).or_default() += 1;
+                                        st.latencies.push(now.saturating_duration_since(f.sent));
+                                    }
                                     Err(_) => st.errors += 1,
                                 }
                             }

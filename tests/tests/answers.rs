@@ -309,14 +309,15 @@ fn nginx_returning_500_new_connections_alone_is_erroring_degraded_never_503_and_
 }
 
 /// Puma under ~15 s of keep-alive load on `path`, no restart target: every answer 200
-/// `healthy`, webserver `up`, never `erroring`. Returns the last `details.web.answers`.
+/// `healthy`, webserver `up`, never `erroring`. Returns the last `details.web.answers`, whose
+/// shares the callers assert: counted all along (`socket_tracing = "always"`), not sampled.
 fn puma_stays_healthy(path: &str) -> serde_json::Value {
     require_root();
     let puma = Puma::start(PumaOptions {
         threads: 4,
         ..Default::default()
     });
-    let agent = Agent::start(&config(puma.port, ""));
+    let agent = Agent::start(&config(puma.port, "[web]\nsocket_tracing = \"always\"\n"));
     let poller = HealthPoller::start(agent.port);
     wait(&poller, &agent, &puma, WAIT, "healthy idle", |s| {
         s.code == 200 && s.status == "healthy" && s.webserver == "up"

@@ -103,9 +103,9 @@ fn closed_listener_turns_503_webserver_down() {
 fn kernel_counts_every_handshake_on_the_web_port() {
     require_root();
     let backend = Fixture::start("normal");
-    // No probe: the only connections are the test's.
+    // No probe: the only connections are the test's. Exact counts: counted all along.
     let agent = Agent::start(&format!(
-        "[web]\nport = {}\nprobe_path = \"\"\n",
+        "[web]\nport = {}\nprobe_path = \"\"\nsocket_tracing = \"always\"\n",
         backend.port
     ));
     let (_, body) = agent.health();

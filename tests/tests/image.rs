@@ -247,21 +247,22 @@ fn the_image_runs_as_the_daemonset_asks_and_turns_503_for_a_frozen_host_backend(
         "200 with the kernel view active and the answers' status visible",
         |c, b| {
             // Real traffic all along (not the probe's path, "/": its answers are left out),
-            // counted from the programs' attach on.
+            // counted in the programs' counting windows (the first as the agent starts, then
+            // every 15 s).
             let _ = get(fixture.port, "/orders");
             c == 200
                 && b["details"]["web"]["kernel"]["state"] == "active"
-                && b["details"]["web"]["counters"]["answered"].as_u64() > Some(0)
+                && b["details"]["web"]["figures"]["requests_per_second"].as_f64() > Some(0.0)
                 && b["details"]["web"]["answers"]["status_visible"] == true
                 && b["details"]["web"]["answers"]["total_by_class"]["2xx"].as_u64() > Some(0)
         },
     );
     println!(
-        "image: /health {code} {} after {:.1} s, kernel view {}, {} answers seen, by class {}",
+        "image: /health {code} {} after {:.1} s, kernel view {}, figures {}, by class {}",
         body["status"],
         started.elapsed().as_secs_f64(),
         body["details"]["web"]["kernel"]["state"],
-        body["details"]["web"]["counters"]["answered"],
+        body["details"]["web"]["figures"],
         body["details"]["web"]["answers"]["total_by_class"]
     );
     let (code, _) = get(listen, "/livez").expect("/livez");

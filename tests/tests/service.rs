@@ -212,10 +212,13 @@ fn the_units_capabilities_are_enough_for_the_kernel_view_and_the_process_view() 
     for _ in 0..10 {
         let _ = get(fixture.port, "/");
     }
-    let (code, body) = agent.wait_health(WAIT, "200 with the kernel view active", |c, b| {
+    // Traffic all along, counted in the programs' counting windows (the first as the agent
+    // starts, then every 15 s).
+    let (code, body) = agent.wait_health(WAIT, "200 with the kernel view counting", |c, b| {
+        let _ = get(fixture.port, "/");
         c == 200
             && b["details"]["web"]["kernel"]["state"] == "active"
-            && b["details"]["web"]["counters"]["answered"].as_u64() > Some(0)
+            && b["details"]["web"]["figures"]["requests_per_second"].as_f64() > Some(0.0)
     });
     assert_eq!(code, 200, "{body}");
 

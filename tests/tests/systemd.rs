@@ -203,17 +203,20 @@ fn the_shipped_unit_starts_detects_restarts_on_watchdog_and_stops_clean_under_re
     for _ in 0..5 {
         let _ = get(web, "/");
     }
-    let (code, body) = wait_health(listen, "200 with the kernel view active", |c, b| {
+    // Traffic all along, counted in the programs' counting windows (the first as the agent
+    // starts, then every 15 s).
+    let (code, body) = wait_health(listen, "200 with the kernel view counting", |c, b| {
+        let _ = get(web, "/");
         c == 200
             && b["details"]["web"]["kernel"]["state"] == "active"
-            && b["details"]["web"]["counters"]["answered"].as_u64() > Some(0)
+            && b["details"]["web"]["figures"]["requests_per_second"].as_f64() > Some(0.0)
     });
     println!(
-        "start: /health {code} {}, webserver {}, kernel view {}, {} answers seen",
+        "start: /health {code} {}, webserver {}, kernel view {}, figures {}",
         body["status"],
         body["checks"]["webserver"],
         body["details"]["web"]["kernel"]["state"],
-        body["details"]["web"]["counters"]["answered"]
+        body["details"]["web"]["figures"]
     );
 
     // Detection: the backend frozen, connections queue behind it.

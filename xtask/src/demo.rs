@@ -35,22 +35,41 @@ pub struct Args {
     backend_port: u16,
 }
 
-/// One line per /health answer: the balancer's view and the kernel's.
+/// One line per /health answer: the balancer's view and the kernel's — the counters while the
+/// programs are attached, sock_diag's view of the connections while they are not.
 fn line(t0: Instant, code: u16, b: &Value) -> String {
     let w = &b["details"]["web"];
     let c = &w["counters"];
+    let v = &w["kernel"]["following"]["connections"];
     let n = |v: &Value| v.as_u64().map_or("-".into(), |n| n.to_string());
+    let attached = c.is_object();
+    let (waiting, pending, oldest) = if attached {
+        (
+            n(&c["waiting"]),
+            n(&c["pending"]),
+            n(&c["oldest_waiting_ms"]),
+        )
+    } else {
+        let waiting = v["unaccepted"].as_u64().zip(v["unread"].as_u64());
+        (
+            waiting.map_or("-".into(), |(a, b)| (a + b).to_string()),
+            n(&v["pending"]),
+            n(&v["oldest_unaccepted_ms"]),
+        )
+    };
     format!(
-        "  t={:5.1}s  /health {code} {:<10} webserver={:<12} queue={:<3} established={:<4} claimed={:<4} answered={:<4} waiting={:<3} oldest_waiting_ms={}",
+        "  t={:5.1}s  /health {code} {:<10} webserver={:<12} queue={:<3} programs={:<8} requests/s={:<6} waiting={:<3} pending={:<3} oldest_waiting_ms={}",
         t0.elapsed().as_secs_f64(),
         b["status"].as_str().unwrap_or("?"),
         b["checks"]["webserver"].as_str().unwrap_or("?"),
         n(&w["accept_queue"]),
-        n(&c["established"]),
-        n(&c["claimed"]),
-        n(&c["answered"]),
-        n(&c["waiting"]),
-        n(&c["oldest_waiting_ms"]),
+        if attached { "attached" } else { "detached" },
+        w["figures"]["requests_per_second"]
+            .as_f64()
+            .map_or("-".into(), |r| format!("{r:.1}")),
+        waiting,
+        pending,
+        oldest,
     )
 }
 
@@ -157,12 +176,33 @@ pub fn run(args: &Args) -> Result<()> {
     let t0 = Instant::now();
 
     println!("== 1. healthy: requests are accepted and answered ==");
+    // The first counting window opens as the agent starts: the figures have a rate once it
+    // closes.
     let (_, b) = watch(port, t0, Duration::from_secs(20), |c, b| {
         c == 200
             && b["checks"]["webserver"] == "up"
-            && b["details"]["web"]["counters"]["answered"].as_u64() > Some(15)
+            && b["details"]["web"]["figures"]["requests_per_second"].as_f64() > Some(0.0)
     })?;
-    println!("  kernel view: {}", b["details"]["web"]["kernel"]["state"]);
+    let web = &b["details"]["web"];
+    println!(
+        "  kernel view: {}, socket_tracing = {}: {}",
+        web["kernel"]["state"],
+        web["kernel"]["following"]["mode"],
+        web["kernel"]["following"]["why"].as_str().unwrap_or("")
+    );
+    println!(
+        "  figures ({}, {} window(s)): {} requests/s, server latency p50 {} ms",
+        web["figures"]["basis"],
+        web["figures"]["windows"],
+        web["figures"]["requests_per_second"],
+        web["figures"]["latency"]["p50_ms"]
+    );
+    println!(
+        "  cost while healthy: the programs run only in a half-second counting window every 15 s \
+         (about 12 ns per socket call of the host under nginx keep-alive, bench section 11 in \
+         docs/BENCHMARKS.md); socket_tracing = \"always\" keeps them on for exact counts \
+         (about 370 ns)"
+    );
 
     println!(
         "\n== 2. the backend hangs: kill -STOP keeps its listen port, nobody calls accept() =="

@@ -639,6 +639,26 @@ impl KernelView {
         counters
     }
 
+    /// One port's counters and latency histogram, summed over its slots (no connection-table
+    /// read): what the figures of a span are made of.
+    pub fn port_totals(&self, port: u16) -> (PortCounters, LatencyHist) {
+        let (mut counters, mut latency) = (PortCounters::default(), LatencyHist::default());
+        for (slot, key) in (0u32..).zip(&self.watched) {
+            if key.port != port {
+                continue;
+            }
+            counters.add(&self.port_counters(slot));
+            if let Ok(per_cpu) = self.latency.get(&slot, 0) {
+                for h in per_cpu.iter() {
+                    for (sum, b) in latency.buckets.iter_mut().zip(h.buckets.iter()) {
+                        *sum += b;
+                    }
+                }
+            }
+        }
+        (counters, latency)
+    }
+
     /// Reads every map once. Cost grows with the connection table only while connections wait
     /// or requests are pending; otherwise it is a handful of syscalls.
     pub fn sample(&self) -> KernelSample {

@@ -127,10 +127,13 @@ async fn keep_alive_requests_count_one_exchange_each_and_an_unanswered_one_is_dr
     let mut client = TcpStream::connect(("127.0.0.1", port)).expect("connect");
     let (mut server, _) = listener.accept().expect("accept");
     let mut buf = [0u8; 4];
-    // Five requests on one connection, each answered.
-    for _ in 0..5 {
+    // Five requests on one connection, each answered, the last after 30 ms.
+    for i in 0..5 {
         client.write_all(b"ping").unwrap();
         server.read_exact(&mut buf).unwrap();
+        if i == 4 {
+            std::thread::sleep(std::time::Duration::from_millis(30));
+        }
         server.write_all(b"pong").unwrap();
         client.read_exact(&mut buf).unwrap();
     }
@@ -157,6 +160,11 @@ async fn keep_alive_requests_count_one_exchange_each_and_an_unanswered_one_is_dr
     );
     // The per-connection counters saw one request and one answer, and nothing pending.
     assert_eq!((c.requests, c.answered, c.pending()), (1, 1, 0), "{c:?}");
+    // Every answered exchange has its latency, not only the connection's first: the 30 ms one
+    // among them.
+    let latency = crate::checks::web::percentiles(&s.ports[0].latency);
+    assert_eq!(latency.samples, 6, "{latency:?}");
+    assert!((24.0..60.0).contains(&latency.p99_ms), "{latency:?}");
 
     // The client gives up: the open exchange is dropped, nothing stays in service.
     drop(client);

@@ -12,9 +12,12 @@
 //! - `latency`: server-side latency over a sliding window;
 //! - `sockets`: the port's connections from sock_diag alone, and what attaches the programs;
 //! - `answers`: what it answers by status class over `web.errors_window` (`erroring`);
+//! - `figures`: request rate, answers by class and latency over `web.latency_window`, counted
+//!   or estimated from the programs' counting windows;
 //! - `monitor`: gathers the evidence each round and builds the report.
 
 pub mod answers;
+mod figures;
 mod latency;
 mod monitor;
 pub(crate) mod process;
@@ -25,7 +28,8 @@ mod verdict;
 
 use serde::Serialize;
 
-pub use latency::LatencySummary;
+pub use figures::FiguresReport;
+pub use latency::{percentiles, LatencySummary};
 pub use monitor::{load_kernel, WebMonitor};
 pub use process::{DependencyWait, WorkerView};
 pub use target::NamespaceView;
@@ -182,6 +186,10 @@ pub struct WebReport {
     /// What it answered over `web.errors_window`, by status class (None: no web port).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub answers: Option<answers::AnswersReport>,
+    /// Request rate, answers by class and latency over `web.latency_window`: counted
+    /// (`socket_tracing = "always"`) or estimated from the programs' counting windows.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub figures: Option<FiguresReport>,
     /// The process a `partial_hang` verdict names: what it holds, and whether its master can
     /// replace it.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -222,6 +230,7 @@ impl WebReport {
             disagreement: None,
             config_error: None,
             answers: None,
+            figures: None,
             stuck_worker: None,
             agent_error: false,
         }

@@ -12,6 +12,7 @@ use health_common::{AcceptKey, PortCounters};
 
 use super::{
     answers::AnswerWindow,
+    figures::{Figures, FiguresReport, Mark, FIGURES_EVERY},
     latency::LatencyWindow,
     process::{self, CpuMeter, WorkerView},
     progress::{Moves, Progress},
@@ -111,6 +112,15 @@ pub struct WebMonitor {
     counted_detaching: bool,
     /// This tick's `observe` read the port's connections: a sampled load sample is fresh.
     read_now: bool,
+    /// Request rate, answers by class and latency over `web.latency_window`, from the spans
+    /// the programs counted.
+    figures: Figures,
+    /// Where the current span started (the programs attached, or the last cut of an
+    /// `"always"` span).
+    span_from: Option<Mark>,
+    /// Probes made so far, and attaches of the answer programs so far (see `Mark`).
+    probes_made: u64,
+    answers_attaches: u64,
     /// How often the port's connections are read while nothing goes on: QUIET_READ_EVERY, or
     /// longer when a read costs more than QUIET_BUDGET allows (see `read_sockets`).
     quiet_every: Duration,
@@ -176,10 +186,11 @@ const QUIET_READ_MAX: Duration = Duration::from_secs(5);
 const COUNT_FOR: Duration = Duration::from_millis(450);
 const COUNT_EVERY: Duration = Duration::from_secs(15);
 /// `socket_tracing = "on_suspicion"`: the answer programs (status classes) run per packet of
-/// the watched port, so they too attach only for a sampling window of ANSWERS_FOR every
-/// ANSWERS_EVERY, and for as long as the programs that follow connections are attached or the
-/// answers' latest second failed: a box that answers only 5xx is seen within ANSWERS_EVERY,
-/// and then followed until the judgement is made.
+/// the watched port, so they too attach only while the programs that follow connections are
+/// (a counting window, a suspicion), for a longer sampling window of ANSWERS_FOR every
+/// ANSWERS_EVERY (opened with a counting window), and while the answers' latest second failed:
+/// a box that answers only 5xx is seen within COUNT_EVERY, then followed until the judgement
+/// is made.
 const ANSWERS_FOR: Duration = Duration::from_secs(1);
 const ANSWERS_EVERY: Duration = Duration::from_secs(30);
 
@@ -343,6 +354,10 @@ impl WebMonitor {
             quiet_every: QUIET_READ_EVERY,
             counted_detaching: false,
             read_now: false,
+            figures: Figures::default(),
+            span_from: None,
+            probes_made: 0,
+            answers_attaches: 0,
             answers: AnswerWindow::default(),
             answers_pids: Vec::new(),
             tier,
@@ -394,8 +409,6 @@ impl WebMonitor {
     /// Reads the kernel counters (one map read) and notes what moved since the previous tick.
     /// Runs on every tick, so the time of the last answer is known to within one tick.
     pub fn observe(&mut self, now: Instant) {
-        // The answer programs' sampling windows close on the tick, not at the next report.
-        self.steer_answers(now);
         // With `socket_tracing = "on_suspicion"`, or below the `full` tier, the port's
         // connections (one sock_diag dump filtered by port): what moved on them, and whether
         // anything is suspicious.
@@ -427,6 +440,10 @@ impl WebMonitor {
             .filter(|k| k.following())
             .and_then(|k| k.counters().first().copied());
         self.steer_following(suspicion, now);
+        // The answer programs' sampling windows open with a counting window and close on the
+        // tick, not at the next report.
+        self.steer_answers(now);
+        self.track_span(now);
         let Some(k) = &self.kernel else { return };
         let window = self.cfg.latency_window;
         self.counted_detaching = counted.is_some() && !k.following();
@@ -636,7 +653,6 @@ impl WebMonitor {
                 self.counted_at = Some(now);
             }
         } else if recent.is_none()
-            && self.last_moves.unsure
             && !k.following()
             && self
                 .counted_at
@@ -761,6 +777,9 @@ impl WebMonitor {
             return;
         }
         self.probe_trouble = None;
+        if p.status.is_some() {
+            self.probes_made += 1;
+        }
         if p.ok {
             self.probe_failing_since = None;
             self.probe_passed_at = Some(now);
@@ -979,6 +998,7 @@ impl WebMonitor {
             kernel = None;
         }
         self.observe_answers(port, listening, now);
+        self.track_span(now);
         let mut evidence = Evidence {
             answers: Some(self.answers.basis()),
             erroring: self.answers.erroring(),
@@ -1060,6 +1080,7 @@ impl WebMonitor {
         WebReport {
             config_error,
             answers: Some(self.answers.report(&self.cfg)),
+            figures: self.figures(now),
             port: self.cfg.port,
             namespace: Some(namespace),
             verdict,
@@ -1095,6 +1116,7 @@ impl WebMonitor {
             && !self.owners.iter().any(|p| self.answers_pids.contains(p));
         if !listening || replaced {
             self.answers.restart(now);
+            self.figures.restart();
         }
         if !self.owners.is_empty() || !listening {
             self.answers_pids.clone_from(&self.owners);
@@ -1132,7 +1154,12 @@ impl WebMonitor {
             return;
         }
         let since = |t: Option<Instant>| t.map(|t| now.saturating_duration_since(t));
-        let due = since(self.answers_sampled_at).is_none_or(|d| d >= ANSWERS_EVERY);
+        // They attach with the connection programs (a counting window every COUNT_EVERY, or
+        // a suspicion): a box that answers only 5xx is seen within COUNT_EVERY. Due, their
+        // longer sampling window opens with a counting window too (both at once cost less
+        // than each on its own clock); they stay while the answers fail.
+        let due = since(self.answers_sampled_at).is_none_or(|d| d >= ANSWERS_EVERY)
+            && (k.following() || self.follow_failed);
         let sampling = since(self.answers_sampled_at).is_some_and(|d| d < ANSWERS_FOR);
         let want = due || sampling || k.following() || self.answers.failing();
         if want == k.answers_attached() {
@@ -1142,13 +1169,87 @@ impl WebMonitor {
             self.answers_sampled_at = Some(now);
         }
         match k.attach_answers(want) {
-            Ok(()) if want => self.answers.restart(now),
+            Ok(()) if want => {
+                self.answers_attaches += 1;
+                self.answers.restart(now);
+            }
             Ok(()) => {}
             Err(e) => {
                 tracing::warn!("the answer programs: {e}; the answers' status is not sampled");
                 self.answers_attach_failed = Some(e.to_string());
             }
         }
+    }
+
+    /// The cumulative readings a span is measured from: the port's counters and latency
+    /// histogram, the answer programs' counters while they are attached, the probes made.
+    fn mark(&self, now: Instant) -> Option<Mark> {
+        let (k, port) = (self.kernel.as_ref()?, self.target.as_ref()?.port);
+        let (c, latency) = k.port_totals(port);
+        let answers = k
+            .answers_attached()
+            .then(|| k.answer_counters(port).ok())
+            .flatten()
+            .map(|a| (a, self.answers_attaches));
+        Some(Mark {
+            at: now,
+            requests: c.arrivals(),
+            latency,
+            answers,
+            probes: self.probes_made,
+        })
+    }
+
+    /// Cuts the figures' spans while the connection programs are attached: every
+    /// FIGURES_EVERY (all the time with `"always"`; through a long suspicion with
+    /// `"on_suspicion"`), and at the detach (their counts start from zero when they attach and
+    /// stand still once detached, so a counting window is one span).
+    fn track_span(&mut self, now: Instant) {
+        if self.tier != KernelTier::Full {
+            return;
+        }
+        let attached = self.kernel.as_ref().is_some_and(KernelView::following);
+        let cut = match &self.span_from {
+            None => {
+                if attached {
+                    self.span_from = self.mark(now);
+                }
+                return;
+            }
+            Some(from) => !attached || now.saturating_duration_since(from.at) >= FIGURES_EVERY,
+        };
+        if !cut {
+            return;
+        }
+        let Some(end) = self.mark(now) else {
+            self.span_from = None;
+            return;
+        };
+        let probe_class = self
+            .last_probe
+            .as_ref()
+            .and_then(|p| p.status)
+            .map_or(2, |s| usize::from(s / 100));
+        if let Some(span) = self
+            .span_from
+            .as_ref()
+            .and_then(|f| f.span_to(&end, probe_class))
+        {
+            self.figures.record(now, span, self.cfg.latency_window);
+        }
+        self.span_from = attached.then_some(end);
+    }
+
+    /// The figures over `web.latency_window` (None below the `full` tier: no programs count
+    /// requests there).
+    fn figures(&self, now: Instant) -> Option<FiguresReport> {
+        (self.tier == KernelTier::Full && self.kernel.is_some()).then(|| {
+            self.figures.report(
+                now,
+                self.cfg.latency_window,
+                self.cfg.socket_tracing == SocketTracing::Always,
+            )
+        })
     }
 
     /// The answers' evidence for the peers and for judging a restart: since when the window

@@ -1,0 +1,307 @@
+//! The figures users read about the backend's traffic — request rate, answers by status class,
+//! server latency — in both `web.socket_tracing` modes, over `web.latency_window`.
+//!
+//! - `"always"`: the programs count all along, cut into spans of FIGURES_EVERY: the figures
+//!   are exact (`basis: "counted"`).
+//! - `"on_suspicion"`: the programs count only while attached — a counting window of under
+//!   half a second every 15 s, or a suspicion's spell (cut like `"always"`) — so the figures
+//!   are estimates from those spans (`basis: "windows"`), as precise as the requests counted
+//!   in them (a Poisson count of n is within about 2/√n of its rate).
+//!
+//! Each span is what the programs counted from its start to its end: requests read and
+//! answered (every request of a keep-alive connection), the latency histogram, and — while the
+//! answer programs were attached all through it — the answers by status class. The agent's
+//! own probes are left out of the requests, and the probe path's answers out of the classes.
+
+use std::{
+    collections::{BTreeMap, VecDeque},
+    time::{Duration, Instant},
+};
+
+use health_common::{AnswerCounters, LatencyHist, LATENCY_BUCKETS};
+use serde::Serialize;
+
+use super::latency::{percentiles, LatencySummary};
+
+/// `"always"`: the counted window is cut into spans this long.
+pub const FIGURES_EVERY: Duration = Duration::from_secs(5);
+/// Spans kept whatever `web.latency_window` says: with `"on_suspicion"` a window shorter than
+/// two counting cadences could hold none.
+const MIN_LOOKBACK: Duration = Duration::from_secs(30);
+const CLASSES: [&str; 6] = ["0xx", "1xx", "2xx", "3xx", "4xx", "5xx"];
+
+/// What the programs counted over one span.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Span {
+    pub seconds: f64,
+    /// Requests that arrived — a connection as its handshake completes, and each later
+    /// request of a keep-alive connection as it is read —, the agent's own probes left out.
+    pub requests: u64,
+    pub latency: LatencyHist,
+    /// Answers by status class and the probe path's answers, when the answer programs were
+    /// attached all through the span.
+    pub answers: Option<(AnswerCounters, u64)>,
+}
+
+/// Cumulative readings at the start of a span: the difference at its end is the span.
+#[derive(Debug, Clone)]
+pub struct Mark {
+    pub at: Instant,
+    pub requests: u64,
+    pub latency: LatencyHist,
+    /// The answer programs' counters, and how many times they had been attached then (a span
+    /// they were detached in, even briefly, has no classes).
+    pub answers: Option<(AnswerCounters, u64)>,
+    /// The agent's probes made so far.
+    pub probes: u64,
+}
+
+impl Mark {
+    /// The span from this mark to `end` (readings of the same counters, later).
+    pub fn span_to(&self, end: &Mark, probe_class: usize) -> Option<Span> {
+        if end.requests < self.requests {
+            // Counters that went back: the programs reloaded. No span.
+            return None;
+        }
+        let mut latency = LatencyHist::default();
+        for i in 0..LATENCY_BUCKETS {
+            latency.buckets[i] = end.latency.buckets[i].saturating_sub(self.latency.buckets[i]);
+        }
+        let probes = end.probes.saturating_sub(self.probes);
+        let answers = match (&self.answers, &end.answers) {
+            (Some((a, n)), Some((b, m))) if n == m => {
+                let mut d = AnswerCounters::default();
+                for i in 0..6 {
+                    d.status[i] = b.status[i].saturating_sub(a.status[i]);
+                }
+                d.requests = b.requests.saturating_sub(a.requests);
+                let probe = b.probe_requests.saturating_sub(a.probe_requests);
+                // The probe path's answers come off the class its probe got.
+                let c = probe_class.clamp(1, 5);
+                d.status[c] = d.status[c].saturating_sub(probe);
+                Some((d, probe))
+            }
+            _ => None,
+        };
+        Some(Span {
+            seconds: end.at.saturating_duration_since(self.at).as_secs_f64(),
+            requests: (end.requests - self.requests).saturating_sub(probes),
+            latency,
+            answers,
+        })
+    }
+}
+
+/// The spans of the latest `web.latency_window`.
+#[derive(Debug, Default)]
+pub struct Figures {
+    spans: VecDeque<(Instant, Span)>,
+}
+
+/// The figures as `/health`'s details and `/metrics` show them.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct FiguresReport {
+    /// `counted`: the programs counted all of `seconds` (`socket_tracing = "always"`);
+    /// `windows`: estimates from the spans they were attached (`"on_suspicion"`).
+    pub basis: &'static str,
+    /// Spans the figures come from, and how long they counted in all.
+    pub windows: usize,
+    pub counted_seconds: f64,
+    /// Age of the newest span's end.
+    pub age_seconds: Option<f64>,
+    /// The time the spans are taken from (`web.latency_window`).
+    pub over_seconds: f64,
+    /// Requests counted (the agent's probes left out): the estimates' precision.
+    pub requests_counted: u64,
+    /// Requests arriving per second; None before any span. (Not answers per second: a short
+    /// window closes with the answers of its latest requests still to come.)
+    pub requests_per_second: Option<f64>,
+    /// Real answers per second by status class (the probe path's left out); None while the
+    /// status is not visible or no span had the answer programs attached.
+    pub answers_per_second: Option<BTreeMap<&'static str, f64>>,
+    /// Server latency (request read → first response byte) over the spans' requests.
+    pub latency: Option<LatencySummary>,
+    /// In words: whether traffic flows, or none was counted.
+    pub traffic: String,
+}
+
+impl Figures {
+    /// Takes in one span that ended at `now`; forgets those older than the lookback.
+    pub fn record(&mut self, now: Instant, span: Span, window: Duration) {
+        if span.seconds > 0.0 {
+            self.spans.push_back((now, span));
+        }
+        let keep = window.max(MIN_LOOKBACK);
+        while self
+            .spans
+            .front()
+            .is_some_and(|(t, _)| now.saturating_duration_since(*t) > keep)
+        {
+            self.spans.pop_front();
+        }
+    }
+
+    /// Forgets every span (the backend was replaced: its figures are not the new one's).
+    pub fn restart(&mut self) {
+        self.spans.clear();
+    }
+
+    pub fn report(&self, now: Instant, window: Duration, counted: bool) -> FiguresReport {
+        let keep = window.max(MIN_LOOKBACK);
+        let spans: Vec<&Span> = self
+            .spans
+            .iter()
+            .filter(|(t, _)| now.saturating_duration_since(*t) <= keep)
+            .map(|(_, s)| s)
+            .collect();
+        let seconds = spans.iter().fold(0.0, |t, s| t + s.seconds);
+        let requests: u64 = spans.iter().map(|s| s.requests).sum();
+        let mut hist = LatencyHist::default();
+        for s in &spans {
+            for (sum, b) in hist.buckets.iter_mut().zip(s.latency.buckets.iter()) {
+                *sum += b;
+            }
+        }
+        let latency = percentiles(&hist);
+        let (mut by_class, mut class_seconds) = ([0u64; 6], 0.0);
+        for s in &spans {
+            if let Some((a, _)) = &s.answers {
+                for (sum, n) in by_class.iter_mut().zip(a.status) {
+                    *sum += n;
+                }
+                class_seconds += s.seconds;
+            }
+        }
+        let rate = |n: u64, t: f64| (t > 0.0).then(|| round2(n as f64 / t));
+        let answers_per_second = (class_seconds > 0.0).then(|| {
+            (1..6)
+                .map(|i| (CLASSES[i], round2(by_class[i] as f64 / class_seconds)))
+                .collect()
+        });
+        let traffic = match rate(requests, seconds) {
+            None => "no span counted yet".to_string(),
+            Some(_) if requests == 0 => format!(
+                "no traffic: no request in {seconds:.1} s counted over the last {:.0} s (the \
+                 agent's probes aside)",
+                keep.as_secs_f64()
+            ),
+            Some(r) => format!("{r} requests/s ({requests} counted in {seconds:.1} s)"),
+        };
+        FiguresReport {
+            basis: if counted { "counted" } else { "windows" },
+            windows: spans.len(),
+            counted_seconds: round2(seconds),
+            age_seconds: self
+                .spans
+                .back()
+                .map(|(t, _)| round2(now.saturating_duration_since(*t).as_secs_f64())),
+            over_seconds: keep.as_secs_f64(),
+            requests_counted: requests,
+            requests_per_second: rate(requests, seconds),
+            answers_per_second,
+            latency: (latency.samples > 0).then_some(latency),
+            traffic,
+        }
+    }
+}
+
+fn round2(v: f64) -> f64 {
+    (v * 100.0).round() / 100.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use health_common::latency_bucket;
+
+    fn mark(
+        at: Instant,
+        requests: u64,
+        probes: u64,
+        answers: Option<(AnswerCounters, u64)>,
+    ) -> Mark {
+        let mut latency = LatencyHist::default();
+        latency.buckets[latency_bucket(20_000)] = requests; // 20 ms each
+        Mark {
+            at,
+            requests,
+            latency,
+            answers,
+            probes,
+        }
+    }
+
+    #[test]
+    fn windows_give_rates_over_the_time_counted_not_the_time_passed() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut f = Figures::default();
+        // Three half-second windows 15 s apart, 50 requests/s, one probe in each.
+        for i in 0..3u32 {
+            let start = t0 + i * 15 * s;
+            let a = mark(start, 0, 10 * u64::from(i), None);
+            let b = mark(start + s / 2, 26, 10 * u64::from(i) + 1, None);
+            let span = a.span_to(&b, 2).expect("a span");
+            f.record(start + s / 2, span, 60 * s);
+        }
+        let r = f.report(t0 + 31 * s, 60 * s, false);
+        assert_eq!(r.basis, "windows");
+        assert_eq!(r.windows, 3);
+        assert_eq!(r.requests_counted, 75, "the probes are left out: {r:?}");
+        assert_eq!(r.requests_per_second, Some(50.0), "{r:?}");
+        assert!(
+            r.latency
+                .as_ref()
+                .is_some_and(|l| (15.0..25.0).contains(&l.p50_ms)),
+            "{r:?}"
+        );
+        assert_eq!(
+            r.answers_per_second, None,
+            "no span had the answer programs: {r:?}"
+        );
+        assert_eq!(r.age_seconds, Some(0.5));
+        // A minute later the windows have aged out: nothing counted, said so.
+        let r = f.report(t0 + 100 * s, 60 * s, false);
+        assert_eq!((r.windows, r.requests_per_second), (0, None), "{r:?}");
+    }
+
+    #[test]
+    fn classes_need_the_answer_programs_all_through_the_span_and_leave_the_probe_out() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut before = AnswerCounters::default();
+        before.status[2] = 100;
+        let mut after = before;
+        after.status[2] += 12; // 10 real answers and 2 probes
+        after.status[5] += 10;
+        after.probe_requests += 2;
+        let a = mark(t0, 0, 0, Some((before, 3)));
+        let b = mark(t0 + s, 22, 0, Some((after, 3)));
+        let mut f = Figures::default();
+        f.record(t0 + s, a.span_to(&b, 2).unwrap(), 60 * s);
+        let r = f.report(t0 + s, 60 * s, true);
+        let classes = r.answers_per_second.expect("classes");
+        assert_eq!(
+            (classes["2xx"], classes["5xx"]),
+            (10.0, 10.0),
+            "{classes:?}"
+        );
+        // Re-attached in between (4 attaches at the end): the counts are not the span's.
+        let b = mark(t0 + s, 22, 0, Some((after, 4)));
+        assert_eq!(a.span_to(&b, 2).unwrap().answers, None);
+    }
+
+    #[test]
+    fn no_request_but_the_probes_is_no_traffic_and_says_so() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut f = Figures::default();
+        let span = mark(t0, 0, 0, None)
+            .span_to(&mark(t0 + s, 1, 1, None), 2)
+            .unwrap();
+        f.record(t0 + s, span, 60 * s);
+        let r = f.report(t0 + s, 60 * s, false);
+        assert_eq!(r.requests_per_second, Some(0.0));
+        assert!(r.traffic.starts_with("no traffic"), "{r:?}");
+    }
+}
