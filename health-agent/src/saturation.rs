@@ -43,6 +43,8 @@ const MIN_SPAN: Duration = Duration::from_secs(1);
 /// One counting window yields two counted ticks: about 0.5 s, a little less when the ticks run
 /// early; this lets a span that holds one window give a figure.
 const MIN_COUNTED: Duration = Duration::from_millis(400);
+/// Requests added to both sides of the offered/served ratio (see `estimate`).
+const OFFERED_PRIOR: f64 = 10.0;
 /// Work in service with no answer for this long (or four times the server's mean time in
 /// service, when longer) has stalled.
 const STALL_AFTER: Duration = Duration::from_secs(1);
@@ -242,9 +244,19 @@ impl Meter {
             _ => None,
         };
         let completions = if counted { s.answered - p.answered } else { 0 };
-        let progressed = if s.sampled { s.moved } else { completions > 0 };
+        // Read from sock_diag, work that was not there at the previous read is new, not
+        // stuck: between two reads a second apart (quiet reads) the answers that went out on
+        // connections opened and closed meanwhile show nowhere.
+        let progressed = if s.sampled {
+            s.moved || p.pending == 0
+        } else {
+            completions > 0
+        };
         let stalled = if progressed {
-            self.last_answer = Some(now);
+            // Read from sock_diag with nothing answered since, the server was last seen free
+            // of work at the previous read, not now.
+            let seen = if s.sampled && !s.moved { t0 } else { now };
+            self.last_answer = Some(seen);
             // It moves again: what stalled was slow work, and counts.
             for r in self.records.iter_mut().rev().take_while(|r| r.stalled) {
                 r.stalled = false;
@@ -380,15 +392,17 @@ impl Meter {
             return None;
         }
         // Counting windows restart from zero and close with requests in service: those are
-        // served after the window, not piling up. (Counted all along, the one at the end of
-        // the span is the window's in service, which its length makes negligible.)
-        let served = if unsure { d + open_at_ends } else { d };
-        // Offered over served: above 1 only while work piles up (or the server stalls).
-        let offered = if a == 0 {
-            1.0
-        } else {
-            a as f64 / served.max(1) as f64
-        };
+        // served after the window, not piling up (a half-second window of 50 ms requests
+        // would otherwise read a tenth more offered than served). Counted all along, the one
+        // at the end of the span is the window's in service, which its length makes
+        // negligible.
+        let served = d + open_at_ends;
+        // Offered over served: above 1 only while work piles up (or the server stalls). A few
+        // counted requests (a half-second counting window at low load: five arrived, eight
+        // answered) say nothing of the kind, so the ratio is taken toward 1 by OFFERED_PRIOR
+        // requests each side — noise of a handful moves it little, a real pile-up of hundreds
+        // shows — and is never below 1: a server draining a backlog is as busy as it reads.
+        let offered = ((a as f64 + OFFERED_PRIOR) / (served as f64 + OFFERED_PRIOR)).max(1.0);
         // Requests in service that sock_diag could not see would read as spare workers: then
         // only the counted ticks (the counting windows `on_suspicion` opens) measure them, and
         // without enough of those there is no figure rather than a low one.

@@ -14,9 +14,10 @@ const WAIT: Duration = Duration::from_secs(20);
 fn nginx_requests_are_counted_exactly() {
     require_root();
     let nginx = Nginx::start(&[b'x'; 512]);
-    // accept() traced all the time, so `accepted` is exact too.
+    // Everything counted all along, and accept() traced all the time, so `accepted` is exact
+    // too.
     let agent = Agent::start(&format!(
-        "[web]\nport = {}\nprobe_path = \"\"\naccept_tracing = \"always\"\n",
+        "[web]\nport = {}\nprobe_path = \"\"\naccept_tracing = \"always\"\nsocket_tracing = \"always\"\n",
         nginx.port
     ));
     const N: usize = 100;
@@ -46,8 +47,11 @@ fn nginx_requests_are_counted_exactly() {
 fn stopped_server_is_hung_503_then_200_after_cont() {
     require_root();
     let nginx = Nginx::start(b"hello");
+    // The counters' view of the hang is asserted: counted all along (the default's is in
+    // tests/tests/socket_tracing.rs).
     let agent = Agent::start(&format!(
-        "[checks]\nrecover_after = \"1s\"\n[web]\nport = {}\nhung_after = \"2s\"\n",
+        "[checks]\nrecover_after = \"1s\"\n[web]\nport = {}\nhung_after = \"2s\"\n\
+         socket_tracing = \"always\"\n",
         nginx.port
     ));
     agent.wait_health(WAIT, "healthy first", |c, b| {
@@ -275,7 +279,7 @@ fn connection_flood_evicts_instead_of_failing() {
     // agent keep answering, and nothing fail or grow.
     let backend = Fixture::start("normal");
     let agent = Agent::start(&format!(
-        "[web]\nport = {}\nmax_connections_tracked = 64\n",
+        "[web]\nport = {}\nmax_connections_tracked = 64\nsocket_tracing = \"always\"\n",
         backend.port
     ));
     let held: Vec<std::net::TcpStream> = (0..300)

@@ -11,7 +11,8 @@ use serde::Deserialize;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{
-    asg::AsgPeers, instance_id, PeerView, Round, FRESH_DEPENDENCY, VIEW_PATH, VIEW_VERSION,
+    asg::AsgPeers, instance_id, PeerView, Round, FRESH_ANSWERS, FRESH_DEPENDENCY, VIEW_PATH,
+    VIEW_VERSION,
 };
 use crate::config::FleetConfig;
 
@@ -60,6 +61,10 @@ pub struct Exchange {
     /// This instance has a dependency fault: peers are asked to check theirs afresh
     /// (`?fresh=dependency`), so their word on it is newer than the fault.
     fresh_dependency: AtomicBool,
+    /// This instance's answers fail: peers are asked to sample theirs afresh
+    /// (`?fresh=answers`: with `socket_tracing = "on_suspicion"` they are counted only in
+    /// windows), so their word on them is newer than the fault.
+    fresh_answers: AtomicBool,
 }
 
 impl Exchange {
@@ -88,6 +93,7 @@ impl Exchange {
             http,
             asg,
             fresh_dependency: AtomicBool::new(false),
+            fresh_answers: AtomicBool::new(false),
         })
     }
 
@@ -126,11 +132,26 @@ impl Exchange {
         self.fresh_dependency.store(yes, Ordering::Relaxed);
     }
 
+    /// Whether the next rounds ask the peers to sample their answers afresh.
+    pub fn want_fresh_answers(&self, yes: bool) {
+        self.fresh_answers.store(yes, Ordering::Relaxed);
+    }
+
     async fn ask(&self, peer: &str) -> Result<PeerView, PeerError> {
-        let url = if self.fresh_dependency.load(Ordering::Relaxed) {
-            format!("http://{peer}{VIEW_PATH}?{FRESH_DEPENDENCY}")
-        } else {
+        let fresh: Vec<&str> = [
+            (
+                self.fresh_dependency.load(Ordering::Relaxed),
+                FRESH_DEPENDENCY,
+            ),
+            (self.fresh_answers.load(Ordering::Relaxed), FRESH_ANSWERS),
+        ]
+        .into_iter()
+        .filter_map(|(want, q)| want.then_some(q))
+        .collect();
+        let url = if fresh.is_empty() {
             format!("http://{peer}{VIEW_PATH}")
+        } else {
+            format!("http://{peer}{VIEW_PATH}?{}", fresh.join("&"))
         };
         let mut req = self.http.get(&url);
         if let Some(t) = &self.token {

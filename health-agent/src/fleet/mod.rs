@@ -34,6 +34,8 @@ pub const VIEW_VERSION: u32 = 1;
 /// The view's query asking the peer to check its dependencies now: an agent with a dependency
 /// fault needs the peers' word on theirs from after its onset, sooner than their own cadence.
 pub const FRESH_DEPENDENCY: &str = "fresh=dependency";
+/// … and to sample its answers now (an errors fault waits on the peers' word).
+pub const FRESH_ANSWERS: &str = "fresh=answers";
 
 /// What this agent shows its peers beyond the snapshot, live: its evidence against each kind
 /// of fault (the composer writes it every tick, so a peer asking just after this instance's
@@ -45,6 +47,8 @@ pub struct Witness {
     evidence: Arc<Mutex<Evidence>>,
     database: Option<Arc<tokio::sync::Notify>>,
     last_recheck: Arc<Mutex<Option<Instant>>>,
+    /// A peer asked for fresh answers (`?fresh=answers`) and the monitor has not taken it up.
+    answers_wanted: Arc<std::sync::atomic::AtomicBool>,
 }
 
 const RECHECK_AT_MOST: Duration = Duration::from_secs(1);
@@ -65,6 +69,18 @@ impl Witness {
         if let Ok(mut e) = self.evidence.lock() {
             f(&mut e);
         }
+    }
+
+    /// A peer wants this instance's answers sampled now.
+    pub fn want_answers(&self) {
+        self.answers_wanted
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether a peer asked for fresh answers since the last call.
+    pub fn take_answers_wanted(&self) -> bool {
+        self.answers_wanted
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Wakes the database check now unless it was woken within RECHECK_AT_MOST; whether it was.

@@ -103,6 +103,9 @@ impl Composer {
 
     /// Every tick: the kernel view (one map read) and the saturation meter.
     pub fn observe(&mut self, now: Instant) {
+        if self.witness.take_answers_wanted() {
+            self.web.sample_answers_soon(now);
+        }
         self.web.observe(now);
         let answered = self.web.answered_at();
         self.witness.update(|e| e.web_answered = answered);
@@ -394,6 +397,11 @@ impl Composer {
             // Their database check runs on its own slow cadence: ask them to run it now.
             e.want_fresh_dependency(
                 fleet.is_some_and(|f| f.asking.contains(&crate::status::FaultClass::Dependency)),
+            );
+            // Theirs are counted only in windows with `socket_tracing = "on_suspicion"`: ask
+            // them to sample now.
+            e.want_fresh_answers(
+                fleet.is_some_and(|f| f.asking.contains(&crate::status::FaultClass::Errors)),
             );
         }
         if self.asking

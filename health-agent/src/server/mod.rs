@@ -194,10 +194,19 @@ async fn fleet_view(
                 .into_response()
         }
     }
-    if uri.query() == Some(crate::fleet::FRESH_DEPENDENCY) {
+    let fresh = |q: &str| {
+        uri.query()
+            .is_some_and(|all| all.split('&').any(|p| p == q))
+    };
+    if fresh(crate::fleet::FRESH_DEPENDENCY) {
         // The asker's dependency fault is newer than our last round trip: check now, so
         // its next ask gets our word from after its onset.
         app.witness.recheck(Instant::now());
+    }
+    if fresh(crate::fleet::FRESH_ANSWERS) {
+        // The asker's answers fail: sample ours now (a counting window), so its next ask
+        // gets our word from after its onset.
+        app.witness.want_answers();
     }
     let snap = app.snapshot.load();
     let age = Instant::now().saturating_duration_since(snap.created);

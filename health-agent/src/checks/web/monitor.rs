@@ -192,6 +192,8 @@ const COUNT_EVERY: Duration = Duration::from_secs(15);
 /// a box that answers only 5xx is seen within COUNT_EVERY, then followed until the judgement
 /// is made.
 const ANSWERS_FOR: Duration = Duration::from_secs(1);
+/// … and a peer asking for fresh answers opens one at most this often.
+const ANSWERS_ON_ASK: Duration = Duration::from_secs(3);
 const ANSWERS_EVERY: Duration = Duration::from_secs(30);
 
 /// Loads the kernel programs when `cfg` asks for them, in the highest tier the kernel offers
@@ -561,9 +563,9 @@ impl WebMonitor {
 
     /// Whether this tick reads the port's connections. A dump walks every TCP socket of the
     /// namespace (the kernel filters by port only after that), so while nothing goes on it is
-    /// made once every QUIET_READ_EVERY (or less often, see QUIET_BUDGET); work seen at the
-    /// last read or a listener with connections in its queue (one read of the listening
-    /// table) make it every tick. The programs being attached do not: they see every new
+    /// made once every QUIET_READ_EVERY (or less often, see QUIET_BUDGET); work or traffic
+    /// seen at the last read or a listener with connections in its queue (one read of the
+    /// listening table) make it every tick. The programs being attached do not: they see every new
     /// connection and socket call, and the read covers the connections opened before them,
     /// which show here as soon as they hold work (10,000 idle keep-alive connections read
     /// every tick cost 6 % of a core).
@@ -571,8 +573,15 @@ impl WebMonitor {
         let Some(at) = self.sockets_at else {
             return true;
         };
+        let m = &self.last_moves;
         if now.saturating_duration_since(at) >= self.quiet_every
             || self.sockets_error.is_some()
+            // Traffic moved at the last read: requests come, so every tick's read counts
+            // them in service (the saturation's samples), not one a second.
+            || m.read
+            || m.answered
+            || m.taken
+            || m.gone
             || self
                 .sockets
                 .as_ref()
@@ -1179,6 +1188,24 @@ impl WebMonitor {
                 self.answers_attach_failed = Some(e.to_string());
             }
         }
+    }
+
+    /// A peer's errors fault waits on this instance's word about its answers
+    /// (`?fresh=answers`): with `"on_suspicion"` they are sampled only in windows, so the next
+    /// tick opens a counting window with an answers sampling window, unless one opened within
+    /// ANSWERS_ON_ASK (a peer asks four times a second while it waits).
+    pub fn sample_answers_soon(&mut self, now: Instant) {
+        if self.cfg.socket_tracing != SocketTracing::OnSuspicion {
+            return;
+        }
+        let recent = |t: Option<Instant>| {
+            t.is_some_and(|t| now.saturating_duration_since(t) < ANSWERS_ON_ASK)
+        };
+        if recent(self.answers_sampled_at) || self.counting_since.is_some() {
+            return;
+        }
+        self.counted_at = None;
+        self.answers_sampled_at = None;
     }
 
     /// The cumulative readings a span is measured from: the port's counters and latency
