@@ -199,9 +199,9 @@ pub fn run(args: &Args) -> Result<()> {
     );
     println!(
         "  cost while healthy: the programs run only in a half-second counting window every 15 s \
-         (about 12 ns per socket call of the host under nginx keep-alive, bench section 11 in \
+         (about 17 ns per socket call of the host under nginx keep-alive, bench section 11 in \
          docs/BENCHMARKS.md); socket_tracing = \"always\" keeps them on for exact counts \
-         (about 370 ns)"
+         (about 430 ns)"
     );
 
     println!(
