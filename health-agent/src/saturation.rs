@@ -195,7 +195,13 @@ impl Meter {
     /// times this server's mean time in service over the window, at least STALL_AFTER.
     fn stall_after(&self) -> Duration {
         let (mut in_server, mut answered) = (0.0, 0u64);
-        for r in self.records.iter().filter(|r| !r.excluded && !r.stalled) {
+        // Counted ticks only: sampled ones answer nothing, and their requests in service over
+        // a counting window's few answers would make a mean of many seconds.
+        for r in self
+            .records
+            .iter()
+            .filter(|r| !r.excluded && !r.stalled && !r.sampled)
+        {
             in_server += r.pending as f64 * r.dt;
             answered += r.completions;
         }
@@ -252,6 +258,10 @@ impl Meter {
         } else {
             completions > 0
         };
+        // Work the server holds: read and unanswered, or waiting in the accept queue. Counting
+        // programs attached after a freeze began know nothing of the requests already stuck in
+        // service (they were read before); what piles up in the accept queue meanwhile shows.
+        let holds_work = s.pending > 0 || s.waiting > 0;
         let stalled = if progressed {
             // Read from sock_diag with nothing answered since, the server was last seen free
             // of work at the previous read, not now.
@@ -266,7 +276,7 @@ impl Meter {
             let quiet = self
                 .last_answer
                 .is_some_and(|t| now.saturating_duration_since(t) > self.stall_after());
-            if s.pending > 0 && quiet {
+            if holds_work && quiet {
                 // Back to the last answer: the whole stall, not only its recognised part.
                 let since = self.last_answer.unwrap_or(now);
                 for r in self.records.iter_mut().rev() {
@@ -277,7 +287,7 @@ impl Meter {
                 }
                 true
             } else {
-                self.records.back().is_some_and(|r| r.stalled) && s.pending > 0
+                self.records.back().is_some_and(|r| r.stalled) && holds_work
             }
         };
         // A tick with work still waiting after a tick with work waiting: the server is full
@@ -349,6 +359,8 @@ impl Meter {
         let cap = self.capacity();
         let (mut t, mut a, mut d, mut busy, mut in_server) = (0.0, 0u64, 0u64, 0.0, 0.0);
         let (mut counted_t, mut counted_busy, mut counted_in) = (0.0, 0.0, 0.0);
+        // Counted time with every worker in service.
+        let mut counted_full = 0.0;
         let mut unsure = false;
         // Requests still in service at the end of each run of counted ticks (a counting
         // window): arrived, not yet answered when the window closed.
@@ -381,6 +393,9 @@ impl Meter {
                 busy += (r.pending as f64).min(c) * r.dt;
                 if !r.sampled {
                     counted_busy += (r.pending as f64).min(c) * r.dt;
+                    if r.pending as f64 >= c {
+                        counted_full += r.dt;
+                    }
                 }
             }
             if let Some(s) = r.cpu_seconds {
@@ -411,6 +426,17 @@ impl Meter {
         } else {
             (busy, in_server, t)
         };
+        // Work piles up only while every worker is in service: with one to spare, a server
+        // takes a connection at once, and a counting window's surplus of arrivals over answers
+        // is the queue's own jitter (27 arrived against 16 answered in half a second at three
+        // quarters of capacity). So the surplus counts for the share of the counted time the
+        // workers were full.
+        let full = if counted_t > 0.0 {
+            counted_full / counted_t
+        } else {
+            0.0
+        };
+        let offered = 1.0 + (offered - 1.0) * full;
         let web = c
             .filter(|_| t_web >= MIN_COUNTED.as_secs_f64())
             .map(|c| busy / (c * t_web) * offered);

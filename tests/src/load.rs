@@ -541,6 +541,37 @@ struct InFlight {
 /// answer before the next) slows down with the server and hides overload. A dispatcher thread
 /// keeps the clock (connect and write only, both immediate on loopback while the accept queue
 /// has room); a reader thread polls every open connection for its answer.
+/// Exponential gaps between arrivals: a Poisson process of `rate`, repeatable from a seed.
+struct Arrivals {
+    state: u64,
+    rate: f64,
+}
+
+impl Arrivals {
+    fn new(seed: u64, rate: f64) -> Self {
+        // The seed scrambled (splitmix64's finaliser): xorshift from a small state such as 1
+        // or 2 starts with a run of tiny numbers, whose gaps are seconds long — at 6 a second
+        // the first request of seed 1 came 4 s late.
+        let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        Self {
+            state: (z ^ (z >> 31)).max(1),
+            rate,
+        }
+    }
+
+    /// The gap to the next arrival (xorshift uniform).
+    fn gap(&mut self) -> Duration {
+        let r = &mut self.state;
+        *r ^= *r << 13;
+        *r ^= *r >> 7;
+        *r ^= *r << 17;
+        let u = ((*r >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+        Duration::from_secs_f64(-u.ln() / self.rate)
+    }
+}
+
 pub struct OpenLoop {
     stop: Arc<AtomicBool>,
     stats: Arc<Mutex<OpenLoopStats>>,
@@ -562,15 +593,10 @@ impl OpenLoop {
         let dispatcher = {
             let (stop, stats, inbox) = (stop.clone(), stats.clone(), inbox.clone());
             std::thread::spawn(move || {
-                let mut rng = seed.max(1);
+                let mut arrivals = Arrivals::new(seed, rate);
                 let mut next = Instant::now();
                 while !stop.load(Ordering::SeqCst) && started.elapsed() < MAX_RUN {
-                    // Exponential gaps (xorshift uniform): a Poisson process of `rate`.
-                    rng ^= rng << 13;
-                    rng ^= rng >> 7;
-                    rng ^= rng << 17;
-                    let u = ((rng >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
-                    next += Duration::from_secs_f64(-u.ln() / rate);
+                    next += arrivals.gap();
                     let now = Instant::now();
                     if next > now {
                         std::thread::sleep(next - now);
@@ -658,8 +684,8 @@ impl OpenLoop {
         let started = Instant::now();
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(Mutex::new(OpenLoopStats::default()));
-        // The schedule: the xorshift state and the next arrival, taken by the free connection.
-        let schedule = Arc::new(Mutex::new((seed.max(1), started)));
+        // The schedule: the arrivals and the next one, taken by the free connection.
+        let schedule = Arc::new(Mutex::new((Arrivals::new(seed, rate), started)));
         let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n");
         let threads = (0..connections)
             .map(|_| {
@@ -670,12 +696,8 @@ impl OpenLoop {
                     while !stop.load(Ordering::SeqCst) && started.elapsed() < MAX_RUN {
                         let at = {
                             let Ok(mut s) = schedule.lock() else { return };
-                            let (rng, next) = &mut *s;
-                            *rng ^= *rng << 13;
-                            *rng ^= *rng >> 7;
-                            *rng ^= *rng << 17;
-                            let u = ((*rng >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
-                            *next += Duration::from_secs_f64(-u.ln() / rate);
+                            let (arrivals, next) = &mut *s;
+                            *next += arrivals.gap();
                             *next
                         };
                         while Instant::now() < at {

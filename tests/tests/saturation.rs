@@ -82,13 +82,14 @@ fn saturation_follows_offered_load_and_is_withheld_while_the_database_path_is_fr
         code == 200 && b["status"] == "healthy"
     });
 
-    // About 0.15 and 0.6 of capacity. Host CPU is a part of S too, and this machine's CPU is
+    // About 0.1 and 0.6 of capacity (the requests take 52-62 ms in service here, more while
+    // other tests share the cores). Host CPU is a part of S too, and this machine's CPU is
     // shared with whatever else runs on it: the web part is what this load alone moves.
-    let (_, low, _) = s_at(&agent, &puma, 12.0, 10, 1);
+    let (_, low, _) = s_at(&agent, &puma, 6.0, 10, 1);
     let (high_s, high, details) = s_at(&agent, &puma, 45.0, 10, 2);
     assert!(
-        high > low + 0.25,
-        "the web part did not grow with the load: {low} at 12/s, {high} at 45/s: {details:#}"
+        high > low + 0.3,
+        "the web part did not grow with the load: {low} at 6/s, {high} at 45/s: {details:#}"
     );
     assert!(high_s >= high, "S below its web part: {details:#}");
     assert_eq!(details["capacity"]["workers"], THREADS, "{details:#}");
@@ -103,6 +104,10 @@ fn saturation_follows_offered_load_and_is_withheld_while_the_database_path_is_fr
     // Back at the low load for longer than the window first, so what S was is this load's.
     let load = OpenLoop::start(puma.port, "/io", 12.0, 3, Duration::from_secs(60));
     std::thread::sleep(Duration::from_secs(10));
+    let (_, before) = saturation(&agent);
+    let low = before["parts"]["web"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no web part at 12/s: {before:#}"));
     proxy.freeze();
     let frozen = Instant::now();
     let mut seen = None;

@@ -102,6 +102,8 @@ pub struct WebMonitor {
     socket_moves: SocketMoves,
     /// When `sockets` was read.
     sockets_at: Option<Instant>,
+    /// The latest read that saw traffic: something moved, or work was there.
+    traffic_at: Option<Instant>,
     /// What moved on the port's connections between the two latest reads.
     last_moves: Moves,
     /// Where the port's listeners are bound: the connection reads ask for their families and
@@ -177,6 +179,11 @@ const QUIET_READ_EVERY: Duration = Duration::from_secs(1);
 const QUIET_BUDGET: u32 = 100;
 /// … but never further apart than this, whatever one read cost.
 const QUIET_READ_MAX: Duration = Duration::from_secs(5);
+/// … and every tick for this long after a read that saw traffic: short requests on their own
+/// connections (50 ms, a dozen a second) mostly live between two reads, so a read that finds
+/// the port empty says little; read once a second, their answers would show seconds apart and
+/// read as the server going quiet.
+const TRAFFIC_HOLD: Duration = Duration::from_secs(2);
 /// … and while sock_diag cannot tell keep-alive requests in service from answered ones
 /// (`Moves::unsure`), attaches the programs this long every COUNT_EVERY to count them for the
 /// saturation meter: the window closes on the first tick COUNT_FOR after it opened, the second
@@ -351,6 +358,7 @@ impl WebMonitor {
             counted_at: None,
             socket_moves: SocketMoves::default(),
             sockets_at: None,
+            traffic_at: None,
             last_moves: Moves::default(),
             listen_addrs: ListenAddrs::default(),
             quiet_every: QUIET_READ_EVERY,
@@ -450,8 +458,13 @@ impl WebMonitor {
         let window = self.cfg.latency_window;
         self.counted_detaching = counted.is_some() && !k.following();
         if counted.is_none() && !k.following() {
-            // Detached, the counters stand still: what sock_diag saw move is all there is.
+            // Detached, the counters stand still: what sock_diag saw move is all there is. A
+            // connection the server took that is gone now was answered and closed between two
+            // reads (short requests on their own connections mostly live between reads): the
+            // server moved, or their wait would read as a quiet spell until the next counting
+            // window, and that spell as this server's normal.
             if read {
+                seen.answered |= seen.gone;
                 self.progress.observe_moves(seen, now, window);
             }
             return;
@@ -549,6 +562,14 @@ impl WebMonitor {
                     self.quiet_every = (b.saturating_sub(a) * QUIET_BUDGET)
                         .clamp(QUIET_READ_EVERY, QUIET_READ_MAX);
                 }
+                if moves.read
+                    || moves.answered
+                    || moves.taken
+                    || moves.gone
+                    || v.unaccepted + v.unread + v.pending > 0
+                {
+                    self.traffic_at = Some(now);
+                }
                 self.last_moves = moves;
                 self.sockets = Some(v);
                 self.sockets_at = Some(now);
@@ -576,6 +597,9 @@ impl WebMonitor {
         let m = &self.last_moves;
         if now.saturating_duration_since(at) >= self.quiet_every
             || self.sockets_error.is_some()
+            || self
+                .traffic_at
+                .is_some_and(|t| now.saturating_duration_since(t) < TRAFFIC_HOLD)
             // Traffic moved at the last read: requests come, so every tick's read counts
             // them in service (the saturation's samples), not one a second.
             || m.read
@@ -965,7 +989,8 @@ impl WebMonitor {
             if let Some(mut seen) = seen {
                 if !self.kernel.as_ref().is_some_and(KernelView::following) {
                     seen.answered |= self.segments_sent();
-                    seen.answered |= self.kernel.is_none() && seen.gone;
+                    // Gone: served and closed between two reads (see `observe`).
+                    seen.answered |= seen.gone;
                     self.progress
                         .observe_moves(seen, now, self.cfg.latency_window);
                 }

@@ -107,6 +107,11 @@ impl Progress {
                 Some((_, seen)) => *seen = true,
                 None => self.quiet = Some((now, true)),
             }
+        } else if matches!(self.quiet, Some((_, false))) {
+            // Nothing in flight and nothing read: the request read with the last answer was
+            // answered too. The server idles; a spell starts with the next work, not here (an
+            // idle minute followed by one request would read as a minute's quiet).
+            self.quiet = None;
         }
         while self
             .spells
@@ -176,6 +181,28 @@ mod tests {
         fn queue(&mut self, n: u64) {
             self.c.established += n;
         }
+    }
+
+    #[test]
+    fn an_idle_stretch_after_an_answer_is_not_quiet() {
+        // A request read and answered between two ticks (the tick cannot tell whether another
+        // came in with it); nothing for ten seconds; one request, answered a tick later. The
+        // server was quiet with work for one tick, not ten seconds.
+        let t0 = Instant::now();
+        let mut p = Progress::default();
+        let mut s = Server::default();
+        p.observe(&s.c, t0, WINDOW);
+        s.read();
+        s.answer();
+        p.observe(&s.c, t0 + TICK, WINDOW);
+        for i in 2..40 {
+            p.observe(&s.c, t0 + TICK * i, WINDOW);
+        }
+        s.read();
+        p.observe(&s.c, t0 + TICK * 40, WINDOW);
+        s.answer();
+        p.observe(&s.c, t0 + TICK * 41, WINDOW);
+        assert_eq!(p.longest_quiet(), TICK, "the idle stretch counted as quiet");
     }
 
     #[test]

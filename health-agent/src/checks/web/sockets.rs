@@ -169,18 +169,19 @@ impl SocketMoves {
         let mut next = HashMap::with_capacity(conns.len());
         for c in conns {
             let accepted = c.inode != 0;
-            let (read, answered, seen) = match self.prev.get(&c.remote) {
+            let (read, answered, exchanged) = match self.prev.get(&c.remote) {
                 Some(&(rx, acked, was_accepted)) => {
                     m.taken |= accepted && !was_accepted;
-                    (c.bytes_received > rx, c.bytes_acked > acked, true)
+                    (c.bytes_received > rx, c.bytes_acked > acked, rx > 0)
                 }
                 None => (c.bytes_received > 0, c.bytes_acked > 1, false),
             };
             m.read |= read;
             m.answered |= answered;
-            // Only a connection seen before carries keep-alive exchanges: a new one whose
-            // request and answer tie was, most likely, answered (one request per connection).
-            m.unsure |= seen
+            // Only a connection that had a request at the previous read carries keep-alive
+            // exchanges: a new one (or one seen before its first request) whose request and
+            // answer tie was, most likely, answered (one request per connection).
+            m.unsure |= exchanged
                 && read
                 && answered
                 && c.unread == 0
