@@ -464,7 +464,9 @@ impl WebMonitor {
             // server moved, or their wait would read as a quiet spell until the next counting
             // window, and that spell as this server's normal.
             if read {
-                seen.answered |= seen.gone;
+                // (Not in the sock_diag tier: the answer programs count every segment sent,
+                // and a connection its client gave up on is gone too.)
+                seen.answered |= seen.gone && self.tier != KernelTier::SockDiag;
                 self.progress.observe_moves(seen, now, window);
             }
             return;
@@ -990,7 +992,7 @@ impl WebMonitor {
                 if !self.kernel.as_ref().is_some_and(KernelView::following) {
                     seen.answered |= self.segments_sent();
                     // Gone: served and closed between two reads (see `observe`).
-                    seen.answered |= seen.gone;
+                    seen.answered |= seen.gone && self.tier != KernelTier::SockDiag;
                     self.progress
                         .observe_moves(seen, now, self.cfg.latency_window);
                 }
