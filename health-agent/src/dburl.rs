@@ -240,6 +240,43 @@ fn query_params(query: &str) -> impl Iterator<Item = (String, &str)> {
         })
 }
 
+/// A Postgres URL's own reading (tokio-postgres's, which knows its several hosts, its options
+/// and its defaults) into `out`: host, port, TLS mode and user.
+fn with_postgres(out: &mut DbUrl, url: &str, after: &str) -> Result<(), UrlProblem> {
+    // tokio-postgres refuses the TLS keys it does not know; the check reads them.
+    let without_tls = format!(
+        "{}{}",
+        &url[..url.len() - after.len()],
+        without_query_keys(after, &TLS_KEYS)
+    );
+    let mut pg = tokio_postgres::Config::from_str(&without_tls)
+        .map_err(|e| UrlProblem::InvalidPostgres(sanitize(&error_chain(&e), &out.secrets)))?;
+    if pg.get_channel_binding() == tokio_postgres::config::ChannelBinding::Require {
+        return Err(UrlProblem::ChannelBinding);
+    }
+    pg.ssl_mode(match out.tls.mode {
+        SslMode::Disable => tokio_postgres::config::SslMode::Disable,
+        SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
+        // The certificate checks are the TLS connector's.
+        SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => {
+            tokio_postgres::config::SslMode::Require
+        }
+    });
+    match pg.get_hosts().first() {
+        None => return Err(UrlProblem::NoHost),
+        Some(tokio_postgres::config::Host::Tcp(h)) => out.host = h.clone(),
+        Some(tokio_postgres::config::Host::Unix(p)) => out.host = p.display().to_string(),
+    }
+    if let Some(p) = pg.get_ports().first() {
+        out.port = *p;
+    }
+    if pg.get_user().is_none_or(str::is_empty) {
+        return Err(UrlProblem::NoUser);
+    }
+    out.postgres = Some(pg);
+    Ok(())
+}
+
 impl DbUrl {
     pub fn parse(url: &str) -> Result<Self, DbUrlError> {
         let url = url.trim();
@@ -340,45 +377,7 @@ impl DbUrl {
         };
         out.tls = tls_options(kind, lower_scheme == "rediss", query).map_err(fail)?;
         match kind {
-            DbKind::Postgres => {
-                // tokio-postgres refuses the TLS keys it does not know; the check reads them.
-                let without_tls = format!(
-                    "{}{}",
-                    &url[..url.len() - after.len()],
-                    without_query_keys(after, &TLS_KEYS)
-                );
-                let mut pg = tokio_postgres::Config::from_str(&without_tls).map_err(|e| {
-                    fail(UrlProblem::InvalidPostgres(sanitize(
-                        &error_chain(&e),
-                        &out.secrets,
-                    )))
-                })?;
-                if pg.get_channel_binding() == tokio_postgres::config::ChannelBinding::Require {
-                    return Err(fail(UrlProblem::ChannelBinding));
-                }
-                pg.ssl_mode(match out.tls.mode {
-                    SslMode::Disable => tokio_postgres::config::SslMode::Disable,
-                    SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
-                    // The certificate checks are the TLS connector's.
-                    SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => {
-                        tokio_postgres::config::SslMode::Require
-                    }
-                });
-                match pg.get_hosts().first() {
-                    None => return Err(fail(UrlProblem::NoHost)),
-                    Some(tokio_postgres::config::Host::Tcp(h)) => out.host = h.clone(),
-                    Some(tokio_postgres::config::Host::Unix(p)) => {
-                        out.host = p.display().to_string()
-                    }
-                }
-                if let Some(p) = pg.get_ports().first() {
-                    out.port = *p;
-                }
-                if pg.get_user().is_none_or(str::is_empty) {
-                    return Err(fail(UrlProblem::NoUser));
-                }
-                out.postgres = Some(pg);
-            }
+            DbKind::Postgres => with_postgres(&mut out, url, after).map_err(fail)?,
             DbKind::Redis | DbKind::Mysql => {
                 if out.host.is_empty() {
                     return Err(fail(UrlProblem::NoHost));

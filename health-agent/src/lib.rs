@@ -19,9 +19,11 @@
 //! - `net`: listen sockets and connections without eBPF (sock_diag, /proc);
 //! - `suspicious`: miner and /tmp-executable detection for incident reports;
 //! - `checks`: one module per check (`web`, `database`, `containers`, `disk`, `system`,
-//!   `probe`);
-//! - `saturation`: the scaling signal S, how full this instance is (the estimator and its
-//!   report);
+//!   `probe`); the web check's `monitor` samples (`steer`: which programs run and when sock_diag
+//!   reads; `look`: the processes; `evidence`: the kernel's counts) then judges (`evaluate`,
+//!   through `verdict`, whose `describe` words the detail);
+//! - `saturation`: the scaling signal S, how full this instance is (the estimator; `report`:
+//!   its parts and what is shown);
 //! - `policy`: the status table, pure (`flap`: holding a change of HTTP code back);
 //! - `fuzzing`: the parser fuzz targets (tests and the `fuzzing` feature only);
 //! - `fleet`: fleet-aware verdicts, each fault compared with the peers' (`exchange`; `asg`: the

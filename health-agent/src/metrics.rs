@@ -73,8 +73,23 @@ pub fn render(s: &Snapshot, detailed: bool) -> String {
     let mut o = Out {
         reg: Registry::with_prefix("health_agent"),
     };
+    overview(&mut o, s);
+    web_now(&mut o, &s.report.web);
+    web_figures(&mut o, &s.report.web);
+    host(&mut o, &s.report, detailed);
+    containers_and_databases(&mut o, &s.report, detailed);
+    heal_and_fleet(&mut o, s);
+
+    let mut text = String::new();
+    if encode(&mut text, &o.reg).is_err() {
+        text = "# metrics encoding failed\n# EOF\n".into();
+    }
+    text
+}
+
+/// The answer the balancer gets, the recommendation, S and its parts, and the clocks.
+fn overview(o: &mut Out, s: &Snapshot) {
     let d = &s.decision;
-    let r = &s.report;
     o.gauge(
         "http_status",
         "HTTP code /health answers",
@@ -123,8 +138,10 @@ pub fn render(s: &Snapshot, detailed: bool) -> String {
         "Age of the snapshot being served",
         s.created.elapsed().as_secs_f64(),
     );
+}
 
-    let w = &r.web;
+/// The web backend now: the verdict, the listener, and the programs' counts.
+fn web_now(o: &mut Out, w: &crate::checks::web::WebReport) {
     o.state(
         "web_verdict",
         "Web backend verdict",
@@ -231,6 +248,10 @@ pub fn render(s: &Snapshot, detailed: bool) -> String {
                 .collect(),
         );
     }
+}
+
+/// The web backend's figures (rates, answers by class, latency) and the probe.
+fn web_figures(o: &mut Out, w: &crate::checks::web::WebReport) {
     if let Some(f) = &w.figures {
         o.labeled(
             "web_figures_windows",
@@ -309,7 +330,10 @@ pub fn render(s: &Snapshot, detailed: bool) -> String {
             p.latency_ms / 1000.0,
         );
     }
+}
 
+/// Disks, CPU and memory.
+fn host(o: &mut Out, r: &crate::checks::Report, detailed: bool) {
     o.gauge(
         "disk_used_ratio_max",
         "Used fraction of the fullest configured mount",
@@ -344,6 +368,10 @@ pub fn render(s: &Snapshot, detailed: bool) -> String {
         );
         o.gauge("load1", "1-minute load average", sys.load1);
     }
+}
+
+/// The expected containers and the databases (per name only when `detailed`).
+fn containers_and_databases(o: &mut Out, r: &crate::checks::Report, detailed: bool) {
     let running =
         |c: &&crate::checks::ContainerInfo| c.state == "running" && c.health != "unhealthy";
     o.gauge(
@@ -425,6 +453,10 @@ pub fn render(s: &Snapshot, detailed: bool) -> String {
                 .collect(),
         );
     }
+}
+
+/// Self-heal and the fleet's view.
+fn heal_and_fleet(o: &mut Out, s: &Snapshot) {
     let h = &s.heal;
     o.counter(
         "heal_attempts",
@@ -475,12 +507,6 @@ pub fn render(s: &Snapshot, detailed: bool) -> String {
                 .collect(),
         );
     }
-
-    let mut text = String::new();
-    if encode(&mut text, &o.reg).is_err() {
-        text = "# metrics encoding failed\n# EOF\n".into();
-    }
-    text
 }
 
 #[cfg(test)]
@@ -589,7 +615,7 @@ mod tests {
 
     #[test]
     fn saturation_gauges_are_absent_while_withheld() {
-        use crate::saturation::{Parts, SaturationReport};
+        use crate::saturation::{report::Parts, SaturationReport};
         let report = Report {
             web: crate::checks::web::WebReport::not_configured(),
             disk: crate::checks::disk::DiskReport::unknown(),

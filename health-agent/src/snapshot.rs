@@ -14,7 +14,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::{
-    checks::Report,
+    checks::{DatabaseReport, Report},
     heal::HealLog,
     policy::Decision,
     saturation::SaturationReport,
@@ -272,6 +272,70 @@ fn ietf_status(s: Status, http: u16) -> &'static str {
     }
 }
 
+/// An IETF check's status: "fail", else "warn", else "pass".
+fn level(fail: bool, warn: bool) -> &'static str {
+    if fail {
+        "fail"
+    } else if warn {
+        "warn"
+    } else {
+        "pass"
+    }
+}
+
+/// `database:connection` (and `database:responseTime` per database) for `ietf`.
+fn ietf_database(checks: &mut serde_json::Map<String, Value>, db: &DatabaseReport, time: &str) {
+    // A database is a shared dependency: at worst "warn", never "fail" (SPEC status table).
+    let db_warn = |s| matches!(s, DbState::Unreachable | DbState::Slow);
+    if db.state != DbState::NotConfigured && db.databases.is_empty() {
+        checks.insert(
+            "database:connection".into(),
+            json!([{
+                "componentType": "datastore",
+                "observedValue": db.summary(),
+                "status": level(false, db_warn(db.state)),
+                "time": time,
+                "output": db.reason.clone().unwrap_or_default(),
+            }]),
+        );
+    } else if !db.databases.is_empty() {
+        let connection: Vec<Value> = db
+            .databases
+            .iter()
+            .map(|d| {
+                json!({
+                    "componentId": d.name,
+                    "componentType": "datastore",
+                    "observedValue": d.state.as_str(),
+                    "status": level(false, db_warn(d.state)),
+                    "time": d.last_checked.as_deref().unwrap_or(time),
+                    "output": d.error.clone().unwrap_or_default(),
+                })
+            })
+            .collect();
+        checks.insert("database:connection".into(), Value::Array(connection));
+        let response: Vec<Value> = db
+            .databases
+            .iter()
+            .filter_map(|d| {
+                d.latency_ms.map(|ms| {
+                    json!({
+                        "componentId": d.name,
+                        "componentType": "datastore",
+                        "observedValue": ms,
+                        "observedUnit": "ms",
+                        "status": level(false, d.state == DbState::Slow),
+                        "time": d.last_checked.as_deref().unwrap_or(time),
+                    })
+                })
+            })
+            .collect();
+        if !response.is_empty() {
+            checks.insert("database:responseTime".into(), Value::Array(response));
+        }
+    }
+}
+
 /// The IETF health check response format (draft-inadarei-api-health-check):
 /// `checks` keys are `component:measurement`, each an array of observations.
 fn ietf(decision: &Decision, report: &Report, time: &str, details: bool) -> Value {
@@ -286,15 +350,6 @@ fn ietf(decision: &Decision, report: &Report, time: &str, details: bool) -> Valu
     if !details {
         return body;
     }
-    let level = |fail: bool, warn: bool| {
-        if fail {
-            "fail"
-        } else if warn {
-            "warn"
-        } else {
-            "pass"
-        }
-    };
     let web = &report.web;
     let web_fault = matches!(
         web.verdict,
@@ -363,56 +418,7 @@ fn ietf(decision: &Decision, report: &Report, time: &str, details: bool) -> Valu
             json!([{"componentType": "system", "observedValue": s.memory_avg_percent, "observedUnit": "percent", "status": level(false, high), "time": time}]),
         );
     }
-    let db = &report.database;
-    // A database is a shared dependency: at worst "warn", never "fail" (SPEC status table).
-    let db_warn = |s| matches!(s, DbState::Unreachable | DbState::Slow);
-    if db.state != DbState::NotConfigured && db.databases.is_empty() {
-        checks.insert(
-            "database:connection".into(),
-            json!([{
-                "componentType": "datastore",
-                "observedValue": db.summary(),
-                "status": level(false, db_warn(db.state)),
-                "time": time,
-                "output": db.reason.clone().unwrap_or_default(),
-            }]),
-        );
-    } else if !db.databases.is_empty() {
-        let connection: Vec<Value> = db
-            .databases
-            .iter()
-            .map(|d| {
-                json!({
-                    "componentId": d.name,
-                    "componentType": "datastore",
-                    "observedValue": d.state.as_str(),
-                    "status": level(false, db_warn(d.state)),
-                    "time": d.last_checked.as_deref().unwrap_or(time),
-                    "output": d.error.clone().unwrap_or_default(),
-                })
-            })
-            .collect();
-        checks.insert("database:connection".into(), Value::Array(connection));
-        let response: Vec<Value> = db
-            .databases
-            .iter()
-            .filter_map(|d| {
-                d.latency_ms.map(|ms| {
-                    json!({
-                        "componentId": d.name,
-                        "componentType": "datastore",
-                        "observedValue": ms,
-                        "observedUnit": "ms",
-                        "status": level(false, d.state == DbState::Slow),
-                        "time": d.last_checked.as_deref().unwrap_or(time),
-                    })
-                })
-            })
-            .collect();
-        if !response.is_empty() {
-            checks.insert("database:responseTime".into(), Value::Array(response));
-        }
-    }
+    ietf_database(&mut checks, &report.database, time);
     let c = &report.containers;
     if c.state != crate::status::ContainersState::NotConfigured {
         checks.insert(

@@ -13,13 +13,14 @@
 //! | `agent` | `Agent`: start on any address, `/health`, stop |
 //! | `bpf_stats` | the kernel's run counts of the agent's BPF programs (`BPF_ENABLE_STATS`) |
 //! | `poller` | `HealthPoller`: every `/health` answer of a run; `timeline` |
-//! | `load` | `Load`: background HTTP clients |
+//! | `load` | `Load`: background HTTP clients (closed loop), and the HTTP reading they share |
+//! | `open_loop` | `OpenLoop`: requests on Poisson arrival times, on new or keep-alive connections |
 //! | `markdown` | fenced blocks of the README and docs/ pages, for the tests that run them |
 //! | `fixture`, `nginx`, `postgres`, `redis`, `puma`, `docker`, `receiver`, `tmpfs`, `moto` | one server each |
 //! | `certs` | a CA and the certificates it signs, made with the openssl CLI |
 //! | `netns` | network namespaces reached over a veth pair |
 //! | `nspawn` | a Debian system booted with `systemd-nspawn -b` (the shipped unit under real systemd) |
-//! | `qemu` | Debian's Linux 6.1 booted under qemu, running scenarios inside (`bin/vm-init.rs`) |
+//! | `qemu` | Debian's Linux 6.1 booted under qemu, running scenarios inside (`bin/vm-init/`) |
 //! | `fleet` | stub servers, `/etc/hosts` lines, `/metrics` gauges for the fleet tests |
 
 pub mod agent;
@@ -31,6 +32,7 @@ pub mod fixture;
 pub mod fleet;
 pub mod http;
 pub mod load;
+pub mod open_loop;
 pub mod markdown;
 pub mod moto;
 pub mod net;
@@ -53,7 +55,8 @@ pub use certs::{Ca, Issued};
 pub use docker::{docker, fixture_image, BridgeContainer, Container};
 pub use fixture::{AddrFixture, Fixture};
 pub use http::{background_requests, counters, get, get_at, http, http_at, request_at, requests};
-pub use load::{Load, LoadStats, OpenLoop, OpenLoopStats};
+pub use load::{Load, LoadStats};
+pub use open_loop::{OpenLoop, OpenLoopStats};
 pub use moto::Moto;
 pub use net::{free_port, free_port_on, free_port_on_all, loopback};
 pub use netns::{netns_inode, NetNs};

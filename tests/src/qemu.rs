@@ -1,6 +1,6 @@
 //! Debian's own Linux 6.1 booted under qemu (TCG) with an initramfs that holds the static agent,
 //! the fixture backend, busybox (the agent's `restart_command` runs under `/bin/sh`), the
-//! sock_diag modules and `vm-init` (`tests/src/bin/vm-init.rs`) as PID 1, which runs the
+//! sock_diag modules and `vm-init` (`tests/src/bin/vm-init/`) as PID 1, which runs the
 //! scenarios named on the kernel command line and reports each on the serial console.
 //!
 //! | piece | where from |
@@ -292,7 +292,7 @@ fn initramfs(out: &Path, modules: &Path) {
 pub struct VmRun {
     /// The guest's `vm-ready` line: kernel release, uptime at init, BTF.
     pub ready: Value,
-    /// One record per scenario, in order (see vm-init.rs).
+    /// One record per scenario, in order (see bin/vm-init/).
     pub results: Vec<Value>,
     /// Every console line, for failure messages.
     pub console: Vec<String>,

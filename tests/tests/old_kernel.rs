@@ -3,7 +3,7 @@
 //! image's binary) and the fixture backend inside. 6.1 has no `sock_send_length` /
 //! `sock_recv_length`, so the agent runs the `sock_diag` tier; nothing is forced.
 //!
-//! One boot runs six scenarios, each with a fresh backend and agent (`tests/src/bin/vm-init.rs`):
+//! One boot runs six scenarios, each with a fresh backend and agent (`tests/src/bin/vm-init/`):
 //! - the .deb's own binary (glibc) with its shipped configuration: it starts, and both `check`
 //!   and its first log line name the tier;
 //! - a busy pool (2 workers, 3 s requests, 4 clients): `slow`, never a 503, never restarted;

@@ -135,12 +135,8 @@ fn config(port: u16, backend_port: u16, restart_command: &str) -> String {
     )
 }
 
-pub fn run(args: &Args) -> Result<()> {
-    if !cmd::is_root() {
-        bail!("the demo loads eBPF programs: run it as root (sudo -E cargo xtask demo)");
-    }
-    // Only what the demo uses: no Debian package, no service (cargo xtask setup has the rest).
-    setup::for_demo()?;
+/// The agent and the bundled backend, built (debug): their paths.
+fn build() -> Result<(PathBuf, PathBuf)> {
     cmd::run(Command::new("cargo").current_dir(cmd::root()).args([
         "build",
         "--package",
@@ -157,6 +153,40 @@ pub fn run(args: &Args) -> Result<()> {
         .map_or_else(|| cmd::root().join("target"), PathBuf::from);
     let agent_bin = target.join("debug/health-agent");
     let backend_bin = target.join("debug/fixture-backend");
+    Ok((agent_bin, backend_bin))
+}
+
+/// Act 1's figures: the kernel view's mode, the rates and latency, and what they cost.
+fn show_healthy(web: &serde_json::Value) {
+    println!(
+        "  kernel view: {}, socket_tracing = {}: {}",
+        web["kernel"]["state"],
+        web["kernel"]["following"]["mode"],
+        web["kernel"]["following"]["why"].as_str().unwrap_or("")
+    );
+    println!(
+        "  figures ({}, {} window(s)): {} requests/s, server latency p50 {} ms",
+        web["figures"]["basis"],
+        web["figures"]["windows"],
+        web["figures"]["requests_per_second"],
+        web["figures"]["latency"]["p50_ms"]
+    );
+    println!(
+        "  cost while healthy: the programs run only in a half-second counting window every 15 s \
+         (about 17 ns per socket call of the host under nginx keep-alive, bench section 11 in \
+         docs/BENCHMARKS.md); socket_tracing = \"always\" keeps them on for exact counts \
+         (about 430 ns)"
+    );
+
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    if !cmd::is_root() {
+        bail!("the demo loads eBPF programs: run it as root (sudo -E cargo xtask demo)");
+    }
+    // Only what the demo uses: no Debian package, no service (cargo xtask setup has the rest).
+    setup::for_demo()?;
+    let (agent_bin, backend_bin) = build()?;
     let dir = std::env::temp_dir().join(format!("health-agent-demo-{}", std::process::id()));
     fs::create_dir_all(&dir)?;
     let pid_file = dir.join("backend.pid");
@@ -183,26 +213,7 @@ pub fn run(args: &Args) -> Result<()> {
             && b["checks"]["webserver"] == "up"
             && b["details"]["web"]["figures"]["requests_per_second"].as_f64() > Some(0.0)
     })?;
-    let web = &b["details"]["web"];
-    println!(
-        "  kernel view: {}, socket_tracing = {}: {}",
-        web["kernel"]["state"],
-        web["kernel"]["following"]["mode"],
-        web["kernel"]["following"]["why"].as_str().unwrap_or("")
-    );
-    println!(
-        "  figures ({}, {} window(s)): {} requests/s, server latency p50 {} ms",
-        web["figures"]["basis"],
-        web["figures"]["windows"],
-        web["figures"]["requests_per_second"],
-        web["figures"]["latency"]["p50_ms"]
-    );
-    println!(
-        "  cost while healthy: the programs run only in a half-second counting window every 15 s \
-         (about 17 ns per socket call of the host under nginx keep-alive, bench section 11 in \
-         docs/BENCHMARKS.md); socket_tracing = \"always\" keeps them on for exact counts \
-         (about 430 ns)"
-    );
+    show_healthy(&b["details"]["web"]);
 
     println!(
         "\n== 2. the backend hangs: kill -STOP keeps its listen port, nobody calls accept() =="

@@ -91,6 +91,36 @@ pub fn body(ev: &Event, evidence: Option<&Evidence>) -> String {
     let snap = ev.snapshot();
     let details = &snap["details"];
     let mut o = String::new();
+    summary(&mut o, ev, evidence, &snap);
+    reasons_and_checks(&mut o, ev);
+    web_disks_system(&mut o, details);
+    containers_database_fleet(&mut o, details);
+    processes(&mut o, evidence);
+    self_heal(&mut o, details);
+    let footer = format!("fingerprint: `{fp}`\n{}\n", marker(&fp));
+    let full = serde_json::to_string_pretty(&snap).unwrap_or_default();
+    let room = BODY_LIMIT.saturating_sub(o.len() + footer.len() + 200);
+    if room > 1000 {
+        let (full, note) = if full.len() > room {
+            (truncate(&full, room), " (truncated)")
+        } else {
+            (full, "")
+        };
+        let _ = writeln!(
+            o,
+            "<details><summary>Full snapshot{note}</summary>\n\n```json\n{full}\n```\n</details>\n"
+        );
+    }
+    if o.len() + footer.len() > BODY_LIMIT {
+        o = truncate(&o, BODY_LIMIT - footer.len() - 2);
+        o.push('\n');
+    }
+    o.push_str(&footer);
+    o
+}
+
+/// The heading and the table of what happened where.
+fn summary(o: &mut String, ev: &Event, evidence: Option<&Evidence>, snap: &Value) {
     let heading = match ev.kind {
         Kind::Trigger => "Incident",
         Kind::Resolve => "Resolved",
@@ -118,7 +148,9 @@ pub fn body(ev: &Event, evidence: Option<&Evidence>) -> String {
         );
     }
     let _ = writeln!(o, "| snapshot | {} |\n", text(&snap["generated_at"]));
+}
 
+fn reasons_and_checks(o: &mut String, ev: &Event) {
     let _ = writeln!(o, "### Reasons\n");
     if ev.reasons.is_empty() {
         let _ = writeln!(o, "none\n");
@@ -135,7 +167,9 @@ pub fn body(ev: &Event, evidence: Option<&Evidence>) -> String {
         }
     }
     o.push('\n');
+}
 
+fn web_disks_system(o: &mut String, details: &Value) {
     let web = &details["web"];
     let _ = writeln!(
         o,
@@ -143,7 +177,7 @@ pub fn body(ev: &Event, evidence: Option<&Evidence>) -> String {
         text(&web["verdict"]),
         cell(&text(&web["detail"]))
     );
-    json_block(&mut o, web);
+    json_block(o, web);
 
     let _ = writeln!(
         o,
@@ -181,7 +215,9 @@ pub fn body(ev: &Event, evidence: Option<&Evidence>) -> String {
             text(&sys["pressure"]),
         );
     }
+}
 
+fn containers_database_fleet(o: &mut String, details: &Value) {
     let c = &details["containers"];
     let _ = writeln!(o, "### Containers\n\n{}\n", cell(&text(&c["summary"])));
     if let Some(list) = c["containers"].as_array().filter(|l| !l.is_empty()) {
@@ -248,7 +284,10 @@ pub fn body(ev: &Event, evidence: Option<&Evidence>) -> String {
         }
         o.push('\n');
     }
+}
 
+/// Suspicious processes, and the top ones by CPU and by memory.
+fn processes(o: &mut String, evidence: Option<&Evidence>) {
     let _ = writeln!(o, "### Suspicious processes\n");
     match evidence {
         None => {
@@ -306,7 +345,9 @@ pub fn body(ev: &Event, evidence: Option<&Evidence>) -> String {
     if let Some(e) = evidence {
         let _ = writeln!(o, "CPU sampled over {} ms.\n", e.sample_ms);
     }
+}
 
+fn self_heal(o: &mut String, details: &Value) {
     let heal = &details["heal"];
     let _ = writeln!(
         o,
@@ -334,27 +375,6 @@ pub fn body(ev: &Event, evidence: Option<&Evidence>) -> String {
         }
         o.push('\n');
     }
-
-    let footer = format!("fingerprint: `{fp}`\n{}\n", marker(&fp));
-    let full = serde_json::to_string_pretty(&snap).unwrap_or_default();
-    let room = BODY_LIMIT.saturating_sub(o.len() + footer.len() + 200);
-    if room > 1000 {
-        let (full, note) = if full.len() > room {
-            (truncate(&full, room), " (truncated)")
-        } else {
-            (full, "")
-        };
-        let _ = writeln!(
-            o,
-            "<details><summary>Full snapshot{note}</summary>\n\n```json\n{full}\n```\n</details>\n"
-        );
-    }
-    if o.len() + footer.len() > BODY_LIMIT {
-        o = truncate(&o, BODY_LIMIT - footer.len() - 2);
-        o.push('\n');
-    }
-    o.push_str(&footer);
-    o
 }
 
 #[cfg(test)]

@@ -17,7 +17,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::client::{self, Datum, Target};
 use crate::{
-    aws::{credentials::Provider, imds::Imds, query::QueryError},
+    aws::{
+        credentials::Provider,
+        imds::{Imds, ImdsError},
+        query::QueryError,
+    },
     config::CloudWatchConfig,
     text::rfc3339,
 };
@@ -143,6 +147,17 @@ impl State {
         self.status.last_error = Some(e.to_string());
         self.status.last_error_at = Some(rfc3339(SystemTime::now()));
     }
+}
+
+/// Why the publisher does not know where to send (shown as `last_error`).
+#[derive(Debug, thiserror::Error)]
+enum TargetError {
+    #[error("cannot find the region: {0}; set scaling.cloudwatch.region")]
+    Region(ImdsError),
+    #[error("cannot find the auto-scaling group: {0}")]
+    Group(ImdsError),
+    #[error("endpoint {0:?}: {1}")]
+    Endpoint(String, url::ParseError),
 }
 
 /// The running publisher; `status()` is what `details.scaling.cloudwatch` shows.
@@ -336,27 +351,27 @@ impl Sender {
 
     /// Region, group and endpoint: configured, else from the environment and the instance
     /// metadata. Looked up again after a failure (the metadata may come up later).
-    async fn target(&mut self) -> Result<Target, String> {
+    async fn target(&mut self) -> Result<Target, TargetError> {
         if let Some(t) = &self.target {
             return Ok(t.clone());
         }
         let region = crate::aws::region(&self.cfg.region, &self.imds)
             .await
-            .map_err(|e| format!("cannot find the region: {e}; set scaling.cloudwatch.region"))?;
+            .map_err(TargetError::Region)?;
         let group = if !self.cfg.auto_scaling_group.is_empty() {
             self.cfg.auto_scaling_group.clone()
         } else {
             self.imds
                 .get("tags/instance/aws:autoscaling:groupName")
                 .await
-                .map_err(|e| format!("cannot find the auto-scaling group: {e}"))?
+                .map_err(TargetError::Group)?
         };
         let endpoint = if self.cfg.endpoint.is_empty() {
             client::regional_endpoint(&region)
         } else {
             self.cfg.endpoint.clone()
         };
-        let endpoint = Url::parse(&endpoint).map_err(|e| format!("endpoint {endpoint:?}: {e}"))?;
+        let endpoint = Url::parse(&endpoint).map_err(|e| TargetError::Endpoint(endpoint, e))?;
         let target = Target {
             endpoint,
             region,

@@ -3,8 +3,13 @@
 
 use super::CloudWatchConfig;
 
+/// Why a value would be refused, said as the rest of the config's messages: after the key.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(super) struct Refused(String);
+
 /// `(key, message)` for the first value CloudWatch (or the agent) would refuse.
-pub(super) fn validate(c: &CloudWatchConfig) -> Result<(), (&'static str, String)> {
+pub(super) fn validate(c: &CloudWatchConfig) -> Result<(), (&'static str, Refused)> {
     namespace(&c.namespace).map_err(|m| ("scaling.cloudwatch.namespace", m))?;
     metric_name(&c.metric).map_err(|m| ("scaling.cloudwatch.metric", m))?;
     if !c.auto_scaling_group.is_empty() {
@@ -20,11 +25,11 @@ pub(super) fn validate(c: &CloudWatchConfig) -> Result<(), (&'static str, String
     if !c.high_resolution && c.interval < std::time::Duration::from_secs(60) {
         return Err((
             "scaling.cloudwatch.interval",
-            format!(
+            Refused(format!(
                 "= \"{}\" needs high_resolution = true: standard CloudWatch metrics keep one \
                  value per minute, so publish every 60s or more, or set high_resolution",
                 humantime::format_duration(c.interval)
-            ),
+            )),
         ));
     }
     Ok(())
@@ -33,73 +38,73 @@ pub(super) fn validate(c: &CloudWatchConfig) -> Result<(), (&'static str, String
 /// CloudWatch's documented namespace characters: alphanumerics, period, hyphen, underscore,
 /// forward slash, hash, colon and space; 1 to 255 of them; not starting with ':' (the API's
 /// pattern) nor with "AWS/" (reserved for AWS's own services).
-fn namespace(v: &str) -> Result<(), String> {
+fn namespace(v: &str) -> Result<(), Refused> {
     if v.is_empty() || v.len() > 255 {
-        return Err(format!(
+        return Err(Refused(format!(
             "{v:?} must be 1 to 255 characters (CloudWatch's limit)"
-        ));
+        )));
     }
     if let Some(bad) = v.chars().find(|c| {
         !(c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '/' | '#' | ':' | ' '))
     }) {
-        return Err(format!(
+        return Err(Refused(format!(
             "{v:?} contains {bad:?}: CloudWatch namespaces allow only letters, digits and . - _ / # : space"
-        ));
+        )));
     }
     if v.starts_with(':') {
-        return Err(format!(
+        return Err(Refused(format!(
             "{v:?} must not start with ':' (CloudWatch refuses it)"
-        ));
+        )));
     }
     if v.starts_with("AWS/") {
-        return Err(format!(
+        return Err(Refused(format!(
             "{v:?}: namespaces starting with AWS/ are reserved for AWS services; use your own, e.g. \"HealthAgent\""
-        ));
+        )));
     }
     if v.trim().is_empty() {
-        return Err(format!("{v:?} must contain more than spaces"));
+        return Err(Refused(format!("{v:?} must contain more than spaces")));
     }
     Ok(())
 }
 
 /// Metric names: 1 to 255 ASCII characters, no control characters.
-fn metric_name(v: &str) -> Result<(), String> {
+fn metric_name(v: &str) -> Result<(), Refused> {
     if v.is_empty() || v.len() > 255 {
-        return Err(format!(
+        return Err(Refused(format!(
             "{v:?} must be 1 to 255 characters (CloudWatch's limit)"
-        ));
+        )));
     }
     printable_ascii(v)
 }
 
 /// Dimension values: ASCII without control characters, at least one that is not white space,
 /// at most 1024 (CloudWatch) — and 255 for an auto-scaling group's name, the only value here.
-fn dimension_value(v: &str) -> Result<(), String> {
+fn dimension_value(v: &str) -> Result<(), Refused> {
     if v.len() > 255 {
-        return Err(format!(
+        return Err(Refused(format!(
             "is {} characters long: an auto-scaling group's name has at most 255",
             v.len()
-        ));
+        )));
     }
     if v.trim().is_empty() {
-        return Err(format!(
+        return Err(Refused(format!(
             "{v:?} must contain a character other than white space (CloudWatch dimension values do)"
-        ));
+        )));
     }
     printable_ascii(v)
 }
 
-fn printable_ascii(v: &str) -> Result<(), String> {
+fn printable_ascii(v: &str) -> Result<(), Refused> {
     match v.chars().find(|c| !c.is_ascii() || c.is_ascii_control()) {
-        Some(bad) => Err(format!(
+        Some(bad) => Err(Refused(format!(
             "{v:?} contains {bad:?}: CloudWatch accepts only ASCII without control characters here"
-        )),
+        ))),
         None => Ok(()),
     }
 }
 
 /// An AWS region code: "us-east-1", "eu-central-2", "us-gov-west-1", "cn-north-1".
-fn region(v: &str) -> Result<(), String> {
+fn region(v: &str) -> Result<(), Refused> {
     let parts: Vec<&str> = v.split('-').collect();
     let ok = v.len() <= 32
         && parts.len() >= 3
@@ -110,33 +115,35 @@ fn region(v: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
+        Err(Refused(format!(
             "{v:?} is not an AWS region code such as \"us-east-1\" (or leave it empty: from AWS_REGION or the instance metadata)"
-        ))
+        )))
     }
 }
 
 /// https://, or http:// to a loopback host: the request carries a session token in a header.
 /// Also `fleet.aws_endpoint`'s rule.
-pub(super) fn endpoint(v: &str) -> Result<(), String> {
+pub(super) fn endpoint(v: &str) -> Result<(), Refused> {
     let Ok(u) = reqwest::Url::parse(v) else {
-        return Err(format!(
+        return Err(Refused(format!(
             "{v:?} is not a URL; e.g. https://monitoring.us-east-1.amazonaws.com"
-        ));
+        )));
     };
     if !u.username().is_empty() || u.password().is_some() {
-        return Err("must not carry a user or password (value not shown)".into());
+        return Err(Refused(
+            "must not carry a user or password (value not shown)".into(),
+        ));
     }
     if u.query().is_some() || u.fragment().is_some() {
-        return Err(format!("{v:?} must not have a query or fragment"));
+        return Err(Refused(format!("{v:?} must not have a query or fragment")));
     }
     match u.scheme() {
         "https" if u.host_str().is_some_and(|h| !h.is_empty()) => Ok(()),
         "http" if super::loopback::loopback_host(&u) => Ok(()),
-        _ => Err(format!(
+        _ => Err(Refused(format!(
             "{v:?} must be https:// (http:// only to a loopback host, e.g. a test server): \
              requests carry the instance role's session token"
-        )),
+        ))),
     }
 }
 

@@ -6,11 +6,14 @@ use std::{net::SocketAddr, time::Duration};
 
 use super::{bounds, validate_url, Config, ConfigError};
 
+/// The key at fault and what is wrong with it.
+type Bad = (&'static str, String);
+
 impl Config {
     /// Every key against its bounds, then what no one key can check alone: keys that go
     /// together or exclude each other, addresses, paths and URLs. The first error wins.
     pub(super) fn validate(&self, path: &str) -> Result<(), ConfigError> {
-        let bad = |key, message: String| ConfigError::Invalid {
+        let bad = |(key, message): Bad| ConfigError::Invalid {
             path: path.to_string(),
             // Config::parse, which has the text, finds it.
             line: None,
@@ -18,21 +21,29 @@ impl Config {
             message,
         };
         // First: the cross-checks below may multiply these values.
-        bounds::check(self).map_err(|(key, message)| bad(key, message))?;
+        bounds::check(self).map_err(bad)?;
+        self.web_and_fleet().map_err(bad)?;
+        self.database_and_probe().map_err(bad)?;
+        self.listeners_and_lists().map_err(bad)?;
+        self.alerts_and_cloudwatch().map_err(bad)
+    }
+
+    /// The boot status, where the backend is looked for, and how peers are found.
+    fn web_and_fleet(&self) -> Result<(), Bad> {
         if !matches!(self.checks.boot_status, 200 | 503) {
-            return Err(bad(
+            return Err((
                 "checks.boot_status",
                 format!("must be 503 or 200, got {}", self.checks.boot_status),
             ));
         }
         if !self.web.container.is_empty() && !self.web.netns.is_empty() {
-            return Err(bad(
-                "web.netns",
-                "set web.container or web.netns, not both (a container's namespace is found through Docker)".into(),
-            ));
+            return Err((
+            "web.netns",
+            "set web.container or web.netns, not both (a container's namespace is found through Docker)".into(),
+        ));
         }
         if !self.web.netns.is_empty() && !self.web.netns.starts_with('/') {
-            return Err(bad(
+            return Err((
                 "web.netns",
                 format!(
                     "{:?} must be an absolute path such as /var/run/netns/NAME or /proc/PID/ns/net",
@@ -41,39 +52,44 @@ impl Config {
             ));
         }
         if self.fleet.consul_addr.is_empty() != self.fleet.consul_service.is_empty() {
-            return Err(bad(
+            return Err((
                 "fleet.consul_service",
                 "fleet.consul_addr and fleet.consul_service go together".into(),
             ));
         }
         let refresh = self.fleet.peers_refresh;
         if !(PEERS_REFRESH_MIN..=PEERS_REFRESH_MAX).contains(&refresh) {
-            return Err(bad(
+            return Err((
                 "fleet.peers_refresh",
                 format!(
                     "= \"{}\" must be between 5s and 1h: every instance lists its group this \
-                     often, and AWS throttles the Describe calls of a large group listed faster",
+                 often, and AWS throttles the Describe calls of a large group listed faster",
                     humantime::format_duration(refresh)
                 ),
             ));
         }
         if !self.fleet.aws_endpoint.is_empty() {
             super::cloudwatch::endpoint(&self.fleet.aws_endpoint)
-                .map_err(|m| bad("fleet.aws_endpoint", m))?;
+                .map_err(|m| ("fleet.aws_endpoint", m.to_string()))?;
         }
         for peer in &self.fleet.peers {
             let ok = peer.rsplit_once(':').is_some_and(|(host, port)| {
                 !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0)
             });
             if !ok {
-                return Err(bad(
+                return Err((
                     "fleet.peers",
                     format!("{peer:?} must be host:port (the peer agent's health port)"),
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// Database URLs, the staleness bound, the probe's path.
+    fn database_and_probe(&self) -> Result<(), Bad> {
         if self.database.urls.iter().any(|u| u.trim().is_empty()) {
-            return Err(bad("database.urls", "entries must not be empty".into()));
+            return Err(("database.urls", "entries must not be empty".into()));
         }
         for (key, url) in self.database.all_urls() {
             if let Err(message) = validate_url(url) {
@@ -82,17 +98,17 @@ impl Config {
                 } else {
                     "database.urls"
                 };
-                return Err(bad(key, message.to_string()));
+                return Err((key, message.to_string()));
             }
         }
         if self.checks.stale_after < self.checks.interval.saturating_mul(2) {
-            return Err(bad(
+            return Err((
                 "checks.stale_after",
                 "must be at least twice checks.interval".into(),
             ));
         }
         if !self.web.probe_path.is_empty() && !self.web.probe_path.starts_with('/') {
-            return Err(bad(
+            return Err((
                 "web.probe_path",
                 format!(
                     "must start with '/' (or be \"\" to disable), got {:?}",
@@ -100,17 +116,22 @@ impl Config {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// The agent-check listener, disk paths, container labels.
+    fn listeners_and_lists(&self) -> Result<(), Bad> {
         let agent_check = self.server.agent_check_listen.trim();
         if !agent_check.is_empty() {
             match agent_check.parse::<SocketAddr>() {
                 Ok(a) if a.port() == 0 => {
-                    return Err(bad(
+                    return Err((
                         "server.agent_check_listen",
                         format!("{agent_check:?} needs a port other than 0"),
                     ))
                 }
                 Ok(a) if a == self.server.listen => {
-                    return Err(bad(
+                    return Err((
                         "server.agent_check_listen",
                         format!(
                             "{agent_check:?} is server.listen: the agent check needs its own port"
@@ -119,27 +140,32 @@ impl Config {
                 }
                 Ok(_) => {}
                 Err(_) => {
-                    return Err(bad(
+                    return Err((
                         "server.agent_check_listen",
                         format!(
-                            "{agent_check:?} must be ADDR:PORT, e.g. \"0.0.0.0:8081\" or \"[::]:8081\" \
-                             (an IP address, not a host name), or \"\" for off"
-                        ),
+                        "{agent_check:?} must be ADDR:PORT, e.g. \"0.0.0.0:8081\" or \"[::]:8081\" \
+                         (an IP address, not a host name), or \"\" for off"
+                    ),
                     ))
                 }
             }
         }
         if self.disk.paths.iter().any(|p| !p.starts_with('/')) {
-            return Err(bad("disk.paths", "entries must be absolute paths".into()));
+            return Err(("disk.paths", "entries must be absolute paths".into()));
         }
         for l in &self.containers.labels {
             if l.trim().is_empty() || l.starts_with('=') {
-                return Err(bad(
+                return Err((
                     "containers.labels",
                     format!("{l:?} is not key or key=value"),
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// Alert destinations (secrets: errors name the key, never the value) and CloudWatch.
+    fn alerts_and_cloudwatch(&self) -> Result<(), Bad> {
         let repo = &self.alerts.github_repo;
         let valid_repo = repo.split_once('/').is_some_and(|(o, n)| {
             let ok = |p: &str| {
@@ -150,7 +176,7 @@ impl Config {
             ok(o) && ok(n)
         });
         if !repo.is_empty() && !valid_repo {
-            return Err(bad(
+            return Err((
                 "alerts.github_repo",
                 format!("must be owner/name, got {repo:?}"),
             ));
@@ -168,10 +194,11 @@ impl Config {
             ("alerts.github_api_url", &self.alerts.github_api_url, false),
         ] {
             if !(optional && v.is_empty()) {
-                secret_url(v).map_err(|m| bad(key, m.into()))?;
+                secret_url(v).map_err(|m| (key, m.into()))?;
             }
         }
-        super::cloudwatch::validate(&self.scaling.cloudwatch).map_err(|(k, m)| bad(k, m))?;
+        super::cloudwatch::validate(&self.scaling.cloudwatch)
+            .map_err(|(k, m)| (k, m.to_string()))?;
         Ok(())
     }
 }

@@ -98,7 +98,7 @@ pub struct KernelView {
     /// The answer programs (status classes), or why they are not attached.
     answers: Result<answers::Answers, answers::AnswersError>,
     /// The socket-call tracepoints can attach (the `full` tier), or why not (`sock_diag`).
-    socket_calls: Result<(), String>,
+    socket_calls: Result<(), NoSocketCalls>,
     // Owns the programs and their links: dropping it detaches every tracepoint.
     ebpf: Ebpf,
 }
@@ -181,12 +181,24 @@ impl LoadProgram for RawTracePoint {
     }
 }
 
+/// Why the socket-call tracepoints are not used (the `sock_diag` tier).
+#[derive(Debug, thiserror::Error)]
+pub enum NoSocketCalls {
+    #[error("no {name} tracepoint (it arrived in Linux 6.3): {source}")]
+    Missing {
+        name: &'static str,
+        source: KernelError,
+    },
+    #[error("web.kernel_tier = \"sock_diag\" leaves them out")]
+    LeftOut,
+}
+
 /// Whether the kernel has the socket-call tracepoints (`sock_{send,recv}_length`, Linux 6.3),
 /// or why not.
-fn socket_calls(root: &std::path::Path) -> Result<(), String> {
+fn socket_calls(root: &std::path::Path) -> Result<(), NoSocketCalls> {
     for name in RAW_PROGRAMS {
         tracefs::Format::read(root, "sock", name)
-            .map_err(|e| format!("no {name} tracepoint (it arrived in Linux 6.3): {e}"))?;
+            .map_err(|source| NoSocketCalls::Missing { name, source })?;
     }
     Ok(())
 }
@@ -242,7 +254,7 @@ impl KernelView {
         let socket_calls = if socket_calls {
             self::socket_calls(&root)
         } else {
-            Err("web.kernel_tier = \"sock_diag\" leaves them out".into())
+            Err(NoSocketCalls::LeftOut)
         };
         let follow = follow && socket_calls.is_ok();
         raise_memlock_limit();
@@ -484,8 +496,8 @@ impl KernelView {
     }
 
     /// Why the socket-call tracepoints cannot attach (the `sock_diag` tier), when they cannot.
-    pub fn socket_calls_missing(&self) -> Option<&str> {
-        self.socket_calls.as_ref().err().map(String::as_str)
+    pub fn socket_calls_missing(&self) -> Option<&NoSocketCalls> {
+        self.socket_calls.as_ref().err()
     }
 
     /// Whether connections are told apart by network namespace.
@@ -557,7 +569,7 @@ impl KernelView {
             return Ok(());
         }
         if let (true, Err(why)) = (on, &self.socket_calls) {
-            return Err(KernelError::Tracefs(why.clone()));
+            return Err(KernelError::Tracefs(why.to_string()));
         }
         if !on {
             for link in std::mem::take(&mut self.follow_links) {

@@ -77,43 +77,7 @@ impl Slots {
             DiskReport::unknown,
         );
 
-        let probe = probe_wanted(cfg).then(|| {
-            let (target, path, t) = (
-                checks.web.probe_target(),
-                cfg.web.probe_path.clone(),
-                cfg.web.probe_timeout,
-            );
-            spawn_periodic(
-                interval,
-                t.saturating_add(Duration::from_secs(2)),
-                shutdown.clone(),
-                move || {
-                    let (target, path) = (target.clone(), path.clone());
-                    async move {
-                        // At start the monitor has not looked yet: give it a moment.
-                        for _ in 0..20 {
-                            if let Some(r) = probe::probe_shared(&target, &path, t).await {
-                                return Some(r);
-                            }
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                        }
-                        None
-                    }
-                },
-                move || {
-                    Some(ProbeResult {
-                        ok: false,
-                        status: None,
-                        latency_ms: t.as_secs_f64() * 1000.0,
-                        error: Some("probe task overran its timeout".into()),
-                        timed_out: true,
-                        refused: false,
-                        agent_error: false,
-                        target: String::new(),
-                    })
-                },
-            )
-        });
+        let probe = probe_wanted(cfg).then(|| spawn_probe(cfg, checks, shutdown));
 
         let web_container = checks
             .docker
@@ -224,6 +188,50 @@ impl Slots {
             || changed(self.database.as_ref())
             || changed(self.fleet.as_ref())
     }
+}
+
+/// The probe's slot: every `checks.interval`, wherever the monitor last saw the backend listen.
+fn spawn_probe(
+    cfg: &Config,
+    checks: &Checks,
+    shutdown: &CancellationToken,
+) -> Slot<Option<ProbeResult>> {
+    let interval = cfg.checks.interval;
+    let (target, path, t) = (
+        checks.web.probe_target(),
+        cfg.web.probe_path.clone(),
+        cfg.web.probe_timeout,
+    );
+    spawn_periodic(
+        interval,
+        t.saturating_add(Duration::from_secs(2)),
+        shutdown.clone(),
+        move || {
+            let (target, path) = (target.clone(), path.clone());
+            async move {
+                // At start the monitor has not looked yet: give it a moment.
+                for _ in 0..20 {
+                    if let Some(r) = probe::probe_shared(&target, &path, t).await {
+                        return Some(r);
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                None
+            }
+        },
+        move || {
+            Some(ProbeResult {
+                ok: false,
+                status: None,
+                latency_ms: t.as_secs_f64() * 1000.0,
+                error: Some("probe task overran its timeout".into()),
+                timed_out: true,
+                refused: false,
+                agent_error: false,
+                target: String::new(),
+            })
+        },
+    )
 }
 
 /// Runs `check` every `every` until shutdown, each run bounded by `timeout`; a run that does not

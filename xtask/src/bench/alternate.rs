@@ -163,7 +163,7 @@ pub(super) fn run(agent_bin: &Path, dir: &Path, quick: bool) -> Result<String> {
         String::from("\n## 12. What `on_suspicion` costs nginx in wall clock, by alternation\n\n");
     let _ = writeln!(
         md,
-        "Produced by `cargo xtask bench --only-alternation{}` (or as part of `cargo xtask bench`), {}.\n",
+        "Produced by `cargo xtask bench --only alternation{}` (or as part of `cargo xtask bench`), {}.\n",
         if quick { " --quick" } else { "" },
         super::time_now()
     );

@@ -2,7 +2,7 @@
 //! (`kernel.bpf_stats_enabled`), under nginx keep-alive, nginx with a new connection per request
 //! and Puma, with no agent, this build and `--baseline-agent` alternated trial by trial; then the
 //! agent's own CPU while 10,000 idle connections are held open to its backend. Also run alone by
-//! `--only-bpf-stats`.
+//! `--only bpf-stats`.
 //!
 //! The agent's programs are the ones its process holds: program and link file descriptors in
 //! /proc/<pid>/fd, whose fdinfo names the program id. (Debian's bpftool is built without the
@@ -503,7 +503,7 @@ pub(super) fn run(
     let mut md = String::from("\n## 11. What the programs cost, by the kernel's own account\n\n");
     let _ = writeln!(
         md,
-        "Produced by `cargo xtask bench --only-bpf-stats{}{}` (or as part of `cargo xtask bench`), {}.\n",
+        "Produced by `cargo xtask bench --only bpf-stats{}{}` (or as part of `cargo xtask bench`), {}.\n",
         if quick { " --quick" } else { "" },
         baseline.map_or(String::new(), |b| format!(" --baseline-agent {}", b.display())),
         super::time_now()

@@ -189,7 +189,7 @@ pub(super) fn run(agent_bin: &Path, dir: &Path, quick: bool) -> Result<String> {
     let mut md = String::from("\n## 10. Publishing to CloudWatch does not slow `/health`\n\n");
     let _ = writeln!(
         md,
-        "`cargo xtask bench --only-cloudwatch`. Five agents at once, one per row, `[scaling.cloudwatch]` every 10 s (high resolution), `timeout = \"1s\"`, `max_retries = {MAX_RETRIES}`. Once each has started publishing, `/health` of each in turn under `wrk -t2 -c10` for {secs} s, {rounds} rounds (median of the rounds; every round's p99 in brackets), while the failing ones keep retrying with backoff and jitter every interval. CloudWatch is moto (`moto[server]`, the real API), a closed port, a server that never answers, and one that answers every request 400 `Throttling`.\n"
+        "`cargo xtask bench --only cloudwatch`. Five agents at once, one per row, `[scaling.cloudwatch]` every 10 s (high resolution), `timeout = \"1s\"`, `max_retries = {MAX_RETRIES}`. Once each has started publishing, `/health` of each in turn under `wrk -t2 -c10` for {secs} s, {rounds} rounds (median of the rounds; every round's p99 in brackets), while the failing ones keep retrying with backoff and jitter every interval. CloudWatch is moto (`moto[server]`, the real API), a closed port, a server that never answers, and one that answers every request 400 `Throttling`.\n"
     );
     md.push_str("| CloudWatch | req/s | p50 ms | p99 ms (each round) | batches / PutMetricData requests (retries) | published | last error |\n|---|---|---|---|---|---|---|\n");
     for c in &cases {

@@ -113,7 +113,7 @@ pub(super) fn run(agent_bin: &Path, backend_bin: &Path, dir: &Path, quick: bool)
     let mut md = String::from("## 2. Time from hang onset to a failing health check\n\n");
     let _ = writeln!(
         md,
-        "Produced by `cargo xtask bench --only-hang{}` (or as part of `cargo xtask bench`), {}.\n",
+        "Produced by `cargo xtask bench --only hang{}` (or as part of `cargo xtask bench`), {}.\n",
         if quick { " --quick" } else { "" },
         super::time_now()
     );

@@ -75,34 +75,31 @@ pub struct Args {
     /// in one run, on one machine.
     #[arg(long)]
     baseline_agent: Option<PathBuf>,
-    /// Run only the per-socket-call section (with `--baseline-agent`: the comparison), and put
-    /// it in place of its section in `--out`.
-    #[arg(long)]
-    only_socket_costs: bool,
-    /// Run only the flood section (with `--baseline-agent`: the earlier build first), and put it
-    /// in place of its section in `--out`.
-    #[arg(long)]
-    only_flood: bool,
-    /// Run only the scaling-signal section (saturation against CPU), and put it in place of its
-    /// section in `--out`.
-    #[arg(long)]
-    only_scaling: bool,
-    /// Run only the CloudWatch section, and put it in place of its section in `--out`.
-    #[arg(long)]
-    only_cloudwatch: bool,
-    /// Run only the section on what the eBPF programs cost by the kernel's statistics (with
-    /// `--baseline-agent`: the earlier build side by side), and put it in place of its section
-    /// in `--out`.
-    #[arg(long)]
-    only_bpf_stats: bool,
-    /// Run only the section on `on_suspicion`'s wall-clock cost by alternation, and put it in
-    /// place of its section in `--out`.
-    #[arg(long)]
-    only_alternation: bool,
-    /// Run only the hang-to-503 section (both `web.socket_tracing` modes), and put it in place
-    /// of its section in `--out`.
-    #[arg(long)]
-    only_hang: bool,
+    /// Run one section alone and put it in place of its section in `--out` (the others stay).
+    #[arg(long, value_enum, value_name = "SECTION")]
+    only: Option<Section>,
+}
+
+/// The sections that run alone (`--only SECTION`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Section {
+    /// Section 2: hang to 503, in both `web.socket_tracing` modes.
+    Hang,
+    /// Section 3's cost per socket call and per connection (with `--baseline-agent`: the
+    /// comparison).
+    SocketCosts,
+    /// Section 8: the health port under a flood (with `--baseline-agent`: the earlier build
+    /// first).
+    Flood,
+    /// Section 9: the scaling signal against CPU.
+    Scaling,
+    /// Section 10: publishing to CloudWatch.
+    Cloudwatch,
+    /// Section 11: what the programs cost by the kernel's statistics (with `--baseline-agent`:
+    /// the earlier build side by side).
+    BpfStats,
+    /// Section 12: `on_suspicion`'s wall-clock cost, by alternation.
+    Alternation,
 }
 
 /// The release binaries the bench runs.
@@ -120,33 +117,18 @@ pub fn run(args: &Args) -> Result<()> {
     let bins = build()?;
     let dir = std::env::temp_dir().join(format!("health-agent-bench-{}", std::process::id()));
     let baseline = args.baseline_agent.as_deref();
-    if args.only_flood {
-        let md = flood::run(&bins.agent, baseline, &dir, args.quick)?;
-        return write_section(args, &dir, &md);
-    }
     fs::create_dir_all(&dir)?;
-    if args.only_scaling {
-        let md = scaling::run(&bins.agent, &bins.proxy, &dir, args.quick)?;
-        return write_section(args, &dir, &md);
-    }
-    if args.only_cloudwatch {
-        let md = cloudwatch::run(&bins.agent, &dir, args.quick)?;
-        return write_section(args, &dir, &md);
-    }
-    if args.only_bpf_stats {
-        let md = bpf_stats::run(&bins.agent, baseline, &dir, args.quick)?;
-        return write_section(args, &dir, &md);
-    }
-    if args.only_alternation {
-        let md = alternate::run(&bins.agent, &dir, args.quick)?;
-        return write_section(args, &dir, &md);
-    }
-    if args.only_hang {
-        let md = hang::run(&bins.agent, &bins.backend, &dir, args.quick)?;
-        return write_section(args, &dir, &md);
-    }
-    if args.only_socket_costs {
-        let md = socket_costs::run(&bins.agent, baseline, &dir, args.quick)?;
+    if let Some(section) = args.only {
+        let (agent, quick) = (&bins.agent, args.quick);
+        let md = match section {
+            Section::Hang => hang::run(agent, &bins.backend, &dir, quick)?,
+            Section::SocketCosts => socket_costs::run(agent, baseline, &dir, quick)?,
+            Section::Flood => flood::run(agent, baseline, &dir, quick)?,
+            Section::Scaling => scaling::run(agent, &bins.proxy, &dir, quick)?,
+            Section::Cloudwatch => cloudwatch::run(agent, &dir, quick)?,
+            Section::BpfStats => bpf_stats::run(agent, baseline, &dir, quick)?,
+            Section::Alternation => alternate::run(agent, &dir, quick)?,
+        };
         return write_section(args, &dir, &md);
     }
     let started = Instant::now();

@@ -328,7 +328,7 @@ pub(super) fn run(agent_bin: &Path, proxy_bin: &Path, dir: &Path, quick: bool) -
     }
     md.push_str(&outage_md);
     md.push_str(
-        "Command: `cargo xtask bench --only-scaling` (`--quick`: a 10-second window, a 20-second outage).\n",
+        "Command: `cargo xtask bench --only scaling` (`--quick`: a 10-second window, a 20-second outage).\n",
     );
     drop(proxy);
     drop(pg);

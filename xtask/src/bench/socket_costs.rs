@@ -1,5 +1,5 @@
 //! Section 3, continued: what the hooks cost per socket call and per connection, measured on
-//! one thread without scheduling noise. Also run alone by `--only-socket-costs`.
+//! one thread without scheduling noise. Also run alone by `--only socket-costs`.
 
 use std::{
     fmt::Write as _,

@@ -124,11 +124,19 @@ pub struct AnswerWindow {
     unavailable: Option<String>,
 }
 
+/// What the answer programs gave this round.
+#[derive(Debug, Clone)]
+pub enum Round {
+    Counters(AnswerCounters),
+    /// The status is not visible (no answer programs), and why: said in `details`.
+    Unavailable(String),
+}
+
 impl AnswerWindow {
-    /// Takes in this round's counters (None: the programs are not attached, and why).
+    /// Takes in this round's counters, or why there are none.
     pub fn observe(
         &mut self,
-        counters: Result<AnswerCounters, String>,
+        counters: Round,
         probe_status: Option<u16>,
         now: Instant,
         cfg: &WebConfig,
@@ -137,8 +145,8 @@ impl AnswerWindow {
             self.probe_class = usize::from(s / 100).clamp(1, 5);
         }
         let c = match counters {
-            Ok(c) => c,
-            Err(why) => {
+            Round::Counters(c) => c,
+            Round::Unavailable(why) => {
                 self.unavailable = Some(why);
                 self.samples.clear();
                 self.erroring = false;
@@ -343,8 +351,8 @@ impl AnswerWindow {
 mod tests {
     use super::*;
 
-    fn counters(status: [u64; 6], probe_requests: u64) -> Result<AnswerCounters, String> {
-        Ok(AnswerCounters {
+    fn counters(status: [u64; 6], probe_requests: u64) -> Round {
+        Round::Counters(AnswerCounters {
             status,
             probe_requests,
             ..AnswerCounters::default()
@@ -493,9 +501,9 @@ mod tests {
         let cfg = cfg();
         let t = Instant::now();
         let mut w = AnswerWindow::default();
-        w.observe(Ok(AnswerCounters::default()), None, t, &cfg);
+        w.observe(Round::Counters(AnswerCounters::default()), None, t, &cfg);
         w.observe(
-            Ok(AnswerCounters {
+            Round::Counters(AnswerCounters {
                 tls: 300,
                 ..AnswerCounters::default()
             }),
@@ -508,7 +516,7 @@ mod tests {
         assert!(r.not_visible.unwrap().contains("TLS"));
         assert!(!w.erroring());
         let mut w = AnswerWindow::default();
-        w.observe(Err("no cgroup v2".into()), None, t, &cfg);
+        w.observe(Round::Unavailable("no cgroup v2".into()), None, t, &cfg);
         let r = w.report(&cfg);
         assert_eq!(r.not_visible.as_deref(), Some("no cgroup v2"));
     }

@@ -124,74 +124,6 @@ fn stuck_for(e: &Evidence) -> Option<Duration> {
     [queued, pending, probe].into_iter().flatten().max()
 }
 
-fn secs(d: Duration) -> String {
-    format!("{:.1}s", d.as_secs_f64())
-}
-
-/// "3 connections wait in the accept queue (oldest 1.2s), 2 requests unanswered (oldest 0.8s)"
-fn work(e: &Evidence) -> String {
-    let mut parts = Vec::new();
-    if e.queue > 0 {
-        let oldest = e
-            .kernel
-            .as_ref()
-            .and_then(|k| k.oldest_waiting)
-            .or(e.queue_busy_for)
-            .map_or(String::new(), |d| format!(" (oldest {})", secs(d)));
-        parts.push(format!(
-            "{} connections wait in the accept queue{oldest}",
-            e.queue
-        ));
-    }
-    if let Some(k) = e.kernel.as_ref().filter(|k| k.pending > 0) {
-        let oldest = k
-            .oldest_pending
-            .map_or(String::new(), |d| format!(" (oldest {})", secs(d)));
-        parts.push(format!("{} requests unanswered{oldest}", k.pending));
-    }
-    if let (Some(p), Some(d)) = (e.probe.as_ref().filter(|p| !p.ok), e.probe_failing_for) {
-        parts.push(format!(
-            "the probe failing for {} ({})",
-            secs(d),
-            p.error.as_deref().unwrap_or("no answer")
-        ));
-    }
-    if parts.is_empty() {
-        "work waits".into()
-    } else {
-        parts.join(", ")
-    }
-}
-
-/// "nothing answered for 3.1s" / "nothing answered since the agent started"
-fn last_answer(k: Option<&KernelEvidence>) -> String {
-    match k.map(|k| k.since_answer) {
-        Some(Some(d)) => format!("the last answer went out {} ago", secs(d)),
-        Some(None) => "no answer seen since the agent started".into(),
-        None => "kernel view unavailable".into(),
-    }
-}
-
-fn waiting_on(d: &DependencyWait) -> String {
-    let mut s = format!("waiting on {}", d.endpoint);
-    if d.waiting_ms > 0 {
-        s.push_str(&format!(
-            " for {}",
-            secs(Duration::from_millis(d.waiting_ms))
-        ));
-    }
-    s.push_str(&format!(
-        " ({} connection{}",
-        d.connections,
-        if d.connections == 1 { "" } else { "s" }
-    ));
-    if d.connecting > 0 {
-        s.push_str(&format!(", {} still connecting", d.connecting));
-    }
-    s.push(')');
-    s
-}
-
 /// How long until `w` counts as stuck on this evidence; zero: it does now; None: not on this
 /// evidence. Stopped or frozen: its oldest request FREEZE_CONFIRM old. Otherwise: requests
 /// unanswered and nothing sent on any of its connections for `unanswered_after`, and (checked
@@ -232,79 +164,60 @@ fn stuck_worker<'a>(e: &'a Evidence, cfg: &WebConfig) -> Option<&'a WorkerView> 
         .max_by_key(|w| w.oldest_unanswered_ms)
 }
 
-/// "process 4242 (puma: cluster worker 1: 4200) stopped: 2 requests unanswered (oldest 1.2s)…"
-fn describe_stuck(w: &WorkerView, k: Option<&KernelEvidence>) -> String {
-    let held = format!(
-        "{} request{} unanswered (oldest {})",
-        w.unanswered,
-        if w.unanswered == 1 { "" } else { "s" },
-        secs(Duration::from_millis(w.oldest_unanswered_ms))
-    );
-    let how = match &w.frozen {
-        Some(why) => format!("{why}: holds {held}"),
-        None => format!(
-            "holds {held} and sent nothing for {}, {:.0}% CPU, no outbound request in flight",
-            secs(Duration::from_millis(
-                w.last_sent_ms.unwrap_or(w.oldest_unanswered_ms)
-            )),
-            w.cpu_percent.unwrap_or_default()
-        ),
-    };
-    let others = match k {
-        Some(_) => format!("the other processes answer ({})", last_answer(k)),
-        None => "the probe is answered".into(),
-    };
-    let parent = if w.is_master {
-        "it is the master of other processes holding the listener".to_string()
-    } else if !w.parent_holds_listener {
-        format!("its parent {} does not hold the listener", w.parent)
-    } else if let Some(why) = &w.parent_unable {
-        format!("its parent {} (the master) is {why}", w.parent)
-    } else {
-        format!("its parent {} (the master) holds the listener", w.parent)
-    };
-    format!(
-        "process {} ({}) {how}; {others}; {parent}",
-        w.pid, w.command
-    )
-}
+/// A verdict and the detail that says why.
+type Judgement = (WebVerdict, String);
 
-pub fn decide(e: &Evidence, cfg: &WebConfig) -> (WebVerdict, String) {
+pub fn decide(e: &Evidence, cfg: &WebConfig) -> Judgement {
     if !e.listening {
         return (
             WebVerdict::Down,
             format!("nothing listens on port {}", cfg.port),
         );
     }
+    stuck_work(e, cfg)
+        .or_else(|| stalled(e, cfg))
+        .or_else(|| probe_failing(e, cfg))
+        .or_else(|| erroring(e, cfg))
+        .or_else(|| slow(e, cfg))
+        .unwrap_or_else(|| answering(e, cfg))
+}
+
+/// ", 95% CPU" when the processes' CPU is known.
+fn cpu(e: &Evidence) -> String {
+    e.cpu_percent
+        .map_or(String::new(), |p| format!(", {p:.0}% CPU"))
+}
+
+fn cpu_busy(e: &Evidence) -> bool {
+    e.cpu_percent.is_some_and(|p| p >= BUSY_PERCENT)
+}
+
+/// Work that cannot move: every process stopped or frozen, one process stuck while the others
+/// answer, or the server waiting on a dependency.
+fn stuck_work(e: &Evidence, cfg: &WebConfig) -> Option<Judgement> {
     let k = e.kernel.as_ref();
     let stuck = stuck_for(e);
-    let cpu_busy = e.cpu_percent.is_some_and(|p| p >= BUSY_PERCENT);
-    let cpu = |e: &Evidence| {
-        e.cpu_percent
-            .map_or(String::new(), |p| format!(", {p:.0}% CPU"))
-    };
-
     // Nothing can move: every process holding the listener is stopped or frozen.
     if let Some(why) = &e.frozen {
         if stuck.is_some_and(|d| d >= freeze_confirm(cfg)) {
-            return (
+            return Some((
                 WebVerdict::Hung,
                 format!("{why}: {}; {}", work(e), last_answer(k)),
-            );
+            ));
         }
     }
 
     // One process stuck while the others answer: half capacity, not a reason to scale up,
     // and no reason to take the whole instance out.
     if let Some(w) = stuck_worker(e, cfg) {
-        return (WebVerdict::PartialHang, describe_stuck(w, k));
+        return Some((WebVerdict::PartialHang, describe_stuck(w, k)));
     }
 
     // Waiting on someone else: its own requests go unanswered and nothing comes back out.
     if !e.dependencies.is_empty() {
         let limit = dependency_limit(k, cfg);
         if stuck.is_some_and(|d| d >= limit) && !k.is_some_and(|k| k.answered_within(limit)) {
-            return (
+            return Some((
                 WebVerdict::Waiting,
                 format!(
                     "{}; {}; {}",
@@ -316,10 +229,18 @@ pub fn decide(e: &Evidence, cfg: &WebConfig) -> (WebVerdict, String) {
                     work(e),
                     last_answer(k)
                 ),
-            );
+            ));
         }
     }
 
+    None
+}
+
+/// Nothing taken or answered: from the kernel's view, or without it from a queue that never
+/// drains and a probe that gets nothing.
+fn stalled(e: &Evidence, cfg: &WebConfig) -> Option<Judgement> {
+    let k = e.kernel.as_ref();
+    let cpu_busy = cpu_busy(e);
     if let Some(k) = k {
         if let Some(oldest) = k.oldest_waiting.filter(|_| e.queue > 0) {
             // Weak evidence of a hang: the queue holds connections, nothing has been taken or
@@ -331,7 +252,7 @@ pub fn decide(e: &Evidence, cfg: &WebConfig) -> (WebVerdict, String) {
                 && !cpu_busy
                 && e.dependencies.is_empty()
             {
-                return (
+                return Some((
                     WebVerdict::Hung,
                     format!(
                         "{}; nothing taken or answered for {} (limit {}){}; {}",
@@ -341,14 +262,14 @@ pub fn decide(e: &Evidence, cfg: &WebConfig) -> (WebVerdict, String) {
                         cpu(e),
                         last_answer(Some(k))
                     ),
-                );
+                ));
             }
             // Work in progress, CPU burning or a livelock: only `unanswered_after` of nothing
             // taken or answered makes it unresponsive.
             if until_hung(oldest, k.since_progress(), cfg.unanswered_after).is_zero()
                 && e.dependencies.is_empty()
             {
-                return (
+                return Some((
                     WebVerdict::Unresponsive,
                     format!(
                         "{}; nothing taken or answered for {}{}",
@@ -356,22 +277,22 @@ pub fn decide(e: &Evidence, cfg: &WebConfig) -> (WebVerdict, String) {
                         k.since_progress().map_or("ever".to_string(), secs),
                         cpu(e)
                     ),
-                );
+                ));
             }
         }
         if let Some(_oldest) = k.oldest_pending.filter(|d| *d >= cfg.unanswered_after) {
             if !k.answered_within(cfg.unanswered_after) && e.dependencies.is_empty() {
-                return (
+                return Some((
                     WebVerdict::Unresponsive,
                     format!("{}; {}{}", work(e), last_answer(Some(k)), cpu(e)),
-                );
+                ));
             }
         }
     } else if let (Some(busy), Some(p)) = (e.queue_busy_for, &e.probe) {
         // Without the kernel view: a queue that never drains, a probe that gets nothing, and
         // (where /proc tells) no CPU.
         if e.queue > 0 && busy >= cfg.hung_after && p.timed_out && !cpu_busy {
-            return (
+            return Some((
                 WebVerdict::Hung,
                 format!(
                     "accept queue non-empty ({}) for {} and the probe timed out{} (kernel view unavailable)",
@@ -379,10 +300,17 @@ pub fn decide(e: &Evidence, cfg: &WebConfig) -> (WebVerdict, String) {
                     secs(busy),
                     cpu(e)
                 ),
-            );
+            ));
         }
     }
 
+    None
+}
+
+/// The probe failing for `unanswered_after`: slow behind other requests, waiting on a
+/// dependency, or unresponsive.
+fn probe_failing(e: &Evidence, cfg: &WebConfig) -> Option<Judgement> {
+    let k = e.kernel.as_ref();
     if let Some(p) = &e.probe {
         let failing = e.probe_failing_for.unwrap_or_default();
         let server_error = p.status.is_some_and(|s| s >= 500);
@@ -392,17 +320,17 @@ pub fn decide(e: &Evidence, cfg: &WebConfig) -> (WebVerdict, String) {
         if !p.ok && (p.timed_out || server_error || no_answer) && failing >= cfg.unanswered_after {
             if p.timed_out && k.is_some_and(|k| k.answered_within(failing)) {
                 // It answers others: the probe waits its turn behind slow requests.
-                return (
+                return Some((
                     WebVerdict::Slow,
                     format!(
                         "the probe timed out for {} but answers still go out ({})",
                         secs(failing),
                         last_answer(k)
                     ),
-                );
+                ));
             }
             if !e.dependencies.is_empty() {
-                return (
+                return Some((
                     WebVerdict::Waiting,
                     format!(
                         "{}; {}",
@@ -413,30 +341,34 @@ pub fn decide(e: &Evidence, cfg: &WebConfig) -> (WebVerdict, String) {
                             .join(", "),
                         work(e)
                     ),
-                );
+                ));
             }
             let what = p
                 .error
                 .clone()
                 .unwrap_or_else(|| format!("HTTP {}", p.status.unwrap_or_default()));
-            return (
+            return Some((
                 WebVerdict::Unresponsive,
                 format!(
                     "probe {} failing for {}: {what}",
                     cfg.probe_path,
                     secs(failing)
                 ),
-            );
+            ));
         }
     }
 
+    None
+}
+
+fn erroring(e: &Evidence, cfg: &WebConfig) -> Option<Judgement> {
     // It answers, but its real answers mostly fail while its own probe passes: not slow, not
     // busy (more capacity serves more errors), whatever the queue.
     if e.erroring {
         let probe = e.probe.as_ref();
         if probe.map_or(cfg.probe_path.is_empty(), |p| p.ok) {
             let stats = e.answers.unwrap_or_default();
-            return (
+            return Some((
                 WebVerdict::Erroring,
                 format!(
                     "{}{}",
@@ -447,23 +379,31 @@ pub fn decide(e: &Evidence, cfg: &WebConfig) -> (WebVerdict, String) {
                         p.status.unwrap_or(0)
                     ))
                 ),
-            );
+            ));
         }
     }
 
+    None
+}
+
+/// Busy: work waits but answers go out, or the latency is over `slow_after`.
+fn slow(e: &Evidence, cfg: &WebConfig) -> Option<Judgement> {
+    let k = e.kernel.as_ref();
+    let stuck = stuck_for(e);
+    let cpu_busy = cpu_busy(e);
     // Busy: work waits, but answers still go out or the CPU is working on it.
     if let Some(d) = stuck.filter(|d| *d >= cfg.slow_after) {
         let answering = k.is_some_and(|k| k.answered_within(d.max(cfg.hung_after)));
         if answering || cpu_busy {
-            return (
+            return Some((
                 WebVerdict::Slow,
                 format!("{}; {}{}", work(e), last_answer(k), cpu(e)),
-            );
+            ));
         }
     }
     if let Some(k) = k {
         if k.latency.samples >= 5 && k.latency.p99_ms >= cfg.slow_after.as_secs_f64() * 1000.0 {
-            return (
+            return Some((
                 WebVerdict::Slow,
                 format!(
                     "server latency p99 {:.0}ms over {} requests (threshold {}ms)",
@@ -471,9 +411,15 @@ pub fn decide(e: &Evidence, cfg: &WebConfig) -> (WebVerdict, String) {
                     k.latency.samples,
                     cfg.slow_after.as_millis()
                 ),
-            );
+            ));
         }
     }
+    None
+}
+
+/// Nothing wrong seen: up on what answered, or unknown for want of anything to go on.
+fn answering(e: &Evidence, cfg: &WebConfig) -> Judgement {
+    let k = e.kernel.as_ref();
     if let Some(p) = e.probe.as_ref().filter(|p| p.ok) {
         if p.latency_ms >= cfg.slow_after.as_secs_f64() * 1000.0 {
             return (
@@ -616,6 +562,9 @@ pub fn disagreement(verdict: WebVerdict, e: &Evidence) -> Option<String> {
     }
     None
 }
+
+mod describe;
+use describe::{describe_stuck, last_answer, secs, waiting_on, work};
 
 #[cfg(test)]
 mod tests;

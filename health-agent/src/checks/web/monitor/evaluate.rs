@@ -1,0 +1,314 @@
+//! One evaluation: find the backend, read its listeners, gather the evidence, decide, and
+//! report.
+
+use super::*;
+
+/// Why there are no listeners to read this round.
+enum NoListeners {
+    Unresolved(Unresolved),
+    /// sock_diag failed: the agent's own error.
+    AgentError(String),
+}
+
+impl WebMonitor {
+    /// Finds (or keeps) the target and points the kernel programs at it.
+    pub(super) fn resolve_target(&mut self) -> Result<&Target, Unresolved> {
+        let before = self.target.as_ref().map(|t| (t.view.inode, t.port));
+        let target = target::resolve(&self.cfg, self.target.take(), self.container_net.as_ref())?;
+        self.found_once = true;
+        self.missing_since = None;
+        let now = (target.view.inode, target.port);
+        if before != Some(now) {
+            let v = &target.view;
+            tracing::info!(
+                "watching the web backend on port {} in {} (namespace {}, inode {}{})",
+                v.port,
+                v.path,
+                v.source,
+                v.inode,
+                v.container
+                    .as_ref()
+                    .map_or(String::new(), |c| format!(", container {c}"))
+            );
+            self.owners.clear();
+            self.owners_inode = 0;
+            if let Some(k) = self.kernel.as_mut() {
+                if let Err(e) = k.watch(&[now]) {
+                    tracing::warn!(
+                        "kernel programs cannot watch port {} in namespace inode {}: {e}",
+                        now.1,
+                        now.0
+                    );
+                }
+            }
+        }
+        Ok(self.target.insert(target))
+    }
+
+    /// A report without a look at the backend: why there is nothing to look at.
+    pub(super) fn without_target(&mut self, verdict: WebVerdict, detail: String) -> WebReport {
+        self.last_verdict = verdict;
+        self.next_look = None;
+        WebReport {
+            verdict,
+            detail,
+            served: self.served,
+            kernel: self.kernel_status.clone(),
+            probe: self
+                .last_probe
+                .clone()
+                .or_else(|| self.probe_trouble.clone()),
+            ..WebReport::not_configured()
+        }
+        .with_port(self.cfg.port)
+    }
+
+    /// What `web.container` / `web.netns` names does not exist. Not found since the agent
+    /// started: a configuration mistake. Found before: being recreated, until GONE_FOR_GOOD.
+    /// Either way the agent cannot look, so the verdict is `unknown`, never evidence.
+    pub(super) fn not_found(&mut self, key: &'static str, what: String, now: Instant) -> WebReport {
+        let gone = now.saturating_duration_since(*self.missing_since.get_or_insert(now));
+        let config_error = if !self.found_once {
+            Some(format!(
+                "{key}: {what}, not since the agent started: check {key}"
+            ))
+        } else if gone >= GONE_FOR_GOOD {
+            Some(format!(
+                "{key}: {what} for {}s (it was found before): check {key}",
+                gone.as_secs()
+            ))
+        } else {
+            None
+        };
+        let detail = match &config_error {
+            Some(e) => e.clone(),
+            None => format!(
+                "{key}: {what} for {:.1}s; it was found before (being recreated?)",
+                gone.as_secs_f64()
+            ),
+        };
+        let mut r = self.without_target(WebVerdict::Unknown, detail);
+        r.config_error = config_error;
+        r
+    }
+
+    /// One round: the listeners, the kernel's evidence, the processes while work is stuck,
+    /// the verdict, and the report.
+    pub fn evaluate(&mut self, now: Instant) -> WebReport {
+        if self.cfg.port == 0 {
+            return WebReport::not_configured();
+        }
+        let (port, namespace, listeners) = match self.find_listeners() {
+            Ok(found) => found,
+            Err(report) => return self.no_listeners(report, now),
+        };
+        let (listening, queue, queue_max) = self.note_listeners(&listeners, now);
+        let (counters, kernel) = self.kernel_evidence(port, &listeners, now);
+        self.observe_answers(port, listening, now);
+        self.track_span(now);
+        let mut evidence = Evidence {
+            answers: Some(self.answers.basis()),
+            erroring: self.answers.erroring(),
+            listening,
+            queue,
+            queue_busy_for: self
+                .queue_busy_since
+                .map(|s| now.saturating_duration_since(s)),
+            kernel,
+            probe: self.last_probe.clone(),
+            probe_failing_for: self
+                .probe_failing_since
+                .map(|s| now.saturating_duration_since(s)),
+            ..Evidence::default()
+        };
+        let processes = self.look_at_processes(&mut evidence, now);
+        let (verdict, detail) = verdict::decide(&evidence, &self.cfg);
+        let detail = self.explain(detail, listening, &namespace);
+        let stuck_worker = (verdict == WebVerdict::PartialHang)
+            .then(|| verdict::stuck_process(&evidence, &self.cfg))
+            .flatten();
+        self.last_verdict = verdict;
+        self.next_look = verdict::next_look(&evidence, &self.cfg, now);
+        self.steer_accept_tracing(evidence.kernel.as_ref().and_then(|k| k.oldest_waiting), now);
+        self.served |= self.has_served(listening, &evidence);
+        // Nothing but the agent's own trouble to go on: say so, so the policy never reads it
+        // as the backend's failure.
+        let agent_error = verdict == WebVerdict::Unknown && self.probe_trouble.is_some();
+        let (overflows, dropped) = self.listen_drops(now);
+        WebReport {
+            config_error: self.probe_path_error(),
+            answers: Some(self.answers.report(&self.cfg)),
+            figures: self.figures(now),
+            port: self.cfg.port,
+            namespace: Some(namespace),
+            verdict,
+            detail,
+            served: self.served,
+            listening,
+            pids: self.owners.clone(),
+            process: self.owner_name.clone(),
+            accept_queue: queue,
+            accept_queue_max: queue_max,
+            listen_overflows: overflows,
+            listen_drops: dropped,
+            kernel: self.kernel_status.clone(),
+            disagreement: verdict::disagreement(verdict, &evidence),
+            counters,
+            probe: self
+                .last_probe
+                .clone()
+                .or_else(|| self.probe_trouble.clone()),
+            dependencies: std::mem::take(&mut evidence.dependencies),
+            processes,
+            stuck_worker,
+            agent_error,
+        }
+    }
+
+    /// The backend's port, where it was looked for and its listeners, and the probe's target
+    /// from them; or, when the agent could not look, why.
+    fn find_listeners(
+        &mut self,
+    ) -> Result<(u16, target::NamespaceView, Vec<net::Listener>), NoListeners> {
+        let target = self.resolve_target().map_err(NoListeners::Unresolved)?;
+        let (port, namespace) = (target.port, target.view.clone());
+        let listeners = target.listeners().map_err(|e| {
+            NoListeners::AgentError(format!(
+                "sock_diag in {} failed: {e} (the agent's own error, not the backend's)",
+                namespace.path
+            ))
+        })?;
+        if let Some((addr, fallback)) = target::probe_addr(&listeners, port) {
+            let ns = target.ns.clone();
+            let mut shared = self.probe_target.lock().unwrap_or_else(|e| e.into_inner());
+            if shared.as_ref().is_none_or(|t| {
+                t.addr != addr || t.fallback != fallback || !Arc::ptr_eq(&t.ns, &ns)
+            }) {
+                *shared = Some(ProbeTarget { addr, fallback, ns });
+            }
+        }
+        Ok((port, namespace, listeners))
+    }
+
+    /// The report when the agent could not look at the listeners: never a verdict on the
+    /// backend, except a container that is not running (down) or never found.
+    fn no_listeners(&mut self, why: NoListeners, now: Instant) -> WebReport {
+        match why {
+            NoListeners::Unresolved(Unresolved::Unknown(why)) => {
+                self.without_target(WebVerdict::Unknown, why)
+            }
+            NoListeners::Unresolved(Unresolved::AgentError(why)) | NoListeners::AgentError(why) => {
+                tracing::warn!("{why}");
+                let mut r = self.without_target(WebVerdict::Unknown, why);
+                r.agent_error = true;
+                r
+            }
+            NoListeners::Unresolved(Unresolved::NotRunning(why)) => {
+                self.without_target(WebVerdict::Down, why)
+            }
+            NoListeners::Unresolved(Unresolved::NotFound { key, what }) => {
+                self.not_found(key, what, now)
+            }
+        }
+    }
+
+    /// Notes what the listeners say: their addresses (for sock_diag's filter), how long the
+    /// queue has held connections, and the processes holding them (looked up again when the
+    /// listener or one of them changed). Returns (listening, queue, its maximum).
+    fn note_listeners(&mut self, listeners: &[net::Listener], now: Instant) -> (bool, u32, u32) {
+        self.listen_addrs = ListenAddrs::of(listeners);
+        let queue: u32 = listeners.iter().map(|l| l.queue).sum();
+        let queue_max: u32 = listeners.iter().map(|l| l.max_queue).sum();
+        if queue > 0 {
+            self.queue_busy_since.get_or_insert(now);
+        } else {
+            self.queue_busy_since = None;
+        }
+        if let Some(first) = listeners.first() {
+            // One stat per owner per round: a worker that died (and was replaced) is noticed.
+            let gone = self
+                .owners
+                .iter()
+                .any(|p| !std::path::Path::new(&format!("/proc/{p}")).exists());
+            if first.inode != self.owners_inode || self.owners.is_empty() || gone {
+                self.scan_owners(first.inode, now);
+            }
+        } else {
+            self.owners.clear();
+            self.owners_inode = 0;
+            self.owner_name = None;
+        }
+        (!listeners.is_empty(), queue, queue_max)
+    }
+
+    /// The verdict's detail, with what the agent could not do and where it looked.
+    fn explain(
+        &self,
+        mut detail: String,
+        listening: bool,
+        namespace: &target::NamespaceView,
+    ) -> String {
+        if let Some(err) = self.probe_trouble.as_ref().and_then(|p| p.error.as_deref()) {
+            detail.push_str(&format!(
+                "; the agent could not probe ({err}: its own error, not the backend's)"
+            ));
+        }
+        if !listening && namespace.source == "own" {
+            detail.push_str(
+                " in the agent's network namespace (a container: set web.container; another \
+                 namespace: web.netns)",
+            );
+        } else if !listening {
+            detail.push_str(&format!(" in {}", namespace.path));
+        }
+        detail
+    }
+
+    /// Ready once it has served: the probe (a readiness path) got an answer that is not a
+    /// server error. Without a probe nothing would ever ask it while the balancer holds
+    /// traffic back, so a listener is all the readiness there is to see. While the agent
+    /// cannot make the probe (its own error), answers the kernel saw go out are the readiness
+    /// there is: the agent's trouble must not keep it "never served".
+    fn has_served(&self, listening: bool, evidence: &Evidence) -> bool {
+        if self.cfg.probe_path.is_empty() {
+            return listening;
+        }
+        self.last_probe
+            .as_ref()
+            .is_some_and(|p| p.status.is_some_and(|s| s < 500))
+            || (self.probe_trouble.is_some()
+                && evidence.kernel.as_ref().is_some_and(|k| k.answered > 0))
+    }
+
+    /// Listen overflows and drops since the agent started (the host's counters, read at most
+    /// every DROPS_EVERY).
+    fn listen_drops(&mut self, now: Instant) -> (u64, u64) {
+        let stale = self
+            .drops_seen
+            .is_none_or(|(t, _)| now.saturating_duration_since(t) >= DROPS_EVERY);
+        if stale {
+            if let Ok(d) = net::listen_drops() {
+                self.drops_seen = Some((now, d));
+            }
+        }
+        match (self.drops_seen.map(|(_, d)| d), self.drops_baseline) {
+            (Some(d), Some(b)) => (
+                d.overflows.saturating_sub(b.overflows),
+                d.drops.saturating_sub(b.drops),
+            ),
+            _ => (0, 0),
+        }
+    }
+
+    /// A 4xx proves the server answers; the path is what is wrong.
+    fn probe_path_error(&self) -> Option<String> {
+        let p = self.last_probe.as_ref()?;
+        let status = p.status.filter(|s| (400..500).contains(s))?;
+        Some(format!(
+            "web.probe_path = {:?} answered {status} at {}: the backend answers, but not on this \
+             path; set web.probe_path to a route that answers 200 (\"\" watches the listener \
+             only)",
+            self.cfg.probe_path, p.target
+        ))
+    }
+}

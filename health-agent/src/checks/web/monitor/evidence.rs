@@ -1,0 +1,265 @@
+//! Evidence from the kernel: the programs' counters for the port, sock_diag's view merged
+//! in, the answers by status class, and the spans the figures are cut from.
+
+use super::*;
+
+impl WebMonitor {
+    /// The kernel's evidence this round: the programs' counters for `port` while they follow
+    /// connections, and sock_diag's view of its connections merged in. With `socket_tracing =
+    /// "on_suspicion"` the connections are as this tick's `observe` read them (or read now),
+    /// which may attach the programs before they are read.
+    pub(super) fn kernel_evidence(
+        &mut self,
+        port: u16,
+        listeners: &[net::Listener],
+        now: Instant,
+    ) -> (Option<KernelCounters>, Option<KernelEvidence>) {
+        let fresh = self.sockets_at.is_some_and(|t| {
+            now.saturating_duration_since(t) < self.cfg.eval_interval / 2
+                || (self.sockets.is_some() && !self.sockets_due(now))
+        });
+        if !fresh {
+            let seen = self.read_sockets(now);
+            if let Some(mut seen) = seen {
+                if !self.kernel.as_ref().is_some_and(KernelView::following) {
+                    seen.answered |= self.segments_sent();
+                    // Gone: served and closed between two reads (see `observe`).
+                    seen.answered |= seen.gone && self.tier != KernelTier::SockDiag;
+                    self.progress
+                        .observe_moves(seen, now, self.cfg.latency_window);
+                }
+            }
+        }
+        let suspicion = self.suspicion();
+        self.steer_following(suspicion, now);
+        let following = self.kernel.as_ref().is_some_and(KernelView::following);
+        let sample = self
+            .kernel
+            .as_ref()
+            .filter(|_| following)
+            .map(KernelView::sample);
+        let counters = sample
+            .as_ref()
+            .and_then(|s| s.ports.iter().find(|p| p.port == port).cloned())
+            .map(|p| self.kernel_counters(&p, sample.as_ref(), listeners, now));
+        let mut kernel = counters.as_ref().map(|c| KernelEvidence {
+            oldest_waiting: c.oldest_waiting_ms.map(Duration::from_millis),
+            since_claim: [c.ms_since_last_accept, c.ms_since_last_claim]
+                .into_iter()
+                .flatten()
+                .min()
+                .map(Duration::from_millis),
+            since_answer: c.ms_since_last_answer.map(Duration::from_millis),
+            longest_quiet: Duration::from_millis(c.longest_quiet_ms),
+            pending: c.pending,
+            oldest_pending: c.oldest_pending_ms.map(Duration::from_millis),
+            latency: c.latency.clone(),
+            answered: c.answered,
+        });
+        if let Some(v) = &self.sockets {
+            kernel = Some(self.with_sockets(kernel, v, now));
+        }
+        // Attaching failed: sock_diag alone misses connections that opened and closed between
+        // two reads, so it is not kernel evidence of progress (the probe and the accept queue
+        // decide, as without eBPF).
+        if self.follow_failed && !following {
+            kernel = None;
+        }
+        (counters, kernel)
+    }
+
+    /// The programs' evidence merged with the port's connections as sock_diag shows them: the
+    /// programs see nothing while they are detached, and of a connection opened before they
+    /// attached only its exchanges from its next socket call on (not its handshake, claim or a
+    /// request it had read); sock_diag sees every open one but none that closed. Ages take the
+    /// older of the two, counts the larger, the last answer the more recent.
+    pub(super) fn with_sockets(
+        &self,
+        kernel: Option<KernelEvidence>,
+        v: &SocketView,
+        now: Instant,
+    ) -> KernelEvidence {
+        let max = |a: Option<Duration>, b: Option<Duration>| a.max(b);
+        // Without the programs' counters (detached, or a tier without them), what sock_diag
+        // saw move between reads: answers sent, connections taken up (and, in the sock_diag
+        // tier, segments the answer programs counted).
+        let k = kernel.unwrap_or_else(|| KernelEvidence {
+            longest_quiet: self.progress.longest_quiet(),
+            since_answer: self.progress.since_answer(now),
+            since_claim: self.progress.since_taken(now),
+            ..KernelEvidence::default()
+        });
+        KernelEvidence {
+            oldest_waiting: max(k.oldest_waiting, v.oldest_waiting()),
+            since_answer: [k.since_answer, v.since_sent].into_iter().flatten().min(),
+            pending: k.pending.max(v.pending),
+            oldest_pending: max(k.oldest_pending, v.oldest_pending),
+            ..k
+        }
+    }
+
+    pub(super) fn kernel_counters(
+        &mut self,
+        p: &PortSample,
+        sample: Option<&KernelSample>,
+        listeners: &[net::Listener],
+        now: Instant,
+    ) -> KernelCounters {
+        let c: &PortCounters = &p.counters;
+        // accept() progress on this port's listen sockets.
+        let inodes: Vec<u64> = listeners.iter().map(|l| l.inode).collect();
+        let mut accepted = 0;
+        let mut last_ns = None::<u64>;
+        let now_ns = sample.map_or(0, |s| s.now_ns);
+        if let Some(s) = sample {
+            self.accept_fds
+                .retain(|k, _| s.accepts.iter().any(|(a, _)| a == k));
+            for (key, stat) in &s.accepts {
+                let inode = *self
+                    .accept_fds
+                    .entry(*key)
+                    .or_insert_with(|| net::fd_socket_inode(key.tgid, key.fd));
+                if inode.is_some_and(|i| inodes.contains(&i)) {
+                    accepted += stat.count;
+                    last_ns = Some(last_ns.map_or(stat.last_ns, |l: u64| l.max(stat.last_ns)));
+                }
+            }
+        }
+        let latency = self.latency.push(now, p.latency, self.cfg.latency_window);
+        let ms = |d: Duration| d.as_millis() as u64;
+        KernelCounters {
+            established: c.established,
+            accepted,
+            claimed: c.claimed,
+            requests: c.requests,
+            answered: c.answered,
+            closed_unanswered: c.closed_unanswered,
+            closed_unaccepted: c.closed_unclaimed,
+            sent: c.sent,
+            received: c.received,
+            exchanges_in: c.exchanges_in,
+            exchanges_out: c.exchanges_out,
+            exchanges_dropped: c.exchanges_dropped,
+            in_service: c.in_service(),
+            waiting: p.waiting,
+            oldest_waiting_ms: p.oldest_waiting.map(ms),
+            pending: p.pending,
+            oldest_pending_ms: p.oldest_pending.map(ms),
+            ms_since_last_accept: last_ns.map(|l| now_ns.saturating_sub(l) / 1_000_000),
+            ms_since_last_claim: (c.last_claim_ns != 0)
+                .then(|| now_ns.saturating_sub(c.last_claim_ns) / 1_000_000),
+            ms_since_last_answer: self.progress.since_answer(now).map(ms),
+            longest_quiet_ms: ms(self.progress.longest_quiet()),
+            accepts_traced: self
+                .kernel
+                .as_ref()
+                .is_some_and(KernelView::accepts_watched),
+            latency,
+            map_errors: sample.map(|s| s.map_errors).unwrap_or_default(),
+        }
+    }
+
+    /// Reads what the port answered this round (one small map read). A restart (no listener,
+    /// or a wholly new set of processes holding it) starts the window over.
+    pub(super) fn observe_answers(&mut self, port: u16, listening: bool, now: Instant) {
+        self.steer_answers(now);
+        let replaced = !self.answers_pids.is_empty()
+            && !self.owners.is_empty()
+            && !self.owners.iter().any(|p| self.answers_pids.contains(p));
+        if !listening || replaced {
+            self.answers.restart(now);
+            self.figures.restart();
+        }
+        if !self.owners.is_empty() || !listening {
+            self.answers_pids.clone_from(&self.owners);
+        }
+        let counters = match &self.kernel {
+            Some(_) if self.answers_attach_failed.is_some() => {
+                Round::Unavailable(self.answers_attach_failed.clone().unwrap_or_default())
+            }
+            Some(k) => match k.answer_counters(port) {
+                Ok(c) => Round::Counters(c),
+                Err(e) => Round::Unavailable(e.to_string()),
+            },
+            None => Round::Unavailable(
+                self.kernel_status
+                    .reason
+                    .clone()
+                    .unwrap_or_else(|| "the kernel view is not running".into()),
+            ),
+        };
+        let probe_status = self.last_probe.as_ref().and_then(|p| p.status);
+        self.answers.observe(counters, probe_status, now, &self.cfg);
+    }
+
+    /// The cumulative readings a span is measured from: the port's counters and latency
+    /// histogram, the answer programs' counters while they are attached, the probes made.
+    pub(super) fn mark(&self, now: Instant) -> Option<Mark> {
+        let (k, port) = (self.kernel.as_ref()?, self.target.as_ref()?.port);
+        let (c, latency) = k.port_totals(port);
+        let answers = k
+            .answers_attached()
+            .then(|| k.answer_counters(port).ok())
+            .flatten()
+            .map(|a| (a, self.answers_attaches));
+        Some(Mark {
+            at: now,
+            requests: c.arrivals(),
+            latency,
+            answers,
+            probes: self.probes_made,
+        })
+    }
+
+    /// Cuts the figures' spans while the connection programs are attached: every
+    /// FIGURES_EVERY (all the time with `"always"`; through a long suspicion with
+    /// `"on_suspicion"`), and at the detach (their counts start from zero when they attach and
+    /// stand still once detached, so a counting window is one span).
+    pub(super) fn track_span(&mut self, now: Instant) {
+        if self.tier != KernelTier::Full {
+            return;
+        }
+        let attached = self.kernel.as_ref().is_some_and(KernelView::following);
+        let cut = match &self.span_from {
+            None => {
+                if attached {
+                    self.span_from = self.mark(now);
+                }
+                return;
+            }
+            Some(from) => !attached || now.saturating_duration_since(from.at) >= FIGURES_EVERY,
+        };
+        if !cut {
+            return;
+        }
+        let Some(end) = self.mark(now) else {
+            self.span_from = None;
+            return;
+        };
+        let probe_class = self
+            .last_probe
+            .as_ref()
+            .and_then(|p| p.status)
+            .map_or(2, |s| usize::from(s / 100));
+        if let Some(span) = self
+            .span_from
+            .as_ref()
+            .and_then(|f| f.span_to(&end, probe_class))
+        {
+            self.figures.record(now, span, self.cfg.latency_window);
+        }
+        self.span_from = attached.then_some(end);
+    }
+
+    /// The figures over `web.latency_window` (None below the `full` tier: no programs count
+    /// requests there).
+    pub(super) fn figures(&self, now: Instant) -> Option<FiguresReport> {
+        (self.tier == KernelTier::Full && self.kernel.is_some()).then(|| {
+            self.figures.report(
+                now,
+                self.cfg.latency_window,
+                self.cfg.socket_tracing == SocketTracing::Always,
+            )
+        })
+    }
+}

@@ -1,0 +1,346 @@
+//! Steering the kernel programs: when sock_diag reads the port's connections, what is
+//! suspicious, and when the programs that follow connections, trace accept() and read answers
+//! attach and detach (counting windows, answer windows).
+
+use super::*;
+
+impl WebMonitor {
+    /// With `accept_tracing = "on_stall"`, attaches the accept tracepoints once a connection
+    /// has waited unclaimed for WATCH_ACCEPTS_AFTER and detaches them after
+    /// UNWATCH_ACCEPTS_AFTER without one.
+    pub(super) fn steer_accept_tracing(&mut self, oldest_waiting: Option<Duration>, now: Instant) {
+        if self.cfg.accept_tracing != AcceptTracing::OnStall || self.accept_tracing_failed {
+            return;
+        }
+        let Some(k) = self.kernel.as_mut() else {
+            return;
+        };
+        if oldest_waiting.is_some_and(|d| d >= WATCH_ACCEPTS_AFTER) {
+            self.last_stall = Some(now);
+        }
+        let want = self
+            .last_stall
+            .is_some_and(|t| now.saturating_duration_since(t) < UNWATCH_ACCEPTS_AFTER);
+        if want == k.accepts_watched() {
+            return;
+        }
+        match k.watch_accepts(want) {
+            Ok(()) if want => tracing::info!(
+                "a connection waits unclaimed on port {}: tracing accept() until none has for {}s",
+                self.cfg.port,
+                UNWATCH_ACCEPTS_AFTER.as_secs()
+            ),
+            Ok(()) => tracing::info!("accept() tracing detached: connections are claimed promptly"),
+            Err(e) => {
+                self.accept_tracing_failed = true;
+                tracing::warn!("accept() tracing unavailable, claims alone show progress: {e}");
+            }
+        }
+    }
+
+    /// Whether sock_diag reads the port's connections: with `socket_tracing = "on_suspicion"`
+    /// (between the programs' attachments), and always below the `full` tier.
+    pub(super) fn reads_sockets(&self) -> bool {
+        self.cfg.socket_tracing == SocketTracing::OnSuspicion || self.tier != KernelTier::Full
+    }
+
+    /// In the `sock_diag` tier: whether a segment with a payload left the port since the
+    /// previous tick (the answer programs count them): answers going out, between two reads
+    /// of the connections or on a connection that opened and closed between them.
+    pub(super) fn segments_sent(&mut self) -> bool {
+        if self.tier != KernelTier::SockDiag {
+            return false;
+        }
+        let (Some(k), Some(port)) = (&self.kernel, self.target.as_ref().map(|t| t.port)) else {
+            return false;
+        };
+        let Ok(sent) = k.answer_counters(port).map(|c| c.sent) else {
+            return false;
+        };
+        let moved = self.segments.is_some_and(|before| sent > before);
+        self.segments = Some(sent);
+        moved
+    }
+
+    /// With `socket_tracing = "on_suspicion"`, or below the `full` tier: reads the port's
+    /// connections into `self.sockets` (None when there is no target yet or sock_diag failed:
+    /// the failure is itself a reason to follow, see `suspicion`) and returns what moved on
+    /// them since the previous read.
+    pub(super) fn read_sockets(&mut self, now: Instant) -> Option<Moves> {
+        self.sockets = None;
+        self.sockets_error = None;
+        if !self.reads_sockets() {
+            return None;
+        }
+        let t = self.target.as_ref()?;
+        let cpu_before = process::thread_cpu_time();
+        match t.diag.server_connections(t.port, &self.listen_addrs) {
+            Ok(conns) => {
+                let v = SocketView::of(&conns);
+                let moves = self.socket_moves.update(&conns, &v);
+                if let (Some(a), Some(b)) = (cpu_before, process::thread_cpu_time()) {
+                    self.quiet_every = (b.saturating_sub(a) * QUIET_BUDGET)
+                        .clamp(QUIET_READ_EVERY, QUIET_READ_MAX);
+                }
+                if moves.read
+                    || moves.answered
+                    || moves.taken
+                    || moves.gone
+                    || v.unaccepted + v.unread + v.pending > 0
+                {
+                    self.traffic_at = Some(now);
+                }
+                self.last_moves = moves;
+                self.sockets = Some(v);
+                self.sockets_at = Some(now);
+                Some(moves)
+            }
+            Err(e) => {
+                self.sockets_error = Some(e.to_string());
+                None
+            }
+        }
+    }
+
+    /// Whether this tick reads the port's connections. A dump walks every TCP socket of the
+    /// namespace (the kernel filters by port only after that), so while nothing goes on it is
+    /// made once every QUIET_READ_EVERY (or less often, see QUIET_BUDGET); work or traffic
+    /// seen at the last read or a listener with connections in its queue (one read of the
+    /// listening table) make it every tick. The programs being attached do not: they see every new
+    /// connection and socket call, and the read covers the connections opened before them,
+    /// which show here as soon as they hold work (10,000 idle keep-alive connections read
+    /// every tick cost 6 % of a core).
+    pub(super) fn sockets_due(&self, now: Instant) -> bool {
+        let Some(at) = self.sockets_at else {
+            return true;
+        };
+        let m = &self.last_moves;
+        if now.saturating_duration_since(at) >= self.quiet_every
+            || self.sockets_error.is_some()
+            || self
+                .traffic_at
+                .is_some_and(|t| now.saturating_duration_since(t) < TRAFFIC_HOLD)
+            // Traffic moved at the last read: requests come, so every tick's read counts
+            // them in service (the saturation's samples), not one a second.
+            || m.read
+            || m.answered
+            || m.taken
+            || m.gone
+            || self
+                .sockets
+                .as_ref()
+                .is_none_or(|v| v.unaccepted + v.unread + v.pending > 0)
+        {
+            return true;
+        }
+        self.target
+            .as_ref()
+            .is_some_and(|t| t.listeners().is_ok_and(|l| l.iter().any(|l| l.queue > 0)))
+    }
+
+    /// What, if anything, makes the programs that follow connections worth their cost now.
+    pub(super) fn suspicion(&self) -> Option<String> {
+        if let Some(e) = &self.sockets_error {
+            return Some(format!("the port's connections could not be read ({e})"));
+        }
+        if let Some(why) = self
+            .sockets
+            .as_ref()
+            .and_then(|v| v.suspicion(self.cfg.slow_after / 2))
+        {
+            return Some(why);
+        }
+        // A 4xx proves the server answers (the path is wrong: a config error, said apart).
+        let answers = self
+            .last_probe
+            .as_ref()
+            .is_some_and(|p| p.status.is_some_and(|s| (400..500).contains(&s)));
+        if self.probe_failing_since.is_some() && !answers {
+            return Some("the probe fails".into());
+        }
+        let wrong = !matches!(
+            self.last_verdict,
+            WebVerdict::Up | WebVerdict::Unknown | WebVerdict::NotConfigured
+        );
+        wrong.then(|| format!("the backend is {}", self.last_verdict.as_str()))
+    }
+
+    /// With `socket_tracing = "on_suspicion"`, attaches the programs that follow connections
+    /// on a suspicion and detaches them after UNFOLLOW_AFTER without one. Attaching restarts
+    /// their counts: what was learned from them before (quiet spells) stays, the latency
+    /// window starts over.
+    pub(super) fn steer_following(&mut self, suspicion: Option<String>, now: Instant) {
+        if !self.reads_sockets() {
+            return;
+        }
+        self.suspicious = suspicion.is_some();
+        if let Some(why) = suspicion {
+            self.last_suspicion = Some((now, why));
+        }
+        if self.tier != KernelTier::Full {
+            // Nothing to attach: sock_diag (and the answer programs) are the view.
+            self.kernel_status.following = Some(Following {
+                mode: self.cfg.socket_tracing,
+                attached: false,
+                why: format!(
+                    "the {} tier: sock_diag reads the port's connections",
+                    self.tier.as_str()
+                ),
+                connections: self.sockets.clone(),
+                quiet_read_every_ms: Some(self.quiet_every.as_millis() as u64),
+            });
+            return;
+        }
+        let Some(k) = self.kernel.as_mut() else {
+            return;
+        };
+        let recent = self
+            .last_suspicion
+            .as_ref()
+            .filter(|(t, _)| now.saturating_duration_since(*t) < UNFOLLOW_AFTER);
+        // A counting window: opened while detached and sock_diag is unsure, closed after
+        // COUNT_FOR (unless a suspicion keeps the programs on).
+        if let Some(t) = self.counting_since {
+            if now.saturating_duration_since(t) >= COUNT_FOR {
+                self.counting_since = None;
+                self.counted_at = Some(now);
+            }
+        } else if recent.is_none()
+            && !k.following()
+            && self
+                .counted_at
+                .is_none_or(|t| now.saturating_duration_since(t) >= COUNT_EVERY)
+        {
+            self.counting_since = Some(now);
+        }
+        let counting = self.counting_since.is_some() && recent.is_none();
+        let want = (recent.is_some() || counting) && !self.follow_failed;
+        if want != k.following() {
+            match k.follow(want) {
+                Ok(()) if want => {
+                    if let Some((_, why)) = recent {
+                        tracing::info!(
+                            "following every connection of port {}: {why}",
+                            self.cfg.port
+                        );
+                    } else {
+                        // Every COUNT_EVERY under keep-alive load: not worth the journal.
+                        tracing::debug!(
+                            "counting port {}'s exchanges for {} ms",
+                            self.cfg.port,
+                            COUNT_FOR.as_millis()
+                        );
+                    }
+                    self.progress.rebase();
+                    self.latency = LatencyWindow::default();
+                    self.last_counters = None;
+                }
+                Ok(()) if self.counted_at == Some(now) => {
+                    tracing::debug!("counting window of port {} closed", self.cfg.port);
+                }
+                Ok(()) => tracing::info!(
+                    "connection programs detached: nothing suspicious for {}s; sock_diag reads \
+                     port {}'s connections",
+                    UNFOLLOW_AFTER.as_secs(),
+                    self.cfg.port
+                ),
+                Err(e) => {
+                    self.follow_failed = true;
+                    tracing::warn!(
+                        "the connection programs could not attach ({e}): deciding from the \
+                         probe, the accept queue and sock_diag"
+                    );
+                }
+            }
+        }
+        let attached = k.following();
+        let why = match (&self.last_suspicion, attached) {
+            _ if self.follow_failed => "attaching failed; sock_diag and the probe only".into(),
+            _ if counting && attached => format!(
+                "counting exchanges for {} ms every {} s: keep-alive requests come back to back, \
+                 and sock_diag cannot tell those in service from those answered",
+                COUNT_FOR.as_millis(),
+                COUNT_EVERY.as_secs()
+            ),
+            (Some((t, w)), true) => format!(
+                "{w} ({:.1}s ago)",
+                now.saturating_duration_since(*t).as_secs_f64()
+            ),
+            (Some((t, _)), false) => format!(
+                "nothing suspicious for {:.0}s: sock_diag reads the port's connections",
+                now.saturating_duration_since(*t).as_secs_f64()
+            ),
+            (None, _) => "nothing suspicious yet: sock_diag reads the port's connections".into(),
+        };
+        self.kernel_status.following = Some(Following {
+            mode: self.cfg.socket_tracing,
+            attached,
+            why,
+            connections: self.sockets.clone(),
+            quiet_read_every_ms: Some(self.quiet_every.as_millis() as u64),
+        });
+    }
+
+    /// With `socket_tracing = "on_suspicion"` in the full tier: attaches the answer programs
+    /// for their sampling windows, while the connection programs are attached, and while the
+    /// answers fail; detaches them otherwise. The window starts over at each attach: counters
+    /// that stood still while detached are no evidence of an idle backend.
+    pub(super) fn steer_answers(&mut self, now: Instant) {
+        if self.cfg.socket_tracing != SocketTracing::OnSuspicion
+            || self.tier != KernelTier::Full
+            || self.answers_attach_failed.is_some()
+        {
+            return;
+        }
+        let Some(k) = self.kernel.as_mut() else {
+            return;
+        };
+        if k.answers_unavailable().is_some() {
+            return;
+        }
+        let since = |t: Option<Instant>| t.map(|t| now.saturating_duration_since(t));
+        // They attach with the connection programs (a counting window every COUNT_EVERY, or
+        // a suspicion): a box that answers only 5xx is seen within COUNT_EVERY. Due, their
+        // longer sampling window opens with a counting window too (both at once cost less
+        // than each on its own clock); they stay while the answers fail.
+        let due = since(self.answers_sampled_at).is_none_or(|d| d >= ANSWERS_EVERY)
+            && (k.following() || self.follow_failed);
+        let sampling = since(self.answers_sampled_at).is_some_and(|d| d < ANSWERS_FOR);
+        let want = due || sampling || k.following() || self.answers.failing();
+        if want == k.answers_attached() {
+            return;
+        }
+        if want && due {
+            self.answers_sampled_at = Some(now);
+        }
+        match k.attach_answers(want) {
+            Ok(()) if want => {
+                self.answers_attaches += 1;
+                self.answers.restart(now);
+            }
+            Ok(()) => {}
+            Err(e) => {
+                tracing::warn!("the answer programs: {e}; the answers' status is not sampled");
+                self.answers_attach_failed = Some(e.to_string());
+            }
+        }
+    }
+
+    /// A peer's errors fault waits on this instance's word about its answers
+    /// (`?fresh=answers`): with `"on_suspicion"` they are sampled only in windows, so the next
+    /// tick opens a counting window with an answers sampling window, unless one opened within
+    /// ANSWERS_ON_ASK (a peer asks four times a second while it waits).
+    pub fn sample_answers_soon(&mut self, now: Instant) {
+        if self.cfg.socket_tracing != SocketTracing::OnSuspicion {
+            return;
+        }
+        let recent = |t: Option<Instant>| {
+            t.is_some_and(|t| now.saturating_duration_since(t) < ANSWERS_ON_ASK)
+        };
+        if recent(self.answers_sampled_at) || self.counting_since.is_some() {
+            return;
+        }
+        self.counted_at = None;
+        self.answers_sampled_at = None;
+    }
+}

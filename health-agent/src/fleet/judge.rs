@@ -1,0 +1,270 @@
+//! `Judge`: per fault class, this instance's own or the fleet's, from the latest round of
+//! the peers' views.
+
+use super::*;
+
+/// Decides, per fault class, whether this instance's fault is its own or the fleet's.
+#[derive(Debug)]
+pub struct Judge {
+    /// When each current fault class was first seen here.
+    onset: HashMap<FaultClass, Instant>,
+    /// How long peers that predate `fine_ms` get to see a fault before their "fine" counts.
+    settle: Duration,
+    /// A round older than this is no evidence.
+    max_age: Duration,
+    /// How long a fault waits for fresh word from peers whose latest evidence predates it;
+    /// after that such peers are left out of the count.
+    confirm_within: Duration,
+}
+
+/// However short `fleet.interval`, peers that predate `fine_ms` get this long to notice a
+/// fault of their own before this instance calls the fault its own.
+const MIN_SETTLE: Duration = Duration::from_secs(5);
+
+/// What one peer's view says of one fault class of ours.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Word {
+    /// It has the same kind of fault.
+    With,
+    /// It has evidence, newer than our fault, that it does not.
+    Fine,
+    /// It shows no fault, but its latest evidence predates ours: it may not have seen it yet.
+    Stale,
+    /// It has nothing to compare (no web backend watched, for a web fault).
+    Mute,
+}
+
+fn word(
+    view: &PeerView,
+    class: FaultClass,
+    onset: Instant,
+    asked: Instant,
+    settle: Duration,
+) -> Word {
+    if view.classes().contains(&class) {
+        return Word::With;
+    }
+    if class == FaultClass::Web && view.web == WebVerdict::NotConfigured {
+        return Word::Mute;
+    }
+    // A peer that cannot read its answers' status has nothing to compare with.
+    if class == FaultClass::Errors
+        && (view.web == WebVerdict::NotConfigured || !view.answers.is_some_and(|a| a.visible))
+    {
+        return Word::Mute;
+    }
+    let fresh = match view.fine_ms {
+        // An agent before `fine_ms`: its "fine" counts once it had time to notice.
+        None => asked >= onset + settle,
+        // It answered after `asked`, so its evidence is no older than `asked - age`.
+        Some(ages) => ages
+            .of(class)
+            .and_then(|ms| asked.checked_sub(Duration::from_millis(ms)))
+            .is_some_and(|at| at > onset),
+    };
+    if fresh {
+        Word::Fine
+    } else {
+        Word::Stale
+    }
+}
+
+/// Tally of the peers' words on one class.
+#[derive(Debug, Default)]
+struct Tally<'a> {
+    with: Vec<&'a str>,
+    fine: Vec<&'a str>,
+    stale: Vec<&'a str>,
+}
+
+impl Judge {
+    pub fn new(interval: Duration, timeout: Duration, confirm_within: Duration) -> Self {
+        Self {
+            onset: HashMap::new(),
+            settle: MIN_SETTLE.max(interval.saturating_mul(2)),
+            max_age: interval.saturating_add(timeout).saturating_mul(3),
+            confirm_within,
+        }
+    }
+
+    pub fn judge(
+        &mut self,
+        own: &[FaultClass],
+        round: Option<&Round>,
+        now: Instant,
+    ) -> FleetReport {
+        self.onset.retain(|c, _| own.contains(c));
+        for &c in own {
+            self.onset.entry(c).or_insert(now);
+        }
+        let mut report = FleetReport {
+            configured: true,
+            ..FleetReport::default()
+        };
+        let Some(round) = round else {
+            // The first round is under way (the peers are asked at start): wait for it, within
+            // the bound.
+            report.asking = own
+                .iter()
+                .copied()
+                .filter(|c| self.waited(*c, now) < self.confirm_within)
+                .collect();
+            report.note = Some(if report.asking.is_empty() {
+                "no round of asking yet: judged alone".into()
+            } else {
+                "no round of asking yet: no 503 until the peers answer".into()
+            });
+            return report;
+        };
+        let started = round.started.unwrap_or(now);
+        report.peers_asked = round.asked.clone();
+        report.peers_answered = round.answered.iter().map(|(a, _)| a.clone()).collect();
+        report.peers_failed = round
+            .failed
+            .iter()
+            .map(|(a, why)| format!("{a}: {why}"))
+            .collect();
+        report.discovery = round.discovery_error.as_ref().map(ToString::to_string);
+        report.round_age_ms = Some(now.saturating_duration_since(started).as_millis() as u64);
+        report.round_ms = Some((round.took.as_secs_f64() * 10_000.0).round() / 10.0);
+        if now.saturating_duration_since(started) > self.max_age {
+            report.note = Some("the latest round is too old: judged alone".into());
+            return report;
+        }
+        if round.answered.is_empty() {
+            report.note = Some(match &round.discovery_error {
+                Some(e) => format!("no peers to ask ({e}): single-instance rule"),
+                None => "no peer answered: single-instance rule".into(),
+            });
+            return report;
+        }
+        let mut notes = Vec::new();
+        for &class in own {
+            let onset = self.onset.get(&class).copied().unwrap_or(now);
+            let mut tally = Tally::default();
+            for (addr, view) in &round.answered {
+                match word(view, class, onset, started, self.settle) {
+                    Word::With => tally.with.push(addr),
+                    Word::Fine => tally.fine.push(addr),
+                    Word::Stale => tally.stale.push(addr),
+                    Word::Mute => {}
+                }
+            }
+            let waited = now.saturating_duration_since(onset);
+            match self.decide(class, &tally, waited) {
+                Verdict::Judged(mut j) => {
+                    if class == FaultClass::Errors {
+                        j.reason.push_str(&format!(
+                            " (the peers' 5xx shares: {})",
+                            peer_shares(&round.answered)
+                        ));
+                    }
+                    report.judgements.push(j)
+                }
+                Verdict::Asking => {
+                    report.asking.push(class);
+                    notes.push(format!(
+                        "{} fault: {} of the peers ({}) show none but have no evidence newer than it; asking again, no 503 until they answer (at most {}s, {:.1}s so far)",
+                        class.as_str(),
+                        tally.stale.len(),
+                        tally.stale.join(", "),
+                        self.confirm_within.as_secs_f64(),
+                        waited.as_secs_f64()
+                    ));
+                }
+                Verdict::Alone(why) => notes.push(format!("{} fault: {why}", class.as_str())),
+            }
+        }
+        if !notes.is_empty() {
+            report.note = Some(notes.join("; "));
+        }
+        report
+    }
+
+    /// How long this instance has had a fault of `class`.
+    fn waited(&self, class: FaultClass, now: Instant) -> Duration {
+        self.onset
+            .get(&class)
+            .map_or(Duration::ZERO, |t| now.saturating_duration_since(*t))
+    }
+
+    fn decide(&self, class: FaultClass, t: &Tally, waited: Duration) -> Verdict {
+        let noun = class.as_str();
+        let judged = |scope, peers_with: usize, peers_answered: usize, reason: String| {
+            Verdict::Judged(Judgement {
+                class,
+                scope,
+                peers_with,
+                peers_answered,
+                reason,
+            })
+        };
+        let (with, fine, stale) = (t.with.len(), t.fine.len(), t.stale.len());
+        // Stale peers count while they may still show the fault; past the bound they are left
+        // out (a peer that cannot show fresh evidence in that time is no evidence either way).
+        let counted = if stale > 0 && waited >= self.confirm_within {
+            with + fine
+        } else {
+            with + fine + stale
+        };
+        if counted == 0 {
+            return Verdict::Alone(if stale > 0 {
+                format!(
+                    "no peer has evidence newer than it after {}s: single-instance rule",
+                    self.confirm_within.as_secs_f64()
+                )
+            } else {
+                "no peer answering watches this kind of check: single-instance rule".into()
+            });
+        }
+        if with * 2 > counted {
+            return judged(
+                Scope::Shared,
+                with,
+                counted,
+                format!(
+                    "{with}/{counted} peers answering have a {noun} fault too: the fleet's, not this instance's"
+                ),
+            );
+        }
+        if fine * 2 > counted {
+            return judged(
+                Scope::Local,
+                with,
+                counted,
+                format!(
+                    "{fine}/{counted} peers answering ({}) have no {noun} fault, with evidence newer than it: this instance's own",
+                    t.fine.join(", ")
+                ),
+            );
+        }
+        if stale > 0 && counted > with + fine {
+            return Verdict::Asking;
+        }
+        Verdict::Alone("the peers are split: single-instance rule".into())
+    }
+}
+
+/// Each answering peer's 5xx share, for the reason of an errors judgement.
+fn peer_shares(answered: &[(String, PeerView)]) -> String {
+    answered
+        .iter()
+        .map(|(addr, v)| {
+            format!(
+                "{addr} {}",
+                v.answers
+                    .filter(|a| a.visible)
+                    .map_or("not visible".into(), |a| a.describe())
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+enum Verdict {
+    Judged(Judgement),
+    /// Some peers' word is older than the fault: ask again before any 503.
+    Asking,
+    /// No judgement: the single-instance rule holds.
+    Alone(String),
+}
