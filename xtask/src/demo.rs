@@ -177,7 +177,6 @@ fn show_healthy(web: &serde_json::Value) {
          docs/BENCHMARKS.md); socket_tracing = \"always\" keeps them on for exact counts \
          (about 430 ns)"
     );
-
 }
 
 pub fn run(args: &Args) -> Result<()> {

@@ -1,12 +1,10 @@
 //! HTTP to loopback: one exchange, the `/health` poller, and the traffic.
 
 use std::{
-    fs,
     io::{self, BufRead, Read, Write},
     net::{SocketAddr, TcpStream},
-    process::{Child, Command, Stdio},
     sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicBool, Ordering},
         Arc, Mutex,
     },
     thread,
@@ -18,7 +16,11 @@ use serde_json::{json, Value};
 use super::*;
 
 /// One HTTP/1.1 exchange on `stream`: the status code and the body (Content-Length framed).
-pub(crate) fn exchange(stream: &mut TcpStream, path: &str, close: bool) -> io::Result<(u16, Vec<u8>)> {
+pub(crate) fn exchange(
+    stream: &mut TcpStream,
+    path: &str,
+    close: bool,
+) -> io::Result<(u16, Vec<u8>)> {
     let connection = if close { "close" } else { "keep-alive" };
     write!(
         stream,
@@ -128,7 +130,12 @@ impl Poller {
     }
 
     /// Waits for an answer after `since` (seconds from zero) that `pred` accepts.
-    pub(crate) fn wait(&self, limit: Duration, since: f64, pred: impl Fn(&Value) -> bool) -> Option<Value> {
+    pub(crate) fn wait(
+        &self,
+        limit: Duration,
+        since: f64,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Option<Value> {
         let end = Instant::now() + limit;
         while Instant::now() < end {
             let found = self
@@ -168,7 +175,12 @@ pub(crate) struct Load {
 }
 
 impl Load {
-    pub(crate) fn start(clients: usize, path: &'static str, pause: Duration, timeout: Duration) -> Load {
+    pub(crate) fn start(
+        clients: usize,
+        path: &'static str,
+        pause: Duration,
+        timeout: Duration,
+    ) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
         let counts = Arc::new(Mutex::new(std::collections::BTreeMap::new()));
         let threads = (0..clients)

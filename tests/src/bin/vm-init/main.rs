@@ -21,18 +21,12 @@
 use std::{
     ffi::CString,
     fs,
-    io::{self, BufRead, Read, Write},
-    net::{SocketAddr, TcpStream},
-    process::{Child, Command, Stdio},
-    sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering},
-        Arc, Mutex,
-    },
+    io::{self, Write},
     thread,
     time::{Duration, Instant},
 };
 
-use serde_json::{json, Value};
+use serde_json::json;
 
 mod http;
 mod scenarios;

@@ -2,13 +2,8 @@
 
 use std::{
     fs,
-    io::{self, BufRead, Read, Write},
-    net::{SocketAddr, TcpStream},
-    process::{Child, Command, Stdio},
-    sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering},
-        Arc, Mutex,
-    },
+    io::{self},
+    process::Command,
     thread,
     time::{Duration, Instant},
 };

@@ -1,19 +1,16 @@
 //! The fixture backend under a supervisor thread, and the agent (from the binary or the .deb).
 
 use std::{
-    fs,
-    io::{self, BufRead, Read, Write},
-    net::{SocketAddr, TcpStream},
+    fs, io,
+    net::TcpStream,
     process::{Child, Command, Stdio},
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
-        Arc, Mutex,
+        Arc,
     },
     thread,
     time::{Duration, Instant},
 };
-
-use serde_json::{json, Value};
 
 use super::*;
 
