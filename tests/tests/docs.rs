@@ -235,7 +235,9 @@ fn secrets_go_where_the_unit_reads_them() {
 fn the_manual_lists_every_bench_flag() {
     let bench = read("xtask/src/bench/mod.rs");
     let page = read("docs/architecture.md");
-    let at = bench.find("enum Section {").expect("bench/mod.rs has enum Section");
+    let at = bench
+        .find("enum Section {")
+        .expect("bench/mod.rs has enum Section");
     let body = &bench[at..at + bench[at..].find("\n}").expect("the enum ends")];
     let flags: Vec<String> = body
         .lines()
