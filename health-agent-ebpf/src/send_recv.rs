@@ -78,6 +78,7 @@ fn try_io(ctx: &RawTracePointContext, send: bool) -> Option<()> {
             let us = now_ns().saturating_sub(conn.exchange_ns) / 1000;
             conn.exchange_ns = 0;
             c.exchanges_out += 1;
+            c.exchange_us += us;
             record_latency(conn.slot, us)?;
         }
     } else if ret > 0 {

@@ -45,6 +45,9 @@ const MIN_SPAN: Duration = Duration::from_secs(1);
 const MIN_COUNTED: Duration = Duration::from_millis(400);
 /// Requests added to both sides of the offered/served ratio (see `estimate`).
 const OFFERED_PRIOR: f64 = 10.0;
+/// Answers in the counted ticks from which their service time measures the requests in
+/// service (see `estimate`).
+const LITTLE_FROM: u64 = 20;
 /// Work in service with no answer for this long (or four times the server's mean time in
 /// service, when longer) has stalled.
 const STALL_AFTER: Duration = Duration::from_secs(1);
@@ -63,6 +66,8 @@ pub struct LoadSample {
     pub established: u64,
     /// Requests answered (first response byte of each exchange) since the programs loaded.
     pub answered: u64,
+    /// Their server latencies summed, in microseconds (the programs' `exchange_us`).
+    pub exchange_us: u64,
     /// Requests read and not yet answered now, on any connection.
     pub pending: u64,
     /// Connections in the accept queue that no process has touched yet, now.
@@ -89,6 +94,8 @@ struct Record {
     dt: f64,
     arrivals: u64,
     completions: u64,
+    /// Seconds of service the requests answered in this tick took (counted ticks only).
+    served_s: f64,
     pending: u64,
     cpu_seconds: Option<f64>,
     /// Taken while a dependency fault holds (or just before it was noticed): not load.
@@ -309,6 +316,11 @@ impl Meter {
                 0
             },
             completions,
+            served_s: if counted {
+                s.exchange_us.saturating_sub(p.exchange_us) as f64 / 1e6
+            } else {
+                0.0
+            },
             pending: s.pending,
             cpu_seconds,
             excluded: held,
@@ -361,6 +373,8 @@ impl Meter {
         let (mut counted_t, mut counted_busy, mut counted_in) = (0.0, 0.0, 0.0);
         // Counted time with every worker in service.
         let mut counted_full = 0.0;
+        // The service the counted ticks' answers took (see below).
+        let (mut served_in, mut served_busy) = (0.0, 0.0);
         let mut unsure = false;
         // Requests still in service at the end of each run of counted ticks (a counting
         // window): arrived, not yet answered when the window closed.
@@ -388,11 +402,13 @@ impl Meter {
             in_server += r.pending as f64 * r.dt;
             if !r.sampled {
                 counted_in += r.pending as f64 * r.dt;
+                served_in += r.served_s;
             }
             if let Some(c) = c {
                 busy += (r.pending as f64).min(c) * r.dt;
                 if !r.sampled {
                     counted_busy += (r.pending as f64).min(c) * r.dt;
+                    served_busy += r.served_s.min(c * r.dt);
                     if r.pending as f64 >= c {
                         counted_full += r.dt;
                     }
@@ -421,6 +437,16 @@ impl Meter {
         // Requests in service that sock_diag could not see would read as spare workers: then
         // only the counted ticks (the counting windows `on_suspicion` opens) measure them, and
         // without enough of those there is no figure rather than a low one.
+        // Counted, the requests in service come from the counters' reading at each tick; but
+        // a keep-alive request read as its predecessor's answer went out may not be in it yet,
+        // while its latency shows in the service its answer took. With answers enough to
+        // speak for the span (requests short against a counting window), that service over the
+        // counted time is the requests in service on average (Little's law).
+        let (counted_busy, counted_in) = if d >= LITTLE_FROM {
+            (served_busy, served_in)
+        } else {
+            (counted_busy, counted_in)
+        };
         let (busy, in_server, t_web) = if unsure {
             (counted_busy, counted_in, counted_t)
         } else {

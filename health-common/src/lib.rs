@@ -149,6 +149,10 @@ pub struct PortCounters {
     pub exchanges_out: u64,
     /// Exchanges whose connection reached CLOSE before the answer began.
     pub exchanges_dropped: u64,
+    /// The answered exchanges' server latencies (request read → first response byte) summed,
+    /// in microseconds: over a span, divided by its length, the requests in service on
+    /// average (Little's law), which sock_diag cannot see on keep-alive connections.
+    pub exchange_us: u64,
 }
 
 impl PortCounters {
@@ -166,6 +170,7 @@ impl PortCounters {
         self.exchanges_in += o.exchanges_in;
         self.exchanges_out += o.exchanges_out;
         self.exchanges_dropped += o.exchanges_dropped;
+        self.exchange_us += o.exchange_us;
     }
 
     /// Connections waiting in the accept queue now (exact unless the LRU table evicted some).

@@ -437,6 +437,47 @@ fn sampled_ticks_measure_the_load_in_service_without_counts() {
 }
 
 #[test]
+fn counted_windows_measure_keep_alive_service_by_its_latency() {
+    // Keep-alive requests sent the moment their predecessor's answer arrived: sock_diag is
+    // unsure between the windows, and at a window's ticks the counters too may catch a
+    // request between its read and the previous answer's count. Each window's answers say
+    // how long they were in service: 200 a second, 20 ms each, is 4 in service, half of 8
+    // workers, whatever the ticks caught.
+    let mut m = Meter::new(WINDOW, 8, 2);
+    let t0 = Instant::now();
+    let blind = LoadSample {
+        sampled: true,
+        moved: true,
+        unsure: true,
+        ..LoadSample::default()
+    };
+    let (mut answered, mut i) = (0u64, 0u32);
+    while i < 240 {
+        for _ in 0..56 {
+            m.tick(t0 + TICK * i, blind);
+            i += 1;
+        }
+        for _ in 0..4 {
+            answered += 50; // 200/s over a 250 ms tick
+            m.tick(
+                t0 + TICK * i,
+                LoadSample {
+                    established: answered,
+                    answered,
+                    exchange_us: answered * 20_000,
+                    pending: 1,
+                    ..LoadSample::default()
+                },
+            );
+            i += 1;
+        }
+    }
+    let e = m.estimate(t0 + TICK * (i - 1), None).unwrap();
+    let web = e.web.unwrap();
+    assert!((web - 0.5).abs() < 0.05, "web part {web}, want 0.5: {e:?}");
+}
+
+#[test]
 fn a_freeze_the_counting_programs_attach_into_is_not_load() {
     // Sampled at a light load (one request in service of four workers), then the server's
     // dependency freezes: the programs attach on suspicion and count from zero. The requests
@@ -518,9 +559,11 @@ fn sampled_ticks_that_cannot_see_requests_in_service_give_no_web_part() {
         }
         for _ in 0..4 {
             n += 10;
+            // Ten answers a 250 ms tick with two in service: 50 ms each.
             let counted = LoadSample {
                 established: n,
                 answered: n,
+                exchange_us: n * 50_000,
                 pending: 2,
                 ..LoadSample::default()
             };
@@ -548,9 +591,11 @@ fn sampled_ticks_that_cannot_see_requests_in_service_give_no_web_part() {
     }
     // The tick that attaches (not counted: nothing to count from), then two counted ones.
     for k in 1..=3u64 {
+        // A hundred answers a 245 ms tick with two in service: 4.9 ms each.
         let counted = LoadSample {
             established: 100 * k,
             answered: 100 * k,
+            exchange_us: 100 * k * 4_900,
             pending: 2,
             ..LoadSample::default()
         };

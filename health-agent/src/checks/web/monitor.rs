@@ -483,6 +483,7 @@ impl WebMonitor {
         Some(crate::saturation::LoadSample {
             established: c.arrivals(),
             answered: c.exchanges_out,
+            exchange_us: c.exchange_us,
             pending: c.in_service(),
             waiting: c.waiting(),
             backend_cpu_seconds: process::cpu_seconds(&self.owners),
