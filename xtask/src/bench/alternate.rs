@@ -19,8 +19,9 @@ use health_agent_tests::{free_port, NginxOptions};
 
 use super::{
     agent_config,
-    bpf_stats::{interval95, suspicions},
+    bpf_stats::suspicions,
     kill, start_nginx,
+    stats::interval95,
     wrk::{wrk_on_cpu, Wrk},
 };
 use crate::live::{agent_command, health, spawn_agent};

@@ -18,7 +18,7 @@ use health_agent_tests::{free_port, Moto};
 use serde_json::Value;
 
 use super::{
-    harness,
+    harness, median,
     wrk::{wrk, Wrk},
 };
 use crate::live::{agent_command, health, spawn_agent, Proc};
@@ -128,11 +128,6 @@ fn start(agent_bin: &Path, dir: &Path, name: &'static str, endpoint: Option<&str
     })
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
-}
-
 pub(super) fn run(agent_bin: &Path, dir: &Path, quick: bool) -> Result<String> {
     fs::create_dir_all(dir)?;
     let (rounds, secs) = if quick { (2, 3) } else { (3, 6) };
@@ -200,9 +195,9 @@ pub(super) fn run(agent_bin: &Path, dir: &Path, quick: bool) -> Result<String> {
             md,
             "| {} | {:.0} | {:.3} | {:.3} ({}) | {} | {} | {} |",
             c.name,
-            median(c.runs.iter().map(|w| w.rps).collect()),
-            median(c.runs.iter().map(|w| w.p50_ms).collect()),
-            median(c.runs.iter().map(|w| w.p99_ms).collect()),
+            median(&mut c.runs.iter().map(|w| w.rps).collect::<Vec<_>>()),
+            median(&mut c.runs.iter().map(|w| w.p50_ms).collect::<Vec<_>>()),
+            median(&mut c.runs.iter().map(|w| w.p99_ms).collect::<Vec<_>>()),
             rounds_p99.join(", "),
             if enabled {
                 format!("{} / {} ({})", s["batches"], s["requests"], s["retries"])

@@ -21,7 +21,7 @@
 //! 10. Publishing to CloudWatch (healthy, down, stalling, throttling) does not slow `/health`
 //!     (`bench/cloudwatch.rs`).
 //! 11. What the agent's eBPF programs cost per socket call by the kernel's own account
-//!     (`kernel.bpf_stats_enabled`), and its CPU while 10,000 idle connections are held open
+//!     (`BPF_ENABLE_STATS`), and its CPU while 10,000 idle connections are held open
 //!     (`bench/bpf_stats.rs`).
 //! 12. The same cost in wall clock, by alternation: one `on_suspicion` agent running and
 //!     stopped by turns for one-second runs (`bench/alternate.rs`).
@@ -42,6 +42,7 @@ mod report;
 mod saturation;
 mod scaling;
 mod socket_costs;
+mod stats;
 mod throughput;
 mod verdicts;
 mod vs_nginx;
@@ -59,6 +60,7 @@ use anyhow::{anyhow, bail, Result};
 use health_agent_tests::{Nginx, NginxOptions};
 
 use crate::{cmd, live::health, setup};
+use stats::median;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -284,11 +286,6 @@ fn agent_config(port: u16, web_port: u16, kernel: bool) -> String {
     format!(
         "[server]\nlisten = \"127.0.0.1:{port}\"\n\n[checks]\nboot_grace = \"0s\"\n\n[web]\nport = {web_port}\nkernel = {kernel}\n"
     )
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
 }
 
 fn wait_code(port: u16, want: u16, timeout: Duration) -> Result<Duration> {
