@@ -452,20 +452,22 @@ impl Meter {
         } else {
             (busy, in_server, t)
         };
-        // Work piles up only while every worker is in service: with one to spare, a server
-        // takes a connection at once, and a counting window's surplus of arrivals over answers
-        // is the queue's own jitter (27 arrived against 16 answered in half a second at three
-        // quarters of capacity). So the surplus counts for the share of the counted time the
-        // workers were full.
+        // Short of workers, work piles up only while every worker is in service: with one to
+        // spare, a server takes a connection at once, and a counting window's surplus of
+        // arrivals over answers is the queue's own jitter (27 arrived against 16 answered in
+        // half a second at three quarters of capacity). So for the web part the surplus counts
+        // for the share of the counted time the workers were full. Short of CPU (threads that
+        // share one core), it piles up with workers to spare: the backend's CPU part takes it
+        // whole.
         let full = if counted_t > 0.0 {
             counted_full / counted_t
         } else {
             0.0
         };
-        let offered = 1.0 + (offered - 1.0) * full;
+        let offered_web = 1.0 + (offered - 1.0) * full;
         let web = c
             .filter(|_| t_web >= MIN_COUNTED.as_secs_f64())
-            .map(|c| busy / (c * t_web) * offered);
+            .map(|c| busy / (c * t_web) * offered_web);
         let cpu_rate = (cpu_t > 0.0).then(|| cpu / cpu_t);
         let backend_cpu = cpu_rate.map(|r| r / cap.cores.max(0.01) * offered);
         let load = WebLoad {
