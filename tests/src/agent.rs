@@ -31,6 +31,11 @@ impl Agent {
         Self::start_with_env(extra, &[])
     }
 
+    /// [`Agent::start`] watching the web backend on `port`, with `extra` merged in.
+    pub fn on_port(port: u16, extra: &str) -> Self {
+        Self::start(&merge_toml(&format!("[web]\nport = {port}\n"), extra))
+    }
+
     pub fn start_with_env(extra: &str, env: &[(&str, &str)]) -> Self {
         Self::start_under(&[], extra, env)
     }
@@ -207,6 +212,13 @@ impl Agent {
         );
     }
 
+    /// [`Agent::wait_health`] for 200 with the web server `up`.
+    pub fn wait_up(&self, timeout: Duration, what: &str) -> (u16, Value) {
+        self.wait_health(timeout, what, |c, b| {
+            c == 200 && b["checks"]["webserver"] == "up"
+        })
+    }
+
     /// Sends SIGTERM and returns the exit status.
     pub fn stop(self) -> std::process::ExitStatus {
         let mut child = self.child;
@@ -223,6 +235,23 @@ impl Agent {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+}
+
+/// `health-agent check --json` on a config of `toml` (written to a temporary file): its exit
+/// code and the JSON it printed.
+pub fn check_json(toml: &str) -> (Option<i32>, Value) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = dir.path().join("check.toml");
+    std::fs::write(&cfg, toml).expect("writing the config");
+    let out = std::process::Command::new(agent_binary())
+        .arg("--config")
+        .arg(&cfg)
+        .args(["check", "--json"])
+        .output()
+        .expect("running health-agent check");
+    let v = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+    (out.status.code(), v)
 }
 
 /// Appends `extra` to `base`, merging tables that appear in both (TOML forbids repeating a

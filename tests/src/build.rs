@@ -6,6 +6,11 @@ use std::{
     process::Command,
 };
 
+/// The workspace's root (where the README, deploy/ and docs/ are).
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
 /// The workspace's target directory for this build profile (where cargo put this test).
 pub fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
@@ -62,7 +67,7 @@ fn assert_fresh(bin: &Path, crates: &[&str]) {
     let built = std::fs::metadata(bin)
         .and_then(|m| m.modified())
         .expect("binary mtime");
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = workspace();
     for c in crates {
         let src = root.join(c).join("src");
         assert!(

@@ -6,6 +6,8 @@ use std::{
     process::Command,
 };
 
+use crate::succeed;
+
 /// A CA of the test's own.
 pub struct Ca {
     dir: tempfile::TempDir,
@@ -21,17 +23,7 @@ pub struct Issued {
 }
 
 fn openssl(args: &[&str], dir: &Path) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("running openssl (installed by cargo xtask setup)");
-    assert!(
-        out.status.success(),
-        "openssl {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeed(Command::new("openssl").args(args).current_dir(dir));
 }
 
 fn path_str(p: &Path) -> &str {

@@ -12,7 +12,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{free_port, get, get_at, netns::left_by_dead_process, netns_inode, target_dir};
+use crate::{
+    free_port, get, get_at, netns::left_by_dead_process, netns_inode, stdout_of, succeed,
+    target_dir,
+};
 
 /// The `FROM scratch` image holding a statically linked fixture backend, built once per test
 /// process. Images cannot be pulled here, so it is imported from a tarball of the one binary.
@@ -55,16 +58,11 @@ pub fn fixture_image() -> &'static str {
             .status()
             .is_ok_and(|s| s.success());
         assert!(ok, "tar failed");
-        let out = Command::new("docker")
-            .args(["import", "--change", "ENTRYPOINT [\"/fixture-backend\"]"])
-            .arg(&tar)
-            .arg(TAG)
-            .output()
-            .expect("running docker import (is dockerd running? cargo xtask services starts it)");
-        assert!(
-            out.status.success(),
-            "docker import failed: {}",
-            String::from_utf8_lossy(&out.stderr)
+        succeed(
+            Command::new("docker")
+                .args(["import", "--change", "ENTRYPOINT [\"/fixture-backend\"]"])
+                .arg(&tar)
+                .arg(TAG),
         );
     });
     TAG
@@ -72,17 +70,7 @@ pub fn fixture_image() -> &'static str {
 
 /// Runs `docker` with `args` and returns stdout; panics with stderr on failure.
 pub fn docker(args: &[&str]) -> String {
-    let out = Command::new("docker")
-        .args(args)
-        .output()
-        .expect("running docker");
-    assert!(
-        out.status.success(),
-        "docker {} failed: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
+    stdout_of(Command::new("docker").args(args))
 }
 
 /// A container of the fixture image on the host network (it listens on 127.0.0.1 only),

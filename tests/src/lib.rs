@@ -8,13 +8,14 @@
 //! | `build` | where the binaries are; the guard against testing a stale agent binary |
 //! | `net` | free ports (the only place that picks one), loopback addresses |
 //! | `http` | the HTTP client, to 127.0.0.1 or any address |
-//! | `wait` | `wait_until` |
-//! | `process` | `Proc` (a child stopped on drop), the root check |
+//! | `wait` | `wait_until`; `wait_health_at`, for an agent the harness did not start |
+//! | `process` | `Proc` (a child stopped on drop), `succeed` (a tool that must work), the root check |
 //! | `agent` | `Agent`: start on any address, `/health`, stop |
 //! | `bpf_stats` | the kernel's run counts of the agent's BPF programs (`BPF_ENABLE_STATS`) |
 //! | `poller` | `HealthPoller`: every `/health` answer of a run; `timeline` |
 //! | `load` | `Load`: background HTTP clients (closed loop), and the HTTP reading they share |
 //! | `open_loop` | `OpenLoop`: requests on Poisson arrival times, on new or keep-alive connections |
+//! | `story` | what the verdict tests share: `web_config`, `since`, `assert_answered`, `Restarts`; `Watch`, the one way to wait for a verdict; `Watched`, a Puma watched by an agent (and the "under load, then hang" start) |
 //! | `markdown` | fenced blocks of the README and docs/ pages, for the tests that run them |
 //! | `fixture`, `nginx`, `postgres`, `redis`, `puma`, `docker`, `receiver`, `tmpfs`, `moto` | one server each |
 //! | `certs` | a CA and the certificates it signs, made with the openssl CLI |
@@ -46,11 +47,12 @@ pub mod puma;
 pub mod qemu;
 pub mod receiver;
 pub mod redis;
+pub mod story;
 pub mod tmpfs;
 pub mod wait;
 
-pub use agent::{merge_toml, Agent};
-pub use build::{agent_binary, binary, newest, target_dir};
+pub use agent::{check_json, merge_toml, Agent};
+pub use build::{agent_binary, binary, newest, target_dir, workspace};
 pub use certs::{Ca, Issued};
 pub use docker::{docker, fixture_image, BridgeContainer, Container};
 pub use fixture::{AddrFixture, Fixture};
@@ -65,9 +67,13 @@ pub use open_loop::{OpenLoop, OpenLoopStats};
 pub use poller::{timeline, HealthPoller, HealthSample, Timed};
 pub use postgres::Postgres;
 pub(crate) use process::kill_and_wait;
-pub use process::{is_root, require_root, Proc};
+pub use process::{is_root, require_root, stdout_of, succeed, Proc};
 pub use puma::{Puma, PumaOptions, TcpProxy};
 pub use receiver::{Receiver, Recorded};
 pub use redis::Redis;
+pub use story::{
+    assert_200_before, assert_answered, assert_contract, heal_attempts, pretty, since, steady_load,
+    tail, web_config, Restarts, Watch, Watched,
+};
 pub use tmpfs::Tmpfs;
-pub use wait::wait_until;
+pub use wait::{health_at, wait_health_at, wait_until};

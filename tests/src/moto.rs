@@ -12,7 +12,7 @@ use std::{
 
 use serde_json::Value;
 
-use crate::{free_port, wait_until, Proc, Receiver, Recorded};
+use crate::{free_port, stdout_of, succeed, wait_until, Proc, Receiver, Recorded};
 
 /// moto_server from `cargo xtask setup`'s venv (the deploy validators'), else from PATH; the
 /// python3 beside it has boto3 (a dependency of moto).
@@ -87,16 +87,11 @@ impl Moto {
     /// Runs a boto3 `script` (its `sys.argv[1]` is moto's endpoint, then `args`) and reads
     /// the JSON it prints.
     pub fn boto3(&self, script: &str, args: &[&str]) -> Value {
-        let out = Command::new(&self.python)
-            .args(["-c", script, &self.endpoint()])
-            .args(args)
-            .env("AWS_EC2_METADATA_DISABLED", "true")
-            .output()
-            .expect("running boto3");
-        assert!(
-            out.status.success(),
-            "boto3 failed: {}",
-            String::from_utf8_lossy(&out.stderr)
+        let out = succeed(
+            Command::new(&self.python)
+                .args(["-c", script, &self.endpoint()])
+                .args(args)
+                .env("AWS_EC2_METADATA_DISABLED", "true"),
         );
         serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
             panic!(
@@ -254,14 +249,10 @@ pub fn imds_stub(m: Metadata) -> Receiver {
 
 /// RFC 3339 UTC `secs` from now, with `date` (no date crate in the tests).
 fn time_in(secs: u64) -> String {
-    let out = Command::new("date")
-        .args([
-            "-u",
-            "-d",
-            &format!("+{secs} seconds"),
-            "+%Y-%m-%dT%H:%M:%SZ",
-        ])
-        .output()
-        .expect("date");
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
+    stdout_of(Command::new("date").args([
+        "-u",
+        "-d",
+        &format!("+{secs} seconds"),
+        "+%Y-%m-%dT%H:%M:%SZ",
+    ]))
 }

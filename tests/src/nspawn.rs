@@ -30,6 +30,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crate::{stdout_of, succeed};
+
 /// Debian's packages inside the root file system, beyond `--variant=minbase`: systemd as init,
 /// and D-Bus, which logind and `systemctl` on a booted system expect.
 pub const PACKAGES: &[&str] = &["systemd", "systemd-sysv", "dbus"];
@@ -80,19 +82,13 @@ pub fn rootfs() -> PathBuf {
     let tmp = PathBuf::from(format!("{}.tmp-{}", dir.display(), std::process::id()));
     let _ = fs::remove_dir_all(&tmp);
     let start = Instant::now();
-    let out = Command::new("mmdebstrap")
-        .args(["--variant=minbase", "--mode=root", "--quiet"])
-        .arg(format!("--include={}", PACKAGES.join(",")))
-        .arg(SUITE)
-        .arg(&tmp)
-        .arg(&sources)
-        .output()
-        .expect("running mmdebstrap (cargo xtask setup installs it)");
-    assert!(
-        out.status.success(),
-        "mmdebstrap failed ({}):\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
+    succeed(
+        Command::new("mmdebstrap")
+            .args(["--variant=minbase", "--mode=root", "--quiet"])
+            .arg(format!("--include={}", PACKAGES.join(",")))
+            .arg(SUITE)
+            .arg(&tmp)
+            .arg(&sources),
     );
     if fs::rename(&tmp, &dir).is_err() {
         // Another test process got there first; its tree is as good as ours.
@@ -238,29 +234,26 @@ impl Machine {
 
     /// A command inside the container (all of PID 1's namespaces), whatever its exit status.
     pub fn exec(&self, args: &[&str]) -> Output {
-        Command::new("nsenter")
-            .arg("--target")
-            .arg(self.leader.to_string())
-            .args([
-                "--mount", "--uts", "--ipc", "--net", "--pid", "--cgroup", "--root", "--wd",
-            ])
-            .args(args)
-            .stdin(Stdio::null())
+        self.nsenter(args)
             .output()
             .unwrap_or_else(|e| panic!("cannot run nsenter {args:?}: {e}"))
     }
 
     /// A command inside the container that must succeed; its stdout, trimmed.
     pub fn run(&self, args: &[&str]) -> String {
-        let out = self.exec(args);
-        assert!(
-            out.status.success(),
-            "in the container, {args:?} failed ({}):\n{}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        stdout_of(&mut self.nsenter(args))
+    }
+
+    fn nsenter(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg("--target")
+            .arg(self.leader.to_string())
+            .args([
+                "--mount", "--uts", "--ipc", "--net", "--pid", "--cgroup", "--root", "--wd",
+            ])
+            .args(args)
+            .stdin(Stdio::null());
+        cmd
     }
 
     /// One property of a unit, as `systemctl show -p NAME --value` prints it.

@@ -62,6 +62,11 @@ impl HealthSample {
         }
     }
 
+    /// Seconds from `from` (the poller's clock) to this answer; 0 for one before it.
+    pub fn after(&self, from: Duration) -> f64 {
+        self.at.saturating_sub(from).as_secs_f64()
+    }
+
     /// `body.details.web`.
     pub fn web(&self) -> &Value {
         &self.body["details"]["web"]

@@ -2,7 +2,7 @@
 
 use std::{path::Path, process::Command};
 
-use crate::{certs::Issued, free_port};
+use crate::{certs::Issued, free_port, stdout_of};
 
 /// A private PostgreSQL 15 server (Debian's binaries) on its own port and data directory, with
 /// password authentication, so a test may stop and start it without touching anyone else's.
@@ -211,23 +211,12 @@ impl Postgres {
 
 /// The `postgres` user's ids, for the files its server must own.
 fn pg_ids() -> (u32, u32) {
-    let out = Command::new("id")
-        .args(["-u", "postgres"])
-        .output()
-        .expect("id -u postgres");
-    let uid = String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .expect("uid");
-    let out = Command::new("id")
-        .args(["-g", "postgres"])
-        .output()
-        .expect("id -g postgres");
-    let gid = String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .expect("gid");
-    (uid, gid)
+    let id = |flag| {
+        stdout_of(Command::new("id").args([flag, "postgres"]))
+            .parse()
+            .expect("a numeric id")
+    };
+    (id("-u"), id("-g"))
 }
 
 impl Drop for Postgres {

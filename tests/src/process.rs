@@ -1,7 +1,7 @@
 //! Child processes behind guards, and the root check.
 
 use std::{
-    process::Child,
+    process::{Child, Command, Output},
     time::{Duration, Instant},
 };
 
@@ -16,6 +16,30 @@ pub fn require_root() {
         is_root(),
         "this integration test needs root (eBPF programs, tmpfs mounts); run `cargo xtask test` as root"
     );
+}
+
+/// Runs `cmd` to its end and returns what it printed; panics, naming the command with its status,
+/// stdout and stderr, when it cannot start or does not succeed. The one way the harness runs a
+/// tool that must work (`cargo xtask setup` installs them, `cargo xtask services` starts dockerd).
+pub fn succeed(cmd: &mut Command) -> Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e} (cargo xtask setup installs it)"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// [`succeed`]'s stdout, trimmed.
+pub fn stdout_of(cmd: &mut Command) -> String {
+    String::from_utf8_lossy(&succeed(cmd).stdout)
+        .trim()
+        .to_string()
 }
 
 /// Sends `signal`, waits up to 5 s for the child to exit, then kills it.

@@ -161,6 +161,19 @@ pub struct PumaOptions {
     pub error_file: Option<PathBuf>,
 }
 
+impl PumaOptions {
+    /// Two threads of an app whose `/up` and `/db` do `SELECT 1` on the database at `url`
+    /// (`postgres://user:password@127.0.0.1:PORT/db`).
+    pub fn on_database(url: String) -> Self {
+        Self {
+            threads: 2,
+            db_url: Some(url),
+            up_uses_db: true,
+            ..Self::default()
+        }
+    }
+}
+
 impl Default for PumaOptions {
     fn default() -> Self {
         Self {
@@ -546,47 +559,4 @@ impl Drop for TcpProxy {
     fn drop(&mut self) {
         cont_and_kill(&mut self.child);
     }
-}
-
-/// The last `lines` lines of `text`.
-pub fn tail(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
-}
-
-/// What a failed assertion of a Puma test prints: every answer of the run, the load, both logs.
-pub fn context(
-    agent: &crate::Agent,
-    puma: &Puma,
-    samples: &[crate::HealthSample],
-    load: &str,
-) -> String {
-    format!(
-        "\n/health answers:\n{}load: {load}\npuma log (tail):\n{}\nagent log (tail):\n{}\nlast body: {}",
-        crate::timeline(samples),
-        tail(&puma.logs(), 20),
-        tail(&agent.logs(), 40),
-        samples
-            .last()
-            .map(|s| serde_json::to_string_pretty(&s.body).unwrap_or_default())
-            .unwrap_or_default()
-    )
-}
-
-/// `poller.wait_for`, with both logs in the panic message.
-pub fn wait(
-    poller: &crate::HealthPoller,
-    agent: &crate::Agent,
-    puma: &Puma,
-    timeout: Duration,
-    what: &str,
-    pred: impl Fn(&crate::HealthSample) -> bool,
-) -> crate::HealthSample {
-    poller.wait_for_explained(timeout, what, pred, || {
-        format!(
-            "\npuma log (tail):\n{}\nagent log (tail):\n{}",
-            tail(&puma.logs(), 20),
-            tail(&agent.logs(), 40)
-        )
-    })
 }

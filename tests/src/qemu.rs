@@ -29,6 +29,8 @@ use std::{
 
 use serde_json::Value;
 
+use crate::{stdout_of, succeed};
+
 const CACHE: &str = "/var/cache/health-agent";
 const TARGET: &str = "x86_64-unknown-linux-musl";
 const META: &str = "linux-image-cloud-amd64";
@@ -37,11 +39,8 @@ const BUSYBOX: &str = "/bin/busybox";
 /// Debian's 6.1 cloud kernel: `(vmlinuz, the kernel's modules directory, the package name)`,
 /// downloaded and unpacked on first use.
 pub fn kernel() -> (PathBuf, PathBuf, String) {
-    let depends = Command::new("apt-cache")
-        .args(["depends", META])
-        .output()
-        .expect("apt-cache");
-    let package = String::from_utf8_lossy(&depends.stdout)
+    let depends = stdout_of(Command::new("apt-cache").args(["depends", META]));
+    let package = depends
         .lines()
         .find_map(|l| l.trim().strip_prefix("Depends: "))
         .map(str::to_owned)
@@ -55,15 +54,10 @@ pub fn kernel() -> (PathBuf, PathBuf, String) {
         fs::create_dir_all(CACHE).expect("cache dir");
         let tmp = PathBuf::from(format!("{}.tmp-{}", dir.display(), std::process::id()));
         fs::create_dir_all(&tmp).expect("tmp dir");
-        let got = Command::new("apt-get")
-            .args(["download", &package])
-            .current_dir(&tmp)
-            .output()
-            .expect("apt-get download");
-        assert!(
-            got.status.success(),
-            "apt-get download {package}: {}",
-            String::from_utf8_lossy(&got.stderr)
+        succeed(
+            Command::new("apt-get")
+                .args(["download", &package])
+                .current_dir(&tmp),
         );
         let deb = fs::read_dir(&tmp)
             .expect("tmp dir")
@@ -72,13 +66,7 @@ pub fn kernel() -> (PathBuf, PathBuf, String) {
             .find(|p| p.extension().is_some_and(|e| e == "deb"))
             .expect("the downloaded .deb");
         let root = tmp.join("root");
-        let x = Command::new("dpkg-deb")
-            .arg("-x")
-            .arg(&deb)
-            .arg(&root)
-            .status()
-            .expect("dpkg-deb");
-        assert!(x.success(), "dpkg-deb -x {}", deb.display());
+        succeed(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root));
         let _ = fs::remove_dir_all(&dir);
         fs::rename(&root, &dir).expect("rename the unpacked kernel into the cache");
         let _ = fs::remove_dir_all(&tmp);

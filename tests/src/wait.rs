@@ -2,6 +2,10 @@
 
 use std::time::{Duration, Instant};
 
+use serde_json::Value;
+
+use crate::get;
+
 /// Polls `f` every 100 ms until it returns Some, or panics after `timeout` with `what`.
 pub fn wait_until<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + timeout;
@@ -15,4 +19,34 @@ pub fn wait_until<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Optio
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// `/health` on 127.0.0.1:`port`, code and JSON body; None while nothing answers with JSON.
+/// For an agent the harness did not start (a container, a booted system); the harness's own
+/// [`crate::Agent`] has `wait_health`, which adds its log.
+pub fn health_at(port: u16) -> Option<(u16, Value)> {
+    let (code, body) = get(port, "/health").ok()?;
+    Some((code, serde_json::from_str(&body).ok()?))
+}
+
+/// Polls [`health_at`] every 100 ms until `ok` holds; panics after `timeout` with `what` and the
+/// last answer.
+pub fn wait_health_at(
+    port: u16,
+    timeout: Duration,
+    what: &str,
+    ok: impl Fn(u16, &Value) -> bool,
+) -> (u16, Value) {
+    let mut last = None;
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if let Some((code, body)) = health_at(port) {
+            if ok(code, &body) {
+                return (code, body);
+            }
+            last = Some((code, body));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("timed out after {timeout:?} waiting for {what}; last /health: {last:?}");
 }

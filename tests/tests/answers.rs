@@ -18,28 +18,12 @@ use std::{
 };
 
 use health_agent_tests::{
-    free_port, get, merge_toml,
-    puma::{context, tail, wait},
-    require_root, timeline, wait_until, Agent, Ca, HealthPoller, HealthSample, Load, Nginx,
-    NginxOptions, Puma, PumaOptions, Receiver,
+    free_port, get, require_root, tail, timeline, wait_until, web_config, Agent, Ca, HealthPoller,
+    HealthSample, Load, Nginx, NginxOptions, Puma, PumaOptions, Receiver, Watch, Watched,
 };
 
 /// Agent start to a first verdict.
 const WAIT: Duration = Duration::from_secs(30);
-
-/// Agent config: the web check on `port` probing `/up`, a 500 ms check cadence, the scaling
-/// thresholds out of the way (an idle machine would say `scale_down`), `extra` merged in.
-fn config(port: u16, extra: &str) -> String {
-    merge_toml(
-        &format!(
-            "[checks]\ninterval = \"500ms\"\nrecover_after = \"1s\"\n\
-             [web]\nport = {port}\nprobe_path = \"/up\"\nprobe_timeout = \"2s\"\n\
-             [scaling]\ncpu_high_percent = 100.0\nmemory_high_percent = 100.0\n\
-             cpu_low_percent = 0.0\nmemory_low_percent = 0.0\nup_at = 10.0\ndown_at = 0.0\n"
-        ),
-        extra,
-    )
-}
 
 /// Puma's real pages raise while `/up` answers 200; alone, the agent restarts it once (a
 /// restart that really replaces Puma, whose new process raises too), then keeps it at 200
@@ -55,47 +39,32 @@ fn puma_that_raises_alone_is_restarted_once_then_degraded_never_503() {
             error_file: Some(error_file.clone()),
             ..Default::default()
         });
-        let script = puma.restart_script();
-        let agent = Agent::start(&config(
-            puma.port,
-            &format!(
-                "[web]\nrestart_command = \"{}\"\nsocket_tracing = \"{mode}\"\n",
-                script.display()
-            ),
-        ));
-        let poller = HealthPoller::start(agent.port);
-        let load = Load::keep_alive(puma.port, "/orders", 2, Duration::from_secs(5));
-        wait(&poller, &agent, &puma, WAIT, "healthy under traffic", |s| {
-            s.code == 200 && s.status == "healthy" && s.webserver == "up"
+        let w = Watched::new(puma, |puma| {
+            let script = puma.restart_script().display().to_string();
+            let web = format!("[web]\nrestart_command = {script:?}\nsocket_tracing = \"{mode}\"\n");
+            web_config(puma.port, &web)
         });
-        let first = puma.pid();
+        let load = Load::keep_alive(w.puma.port, "/orders", 2, Duration::from_secs(5));
+        w.wait_healthy();
+        let first = w.puma.pid();
         std::fs::write(&error_file, "").unwrap();
-        let broke = poller.elapsed();
-        let degraded = wait(
-            &poller,
-            &agent,
-            &puma,
-            Duration::from_secs(40),
-            "degraded, erroring, after one restart",
-            |s| {
-                s.code == 200
-                    && s.status == "degraded"
-                    && s.webserver == "erroring"
-                    && s.body["details"]["heal"]["total_attempts"] == 1
-                    && s.body["details"]["heal"]["phase"] == "exhausted"
-            },
-        );
+        let broke = w.poller.elapsed();
+        let degraded = w.wait(Duration::from_secs(40), "degraded after one restart", |s| {
+            s.code == 200
+                && s.status == "degraded"
+                && s.webserver == "erroring"
+                && s.body["details"]["heal"]["total_attempts"] == 1
+                && s.body["details"]["heal"]["phase"] == "exhausted"
+        });
         println!(
             "{mode}: errors began → degraded after one restart in {:.1}s ({degraded})",
-            degraded.at.saturating_sub(broke).as_secs_f64()
+            degraded.after(broke)
         );
         std::thread::sleep(Duration::from_secs(3));
-        let (code, body) = agent.health();
-        let stats = load.stop();
-        let samples = poller.stop();
-        let ctx = context(&agent, &puma, &samples, &stats.to_string());
+        let (code, body) = w.agent.health();
+        let (samples, _, ctx) = w.finish(load, Duration::ZERO);
         assert_ne!(
-            puma.current_pid(),
+            w.puma.current_pid(),
             first,
             "the restart did not replace Puma{ctx}"
         );
@@ -118,14 +87,13 @@ fn puma_that_raises_alone_is_restarted_once_then_degraded_never_503() {
         if let Some(s) = samples.iter().find(|s| s.code == 503) {
             panic!("a 503 for an erroring backend with no peers: {s}{ctx}");
         }
-        let metrics = agent.metrics();
+        let metrics = w.agent.metrics();
         assert!(
             metrics
                 .lines()
                 .any(|l| l.starts_with("health_agent_web_responses_total{class=\"5xx\"}")),
             "{metrics}"
         );
-        println!("{}", timeline(&samples));
         std::fs::remove_file(&error_file).unwrap();
     }
 }
@@ -217,7 +185,7 @@ fn nginx_500_alone(traffic: Traffic) {
     for mode in ["always", "on_suspicion"] {
         let (nginx, port) = nginx_returning_500();
         let hook = Receiver::ok();
-        let agent = Agent::start(&config(
+        let agent = Agent::start(&web_config(
             port,
             &format!(
                 "[web]\nsocket_tracing = \"{mode}\"\n[alerts]\nwebhook_url = \"{}\"\n",
@@ -313,22 +281,15 @@ fn nginx_returning_500_new_connections_alone_is_erroring_degraded_never_503_and_
 /// shares the callers assert: counted all along (`socket_tracing = "always"`), not sampled.
 fn puma_stays_healthy(path: &str) -> serde_json::Value {
     require_root();
-    let puma = Puma::start(PumaOptions {
-        threads: 4,
-        ..Default::default()
+    let w = Watched::new(Puma::start(PumaOptions::default()), |puma| {
+        web_config(puma.port, "[web]\nsocket_tracing = \"always\"\n")
     });
-    let agent = Agent::start(&config(puma.port, "[web]\nsocket_tracing = \"always\"\n"));
-    let poller = HealthPoller::start(agent.port);
-    wait(&poller, &agent, &puma, WAIT, "healthy idle", |s| {
-        s.code == 200 && s.status == "healthy" && s.webserver == "up"
-    });
-    let from = poller.elapsed();
-    let load = Load::keep_alive(puma.port, path, 2, Duration::from_secs(5));
+    w.wait_healthy();
+    let from = w.poller.elapsed();
+    let load = Load::keep_alive(w.puma.port, path, 2, Duration::from_secs(5));
     std::thread::sleep(Duration::from_secs(15));
-    let (code, body) = agent.health();
-    let stats = load.stop();
-    let samples: Vec<HealthSample> = poller.stop().into_iter().filter(|s| s.at >= from).collect();
-    let ctx = context(&agent, &puma, &samples, &stats.to_string());
+    let (code, body) = w.agent.health();
+    let (samples, stats, ctx) = w.finish(load, from);
     assert!(stats.answers() > 100, "the load got answers: {stats}{ctx}");
     if let Some(s) = samples
         .iter()
@@ -389,53 +350,36 @@ fn puma_that_stops_raising_is_healthy_again_within_15s() {
         error_file: Some(error_file.clone()),
         ..Default::default()
     });
-    let agent = Agent::start(&config(puma.port, ""));
-    let poller = HealthPoller::start(agent.port);
-    let load = Load::keep_alive(puma.port, "/orders", 2, Duration::from_secs(5));
-    wait(&poller, &agent, &puma, WAIT, "healthy under traffic", |s| {
-        s.code == 200 && s.status == "healthy" && s.webserver == "up"
-    });
+    let w = Watched::new(puma, |puma| web_config(puma.port, ""));
+    let load = Load::keep_alive(w.puma.port, "/orders", 2, Duration::from_secs(5));
+    w.wait_healthy();
     std::fs::write(&error_file, "").unwrap();
-    let broke = poller.elapsed();
-    let degraded = wait(
-        &poller,
-        &agent,
-        &puma,
-        Duration::from_secs(20),
-        "200 degraded, erroring",
-        |s| s.at >= broke && s.code == 200 && s.status == "degraded" && s.webserver == "erroring",
-    );
+    let broke = w.poller.elapsed();
+    let degraded = w.wait(Duration::from_secs(20), "200 degraded, erroring", |s| {
+        s.code == 200 && s.status == "degraded" && s.webserver == "erroring"
+    });
     println!(
         "errors began → degraded, erroring in {:.1}s ({degraded})",
-        degraded.at.saturating_sub(broke).as_secs_f64()
+        degraded.after(broke)
     );
     // A whole window of 5xx before the fix: recovery has to outweigh all of it.
     std::thread::sleep(Duration::from_secs(10));
-    let (_, broken) = agent.health();
+    let (_, broken) = w.agent.health();
     let share = broken["details"]["web"]["answers"]["share_5xx"].as_f64();
     assert!(
         share.is_some_and(|s| s > 0.9),
         "a window of 5xx: {:#}{}",
         broken["details"]["web"]["answers"],
-        context(&agent, &puma, &poller.samples(), &load.stats().to_string())
+        w.context(&w.poller.samples(), &load.stats().to_string())
     );
     std::fs::remove_file(&error_file).unwrap();
-    let fixed = poller.elapsed();
-    let healthy = wait(
-        &poller,
-        &agent,
-        &puma,
-        Duration::from_secs(30),
-        "healthy again",
-        |s| s.at >= fixed && s.code == 200 && s.status == "healthy" && s.webserver == "up",
-    );
-    let took = healthy.at.saturating_sub(fixed).as_secs_f64();
+    let fixed = w.poller.elapsed();
+    let healthy = w.wait_healthy();
+    let took = healthy.after(fixed);
     println!("errors ended → healthy in {took:.1}s ({healthy})");
     std::thread::sleep(Duration::from_secs(2));
-    let (code, body) = agent.health();
-    let stats = load.stop();
-    let samples = poller.stop();
-    let ctx = context(&agent, &puma, &samples, &stats.to_string());
+    let (code, body) = w.agent.health();
+    let (samples, _, ctx) = w.finish(load, Duration::ZERO);
     assert!(
         took <= 15.0,
         "healthy {took:.1}s after the errors ended{ctx}"
@@ -549,7 +493,7 @@ fn tls_backend_status_not_visible_and_never_erroring() {
         "nginx answers over TLS: {}",
         nginx_log(&nginx)
     );
-    let agent = Agent::start(&config(port, "[web]\nprobe_path = \"\"\n"));
+    let agent = Agent::start(&web_config(port, "[web]\nprobe_path = \"\"\n"));
     let poller = HealthPoller::start(agent.port);
     poller.wait_for_explained(
         WAIT,

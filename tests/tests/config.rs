@@ -13,21 +13,32 @@ use std::{
 
 use health_agent_tests::{agent_binary, free_port, get, require_root, wait_until, Proc};
 
-/// Exit code and stderr of `config --validate` on `toml`.
-fn validate(dir: &Path, name: &str, toml: &str) -> (Option<i32>, String) {
+/// Exit code and stderr of `config --validate` on `toml`, written to `dir/name` with `mode`.
+fn validate_as(dir: &Path, name: &str, toml: &str, mode: u32) -> (Option<i32>, String) {
     let file = dir.join(name);
     std::fs::write(&file, toml).unwrap();
-    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
     let out = Command::new(agent_binary())
         .args(["config", "--validate"])
         .arg(&file)
         .env("HEALTH_AGENT_LOG", "warn")
         .output()
         .unwrap();
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out.status.code(), err)
+}
+
+/// [`validate_as`] a file only its owner reads.
+fn validate(dir: &Path, name: &str, toml: &str) -> (Option<i32>, String) {
+    validate_as(dir, name, toml, 0o600)
+}
+
+/// `toml` is refused: exit 2, no panic; its stderr.
+fn refused(dir: &Path, name: &str, toml: &str) -> String {
+    let (code, err) = validate(dir, name, toml);
+    assert_eq!(code, Some(2), "{name}: {err}");
+    assert!(!err.contains("panicked"), "{name}: {err}");
+    err
 }
 
 #[test]
@@ -51,13 +62,11 @@ fn out_of_range_durations_exit_2_naming_the_key() {
             "`checks.interval`",
         ),
     ] {
-        let (code, err) = validate(dir.path(), name, toml);
-        assert_eq!(code, Some(2), "{name}: {err}");
+        let err = refused(dir.path(), name, toml);
         assert!(
             err.contains(key) && err.contains("allowed"),
             "{name}: {err}"
         );
-        assert!(!err.contains("panicked"), "{name}: {err}");
     }
 }
 
@@ -90,11 +99,8 @@ fn config_errors_never_show_a_secret() {
             "alerts.webhook_url",
         ),
     ] {
-        let (code, err) = validate(dir.path(), name, toml);
-        assert_eq!(code, Some(2), "{name}: {err}");
-        assert!(err.contains(key), "{name}: {err}");
-        assert!(!err.contains(secret), "{name}: {err}");
-        assert!(!err.contains("panicked"), "{name}: {err}");
+        let err = refused(dir.path(), name, toml);
+        assert!(err.contains(key) && !err.contains(secret), "{name}: {err}");
     }
     // Loopback receivers over http:// stay valid (the alert tests use them).
     let (code, err) = validate(
@@ -108,21 +114,9 @@ fn config_errors_never_show_a_secret() {
 #[test]
 fn world_readable_secrets_are_warned_about() {
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("open.toml");
-    std::fs::write(
-        &file,
-        "[alerts]\npagerduty_routing_key = \"R0ut1ngK3yS3cr3t0123456789abcdef\"\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let out = Command::new(agent_binary())
-        .args(["config", "--validate"])
-        .arg(&file)
-        .env("HEALTH_AGENT_LOG", "warn")
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
+    let toml = "[alerts]\npagerduty_routing_key = \"R0ut1ngK3yS3cr3t0123456789abcdef\"\n";
+    let (code, err) = validate_as(dir.path(), "open.toml", toml, 0o644);
+    assert_eq!(code, Some(0), "{err}");
     assert!(
         err.contains("open.toml") && err.contains("0644") && err.contains("pagerduty_routing_key"),
         "{err}"
@@ -165,19 +159,14 @@ fn errors_show_values_that_are_not_secrets_and_name_the_line() {
             "line 2",
         ),
     ] {
-        let (code, err) = validate(dir.path(), name, toml);
-        assert_eq!(code, Some(2), "{name}: {err}");
+        let err = refused(dir.path(), name, toml);
         assert!(err.contains(key) && err.contains(line), "{name}: {err}");
         assert!(err.contains(shown), "{name}: the value is no secret: {err}");
         assert!(!err.contains("[redacted]"), "{name}: {err}");
     }
     // A secret key of the wrong type stays hidden.
-    let (code, err) = validate(
-        dir.path(),
-        "secret.toml",
-        "[alerts]\npagerduty_routing_key = 918273645546372819\n",
-    );
-    assert_eq!(code, Some(2), "{err}");
+    let toml = "[alerts]\npagerduty_routing_key = 918273645546372819\n";
+    let err = refused(dir.path(), "secret.toml", toml);
     assert!(!err.contains("918273645546372819"), "{err}");
 }
 

@@ -95,9 +95,7 @@ fn paused_web_container_is_seen_hung_and_restarted() {
         "[checks]\ninterval = \"500ms\"\n[web]\nport = {}\ncontainer = \"{}\"\nhung_after = \"2s\"\nprobe_timeout = \"1s\"\n[heal]\ntimeout = \"20s\"\n",
         web.port, web.name
     ));
-    agent.wait_health(WAIT, "healthy", |c, b| {
-        c == 200 && b["checks"]["webserver"] == "up"
-    });
+    agent.wait_up(WAIT, "healthy");
 
     let watch = Watch503::start(agent.port);
     docker(&["pause", &web.name]);
@@ -286,9 +284,7 @@ fn restart_command_heals_a_plain_process() {
         ),
         &secrets,
     );
-    agent.wait_health(WAIT, "healthy", |c, b| {
-        c == 200 && b["checks"]["webserver"] == "up"
-    });
+    agent.wait_up(WAIT, "healthy");
     let watch = Watch503::start(agent.port);
     let pid: i32 = std::fs::read_to_string(&pid_file)
         .unwrap()

@@ -103,12 +103,7 @@ async fn postgres_unknown_database_is_misconfigured_naming_the_path_to_fix() {
         "postgres://postgres:{}@127.0.0.1:{}/nosuchdb",
         pg.password, pg.port
     );
-    let r = monitor(&DatabaseConfig {
-        fail_after: 3,
-        ..cfg(&[&url])
-    })
-    .check()
-    .await;
+    let r = first_of_three_rounds(&url).await;
     assert_eq!(r.state, DbState::Misconfigured, "{r:?}");
     let why = r.misconfigured_reason().unwrap();
     println!("{why}");
@@ -230,6 +225,24 @@ async fn one_round(url: &str) -> DatabaseReport {
     monitor(&cfg(&[url])).check().await
 }
 
+/// One round at `url`, judged with `fail_after = 3`: what is misconfigured says so at once.
+async fn first_of_three_rounds(url: &str) -> DatabaseReport {
+    monitor(&DatabaseConfig {
+        fail_after: 3,
+        ..cfg(&[url])
+    })
+    .check()
+    .await
+}
+
+/// One round at `url`: misconfigured; the report and its error (printed).
+async fn misconfigured(url: &str) -> (DatabaseReport, String) {
+    let r = one_round(url).await;
+    assert_eq!(r.state, DbState::Misconfigured, "{r:?}");
+    let err = error_of(&r);
+    (r, err)
+}
+
 /// The first database's error, also printed: the words an operator reads.
 fn error_of(r: &DatabaseReport) -> String {
     let err = r.databases[0].error.clone().unwrap_or_default();
@@ -256,27 +269,15 @@ async fn postgres_require_and_prefer_connect_over_tls_to_a_hostssl_only_server()
 #[tokio::test]
 async fn postgres_verify_full_with_the_ca_connects_and_verify_ca_ignores_the_name() {
     let (ca, pg) = tls_postgres();
-    let root = format!("sslrootcert={}", ca.cert.display());
-    let r = one_round(&pg_tls_url(
-        &pg,
-        "localhost",
-        &format!("sslmode=verify-full&{root}"),
-    ))
-    .await;
-    assert_eq!(r.state, DbState::Connected, "{r:?}");
-    assert!(r.databases[0]
-        .detail
-        .as_deref()
-        .unwrap()
-        .contains("(verify-full)"));
-    // Chain only: 127.0.0.1 is not a name the certificate carries, and need not be.
-    let r = one_round(&pg_tls_url(
-        &pg,
-        "127.0.0.1",
-        &format!("sslmode=verify-ca&{root}"),
-    ))
-    .await;
-    assert_eq!(r.state, DbState::Connected, "{r:?}");
+    // verify-ca checks the chain only: 127.0.0.1 is not a name the certificate carries, and
+    // need not be.
+    for (host, mode) in [("localhost", "verify-full"), ("127.0.0.1", "verify-ca")] {
+        let params = format!("sslmode={mode}&sslrootcert={}", ca.cert.display());
+        let r = one_round(&pg_tls_url(&pg, host, &params)).await;
+        assert_eq!(r.state, DbState::Connected, "{mode} to {host}: {r:?}");
+        let detail = r.databases[0].detail.as_deref().unwrap_or_default();
+        assert!(detail.contains(&format!("({mode})")), "{detail}");
+    }
 }
 
 #[tokio::test]
@@ -316,9 +317,7 @@ async fn postgres_verify_full_to_an_address_the_certificate_does_not_name_is_a_h
         "127.0.0.1",
         &format!("sslmode=verify-full&sslrootcert={}", ca.cert.display()),
     );
-    let r = one_round(&url).await;
-    assert_eq!(r.state, DbState::Misconfigured, "{r:?}");
-    let err = error_of(&r);
+    let (r, err) = misconfigured(&url).await;
     assert!(err.contains("host name mismatch"), "{err}");
     assert!(
         err.contains("127.0.0.1") && err.contains("localhost"),
@@ -338,12 +337,7 @@ async fn postgres_require_without_any_password_is_misconfigured_at_once() {
         "postgres://postgres@localhost:{}/postgres?sslmode=require",
         pg.port
     );
-    let r = monitor(&DatabaseConfig {
-        fail_after: 3,
-        ..cfg(&[&url])
-    })
-    .check()
-    .await;
+    let r = first_of_three_rounds(&url).await;
     assert_eq!(r.state, DbState::Misconfigured, "{r:?}");
     let err = error_of(&r);
     assert!(
@@ -355,9 +349,7 @@ async fn postgres_require_without_any_password_is_misconfigured_at_once() {
 #[tokio::test]
 async fn postgres_sslmode_disable_against_a_hostssl_only_server_is_misconfigured() {
     let (_ca, pg) = tls_postgres();
-    let r = one_round(&pg_tls_url(&pg, "127.0.0.1", "sslmode=disable")).await;
-    assert_eq!(r.state, DbState::Misconfigured, "{r:?}");
-    let err = error_of(&r);
+    let (r, err) = misconfigured(&pg_tls_url(&pg, "127.0.0.1", "sslmode=disable")).await;
     // The server's own words, and what to do.
     assert!(err.contains("no encryption"), "{err}");
     assert!(err.contains("set sslmode=require"), "{err}");
@@ -367,13 +359,11 @@ async fn postgres_sslmode_disable_against_a_hostssl_only_server_is_misconfigured
 #[tokio::test]
 async fn postgres_require_against_a_server_without_tls_is_misconfigured() {
     let pg = started();
-    let r = one_round(&format!(
+    let (_, err) = misconfigured(&format!(
         "postgres://postgres:{}@127.0.0.1:{}/postgres?sslmode=require",
         pg.password, pg.port
     ))
     .await;
-    assert_eq!(r.state, DbState::Misconfigured, "{r:?}");
-    let err = error_of(&r);
     assert!(err.contains("does not accept TLS"), "{err}");
     // prefer falls back to the clear, as libpq does.
     let r = one_round(&pg_url(&pg, Some(&pg.password))).await;
@@ -403,9 +393,7 @@ async fn postgres_client_certificate_logs_in_without_a_password_and_its_absence_
     .await;
     assert_eq!(r.state, DbState::Connected, "{r:?}");
     // No certificate: the server's `cert` line refuses the login.
-    let r = one_round(&base).await;
-    assert_eq!(r.state, DbState::Misconfigured, "{r:?}");
-    let err = error_of(&r);
+    let (_, err) = misconfigured(&base).await;
     assert!(err.contains("requires a valid client certificate"), "{err}");
     assert!(
         err.contains("give database.urls[0] sslcert and sslkey"),
@@ -447,19 +435,15 @@ async fn rediss_connects_with_the_ca_and_is_misconfigured_with_another() {
         assert_no_secret(&r, &[&redis.password]);
     }
     let other = Ca::new("some other CA");
-    let r = one_round(&url("127.0.0.1", &other.cert)).await;
-    assert_eq!(r.state, DbState::Misconfigured, "{r:?}");
-    let err = error_of(&r);
+    let (r, err) = misconfigured(&url("127.0.0.1", &other.cert)).await;
     assert!(err.contains("certificate is not trusted"), "{err}");
     assert_no_secret(&r, &[&redis.password]);
     // Plain redis:// to the TLS port: the server hangs up, and a handshake there succeeds.
-    let r = one_round(&format!(
+    let (r, err) = misconfigured(&format!(
         "redis://:{}@127.0.0.1:{}",
         redis.password, redis.port
     ))
     .await;
-    assert_eq!(r.state, DbState::Misconfigured, "{r:?}");
-    let err = error_of(&r);
     assert!(err.contains("use rediss://"), "{err}");
     assert_no_secret(&r, &[&redis.password]);
 }
@@ -527,22 +511,14 @@ async fn frozen_path_is_an_outage(url: &str, proxy: &TcpProxy) {
 async fn a_frozen_tls_path_is_unreachable_after_damping_not_misconfigured() {
     let (ca, pg) = tls_postgres();
     let proxy = TcpProxy::start(pg.port);
-    let url = format!(
-        "postgres://postgres:{}@localhost:{}/postgres?sslmode=verify-full&sslrootcert={}",
-        pg.password,
-        proxy.port,
-        ca.cert.display()
-    );
+    let (password, port, root) = (&pg.password, proxy.port, ca.cert.display());
+    let url = format!("postgres://postgres:{password}@localhost:{port}/postgres?sslmode=verify-full&sslrootcert={root}");
     frozen_path_is_an_outage(&url, &proxy).await;
 
     let (ca, redis) = tls_redis();
     let proxy = TcpProxy::start(redis.port);
-    let url = format!(
-        "rediss://:{}@127.0.0.1:{}?sslrootcert={}",
-        redis.password,
-        proxy.port,
-        ca.cert.display()
-    );
+    let (password, port, root) = (&redis.password, proxy.port, ca.cert.display());
+    let url = format!("rediss://:{password}@127.0.0.1:{port}?sslrootcert={root}");
     frozen_path_is_an_outage(&url, &proxy).await;
 }
 

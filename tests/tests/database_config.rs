@@ -12,9 +12,7 @@ use std::{
 
 use health_agent::{checks::database::DatabaseMonitor, config::DatabaseConfig, status::DbState};
 use health_agent_tests::{
-    agent_binary, merge_toml,
-    puma::{context, wait},
-    require_root, timeline, Agent, HealthPoller, Load, Postgres, Puma, PumaOptions,
+    agent_binary, require_root, web_config, Load, Postgres, Puma, PumaOptions, Watch, Watched,
 };
 
 /// `web.unanswered_after`, as shipped: how long a read request may go unanswered.
@@ -88,55 +86,38 @@ fn database_url_without_its_password_is_misconfigured_and_a_hung_puma_is_still_5
     // along. (At the default, light traffic of 3 ms requests on new connections leaves
     // sock_diag's reads no movement to see between the agent's probes, and the verdict comes
     // up to about 2 s early: a known limit, see docs/kernel-view.md.)
-    let config = merge_toml(
-        &format!(
-            "[checks]\ninterval = \"500ms\"\nrecover_after = \"1s\"\n\
-             [web]\nport = {}\nprobe_path = \"/up\"\nprobe_timeout = \"2s\"\n\
-             unanswered_after = \"{}s\"\nsocket_tracing = \"always\"\n",
-            puma.port,
-            UNANSWERED_AFTER.as_secs()
-        ),
-        &format!(
-            "[database]\nurl = \"{}\"\ninterval = \"5s\"\ntimeout = \"2s\"\n\
-             [scaling]\ncpu_high_percent = 100.0\nmemory_high_percent = 100.0\n\
-             cpu_low_percent = 0.0\nmemory_low_percent = 0.0\nup_at = 10.0\ndown_at = 0.0\n",
-            pg.url()
-        ),
+    let extra = format!(
+        "[web]\nunanswered_after = \"{}s\"\nsocket_tracing = \"always\"\n\
+         [database]\nurl = \"{}\"\ninterval = \"5s\"\ntimeout = \"2s\"\n",
+        UNANSWERED_AFTER.as_secs(),
+        pg.url()
     );
-    let agent = Agent::start(&config);
-    let poller = HealthPoller::start(agent.port);
+    let w = Watched::new(puma, |puma| web_config(puma.port, &extra));
     let load = Load::new_connections(
-        puma.port,
+        w.puma.port,
         "/",
         4,
         Duration::from_millis(100),
         Duration::from_secs(60),
     );
-    let mis = wait(
-        &poller,
-        &agent,
-        &puma,
+    let mis = w.wait(
         Duration::from_secs(30),
-        "database misconfigured while Puma serves",
+        "misconfigured while Puma serves",
         |s| s.code == 200 && s.database == "misconfigured" && s.webserver == "up",
     );
-    let first = poller.samples();
+    let first = w.poller.samples();
     let reasons = mis.body["reasons"].to_string();
     println!("while Puma serves: {mis}\n  reasons: {reasons}");
     std::thread::sleep(Duration::from_secs(2));
 
     // Every request from now on sleeps forever in the app: all four threads hang.
-    std::fs::write(&block, format!("{}\n", puma.pid())).expect("writing the block file");
-    let hang_at = poller.elapsed();
+    std::fs::write(&block, format!("{}\n", w.puma.pid())).expect("writing the block file");
+    let hang_at = w.poller.elapsed();
     let hang_started = Instant::now();
-    let down = wait(
-        &poller,
-        &agent,
-        &puma,
-        UNANSWERED_AFTER + SLACK + Duration::from_secs(10),
-        "503 once every Puma thread hangs",
-        |s| s.code == 503,
-    );
+    let within = UNANSWERED_AFTER + SLACK + Duration::from_secs(10);
+    let down = w.wait(within, "503 once every Puma thread hangs", |s| {
+        s.code == 503
+    });
     let took = down.at.saturating_sub(hang_at);
     println!(
         "every Puma thread hung → 503 {} in {:.1}s (web.unanswered_after {}s; {:.1}s by the test's clock)",
@@ -146,10 +127,7 @@ fn database_url_without_its_password_is_misconfigured_and_a_hung_puma_is_still_5
         hang_started.elapsed().as_secs_f64()
     );
     std::thread::sleep(Duration::from_secs(1));
-    let stats = load.stop();
-    let samples = poller.stop();
-    let ctx = context(&agent, &puma, &samples, &stats.to_string());
-    println!("{}", timeline(&samples));
+    let (samples, _, ctx) = w.finish(load, Duration::ZERO);
 
     assert_eq!(
         (mis.status.as_str(), mis.recommendation.as_str()),
@@ -201,7 +179,7 @@ fn database_url_without_its_password_is_misconfigured_and_a_hung_puma_is_still_5
     );
 
     // The log says it at WARN: at start (no password anywhere), and in the answer's reasons.
-    let logs = agent.logs();
+    let logs = w.agent.logs();
     let start_line = logs
         .lines()
         .find(|l| l.contains("database check: database.url") && l.contains("no password is set"))

@@ -8,19 +8,15 @@ use std::{
     process::Command,
 };
 
-use health_agent_tests::{agent_binary, markdown::fenced};
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+use health_agent_tests::{agent_binary, markdown::fenced, workspace};
 
 fn read(rel: &str) -> String {
-    std::fs::read_to_string(root().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+    std::fs::read_to_string(workspace().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
 }
 
 /// The manual's pages, as paths relative to the repository root ("docs/verdicts.md").
 fn pages() -> Vec<String> {
-    let mut pages: Vec<String> = std::fs::read_dir(root().join("docs"))
+    let mut pages: Vec<String> = std::fs::read_dir(workspace().join("docs"))
         .expect("docs/")
         .filter_map(|e| e.ok())
         .map(|e| e.file_name().to_string_lossy().into_owned())
@@ -118,7 +114,7 @@ fn every_link_of_the_manual_leads_somewhere() {
             } else {
                 dir.join(path)
             };
-            let full = root().join(&target);
+            let full = workspace().join(&target);
             assert!(
                 full.exists(),
                 "{file}: link {link:?}: no {}",

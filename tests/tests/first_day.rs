@@ -12,8 +12,8 @@ use std::{
 };
 
 use health_agent_tests::{
-    agent_binary, docker, fixture_image, free_port, markdown::fenced, request_at, require_root,
-    wait_until, Agent, Container, Fixture, Proc, Receiver,
+    agent_binary, check_json, docker, fixture_image, free_port, markdown::fenced, request_at,
+    require_root, wait_until, Agent, Container, Fixture, Proc, Receiver,
 };
 use serde_json::Value;
 
@@ -138,10 +138,11 @@ fn a_probe_path_the_backend_lacks_is_up_and_degraded_naming_the_key() {
 fn a_mistyped_netns_is_degraded_naming_the_key_never_503() {
     require_root();
     let backend = Fixture::start("normal");
-    let agent = Agent::start(&format!(
-        "[checks]\ninterval = \"500ms\"\n[web]\nport = {}\nnetns = \"/var/run/netns/ha-first-day-no-such-ns\"\n",
-        backend.port
-    ));
+    let agent = Agent::on_port(
+        backend.port,
+        "[checks]\ninterval = \"500ms\"\n\
+         [web]\nnetns = \"/var/run/netns/ha-first-day-no-such-ns\"\n",
+    );
     let (code, body) = agent.wait_health(WAIT, "a reason naming web.netns", |_, b| {
         reasons(b).contains("web.netns")
     });
@@ -194,9 +195,7 @@ fn a_recreated_container_is_not_a_config_error() {
         web.name,
         hook.url("/hook")
     ));
-    agent.wait_health(WAIT, "the container's backend up", |c, b| {
-        c == 200 && b["checks"]["webserver"] == "up"
-    });
+    agent.wait_up(WAIT, "the container's backend up");
     docker(&["rm", "-f", &web.name]);
     let gone = agent.wait_health(WAIT, "the container seen gone", |_, b| {
         b["details"]["web"]["detail"]
@@ -253,22 +252,8 @@ fn no_web_port_is_said_at_start_and_in_the_reasons() {
 #[test]
 fn the_one_shot_check_says_why_it_has_no_kernel_view() {
     let backend = Fixture::start("normal");
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("c.toml");
-    std::fs::write(
-        &cfg,
-        format!("[web]\nport = {}\nkernel = true\n", backend.port),
-    )
-    .unwrap();
-    let out = Command::new(agent_binary())
-        .arg("--config")
-        .arg(&cfg)
-        .args(["check", "--json"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{text}");
-    let v: Value = serde_json::from_str(&text).unwrap();
+    let (code, v) = check_json(&format!("[web]\nport = {}\nkernel = true\n", backend.port));
+    assert_eq!(code, Some(0), "{v}");
     let reason = v["details"]["web"]["kernel"]["reason"].to_string();
     assert!(!reason.contains("web.kernel = false"), "{reason}");
     assert!(reason.contains("one-shot"), "{reason}");
@@ -276,32 +261,12 @@ fn the_one_shot_check_says_why_it_has_no_kernel_view() {
 
 #[test]
 fn check_json_has_the_shape_of_health_and_keeps_its_exit_codes() {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("c.toml");
-    let check = |toml: String| {
-        std::fs::write(&cfg, toml).unwrap();
-        let out = Command::new(agent_binary())
-            .arg("--config")
-            .arg(&cfg)
-            .args(["check", "--json"])
-            .output()
-            .unwrap();
-        let v: Value = serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
-        (out.status.code(), v)
-    };
+    let check = |toml: String| check_json(&toml);
     let backend = Fixture::start("normal");
     let (code, v) = check(format!("[web]\nport = {}\n", backend.port));
     assert_eq!(code, Some(0), "{v}");
-    for key in [
-        "status",
-        "uptime",
-        "checks",
-        "recommendation",
-        "reasons",
-        "generated_at",
-        "details",
-    ] {
+    let keys = "status uptime checks recommendation reasons generated_at details";
+    for key in keys.split(' ') {
         assert!(v.get(key).is_some(), "no `{key}`: {v}");
     }
     assert_eq!(v["checks"]["webserver"], "up", "{v}");

@@ -15,31 +15,36 @@ use std::{
 };
 
 use health_agent_tests::{
+    assert_answered,
     fleet::{free_port_on_all, gauge, loopback, request_at, HostsLines, StubServer, Timed},
-    free_port_on, merge_toml, require_root, timeline, Agent, Fixture, HealthPoller, HealthSample,
-    Load, Postgres, Puma, PumaOptions, TcpProxy,
+    free_port_on, merge_toml, pretty, require_root, since, tail, timeline, web_config, Agent,
+    Fixture, HealthPoller, HealthSample, Load, Postgres, Puma, PumaOptions, TcpProxy,
 };
 use serde_json::{json, Value};
 
 /// Agent start to a first verdict (and to its peers answering).
 const WAIT: Duration = Duration::from_secs(30);
 
-/// Agent config: the web check on `web_port` probing `/up`, a 500 ms check cadence, a 1 s
-/// recovery, and the CPU/memory scaling thresholds out of the way (as in verdicts.rs).
-/// `extra` is merged in.
-fn config(web_port: u16, extra: &str) -> String {
-    let base = format!(
-        "[checks]\ninterval = \"500ms\"\nrecover_after = \"1s\"\n\
-         [web]\nport = {web_port}\nprobe_path = \"/up\"\nprobe_timeout = \"2s\"\n\
-         [scaling]\ncpu_high_percent = 100.0\nmemory_high_percent = 100.0\n\
-         cpu_low_percent = 0.0\nmemory_low_percent = 0.0\nup_at = 10.0\ndown_at = 0.0\n"
-    );
-    merge_toml(&base, extra)
-}
-
 /// `[fleet]` with static peers, asked every second, 1 s per peer.
 fn fleet_peers(peers: &[String]) -> String {
     format!("[fleet]\npeers = {peers:?}\ninterval = \"1s\"\ntimeout = \"1s\"\n")
+}
+
+/// Two agents at `at`, watching `web`'s ports, each told the other's address.
+fn peers_of_each_other(at: [SocketAddr; 2], web: [&Fixture; 2]) -> [Agent; 2] {
+    [0, 1].map(|i| {
+        let peers = fleet_peers(&[at[1 - i].to_string()]);
+        Agent::start_at(at[i], &web_config(web[i].port, &peers), &[])
+    })
+}
+
+/// `GET path` at `addr`: (code, head, body).
+fn get_at(
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+) -> std::io::Result<(u16, String, String)> {
+    request_at(addr, "GET", path, &[], timeout)
 }
 
 /// Every address of `all` but `me`, as `fleet.peers` takes them.
@@ -113,51 +118,25 @@ fn reasons(s: &HealthSample) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The addresses of every agent but the `i`-th, sorted: what its `peers_answered` lists.
+fn others_than<'a>(i: usize, agents: impl Iterator<Item = &'a Agent>) -> Vec<String> {
+    sorted(
+        agents
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+            .map(|(_, a)| a.addr.to_string()),
+    )
+}
+
 fn sorted(v: impl IntoIterator<Item = String>) -> Vec<String> {
     let mut v: Vec<String> = v.into_iter().collect();
     v.sort();
     v
 }
 
-fn tail(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
-}
-
-fn pretty(v: &Value) -> String {
-    serde_json::to_string_pretty(v).unwrap_or_default()
-}
-
-/// The answers from `ready_at` on (an agent's first 200: before it an instance is not in
-/// rotation).
-fn since(samples: &[HealthSample], ready_at: Duration) -> Vec<HealthSample> {
-    samples
-        .iter()
-        .filter(|s| s.at >= ready_at)
-        .cloned()
-        .collect()
-}
-
 /// When the first 200 came (the instance is ready), on the poller's clock.
 fn first_200(samples: &[HealthSample]) -> Option<Duration> {
     samples.iter().find(|s| s.code == 200).map(|s| s.at)
-}
-
-/// Seconds from `from` to the sample.
-fn after(s: &HealthSample, from: Duration) -> f64 {
-    s.at.saturating_sub(from).as_secs_f64()
-}
-
-/// The agent answered every time, with 200 or 503.
-fn assert_answered(samples: &[HealthSample], ctx: &str) {
-    for s in samples {
-        assert!(s.error.is_none(), "the agent did not answer: {s}{ctx}");
-        assert!(
-            s.code == 200 || s.code == 503,
-            "HTTP {} is neither 200 nor 503: {s}{ctx}",
-            s.code
-        );
-    }
 }
 
 /// One instance of the three: its own path to the shared database, a Puma whose `/up` and
@@ -186,15 +165,10 @@ impl Trio {
         let backends: Vec<(TcpProxy, Puma)> = (0..3)
             .map(|_| {
                 let proxy = TcpProxy::start(pg.port);
-                let puma = Puma::start(PumaOptions {
-                    threads: 2,
-                    db_url: Some(format!(
-                        "postgres://postgres:{}@127.0.0.1:{}/postgres",
-                        pg.password, proxy.port
-                    )),
-                    up_uses_db: true,
-                    ..Default::default()
-                });
+                let puma = Puma::start(PumaOptions::on_database(format!(
+                    "postgres://postgres:{}@127.0.0.1:{}/postgres",
+                    pg.password, proxy.port
+                )));
                 (proxy, puma)
             })
             .collect();
@@ -216,7 +190,7 @@ impl Trio {
             );
             let agent = Agent::start_at(
                 *me,
-                &config(puma.port, &extra),
+                &web_config(puma.port, &extra),
                 &[("PGPASSWORD", pg.password.as_str())],
             );
             let poller = HealthPoller::start_at(*me);
@@ -244,13 +218,7 @@ impl Trio {
     }
 
     fn peers_of(&self, i: usize) -> Vec<String> {
-        sorted(
-            self.instances
-                .iter()
-                .enumerate()
-                .filter(|(j, _)| *j != i)
-                .map(|(_, x)| x.agent.addr.to_string()),
-        )
+        others_than(i, self.instances.iter().map(|x| &x.agent))
     }
 
     /// Every agent's log tail and the Postgres port: what a failed wait prints.
@@ -360,7 +328,7 @@ fn one_cut_path_is_local_503_the_others_stay_200() {
         |s| s.code == 503,
         || trio.explain(),
     );
-    println!("freeze → 503 in {:.1}s ({down})", after(&down, frozen));
+    println!("freeze → 503 in {:.1}s ({down})", down.after(frozen));
     // A peer may miss one round (1 s timeout); within a few rounds both answer.
     let evidence = cut.poller.wait_for_from(
         down.at,
@@ -518,12 +486,12 @@ fn every_path_cut_is_shared_never_503() {
             });
         println!(
             "instance {i}: freeze → infrastructure_issue in {:.1}s ({infra})",
-            after(infra, frozen[i])
+            infra.after(frozen[i])
         );
         assert!(
-            after(infra, frozen[i]) <= 20.0,
+            infra.after(frozen[i]) <= 20.0,
             "instance {i}: infrastructure_issue only {:.1}s after the freeze (≤ 20 s expected){ctx}",
-            after(infra, frozen[i])
+            infra.after(frozen[i])
         );
     }
     let shared = during
@@ -605,7 +573,7 @@ fn bad_peers_are_ignored_and_health_is_unaffected() {
         garbage.addr.to_string(),
     ];
     let me = addr(loopback(2), free_port_on(loopback(2)));
-    let agent = Agent::start_at(me, &config(puma.port, &fleet_peers(&peers)), &[]);
+    let agent = Agent::start_at(me, &web_config(puma.port, &fleet_peers(&peers)), &[]);
     let poller = HealthPoller::start_at(me);
     let explain = || {
         format!(
@@ -710,8 +678,8 @@ fn the_peer_view_needs_the_token() {
             fleet_peers(&[peer.to_string()])
         )
     };
-    let a = Agent::start_at(a_addr, &config(fa.port, &with_token(b_addr)), &env);
-    let b = Agent::start_at(b_addr, &config(fb.port, &with_token(a_addr)), &env);
+    let a = Agent::start_at(a_addr, &web_config(fa.port, &with_token(b_addr)), &env);
+    let b = Agent::start_at(b_addr, &web_config(fb.port, &with_token(a_addr)), &env);
     let explain = || {
         format!(
             "\nagent A log (tail):\n{}\nagent B log (tail):\n{}",
@@ -810,16 +778,7 @@ fn peers_dns_works_like_peers() {
 
     let fixtures: Vec<Fixture> = (0..4).map(|_| Fixture::start("normal")).collect();
     // The two peers know each other by address.
-    let _b = Agent::start_at(
-        p3,
-        &config(fixtures[0].port, &fleet_peers(&[p4.to_string()])),
-        &[],
-    );
-    let _d = Agent::start_at(
-        p4,
-        &config(fixtures[1].port, &fleet_peers(&[p3.to_string()])),
-        &[],
-    );
+    let _peers = peers_of_each_other([p3, p4], [&fixtures[0], &fixtures[1]]);
     let dns = |peers_dns: &str| {
         format!("[fleet]\npeers_dns = {peers_dns:?}\ninterval = \"1s\"\ntimeout = \"1s\"\n")
     };
@@ -827,11 +786,11 @@ fn peers_dns_works_like_peers() {
     let a_addr = addr(loopback(2), free_port_on(loopback(2)));
     let a = Agent::start_at(
         a_addr,
-        &config(fixtures[2].port, &dns(&format!("{name}:{port}"))),
+        &web_config(fixtures[2].port, &dns(&format!("{name}:{port}"))),
         &[],
     );
     let c_addr = addr(ip5, port);
-    let c = Agent::start_at(c_addr, &config(fixtures[3].port, &dns(&name)), &[]);
+    let c = Agent::start_at(c_addr, &web_config(fixtures[3].port, &dns(&name)), &[]);
 
     for (label, agent) in [
         ("A (peers_dns = name:port)", &a),
@@ -861,43 +820,34 @@ fn peers_dns_works_like_peers() {
 /// peer is `ServiceAddress:ServicePort`, or `Address:ServicePort` when `ServiceAddress` is
 /// empty. n2's node address 10.9.9.9 must never be used (its ServiceAddress wins).
 fn catalog_body(port: u16) -> String {
+    // (ID, Node, Address, ServiceAddress, n): one instance of service `web` each.
+    let entry = |id: &str, node: &str, address: &str, service_address: &str, n: u64| {
+        json!({
+            "ID": id,
+            "Node": node,
+            "Address": address,
+            "Datacenter": "dc1",
+            "TaggedAddresses": {"lan": address, "wan": address},
+            "NodeMeta": {},
+            "CreateIndex": 9 + n,
+            "ModifyIndex": 11 + n,
+            "ServiceAddress": service_address,
+            "ServiceEnableTagOverride": false,
+            "ServiceID": format!("web-{n}"),
+            "ServiceName": "web",
+            "ServicePort": port,
+            "ServiceMeta": {},
+            "ServiceTags": ["fleet"],
+            "Namespace": "default"
+        })
+    };
+    let (n1, n2) = (
+        "40e4a748-2192-161a-0510-9bf59fe950b5",
+        "b3a1c2d4-0000-4d3e-9f00-2c1d4e5f6a7b",
+    );
     json!([
-        {
-            "ID": "40e4a748-2192-161a-0510-9bf59fe950b5",
-            "Node": "n1",
-            "Address": "127.0.0.3",
-            "Datacenter": "dc1",
-            "TaggedAddresses": {"lan": "127.0.0.3", "wan": "127.0.0.3"},
-            "NodeMeta": {},
-            "CreateIndex": 10,
-            "ModifyIndex": 12,
-            "ServiceAddress": "",
-            "ServiceEnableTagOverride": false,
-            "ServiceID": "web-1",
-            "ServiceName": "web",
-            "ServicePort": port,
-            "ServiceMeta": {},
-            "ServiceTags": ["fleet"],
-            "Namespace": "default"
-        },
-        {
-            "ID": "b3a1c2d4-0000-4d3e-9f00-2c1d4e5f6a7b",
-            "Node": "n2",
-            "Address": "10.9.9.9",
-            "Datacenter": "dc1",
-            "TaggedAddresses": {"lan": "10.9.9.9", "wan": "10.9.9.9"},
-            "NodeMeta": {},
-            "CreateIndex": 11,
-            "ModifyIndex": 13,
-            "ServiceAddress": "127.0.0.4",
-            "ServiceEnableTagOverride": false,
-            "ServiceID": "web-2",
-            "ServiceName": "web",
-            "ServicePort": port,
-            "ServiceMeta": {},
-            "ServiceTags": ["fleet"],
-            "Namespace": "default"
-        }
+        entry(n1, "n1", "127.0.0.3", "", 1),
+        entry(n2, "n2", "10.9.9.9", "127.0.0.4", 2),
     ])
     .to_string()
 }
@@ -926,20 +876,11 @@ fn consul_catalog_peers() {
     let consul = fake_consul(port);
 
     let fixtures: Vec<Fixture> = (0..3).map(|_| Fixture::start("normal")).collect();
-    let _b = Agent::start_at(
-        p3,
-        &config(fixtures[0].port, &fleet_peers(&[p4.to_string()])),
-        &[],
-    );
-    let _d = Agent::start_at(
-        p4,
-        &config(fixtures[1].port, &fleet_peers(&[p3.to_string()])),
-        &[],
-    );
+    let _peers = peers_of_each_other([p3, p4], [&fixtures[0], &fixtures[1]]);
     let a_addr = addr(loopback(2), free_port_on(loopback(2)));
     let a = Agent::start_at(
         a_addr,
-        &config(
+        &web_config(
             fixtures[2].port,
             &format!(
                 "[fleet]\nconsul_addr = {:?}\nconsul_service = \"web\"\ninterval = \"1s\"\ntimeout = \"1s\"\n",
@@ -1057,11 +998,9 @@ fn harness_loopback_addresses_hosts_lines_and_stub_servers() {
     );
 
     let consul = fake_consul(port);
-    let (code, head, body) = request_at(
+    let (code, head, body) = get_at(
         consul.addr,
-        "GET",
         "/v1/catalog/service/web",
-        &[],
         Duration::from_secs(5),
     )
     .expect("GET the catalog");
@@ -1083,11 +1022,9 @@ fn harness_loopback_addresses_hosts_lines_and_stub_servers() {
         peers,
         [format!("127.0.0.3:{port}"), format!("127.0.0.4:{port}")]
     );
-    let (code, _, _) = request_at(
+    let (code, _, _) = get_at(
         consul.addr,
-        "GET",
         "/v1/catalog/service/other",
-        &[],
         Duration::from_secs(5),
     )
     .expect("GET another service");
@@ -1096,13 +1033,7 @@ fn harness_loopback_addresses_hosts_lines_and_stub_servers() {
 
     let slow = StubServer::start(loopback(6), Duration::from_secs(2), |_| (200, "{}".into()));
     let t = Instant::now();
-    let cut_short = request_at(
-        slow.addr,
-        "GET",
-        "/fleet/v1/view",
-        &[],
-        Duration::from_millis(500),
-    );
+    let cut_short = get_at(slow.addr, "/fleet/v1/view", Duration::from_millis(500));
     assert!(
         cut_short.as_ref().is_err_and(|e| matches!(
             e.kind(),
@@ -1110,13 +1041,7 @@ fn harness_loopback_addresses_hosts_lines_and_stub_servers() {
         )),
         "the slow stub answered within 500 ms: {cut_short:?}"
     );
-    let waited = request_at(
-        slow.addr,
-        "GET",
-        "/fleet/v1/view",
-        &[],
-        Duration::from_secs(5),
-    );
+    let waited = get_at(slow.addr, "/fleet/v1/view", Duration::from_secs(5));
     assert!(
         waited.as_ref().is_ok_and(|(c, _, _)| *c == 200) && t.elapsed() >= Duration::from_secs(2),
         "the slow stub: {waited:?} after {:?}",
@@ -1218,7 +1143,7 @@ impl Fleet {
                         ),
                     );
                 }
-                let agent = Agent::start_at(*me, &config(puma.port, &extra), &[]);
+                let agent = Agent::start_at(*me, &web_config(puma.port, &extra), &[]);
                 let poller = HealthPoller::every(*me, Duration::from_millis(100));
                 // ~4 requests a second, each on a new connection; or ~20 on the real pages.
                 let load = if setup.pages {
@@ -1266,13 +1191,38 @@ impl Fleet {
     }
 
     fn peers_of(&self, i: usize) -> Vec<String> {
-        sorted(
-            self.members
-                .iter()
-                .enumerate()
-                .filter(|(j, _)| *j != i)
-                .map(|(_, m)| m.agent.addr.to_string()),
-        )
+        others_than(i, self.members.iter().map(|m| &m.agent))
+    }
+
+    /// [`Fleet::wait_member`] for every member, each from its `from`; returns the slowest, in
+    /// seconds from its `from`.
+    fn wait_all(
+        &self,
+        from: &[Duration],
+        within: Duration,
+        what: &str,
+        pred: impl Fn(&HealthSample) -> bool,
+    ) -> f64 {
+        (0..self.members.len())
+            .map(|i| {
+                let what = format!("instance {i}: {what}");
+                self.wait_member(i, from[i], within, &what, &pred)
+                    .after(from[i])
+            })
+            .fold(0.0, f64::max)
+    }
+
+    /// Member `i`'s first answer at or after `from` (its poller's clock) that satisfies `pred`.
+    fn wait_member(
+        &self,
+        i: usize,
+        from: Duration,
+        within: Duration,
+        what: &str,
+        pred: impl Fn(&HealthSample) -> bool,
+    ) -> HealthSample {
+        let poller = &self.members[i].poller;
+        poller.wait_for_from(from, within, what, pred, || self.explain())
     }
 
     /// Waits until every agent answers 200 with its web backend up and every peer answering.
@@ -1335,17 +1285,12 @@ fn whole_fleet_stopped_is_never_503(n: u8, traffic: bool) -> Vec<f64> {
     let mut times = Vec::new();
     for rep in 0..reps() {
         let stopped = group.stop(&all);
-        let mut slowest: f64 = 0.0;
-        for (i, m) in group.members.iter().enumerate() {
-            let infra = m.poller.wait_for_from(
-                stopped[i],
-                Duration::from_secs(20),
-                &format!("{what}, rep {rep}: instance {i} says infrastructure_issue"),
-                |s| s.recommendation == "infrastructure_issue",
-                || group.explain(),
-            );
-            slowest = slowest.max(after(&infra, stopped[i]));
-        }
+        let slowest = group.wait_all(
+            &stopped,
+            Duration::from_secs(20),
+            &format!("{what}, rep {rep}: infrastructure_issue"),
+            |s| s.recommendation == "infrastructure_issue",
+        );
         // Held a little longer: a late 503 counts too.
         std::thread::sleep(Duration::from_secs(3));
         for (i, m) in group.members.iter().enumerate() {
@@ -1371,24 +1316,21 @@ fn whole_fleet_stopped_is_never_503(n: u8, traffic: bool) -> Vec<f64> {
     times
 }
 
-#[test]
-fn whole_fleet_stopped_two_idle() {
-    whole_fleet_stopped_is_never_503(2, false);
+/// One test per fleet size and traffic: `name: (instances, under traffic)`.
+macro_rules! whole_fleet_stopped {
+    ($($name:ident: $n:literal, $traffic:literal;)*) => {$(
+        #[test]
+        fn $name() {
+            whole_fleet_stopped_is_never_503($n, $traffic);
+        }
+    )*};
 }
 
-#[test]
-fn whole_fleet_stopped_two_under_traffic() {
-    whole_fleet_stopped_is_never_503(2, true);
-}
-
-#[test]
-fn whole_fleet_stopped_three_idle() {
-    whole_fleet_stopped_is_never_503(3, false);
-}
-
-#[test]
-fn whole_fleet_stopped_three_under_traffic() {
-    whole_fleet_stopped_is_never_503(3, true);
+whole_fleet_stopped! {
+    whole_fleet_stopped_two_idle: 2, false;
+    whole_fleet_stopped_two_under_traffic: 2, true;
+    whole_fleet_stopped_three_idle: 3, false;
+    whole_fleet_stopped_three_under_traffic: 3, true;
 }
 
 /// One backend of two stops, idle and under traffic: still this instance's own fault, 503 as
@@ -1403,12 +1345,12 @@ fn one_stopped_of_two_is_503_and_its_peer_stays_200() {
         group.wait_serving(WAIT, "at start");
         let stopped = group.stop(&[0]);
         let (one, other) = (&group.members[0], &group.members[1]);
-        let down = one.poller.wait_for_from(
+        let down = group.wait_member(
+            0,
             stopped[0],
             Duration::from_secs(20),
             &format!("{what}: 503 on the stopped instance"),
             |s| s.code == 503,
-            || group.explain(),
         );
         let local = judged(&down, "local");
         assert!(
@@ -1423,10 +1365,10 @@ fn one_stopped_of_two_is_503_and_its_peer_stays_200() {
             .samples()
             .into_iter()
             .find(|s| s.at >= stopped[0] && s.webserver == "hung")
-            .map_or(f64::NAN, |s| after(&s, stopped[0]));
+            .map_or(f64::NAN, |s| s.after(stopped[0]));
         println!(
             "{what}: stop → hung seen in {seen:.2}s, → 503 in {:.2}s ({down}); judgement {}",
-            after(&down, stopped[0]),
+            down.after(stopped[0]),
             local.unwrap_or_default()
         );
         std::thread::sleep(Duration::from_secs(2));
@@ -1472,14 +1414,14 @@ fn one_erroring_of_three_is_503_after_its_restart_and_its_peers_stay_200() {
     let one = &group.members[0];
     let first = one.puma.pid();
     one.break_pages();
-    let down = one.poller.wait_for_from(
+    let down = group.wait_member(
+        0,
         at[0],
         Duration::from_secs(30),
         "503 on the erroring instance",
         |s| s.code == 503,
-        || group.explain(),
     );
-    let took = after(&down, at[0]);
+    let took = down.after(at[0]);
     let samples = since(&one.poller.samples(), at[0]);
     let ctx = format!("\n{}{}", timeline(&samples), group.explain());
     let local = judged(&down, "local");
@@ -1529,16 +1471,16 @@ fn one_erroring_of_three_is_503_after_its_restart_and_its_peers_stay_200() {
     // Mended: healthy again.
     let mended = one.poller.elapsed();
     one.mend_pages();
-    let healthy = one.poller.wait_for_from(
+    let healthy = group.wait_member(
+        0,
         mended,
         Duration::from_secs(30),
         "healthy again once mended",
         |s| s.code == 200 && s.status == "healthy" && s.webserver == "up",
-        || group.explain(),
     );
     println!(
         "mended → healthy in {:.2}s ({healthy})",
-        after(&healthy, mended)
+        healthy.after(mended)
     );
 }
 
@@ -1550,17 +1492,9 @@ fn all_three_erroring_is_never_503_and_infrastructure_issue_on_all() {
     for m in &group.members {
         m.break_pages();
     }
-    let mut slowest: f64 = 0.0;
-    for (i, m) in group.members.iter().enumerate() {
-        let infra = m.poller.wait_for_from(
-            at[i],
-            Duration::from_secs(20),
-            &format!("instance {i} says infrastructure_issue"),
-            |s| s.recommendation == "infrastructure_issue" && s.webserver == "erroring",
-            || group.explain(),
-        );
-        slowest = slowest.max(after(&infra, at[i]));
-    }
+    let slowest = group.wait_all(&at, Duration::from_secs(20), "infrastructure_issue", |s| {
+        s.recommendation == "infrastructure_issue" && s.webserver == "erroring"
+    });
     // Held a little longer: a late 503 or restart counts too.
     std::thread::sleep(Duration::from_secs(3));
     for (i, m) in group.members.iter().enumerate() {
@@ -1587,13 +1521,10 @@ fn all_three_erroring_is_never_503_and_infrastructure_issue_on_all() {
     for m in &group.members {
         m.mend_pages();
     }
-    for (i, m) in group.members.iter().enumerate() {
-        m.poller.wait_for_from(
-            mended[i],
-            Duration::from_secs(30),
-            &format!("instance {i} healthy again once mended"),
-            |s| s.code == 200 && s.status == "healthy",
-            || group.explain(),
-        );
-    }
+    group.wait_all(
+        &mended,
+        Duration::from_secs(30),
+        "healthy once mended",
+        |s| s.code == 200 && s.status == "healthy",
+    );
 }

@@ -4,7 +4,7 @@
 use std::{net::TcpListener, process::Command, time::Duration};
 
 use health_agent_tests::{
-    agent_binary, counters, free_port, requests, require_root, Agent, Fixture, Tmpfs,
+    agent_binary, check_json, counters, free_port, requests, require_root, Agent, Fixture, Tmpfs,
 };
 
 const WAIT: Duration = Duration::from_secs(15);
@@ -104,10 +104,10 @@ fn kernel_counts_every_handshake_on_the_web_port() {
     require_root();
     let backend = Fixture::start("normal");
     // No probe: the only connections are the test's. Exact counts: counted all along.
-    let agent = Agent::start(&format!(
-        "[web]\nport = {}\nprobe_path = \"\"\nsocket_tracing = \"always\"\n",
-        backend.port
-    ));
+    let agent = Agent::on_port(
+        backend.port,
+        "[web]\nprobe_path = \"\"\nsocket_tracing = \"always\"\n",
+    );
     let (_, body) = agent.health();
     assert_eq!(
         body["details"]["web"]["kernel"]["state"], "active",
@@ -140,7 +140,7 @@ fn kernel_counts_every_handshake_on_the_web_port() {
 fn sigterm_stops_the_agent_cleanly() {
     require_root();
     let backend = Fixture::start("normal");
-    let agent = Agent::start(&format!("[web]\nport = {}\n", backend.port));
+    let agent = Agent::on_port(backend.port, "");
     let status = agent.stop();
     assert!(status.success(), "exit status {status}");
 }
@@ -193,28 +193,16 @@ fn config_validate_names_key_and_line_and_exits_2() {
 
 #[test]
 fn check_exit_codes_follow_the_verdict() {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("c.toml");
     let port = free_port();
     // Nothing listens on `port`: unhealthy, exit 1.
-    std::fs::write(&cfg, format!("[web]\nport = {port}\nprobe_path = \"\"\n")).unwrap();
-    let out = Command::new(agent_binary())
-        .arg("--config")
-        .arg(&cfg)
-        .args(["check", "--json"])
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (code, v) = check_json(&format!("[web]\nport = {port}\nprobe_path = \"\"\n"));
+    assert_eq!(code, Some(1), "{v}");
     assert_eq!(v["status"], "unhealthy");
     assert_eq!(v["details"]["web"]["verdict"], "down");
 
     let backend = Fixture::start("normal");
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.toml");
     std::fs::write(&cfg, format!("[web]\nport = {}\n", backend.port)).unwrap();
     let out = Command::new(agent_binary())
         .arg("--config")

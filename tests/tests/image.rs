@@ -10,9 +10,9 @@ use std::{
 };
 
 use health_agent_tests::{
-    background_requests, docker, free_port, get, newest, require_root, Fixture,
+    background_requests, docker, free_port, get, newest, require_root, succeed, wait_health_at,
+    workspace, Fixture,
 };
-use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(30);
 const MANIFEST: &str = "deploy/kubernetes/health-agent.yaml";
@@ -38,26 +38,6 @@ impl Drop for Agent {
             .args(["rm", "-f", &self.name])
             .output();
     }
-}
-
-fn health(port: u16) -> Option<(u16, Value)> {
-    let (code, body) = get(port, "/health").ok()?;
-    Some((code, serde_json::from_str(&body).ok()?))
-}
-
-fn wait_health(port: u16, what: &str, ok: impl Fn(u16, &Value) -> bool) -> (u16, Value) {
-    let mut last = None;
-    let start = Instant::now();
-    while start.elapsed() < WAIT {
-        if let Some((code, body)) = health(port) {
-            if ok(code, &body) {
-                return (code, body);
-            }
-            last = Some((code, body));
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("timed out after {WAIT:?} waiting for {what}; last /health: {last:?}");
 }
 
 /// The image the manifest names, which `cargo xtask image` tags.
@@ -87,7 +67,7 @@ fn assert_newer_than_sources(image: &str) {
     ])
     .parse()
     .unwrap_or_else(|_| panic!("{image} has no build time label: run `cargo xtask image`"));
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = workspace();
     let sources = ["health-agent", "health-common", "health-agent-ebpf"]
         .iter()
         .map(|c| {
@@ -149,15 +129,7 @@ fn the_image_runs_as_the_daemonset_asks_and_turns_503_for_a_frozen_host_backend(
             &["--bind", "/var/run/netns", "/var/run/netns"][..],
             &["--make-shared", "/var/run/netns"][..],
         ] {
-            let out = std::process::Command::new("mount")
-                .args(args)
-                .output()
-                .expect("running mount");
-            assert!(
-                out.status.success(),
-                "mount {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            succeed(Command::new("mount").args(args));
         }
     }
 
@@ -242,8 +214,9 @@ fn the_image_runs_as_the_daemonset_asks_and_turns_503_for_a_frozen_host_backend(
     }
     // The answer programs reach the host's cgroup hierarchy from the container's own cgroup
     // namespace (through the host's init: hostPID), and read the host backend's 200s.
-    let (code, body) = wait_health(
+    let (code, body) = wait_health_at(
         listen,
+        WAIT,
         "200 with the kernel view active and the answers' status visible",
         |c, b| {
             // Real traffic all along (not the probe's path, "/": its answers are left out),
@@ -271,9 +244,12 @@ fn the_image_runs_as_the_daemonset_asks_and_turns_503_for_a_frozen_host_backend(
     fixture.signal(libc::SIGSTOP);
     let frozen = Instant::now();
     let stuck = background_requests(fixture.port, 4, Duration::from_secs(6));
-    let (code, body) = wait_health(listen, "503 hung for the frozen host backend", |c, b| {
-        c == 503 && b["checks"]["webserver"] == "hung"
-    });
+    let (code, body) = wait_health_at(
+        listen,
+        WAIT,
+        "503 hung for the frozen host backend",
+        |c, b| c == 503 && b["checks"]["webserver"] == "hung",
+    );
     println!(
         "image: /health {code} {} webserver {} {:.1} s after SIGSTOP: {}",
         body["status"],

@@ -22,8 +22,9 @@ use std::{
 use serde_json::Value;
 
 use health_agent_tests::{
-    get_at, http_at, merge_toml, netns_inode, require_root, timeline, wait_until, AddrFixture,
-    Agent, BridgeContainer, HealthPoller, HealthSample, Load, NetNs,
+    assert_answered, get_at, http_at, merge_toml, netns_inode, pretty, require_root, since, tail,
+    timeline, wait_until, web_config, AddrFixture, Agent, BridgeContainer, HealthPoller,
+    HealthSample, Load, LoadStats, NetNs, Watch,
 };
 
 /// Agent start to its first 200.
@@ -41,14 +42,8 @@ const NS_PORT: u16 = 8080;
 /// a 500 ms cadence, a 1 s recovery, no self-heal (a freeze is a 503, not a restart), and the
 /// CPU/memory scaling thresholds out of the way. `web_extra` goes into `[web]`.
 fn config(port: u16, web_extra: &str) -> String {
-    let base = format!(
-        "[checks]\ninterval = \"500ms\"\nrecover_after = \"1s\"\n\
-         [web]\nport = {port}\nprobe_path = \"/up\"\nunanswered_after = \"3s\"\n\
-         [heal]\nenabled = false\n\
-         [scaling]\ncpu_high_percent = 100.0\nmemory_high_percent = 100.0\n\
-         cpu_low_percent = 0.0\nmemory_low_percent = 0.0\nup_at = 10.0\ndown_at = 0.0\n"
-    );
-    merge_toml(&base, &format!("[web]\n{web_extra}"))
+    let ours = format!("[web]\nunanswered_after = \"3s\"\n{web_extra}[heal]\nenabled = false\n");
+    web_config(port, &ours)
 }
 
 /// ~10 requests a second, each on a new connection; a request waits up to 10 s for its answer
@@ -63,20 +58,6 @@ fn traffic(addr: SocketAddr) -> Load {
     )
 }
 
-fn tail(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
-}
-
-/// Seconds from `from` to the sample.
-fn after(s: &HealthSample, from: Duration) -> f64 {
-    s.at.saturating_sub(from).as_secs_f64()
-}
-
-fn pretty(v: &Value) -> String {
-    serde_json::to_string_pretty(v).unwrap_or_default()
-}
-
 /// What a failed assertion prints: every answer, the load, the backend's and agent's logs.
 fn context(samples: &[HealthSample], load: &Load, backend_log: &str, agent: &Agent) -> String {
     format!(
@@ -89,124 +70,140 @@ fn context(samples: &[HealthSample], load: &Load, backend_log: &str, agent: &Age
     )
 }
 
-/// The answers from `ready` on (before its first 200 an instance is not in rotation: 503
-/// `booting` until the backend has been seen serving).
-fn since(samples: Vec<HealthSample>, ready: &HealthSample) -> Vec<HealthSample> {
-    samples.into_iter().filter(|s| s.at >= ready.at).collect()
+/// One agent watching one backend under traffic, every `/health` answer recorded.
+struct Run<'a> {
+    poller: HealthPoller,
+    agent: Agent,
+    load: Load,
+    backend_log: &'a dyn Fn() -> String,
 }
 
-/// Waits for the agent's first 200, lets the backend serve for [`SERVE`] under `load`, and
-/// asserts every answer from that first 200 on was 200 with `checks.webserver == "up"` and
-/// `details.web.listening`. Returns (the first 200, the last answer of the serving period).
-fn serve(
-    poller: &HealthPoller,
-    agent: &Agent,
-    load: &Load,
-    backend_log: &dyn Fn() -> String,
-) -> (HealthSample, HealthSample) {
-    let ready = poller.wait_for_explained(
-        READY,
-        "the first 200",
-        |s| s.code == 200,
-        || context(&poller.samples(), load, &backend_log(), agent),
-    );
-    while poller.elapsed() < ready.at + SERVE {
-        std::thread::sleep(Duration::from_millis(100));
+impl Watch for Run<'_> {
+    fn poller(&self) -> &HealthPoller {
+        &self.poller
     }
-    let samples = since(poller.samples(), &ready);
-    let ctx = context(&samples, load, &backend_log(), agent);
-    assert!(
-        samples.len() >= 20,
-        "only {} answers in {SERVE:?} of serving (the poller asks every 200 ms){ctx}",
-        samples.len()
-    );
-    if let Some(s) = samples
-        .iter()
-        .find(|s| s.code != 200 || s.webserver != "up" || s.web()["listening"] != true)
-    {
-        panic!(
-            "while the backend served, an answer was not 200 `up` with details.web.listening: {s}\nits body: {}{ctx}",
-            pretty(&s.body)
-        );
+
+    fn explain(&self) -> String {
+        self.context(&self.poller.samples())
     }
-    let stats = load.stats();
-    assert!(
-        stats.count(200) >= 30 && stats.timeouts == 0 && stats.errors == 0,
-        "the traffic did not flow while the backend served (harness problem?): {stats}{ctx}"
-    );
-    let last = samples.last().expect("checked above").clone();
-    println!(
-        "serving: {last}\n  details.web.namespace = {}\n  details.web.probe.target = {}",
-        last.web()["namespace"],
-        last.web()["probe"]["target"]
-    );
-    (ready, last)
 }
 
-/// Freezes the backend under traffic: 503 `hung` within [`HUNG_WITHIN`] (the measured time is
-/// printed); thaws it: 200 within [`BACK_WITHIN`]. Returns (freeze time, the 503, the 200).
-fn freeze_and_thaw(
-    what: &str,
-    poller: &HealthPoller,
-    agent: &Agent,
-    load: &Load,
-    backend_log: &dyn Fn() -> String,
-    freeze: impl FnOnce(),
-    thaw: impl FnOnce(),
-) -> (Duration, HealthSample, HealthSample) {
-    let answered_before = load.stats().count(200);
-    freeze();
-    let frozen = poller.elapsed();
-    // Waits past the bound, so a late verdict is reported with its time, not as a timeout.
-    let hung = poller.wait_for_explained(
-        HUNG_WITHIN + Duration::from_secs(4),
-        &format!("503 with webserver `hung` after {what}"),
-        |s| s.code == 503 && s.webserver == "hung",
-        || context(&poller.samples(), load, &backend_log(), agent),
-    );
-    let took = after(&hung, frozen);
-    println!("{what} → 503 hung in {took:.1}s ({hung})");
-    let answered_frozen = load.stats().count(200);
-    let ctx = context(&poller.samples(), load, &backend_log(), agent);
-    assert!(
-        took <= HUNG_WITHIN.as_secs_f64(),
-        "503 `hung` only {took:.1}s after {what} (≤ {HUNG_WITHIN:?} expected){ctx}"
-    );
-    assert_eq!(
-        hung.status,
-        "unhealthy",
-        "{hung}\nits body: {}{ctx}",
-        pretty(&hung.body)
-    );
-    // Requests in flight at the freeze may still have been answered; more than a handful
-    // means the freeze did not freeze (harness problem).
-    assert!(
-        answered_frozen <= answered_before + 5,
-        "{} answers while frozen (harness problem: {what} did not freeze the backend){ctx}",
-        answered_frozen - answered_before
-    );
+impl<'a> Run<'a> {
+    /// `agent`'s answers recorded from now on, the backend at `target` under [`traffic`].
+    fn start(agent: Agent, target: SocketAddr, backend_log: &'a dyn Fn() -> String) -> Self {
+        Self {
+            poller: HealthPoller::start(agent.port),
+            agent,
+            load: traffic(target),
+            backend_log,
+        }
+    }
 
-    thaw();
-    let thawed = poller.elapsed();
-    let back = poller.wait_for_explained(
-        BACK_WITHIN,
-        &format!("200 after the thaw that followed {what}"),
-        |s| s.code == 200,
-        || context(&poller.samples(), load, &backend_log(), agent),
-    );
-    println!("thaw → 200 in {:.1}s ({back})", after(&back, thawed));
-    (frozen, hung, back)
-}
+    fn context(&self, samples: &[HealthSample]) -> String {
+        context(samples, &self.load, &(self.backend_log)(), &self.agent)
+    }
 
-/// Every answer of the run came (no connection error) and was a 200 or a 503.
-fn assert_answered(samples: &[HealthSample], ctx: &str) {
-    for s in samples {
-        assert!(s.error.is_none(), "the agent did not answer: {s}{ctx}");
+    /// Waits for the agent's first 200, lets the backend serve for [`SERVE`], and asserts every
+    /// answer from that first 200 on was 200 with `checks.webserver == "up"` and
+    /// `details.web.listening`. Returns (the first 200, the last answer of the serving period).
+    fn serve(&self) -> (HealthSample, HealthSample) {
+        let ready = self.wait(READY, "the first 200", |s| s.code == 200);
+        while self.poller.elapsed() < ready.at + SERVE {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let samples = since(&self.poller.samples(), ready.at);
+        let ctx = self.context(&samples);
         assert!(
-            s.code == 200 || s.code == 503,
-            "HTTP {} is neither 200 nor 503: {s}{ctx}",
-            s.code
+            samples.len() >= 20,
+            "only {} answers in {SERVE:?} of serving (the poller asks every 200 ms){ctx}",
+            samples.len()
         );
+        if let Some(s) = samples
+            .iter()
+            .find(|s| s.code != 200 || s.webserver != "up" || s.web()["listening"] != true)
+        {
+            panic!(
+                "while the backend served, an answer was not 200 `up` with details.web.listening: {s}\nits body: {}{ctx}",
+                pretty(&s.body)
+            );
+        }
+        let stats = self.load.stats();
+        assert!(
+            stats.count(200) >= 30 && stats.timeouts == 0 && stats.errors == 0,
+            "the traffic did not flow while the backend served (harness problem?): {stats}{ctx}"
+        );
+        let last = samples.last().expect("checked above").clone();
+        println!(
+            "serving: {last}\n  details.web.namespace = {}\n  details.web.probe.target = {}",
+            last.web()["namespace"],
+            last.web()["probe"]["target"]
+        );
+        (ready, last)
+    }
+
+    /// Freezes the backend under traffic: 503 `hung` within [`HUNG_WITHIN`] (the measured time
+    /// is printed); thaws it: 200 within [`BACK_WITHIN`]. Returns (freeze time, the 503, the 200).
+    fn freeze_and_thaw(
+        &self,
+        what: &str,
+        freeze: impl FnOnce(),
+        thaw: impl FnOnce(),
+    ) -> (Duration, HealthSample, HealthSample) {
+        let answered_before = self.load.stats().count(200);
+        freeze();
+        let frozen = self.poller.elapsed();
+        // Waits past the bound, so a late verdict is reported with its time, not as a timeout.
+        let hung = self.wait(
+            HUNG_WITHIN + Duration::from_secs(4),
+            &format!("503 with webserver `hung` after {what}"),
+            |s| s.code == 503 && s.webserver == "hung",
+        );
+        let took = hung.after(frozen);
+        println!("{what} → 503 hung in {took:.1}s ({hung})");
+        let answered_frozen = self.load.stats().count(200);
+        let ctx = self.context(&self.poller.samples());
+        assert!(
+            took <= HUNG_WITHIN.as_secs_f64(),
+            "503 `hung` only {took:.1}s after {what} (≤ {HUNG_WITHIN:?} expected){ctx}"
+        );
+        assert_eq!(
+            hung.status,
+            "unhealthy",
+            "{hung}\nits body: {}{ctx}",
+            pretty(&hung.body)
+        );
+        // Requests in flight at the freeze may still have been answered; more than a handful
+        // means the freeze did not freeze (harness problem).
+        assert!(
+            answered_frozen <= answered_before + 5,
+            "{} answers while frozen (harness problem: {what} did not freeze the backend){ctx}",
+            answered_frozen - answered_before
+        );
+
+        thaw();
+        let thawed = self.poller.elapsed();
+        let back = self.wait(
+            BACK_WITHIN,
+            &format!("200 after the thaw that followed {what}"),
+            |s| s.code == 200,
+        );
+        println!("thaw → 200 in {:.1}s ({back})", back.after(thawed));
+        (frozen, hung, back)
+    }
+
+    /// Stops the load and the poller, prints the run as `label`, asserts the agent answered
+    /// every time from `from` on, and returns those answers with the load's figures.
+    fn finish(self, label: &str, from: Duration) -> (Vec<HealthSample>, LoadStats) {
+        let stats = self.load.stop();
+        let samples = since(&self.poller.stop(), from);
+        println!("{label}: {stats}\n{}", timeline(&samples));
+        let ctx = format!(
+            "\n{}agent log:\n{}",
+            timeline(&samples),
+            tail(&self.agent.logs(), 40)
+        );
+        assert_answered(&samples, &ctx);
+        (samples, stats)
     }
 }
 
@@ -260,11 +257,10 @@ fn bridge_container(by_published_port: bool) {
         web.container_port
     };
     let agent = Agent::start(&config(port, &format!("container = {:?}\n", web.name)));
-    let poller = HealthPoller::start(agent.port);
-    let load = traffic(web.host_addr());
     let logs = || web.logs();
+    let run = Run::start(agent, web.host_addr(), &logs);
 
-    let (ready, serving) = serve(&poller, &agent, &load, &logs);
+    let (ready, serving) = run.serve();
     let ns = namespace(&serving);
     assert_field(
         &serving,
@@ -309,34 +305,13 @@ fn bridge_container(by_published_port: bool) {
         pretty(&serving.body)
     );
 
-    freeze_and_thaw(
-        "docker pause",
-        &poller,
-        &agent,
-        &load,
-        &logs,
-        || web.pause(),
-        || web.unpause(),
-    );
-    let stats = load.stop();
-    let samples = since(poller.stop(), &ready);
-    println!(
-        "bridge container by {} port: {stats}\n{}",
-        if by_published_port {
-            "published"
-        } else {
-            "container"
-        },
-        timeline(&samples)
-    );
-    assert_answered(
-        &samples,
-        &format!(
-            "\n{}agent log:\n{}",
-            timeline(&samples),
-            tail(&agent.logs(), 40)
-        ),
-    );
+    run.freeze_and_thaw("docker pause", || web.pause(), || web.unpause());
+    let by = if by_published_port {
+        "published"
+    } else {
+        "container"
+    };
+    run.finish(&format!("bridge container by {by} port"), ready.at);
 }
 
 /// Issue 18 §1 on Docker's bridge: a container frozen with `docker pause` under traffic is
@@ -351,33 +326,29 @@ fn bridge_container_paused_and_restarted_is_healthy_again_without_a_503() {
         &config(web.container_port, &format!("container = {:?}\n", web.name)),
         "[heal]\nenabled = true\n",
     ));
-    let poller = HealthPoller::start(agent.port);
-    let load = traffic(web.host_addr());
     let logs = || web.logs();
-    let (ready, serving) = serve(&poller, &agent, &load, &logs);
+    let run = Run::start(agent, web.host_addr(), &logs);
+    let (ready, serving) = run.serve();
     let inode_before = namespace(&serving)["inode"].clone();
 
     web.pause();
-    let paused = poller.elapsed();
-    let healed = poller.wait_for_explained(
+    let paused = run.poller.elapsed();
+    let healed = run.wait(
         Duration::from_secs(40),
-        "healthy again after docker restart",
+        "healthy after docker restart",
         |s| {
             s.code == 200
                 && s.status == "healthy"
                 && s.webserver == "up"
                 && s.body["details"]["heal"]["total_recovered"] == 1
         },
-        || context(&poller.samples(), &load, &logs(), &agent),
     );
     println!(
         "docker pause → healthy again in {:.1}s ({healed})",
-        after(&healed, paused)
+        healed.after(paused)
     );
-    let samples = since(poller.stop(), &ready);
-    let ctx = context(&samples, &load, &logs(), &agent);
-    let stats = load.stop();
-    println!("{stats}\n{}", timeline(&samples));
+    let ctx = run.context(&since(&run.poller.samples(), ready.at));
+    let (samples, _) = run.finish("paused and restarted", ready.at);
     if let Some(s) = samples.iter().find(|s| s.code != 200) {
         panic!(
             "a {} while self-heal restarted the container: {s}{ctx}",
@@ -447,7 +418,7 @@ fn bridge_container_dual_stack_listener_without_ipv6() {
     while poller.elapsed() < quiet.at + SERVE {
         std::thread::sleep(Duration::from_millis(100));
     }
-    let idle = since(poller.samples(), &quiet);
+    let idle = since(&poller.samples(), quiet.at);
     let idle_ctx = format!(
         "\n/health answers:\n{}backend log (tail):\n{}\nagent log (tail):\n{}",
         timeline(&idle),
@@ -476,37 +447,21 @@ fn bridge_container_dual_stack_listener_without_ipv6() {
         last.web()["probe"]
     );
 
-    let load = traffic(web.host_addr());
-    let (_, serving) = serve(&poller, &agent, &load, &logs);
+    let run = Run {
+        poller,
+        agent,
+        load: traffic(web.host_addr()),
+        backend_log: &logs,
+    };
+    let (_, serving) = run.serve();
     assert_field(
         &serving,
         "namespace.inode (the container's network namespace)",
         &namespace(&serving)["inode"],
         web.netns_inode().into(),
     );
-    freeze_and_thaw(
-        "docker pause",
-        &poller,
-        &agent,
-        &load,
-        &logs,
-        || web.pause(),
-        || web.unpause(),
-    );
-    let stats = load.stop();
-    let samples = since(poller.stop(), &quiet);
-    println!(
-        "dual-stack listener, no IPv6: {stats}\n{}",
-        timeline(&samples)
-    );
-    assert_answered(
-        &samples,
-        &format!(
-            "\n{}agent log:\n{}",
-            timeline(&samples),
-            tail(&agent.logs(), 40)
-        ),
-    );
+    run.freeze_and_thaw("docker pause", || web.pause(), || web.unpause());
+    run.finish("dual-stack listener, no IPv6", quiet.at);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -524,11 +479,10 @@ fn netns_backend_on_its_own_address() {
         NS_PORT,
         &format!("netns = {:?}\n", ns.path().display().to_string()),
     ));
-    let poller = HealthPoller::start(agent.port);
-    let load = traffic(backend.listen);
     let logs = || backend.logs();
+    let run = Run::start(agent, backend.listen, &logs);
 
-    let (ready, serving) = serve(&poller, &agent, &load, &logs);
+    let (ready, serving) = run.serve();
     let nsj = namespace(&serving);
     assert_field(&serving, "namespace.source", &nsj["source"], "netns".into());
     assert!(
@@ -552,26 +506,8 @@ fn netns_backend_on_its_own_address() {
         format!("{}:{NS_PORT}", ns.inside_ip()).into(),
     );
 
-    freeze_and_thaw(
-        "SIGSTOP",
-        &poller,
-        &agent,
-        &load,
-        &logs,
-        || backend.sigstop(),
-        || backend.sigcont(),
-    );
-    let stats = load.stop();
-    let samples = since(poller.stop(), &ready);
-    println!("backend in {}: {stats}\n{}", ns.name, timeline(&samples));
-    assert_answered(
-        &samples,
-        &format!(
-            "\n{}agent log:\n{}",
-            timeline(&samples),
-            tail(&agent.logs(), 40)
-        ),
-    );
+    run.freeze_and_thaw("SIGSTOP", || backend.sigstop(), || backend.sigcont());
+    run.finish(&format!("backend in {}", ns.name), ready.at);
 }
 
 /// The fixture on `[::1]:PORT` only, in the agent's own namespace. Freeze: SIGSTOP.
@@ -581,11 +517,10 @@ fn ipv6_loopback_only_backend() {
     let backend = AddrFixture::on_ip(IpAddr::V6(Ipv6Addr::LOCALHOST), "normal");
     let port = backend.listen.port();
     let agent = Agent::start(&config(port, ""));
-    let poller = HealthPoller::start(agent.port);
-    let load = traffic(backend.listen);
     let logs = || backend.logs();
+    let run = Run::start(agent, backend.listen, &logs);
 
-    let (ready, serving) = serve(&poller, &agent, &load, &logs);
+    let (ready, serving) = run.serve();
     assert_field(
         &serving,
         "details.web.probe.target",
@@ -602,26 +537,8 @@ fn ipv6_loopback_only_backend() {
         netns_inode("/proc/self/ns/net").into(),
     );
 
-    freeze_and_thaw(
-        "SIGSTOP",
-        &poller,
-        &agent,
-        &load,
-        &logs,
-        || backend.sigstop(),
-        || backend.sigcont(),
-    );
-    let stats = load.stop();
-    let samples = since(poller.stop(), &ready);
-    println!("backend on [::1]:{port}: {stats}\n{}", timeline(&samples));
-    assert_answered(
-        &samples,
-        &format!(
-            "\n{}agent log:\n{}",
-            timeline(&samples),
-            tail(&agent.logs(), 40)
-        ),
-    );
+    run.freeze_and_thaw("SIGSTOP", || backend.sigstop(), || backend.sigcont());
+    run.finish(&format!("backend on [::1]:{port}"), ready.at);
 }
 
 /// Two namespaces, the same port in each, an agent for each. Only A's backend is frozen: A
@@ -636,20 +553,13 @@ fn same_port_in_two_namespaces_only_the_frozen_one_reacts() {
     let netns = |ns: &NetNs| format!("netns = {:?}\n", ns.path().display().to_string());
     let agent_a = Agent::start(&config(NS_PORT, &netns(&ns_a)));
     let agent_b = Agent::start(&config(NS_PORT, &netns(&ns_b)));
-    let poller_a = HealthPoller::start(agent_a.port);
-    let poller_b = HealthPoller::start(agent_b.port);
-    let load_a = traffic(backend_a.listen);
-    let load_b = traffic(backend_b.listen);
-    let logs_a = || backend_a.logs();
+    let (logs_a, logs_b) = (|| backend_a.logs(), || backend_b.logs());
+    let run_a = Run::start(agent_a, backend_a.listen, &logs_a);
+    let run_b = Run::start(agent_b, backend_b.listen, &logs_b);
 
-    let ready_b = poller_b.wait_for_explained(
-        READY,
-        "agent B's first 200",
-        |s| s.code == 200,
-        || context(&poller_b.samples(), &load_b, &backend_b.logs(), &agent_b),
-    );
-    let (ready_a, serving_a) = serve(&poller_a, &agent_a, &load_a, &logs_a);
-    let serving_b = poller_b.samples().last().cloned().expect("B answered");
+    let ready_b = run_b.wait(READY, "agent B's first 200", |s| s.code == 200);
+    let (ready_a, serving_a) = run_a.serve();
+    let serving_b = run_b.poller.samples().last().cloned().expect("B answered");
     for (s, ns) in [(&serving_a, &ns_a), (&serving_b, &ns_b)] {
         let nsj = namespace(s);
         assert_field(s, "namespace.source", &nsj["source"], "netns".into());
@@ -668,34 +578,18 @@ fn same_port_in_two_namespaces_only_the_frozen_one_reacts() {
         "the two agents report the same namespace inode"
     );
 
-    freeze_and_thaw(
+    run_a.freeze_and_thaw(
         "SIGSTOP of A's backend",
-        &poller_a,
-        &agent_a,
-        &load_a,
-        &logs_a,
         || backend_a.sigstop(),
         || backend_a.sigcont(),
     );
-    let stats_a = load_a.stop();
-    let stats_b = load_b.stop();
-    let samples_a = since(poller_a.stop(), &ready_a);
-    let samples_b = since(poller_b.stop(), &ready_b);
-    println!(
-        "A ({}): {stats_a}\n{}B ({}): {stats_b}\n{}",
-        ns_a.name,
-        timeline(&samples_a),
-        ns_b.name,
-        timeline(&samples_b)
-    );
+    let (samples_a, _) = run_a.finish(&format!("A ({})", ns_a.name), ready_a.at);
+    let (samples_b, stats_b) = run_b.finish(&format!("B ({})", ns_b.name), ready_b.at);
     let ctx = format!(
-        "\nA's answers:\n{}B's answers:\n{}B's load: {stats_b}\nagent B log (tail):\n{}",
+        "\nA's answers:\n{}B's answers:\n{}B's load: {stats_b}",
         timeline(&samples_a),
         timeline(&samples_b),
-        tail(&agent_b.logs(), 40)
     );
-    assert_answered(&samples_a, &ctx);
-    assert_answered(&samples_b, &ctx);
     if let Some(s) = samples_b
         .iter()
         .find(|s| s.code != 200 || s.webserver != "up")
@@ -714,6 +608,23 @@ fn same_port_in_two_namespaces_only_the_frozen_one_reacts() {
 // ---------------------------------------------------------------------------------------
 // The harness alone (no agent)
 // ---------------------------------------------------------------------------------------
+
+/// 1.5 s of about 20 requests a second to `target`, each on a new connection: all answered.
+fn assert_load_flows(target: SocketAddr, what: &str) {
+    let load = Load::new_connections_to(
+        target,
+        "/",
+        2,
+        Duration::from_millis(100),
+        Duration::from_secs(2),
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    let stats = load.stop();
+    assert!(
+        stats.count(200) >= 10 && stats.errors == 0 && stats.timeouts == 0,
+        "{what}: {stats}"
+    );
+}
 
 /// `GET path` with a short timeout: Some(status) or None (no answer).
 fn quick_get(addr: SocketAddr, path: &str, timeout: Duration) -> Result<u16, String> {
@@ -788,20 +699,7 @@ fn harness_namespaces_reach_freeze_and_clean_up() {
     );
     println!("listeners in {}:\n{ss}", a.name);
 
-    let load = Load::new_connections_to(
-        fa.listen,
-        "/",
-        2,
-        Duration::from_millis(100),
-        Duration::from_secs(2),
-    );
-    std::thread::sleep(Duration::from_millis(1500));
-    let stats = load.stop();
-    assert!(
-        stats.count(200) >= 10 && stats.errors == 0 && stats.timeouts == 0,
-        "load into {}: {stats}",
-        a.name
-    );
+    assert_load_flows(fa.listen, &format!("load into {}", a.name));
 
     fa.sigstop();
     let frozen = quick_get(fa.listen, "/up", Duration::from_secs(1));
@@ -856,20 +754,7 @@ fn harness_ipv6_loopback_fixture() {
     assert!(ss.contains(&format!("[::1]:{port}")), "{ss}");
     println!("listener: {ss}");
 
-    let load = Load::new_connections_to(
-        f.listen,
-        "/",
-        2,
-        Duration::from_millis(100),
-        Duration::from_secs(2),
-    );
-    std::thread::sleep(Duration::from_millis(1000));
-    let stats = load.stop();
-    assert!(
-        stats.count(200) >= 8 && stats.errors == 0,
-        "load to {}: {stats}",
-        f.listen
-    );
+    assert_load_flows(f.listen, &format!("load to {}", f.listen));
     f.sigstop();
     let frozen = quick_get(f.listen, "/up", Duration::from_secs(1));
     assert!(frozen.is_err(), "a stopped fixture answered: {frozen:?}");
@@ -898,19 +783,9 @@ fn harness_bridge_container_published_on_loopback() {
     );
     c.set_mode("normal");
 
-    let load = Load::new_connections_to(
+    assert_load_flows(
         c.host_addr(),
-        "/",
-        2,
-        Duration::from_millis(100),
-        Duration::from_secs(2),
-    );
-    std::thread::sleep(Duration::from_millis(1500));
-    let stats = load.stop();
-    assert!(
-        stats.count(200) >= 10 && stats.errors == 0 && stats.timeouts == 0,
-        "load through 127.0.0.1:{}: {stats}",
-        c.host_port
+        &format!("load through 127.0.0.1:{}", c.host_port),
     );
 
     c.pause();

@@ -304,10 +304,7 @@ fn saturation_at_the_default_tracks_a_pool_whose_capacity_is_learned() {
             "4096",
         ],
     );
-    let agent = Agent::start(&format!(
-        "[web]\nport = {}\n\n[scaling]\nwindow = \"10s\"\n",
-        pool.port
-    ));
+    let agent = Agent::on_port(pool.port, "[scaling]\nwindow = \"10s\"\n");
     agent.wait_health(Duration::from_secs(30), "healthy", |code, b| {
         code == 200 && b["status"] == "healthy"
     });

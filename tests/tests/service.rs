@@ -14,29 +14,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use health_agent_tests::{free_port, get, http, require_root, target_dir, Agent, Fixture};
+use health_agent_tests::{
+    free_port, get, http, require_root, succeed, target_dir, workspace, Agent, Fixture,
+};
 
 const WAIT: Duration = Duration::from_secs(20);
 
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
 const UNIT: &str = "deploy/systemd/health-agent.service";
-
-fn run(cmd: &mut Command) -> std::process::Output {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed ({}):\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
 
 /// Purges the package on drop, so a failed assertion leaves nothing installed.
 struct Installed;
@@ -96,7 +80,7 @@ fn the_package_installs_its_unit_verifies_and_its_default_config_validates() {
     }
 
     let _purge = Installed;
-    run(Command::new("dpkg").arg("-i").arg(&deb));
+    succeed(Command::new("dpkg").arg("-i").arg(&deb));
     for path in [
         "/usr/bin/health-agent",
         "/lib/systemd/system/health-agent.service",
@@ -104,7 +88,8 @@ fn the_package_installs_its_unit_verifies_and_its_default_config_validates() {
     ] {
         assert!(Path::new(path).is_file(), "{path} not installed");
     }
-    let conffiles = run(Command::new("dpkg-query").args(["-W", "-f=${Conffiles}", "health-agent"]));
+    let conffiles =
+        succeed(Command::new("dpkg-query").args(["-W", "-f=${Conffiles}", "health-agent"]));
     let conffiles = String::from_utf8_lossy(&conffiles.stdout);
     assert!(
         conffiles.contains("/etc/health-agent/health-agent.toml"),
@@ -113,9 +98,11 @@ fn the_package_installs_its_unit_verifies_and_its_default_config_validates() {
 
     // systemd-analyze verify prints nothing for a clean unit.
     let tmp = tempfile::tempdir().expect("tempdir");
-    let verify = run(Command::new("systemd-analyze")
-        .args(["verify", "/lib/systemd/system/health-agent.service"])
-        .current_dir(tmp.path()));
+    let verify = succeed(
+        Command::new("systemd-analyze")
+            .args(["verify", "/lib/systemd/system/health-agent.service"])
+            .current_dir(tmp.path()),
+    );
     let said = format!(
         "{}{}",
         String::from_utf8_lossy(&verify.stdout),
@@ -124,14 +111,14 @@ fn the_package_installs_its_unit_verifies_and_its_default_config_validates() {
     assert!(said.trim().is_empty(), "systemd-analyze verify: {said}");
     println!("systemd-analyze verify: clean");
 
-    let validate = run(Command::new("/usr/bin/health-agent").args([
+    let validate = succeed(Command::new("/usr/bin/health-agent").args([
         "config",
         "--validate",
         "/etc/health-agent/health-agent.toml",
     ]));
     println!("{}", String::from_utf8_lossy(&validate.stdout).trim());
 
-    run(Command::new("dpkg").args(["--purge", "health-agent"]));
+    succeed(Command::new("dpkg").args(["--purge", "health-agent"]));
     assert!(!Path::new("/usr/bin/health-agent").exists());
     assert!(!Path::new("/etc/health-agent/health-agent.toml").exists());
 }
@@ -270,7 +257,7 @@ impl Haproxy {
             ),
         )
         .expect("writing haproxy.cfg");
-        run(Command::new("haproxy").arg("-c").arg("-f").arg(&cfg));
+        succeed(Command::new("haproxy").arg("-c").arg("-f").arg(&cfg));
         let child = Command::new("haproxy")
             .arg("-db")
             .arg("-f")

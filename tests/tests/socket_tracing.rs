@@ -25,9 +25,7 @@ fn healthy_traffic_runs_no_program_and_a_frozen_server_still_leaves_rotation() {
          socket_tracing = \"on_suspicion\"\n",
         nginx.port
     ));
-    agent.wait_health(WAIT, "healthy first", |c, b| {
-        c == 200 && b["checks"]["webserver"] == "up"
-    });
+    agent.wait_up(WAIT, "healthy first");
 
     // The first counting window (and the answer programs' first 1 s sampling window) opens as
     // the agent starts; the next is 15 s later.
@@ -111,9 +109,7 @@ fn healthy_traffic_runs_no_program_and_a_frozen_server_still_leaves_rotation() {
     assert!(took < Duration::from_secs(5), "503 {took:?} after the stop");
 
     nginx.signal_all(libc::SIGCONT);
-    agent.wait_health(WAIT, "200 again after SIGCONT", |c, b| {
-        c == 200 && b["checks"]["webserver"] == "up"
-    });
+    agent.wait_up(WAIT, "200 again after SIGCONT");
 }
 
 /// At the default (`socket_tracing` unset: `on_suspicion`) the figures users read — request

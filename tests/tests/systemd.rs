@@ -7,7 +7,7 @@
 use std::{
     collections::BTreeSet,
     fs,
-    path::{Path, PathBuf},
+    path::Path,
     process::Command,
     time::{Duration, Instant},
 };
@@ -15,37 +15,11 @@ use std::{
 use health_agent_tests::{
     background_requests, binary, free_port, get,
     nspawn::{self, UNIT},
-    require_root, wait_until, Machine,
+    require_root, wait_health_at, wait_until, workspace, Machine,
 };
-use serde_json::Value;
 
 const SERVICE: &str = "health-agent.service";
 const WAIT: Duration = Duration::from_secs(30);
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// `/health` from the host (the container shares its network namespace).
-fn health(port: u16) -> Option<(u16, Value)> {
-    let (code, body) = get(port, "/health").ok()?;
-    Some((code, serde_json::from_str(&body).ok()?))
-}
-
-fn wait_health(port: u16, what: &str, ok: impl Fn(u16, &Value) -> bool) -> (u16, Value) {
-    let mut last = None;
-    let start = Instant::now();
-    while start.elapsed() < WAIT {
-        if let Some((code, body)) = health(port) {
-            if ok(code, &body) {
-                return (code, body);
-            }
-            last = Some((code, body));
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("timed out after {WAIT:?} waiting for {what}; last /health: {last:?}");
-}
 
 /// The `prog_id:` and `link_id:` values of a process's open BPF objects (its fdinfo).
 fn bpf_ids(host_pid: u32) -> (BTreeSet<u32>, BTreeSet<u32>) {
@@ -205,7 +179,7 @@ fn the_shipped_unit_starts_detects_restarts_on_watchdog_and_stops_clean_under_re
     }
     // Traffic all along, counted in the programs' counting windows (the first as the agent
     // starts, then every 15 s).
-    let (code, body) = wait_health(listen, "200 with the kernel view counting", |c, b| {
+    let (code, body) = wait_health_at(listen, WAIT, "200 with the kernel view counting", |c, b| {
         let _ = get(web, "/");
         c == 200
             && b["details"]["web"]["kernel"]["state"] == "active"
@@ -223,7 +197,7 @@ fn the_shipped_unit_starts_detects_restarts_on_watchdog_and_stops_clean_under_re
     machine.run(&["systemctl", "kill", "--signal=SIGSTOP", "backend.service"]);
     let frozen = Instant::now();
     let stuck = background_requests(web, 4, Duration::from_secs(6));
-    let (code, body) = wait_health(listen, "503 hung for the frozen backend", |c, b| {
+    let (code, body) = wait_health_at(listen, WAIT, "503 hung for the frozen backend", |c, b| {
         c == 503 && b["checks"]["webserver"] == "hung"
     });
     println!(
@@ -235,14 +209,14 @@ fn the_shipped_unit_starts_detects_restarts_on_watchdog_and_stops_clean_under_re
     );
     // Connections waiting attach the accept tracepoints (perf_event_open under the unit's
     // syscall filter).
-    wait_health(listen, "the accept tracepoints attached", |_, b| {
+    wait_health_at(listen, WAIT, "the accept tracepoints attached", |_, b| {
         b["details"]["web"]["counters"]["accepts_traced"] == true
     });
     machine.run(&["systemctl", "kill", "--signal=SIGCONT", "backend.service"]);
     for t in stuck {
         let _ = t.join();
     }
-    wait_health(listen, "200 again after SIGCONT", |c, _| c == 200);
+    wait_health_at(listen, WAIT, "200 again after SIGCONT", |c, _| c == 200);
 
     // Watchdog: the agent frozen; its check loop stops sending WATCHDOG=1.
     let watchdog = timespan(&show("WatchdogUSec"));
@@ -278,9 +252,12 @@ fn the_shipped_unit_starts_detects_restarts_on_watchdog_and_stops_clean_under_re
         restarted <= watchdog + Duration::from_secs(5),
         "restarted after {restarted:?}, want within WatchdogSec + 5 s"
     );
-    wait_health(listen, "/health answering after the restart", |c, b| {
-        c == 200 && b["details"]["web"]["kernel"]["state"] == "active"
-    });
+    wait_health_at(
+        listen,
+        WAIT,
+        "/health answering after the restart",
+        |c, b| c == 200 && b["details"]["web"]["kernel"]["state"] == "active",
+    );
 
     // Nothing the sandbox denied (seccomp's EPERM, a read-only path) showed up in either run.
     let denied: Vec<String> = journal(&machine)

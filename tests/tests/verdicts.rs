@@ -10,121 +10,23 @@
 //! over all of them, so a single 503 in the middle of a run is caught. Restarts are counted
 //! by a `restart_command` that appends a line to a file.
 
-use std::{
-    path::PathBuf,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use health_agent_tests::{
-    http, merge_toml,
-    puma::{context, wait},
-    require_root, timeline, wait_until, Agent, HealthPoller, HealthSample, Load, Postgres, Puma,
-    PumaOptions, TcpProxy,
+    assert_200_before, assert_contract, heal_attempts, http, require_root, steady_load, timeline,
+    wait_until, web_config, Agent, HealthSample, Load, Postgres, Puma, PumaOptions, Restarts,
+    TcpProxy, Watch, Watched,
 };
 
 /// Agent start to a first verdict.
 const WAIT: Duration = Duration::from_secs(30);
 
-const STATUSES: &[&str] = &["healthy", "degraded", "unhealthy", "booting", "recovering"];
-const RECOMMENDATIONS: &[&str] = &["stable", "scale_up", "scale_down", "infrastructure_issue"];
-const WEBSERVER: &[&str] = &[
-    "up",
-    "slow",
-    "hung",
-    "unresponsive",
-    "waiting",
-    "down",
-    "unknown",
-];
-const DATABASE: &[&str] = &[
-    "connected",
-    "slow",
-    "unreachable",
-    "misconfigured",
-    "unknown",
-    "not_configured",
-];
-
-/// Counts the agent's restarts: `web.restart_command` appends a line to a file, exits 0.
-struct Restarts {
-    _dir: tempfile::TempDir,
-    file: PathBuf,
-}
-
-impl Restarts {
-    fn new() -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let file = dir.path().join("restarts");
-        Self { _dir: dir, file }
-    }
-
-    fn command(&self) -> String {
-        format!("echo restart >> '{}'", self.file.display())
-    }
-
-    fn count(&self) -> usize {
-        std::fs::read_to_string(&self.file)
-            .map(|t| t.lines().count())
-            .unwrap_or(0)
-    }
-}
-
-/// Agent config: the web check on `port` probing `/up` with a 2 s timeout, a 500 ms check
-/// cadence, a 1 s recovery, and the CPU/memory and saturation scaling thresholds out of the way
-/// (an idle test machine would say `scale_down`, parallel tests might say `scale_up`). `extra` is merged in.
+/// [`web_config`] with `restart_command` when given; `extra` merged in.
 fn config(port: u16, restart_command: Option<&str>, extra: &str) -> String {
-    let mut base = format!(
-        "[checks]\ninterval = \"500ms\"\nrecover_after = \"1s\"\n\
-         [web]\nport = {port}\nprobe_path = \"/up\"\nprobe_timeout = \"2s\"\n"
-    );
-    if let Some(cmd) = restart_command {
-        base.push_str(&format!("restart_command = {cmd:?}\n"));
-    }
-    base.push_str(
-        "[scaling]\ncpu_high_percent = 100.0\nmemory_high_percent = 100.0\n\
-         cpu_low_percent = 0.0\nmemory_low_percent = 0.0\nup_at = 10.0\ndown_at = 0.0\n",
-    );
-    merge_toml(&base, extra)
-}
-
-/// Every answer is one of the documented values, and the agent always answered.
-fn assert_contract(samples: &[HealthSample], ctx: &str) {
-    for s in samples {
-        assert!(s.error.is_none(), "the agent did not answer: {s}{ctx}");
-        assert!(
-            s.code == 200 || s.code == 503,
-            "HTTP {} is neither 200 nor 503: {s}{ctx}",
-            s.code
-        );
-        for (field, value, allowed) in [
-            ("status", &s.status, STATUSES),
-            ("recommendation", &s.recommendation, RECOMMENDATIONS),
-            ("checks.webserver", &s.webserver, WEBSERVER),
-            ("checks.database", &s.database, DATABASE),
-        ] {
-            assert!(
-                allowed.contains(&value.as_str()),
-                "{field} {value:?} is not one of {allowed:?}: {s}{ctx}"
-            );
-        }
-    }
-}
-
-/// The answers from `ready` on: before its first 200 an instance is not in rotation (503
-/// `booting` until the backend has been seen serving), so those answers take no traffic.
-fn since(samples: Vec<HealthSample>, ready: &HealthSample) -> Vec<HealthSample> {
-    samples.into_iter().filter(|s| s.at >= ready.at).collect()
-}
-
-fn heal_attempts(s: &HealthSample) -> u64 {
-    s.body["details"]["heal"]["total_attempts"]
-        .as_u64()
-        .unwrap_or(0)
-}
-
-/// Seconds from `from` to the sample (for the printed story).
-fn after(s: &HealthSample, from: Duration) -> f64 {
-    s.at.saturating_sub(from).as_secs_f64()
+    let heal = restart_command
+        .map(|cmd| format!("[web]\nrestart_command = {cmd:?}\n"))
+        .unwrap_or_default();
+    web_config(port, &health_agent_tests::merge_toml(&heal, extra))
 }
 
 #[test]
@@ -157,34 +59,28 @@ fn busy_pool(keep_alive: bool, extra: &str) {
         ..Default::default()
     });
     let restarts = Restarts::new();
-    let agent = Agent::start(&config(puma.port, Some(&restarts.command()), extra));
-    let poller = HealthPoller::start(agent.port);
-    let ready = wait(
-        &poller,
-        &agent,
-        &puma,
-        WAIT,
-        "healthy before the load",
-        |s| s.code == 200 && s.status == "healthy",
-    );
+    let w = Watched::new(puma, |puma| {
+        config(puma.port, Some(&restarts.command()), extra)
+    });
+    let ready = w.wait(WAIT, "healthy before the load", |s| {
+        s.code == 200 && s.status == "healthy"
+    });
 
     let timeout = Duration::from_secs(15);
     let load = if keep_alive {
-        Load::keep_alive(puma.port, "/slow", 4, timeout)
+        Load::keep_alive(w.puma.port, "/slow", 4, timeout)
     } else {
-        Load::new_connections(puma.port, "/slow", 4, Duration::ZERO, timeout)
+        Load::new_connections(w.puma.port, "/slow", 4, Duration::ZERO, timeout)
     };
     let mut max_queue = 0;
     let end = Instant::now() + Duration::from_secs(40);
     while Instant::now() < end {
-        max_queue = max_queue.max(puma.accept_queue().unwrap_or(0));
+        max_queue = max_queue.max(w.puma.accept_queue().unwrap_or(0));
         std::thread::sleep(Duration::from_millis(250));
     }
     let stats = load.stop();
-    let samples = since(poller.stop(), &ready);
-    let ctx = context(
-        &agent,
-        &puma,
+    let samples = w.answers_since(ready.at);
+    let ctx = w.context(
         &samples,
         &format!("{stats}; accept queue up to {max_queue}"),
     );
@@ -238,63 +134,25 @@ fn busy_pool(keep_alive: bool, extra: &str) {
 #[test]
 fn frozen_puma_under_traffic_is_hung_503() {
     require_root();
-    let puma = Puma::start(PumaOptions {
-        threads: 4,
-        ..Default::default()
-    });
-    let agent = Agent::start(&config(puma.port, None, ""));
-    let poller = HealthPoller::start(agent.port);
-    // ~10 requests a second, each on a new connection.
-    let load = Load::new_connections(
-        puma.port,
-        "/",
-        2,
-        Duration::from_millis(200),
-        Duration::from_secs(5),
-    );
-    let ready = wait(&poller, &agent, &puma, WAIT, "healthy under traffic", |s| {
-        s.code == 200 && s.status == "healthy" && s.webserver == "up"
-    });
+    let (w, load, ready) = Watched::under_load(|puma| config(puma.port, None, ""));
 
-    puma.signal(libc::SIGSTOP);
-    let stopped = poller.elapsed();
-    let hung = wait(
-        &poller,
-        &agent,
-        &puma,
+    let stopped = w.freeze();
+    let hung = w.wait(
         Duration::from_secs(5),
-        "503 with webserver hung within 5 s of SIGSTOP",
+        "503 hung within 5 s of SIGSTOP",
         |s| s.code == 503 && s.webserver == "hung",
     );
-    println!(
-        "SIGSTOP → 503 hung in {:.1}s ({hung})",
-        after(&hung, stopped)
-    );
+    println!("SIGSTOP → 503 hung in {:.1}s ({hung})", hung.after(stopped));
 
-    puma.signal(libc::SIGCONT);
-    let continued = poller.elapsed();
-    let back = wait(
-        &poller,
-        &agent,
-        &puma,
-        Duration::from_secs(15),
-        "200 after SIGCONT",
-        |s| s.code == 200,
-    );
-    println!("SIGCONT → 200 in {:.1}s ({back})", after(&back, continued));
+    let continued = w.thaw();
+    let back = w.wait(Duration::from_secs(15), "200 after SIGCONT", |s| {
+        s.code == 200
+    });
+    println!("SIGCONT → 200 in {:.1}s ({back})", back.after(continued));
 
-    let stats = load.stop();
-    let samples = since(poller.stop(), &ready);
-    let ctx = context(&agent, &puma, &samples, &stats.to_string());
-    println!("{stats}\n{}", timeline(&samples));
+    let (samples, stats, ctx) = w.finish(load, ready.at);
     assert_eq!(hung.status, "unhealthy", "{hung}{ctx}");
-    assert!(
-        samples
-            .iter()
-            .filter(|s| s.at < stopped)
-            .all(|s| s.code == 200),
-        "503 before the SIGSTOP{ctx}"
-    );
+    assert_200_before(&samples, stopped, "the SIGSTOP", &ctx);
     // Issue 23 item 14: while the recovery is held back (`recover_after`), the 503's hang
     // evidence is what the instance recovers from, not what it sees now.
     let held: Vec<&HealthSample> = samples
@@ -332,45 +190,24 @@ fn frozen_puma_under_traffic_is_hung_503() {
 #[test]
 fn frozen_puma_and_a_restart_that_does_nothing_is_503_within_5s() {
     require_root();
-    let puma = Puma::start(PumaOptions {
-        threads: 4,
-        ..Default::default()
-    });
     let restarts = Restarts::new();
     // Default [heal]: max_restarts 3, timeout 30s.
-    let agent = Agent::start(&config(puma.port, Some(&restarts.command()), ""));
-    let poller = HealthPoller::start(agent.port);
-    let load = Load::new_connections(
-        puma.port,
-        "/",
-        2,
-        Duration::from_millis(200),
-        Duration::from_secs(5),
-    );
-    let ready = wait(&poller, &agent, &puma, WAIT, "healthy under traffic", |s| {
-        s.code == 200 && s.status == "healthy" && s.webserver == "up"
-    });
+    let (w, load, ready) =
+        Watched::under_load(|puma| config(puma.port, Some(&restarts.command()), ""));
 
-    puma.signal(libc::SIGSTOP);
-    let stopped = poller.elapsed();
+    let stopped = w.freeze();
     // Waits past the bound, so a late 503 is reported with its time, not as a timeout.
-    let down = wait(
-        &poller,
-        &agent,
-        &puma,
+    let down = w.wait(
         Duration::from_secs(20),
-        "503 unhealthy after the futile restarts",
+        "503 after the futile restarts",
         |s| s.code == 503 && s.status == "unhealthy",
     );
-    let took = after(&down, stopped);
+    let took = down.after(stopped);
     println!("SIGSTOP → 503 unhealthy in {took:.1}s ({down})");
     // A moment more: a fourth attempt would show now.
     std::thread::sleep(Duration::from_secs(2));
-    puma.signal(libc::SIGCONT);
-    let stats = load.stop();
-    let samples = since(poller.stop(), &ready);
-    let ctx = context(&agent, &puma, &samples, &stats.to_string());
-    println!("{}", timeline(&samples));
+    w.thaw();
+    let (samples, _, ctx) = w.finish(load, ready.at);
 
     assert!(
         took <= 5.0,
@@ -389,7 +226,7 @@ fn frozen_puma_and_a_restart_that_does_nothing_is_503_within_5s() {
         assert_eq!(a["outcome"], "failed", "{a}{ctx}");
         let why = a["why"].as_str().unwrap_or_default();
         assert!(
-            why.contains("changed nothing") && why.contains(&puma.pid().to_string()),
+            why.contains("changed nothing") && why.contains(&w.puma.pid().to_string()),
             "each attempt says why it failed, naming the stopped process: {a}{ctx}"
         );
         assert!(
@@ -403,13 +240,7 @@ fn frozen_puma_and_a_restart_that_does_nothing_is_503_within_5s() {
             .contains("self-heal failed or its budget is spent"),
         "{down}{ctx}"
     );
-    assert!(
-        samples
-            .iter()
-            .filter(|s| s.at < stopped)
-            .all(|s| s.code == 200),
-        "503 before the SIGSTOP{ctx}"
-    );
+    assert_200_before(&samples, stopped, "the SIGSTOP", &ctx);
     // Before the 503 the attempts ran: 200 `recovering`, never another 503 status.
     assert!(
         samples
@@ -427,51 +258,25 @@ fn frozen_puma_and_a_restart_that_does_nothing_is_503_within_5s() {
 #[test]
 fn frozen_puma_really_restarted_is_healthy_again_without_a_503() {
     require_root();
-    let puma = Puma::start(PumaOptions {
-        threads: 4,
-        ..Default::default()
+    let (w, load, ready) = Watched::under_load(|puma| {
+        let script = puma.restart_script().display().to_string();
+        config(puma.port, Some(&script), "")
     });
-    let script = puma.restart_script();
-    let agent = Agent::start(&config(puma.port, Some(&script.display().to_string()), ""));
-    let poller = HealthPoller::start(agent.port);
-    let load = Load::new_connections(
-        puma.port,
-        "/",
-        2,
-        Duration::from_millis(200),
-        Duration::from_secs(5),
-    );
-    let ready = wait(&poller, &agent, &puma, WAIT, "healthy under traffic", |s| {
-        s.code == 200 && s.status == "healthy" && s.webserver == "up"
-    });
-    let first = puma.pid();
+    let first = w.puma.pid();
 
-    puma.signal(libc::SIGSTOP);
-    let stopped = poller.elapsed();
-    let healed = wait(
-        &poller,
-        &agent,
-        &puma,
-        Duration::from_secs(40),
-        "healthy again after the restart",
-        |s| {
-            s.code == 200
-                && s.status == "healthy"
-                && s.body["details"]["heal"]["total_recovered"] == 1
-        },
-    );
+    let stopped = w.freeze();
+    let healed = w.wait(Duration::from_secs(40), "healthy after the restart", |s| {
+        s.code == 200 && s.status == "healthy" && s.body["details"]["heal"]["total_recovered"] == 1
+    });
     println!(
         "SIGSTOP → healthy again in {:.1}s ({healed})",
-        after(&healed, stopped)
+        healed.after(stopped)
     );
     // Traffic flows to the new Puma.
     std::thread::sleep(Duration::from_secs(1));
-    let stats = load.stop();
-    let samples = since(poller.stop(), &ready);
-    let ctx = context(&agent, &puma, &samples, &stats.to_string());
-    println!("{}", timeline(&samples));
+    let (samples, stats, ctx) = w.finish(load, ready.at);
 
-    let now = puma.current_pid();
+    let now = w.puma.current_pid();
     assert_ne!(now, first, "the restart script did not replace Puma{ctx}");
     if let Some(s) = samples.iter().find(|s| s.code != 200) {
         panic!(
@@ -507,42 +312,29 @@ fn app_blocked_on_frozen_database_path_is_infrastructure_issue_not_503() {
     let pg = Postgres::start();
     let proxy = TcpProxy::start(pg.port);
     let endpoint = format!("127.0.0.1:{}", proxy.port);
-    let puma = Puma::start(PumaOptions {
-        threads: 2,
-        db_url: Some(format!(
-            "postgres://postgres:{}@{endpoint}/postgres",
-            pg.password
-        )),
-        up_uses_db: true,
-        ..Default::default()
-    });
+    let puma = Puma::start(PumaOptions::on_database(format!(
+        "postgres://postgres:{}@{endpoint}/postgres",
+        pg.password
+    )));
     let restarts = Restarts::new();
+    let database = format!(
+        "[database]\nurl = \"postgres://postgres@{endpoint}/postgres\"\ninterval = \"30s\"\ntimeout = \"3s\"\n"
+    );
     let agent = Agent::start_with_env(
-        &config(
-            puma.port,
-            Some(&restarts.command()),
-            &format!(
-                "[database]\nurl = \"postgres://postgres@{endpoint}/postgres\"\ninterval = \"30s\"\ntimeout = \"3s\"\n"
-            ),
-        ),
+        &config(puma.port, Some(&restarts.command()), &database),
         &[("PGPASSWORD", pg.password.as_str())],
     );
-    let poller = HealthPoller::start(agent.port);
+    let w = Watched::of(puma, agent);
     let load = Load::new_connections(
-        puma.port,
+        w.puma.port,
         "/db",
         4,
         Duration::from_millis(250),
         Duration::from_secs(10),
     );
-    let ready = wait(
-        &poller,
-        &agent,
-        &puma,
-        WAIT,
-        "healthy with the database connected",
-        |s| s.code == 200 && s.status == "healthy" && s.database == "connected",
-    );
+    let ready = w.wait(WAIT, "healthy with the database connected", |s| {
+        s.code == 200 && s.status == "healthy" && s.database == "connected"
+    });
     wait_until(
         Duration::from_secs(10),
         "the app's SELECT 1 through the proxy (10 answers of /db)",
@@ -550,13 +342,13 @@ fn app_blocked_on_frozen_database_path_is_infrastructure_issue_not_503() {
     );
 
     proxy.freeze();
-    let frozen = poller.elapsed();
+    let frozen = w.poller.elapsed();
     std::thread::sleep(Duration::from_secs(3));
     let answered_early = load.stats().count(200);
     std::thread::sleep(Duration::from_secs(37));
-    let during = since(poller.samples(), &ready);
+    let during = w.answers_since(ready.at);
     let stats = load.stats();
-    let ctx = context(&agent, &puma, &during, &stats.to_string());
+    let ctx = w.context(&during, &stats.to_string());
     println!("frozen database path:\n{}", timeline(&during));
 
     assert_eq!(
@@ -576,14 +368,11 @@ fn app_blocked_on_frozen_database_path_is_infrastructure_issue_not_503() {
         .iter()
         .find(|s| s.at >= frozen && s.recommendation == "infrastructure_issue")
         .unwrap_or_else(|| panic!("never infrastructure_issue while frozen{ctx}"));
-    println!(
-        "freeze → infrastructure_issue in {:.1}s ({infra})",
-        after(infra, frozen)
-    );
+    let took = infra.after(frozen);
+    println!("freeze → infrastructure_issue in {took:.1}s ({infra})");
     assert!(
-        after(infra, frozen) <= 15.0,
-        "infrastructure_issue only {:.1}s after the freeze (≤ 15 s expected){ctx}",
-        after(infra, frozen)
+        took <= 15.0,
+        "infrastructure_issue only {took:.1}s after the freeze (≤ 15 s expected){ctx}"
     );
     let names_endpoint = |s: &HealthSample| {
         s.web()["dependencies"].as_array().is_some_and(|deps| {
@@ -613,20 +402,15 @@ fn app_blocked_on_frozen_database_path_is_infrastructure_issue_not_503() {
     );
 
     proxy.thaw();
-    let thawed = poller.elapsed();
-    let back = wait(
-        &poller,
-        &agent,
-        &puma,
-        // The requests that waited out the freeze weigh on the latency p99 for a while.
-        Duration::from_secs(60),
-        "healthy after the thaw",
-        |s| s.code == 200 && s.status == "healthy",
-    );
-    println!("thaw → healthy in {:.1}s ({back})", after(&back, thawed));
+    let thawed = w.poller.elapsed();
+    // The requests that waited out the freeze weigh on the latency p99 for a while.
+    let back = w.wait(Duration::from_secs(60), "healthy after the thaw", |s| {
+        s.code == 200 && s.status == "healthy"
+    });
+    println!("thaw → healthy in {:.1}s ({back})", back.after(thawed));
     let stats = load.stop();
-    let samples = since(poller.stop(), &ready);
-    let ctx = context(&agent, &puma, &samples, &stats.to_string());
+    let samples = w.answers_since(ready.at);
+    let ctx = w.context(&samples, &stats.to_string());
     println!("the whole run:\n{}", timeline(&samples));
     assert!(
         samples.iter().all(|s| s.code == 200),
@@ -647,67 +431,40 @@ fn wrong_database_password_plus_frozen_app_is_503_after_heal_fails() {
         ..Default::default()
     });
     let restarts = Restarts::new();
+    let database = format!(
+        "[database]\nurl = \"{}\"\ninterval = \"1s\"\ntimeout = \"2s\"\n\
+         [heal]\nmax_restarts = 1\ntimeout = \"3s\"\n",
+        pg.url()
+    );
     let agent = Agent::start_with_env(
-        &config(
-            puma.port,
-            Some(&restarts.command()),
-            &format!(
-                "[database]\nurl = \"{}\"\ninterval = \"1s\"\ntimeout = \"2s\"\n\
-                 [heal]\nmax_restarts = 1\ntimeout = \"3s\"\n",
-                pg.url()
-            ),
-        ),
+        &config(puma.port, Some(&restarts.command()), &database),
         &[("PGPASSWORD", "wrong")],
     );
-    let poller = HealthPoller::start(agent.port);
-    let mis = wait(
-        &poller,
-        &agent,
-        &puma,
-        WAIT,
-        "database misconfigured (wrong password)",
-        |s| s.database == "misconfigured" && s.webserver == "up",
-    );
-    let load = Load::new_connections(
-        puma.port,
-        "/",
-        2,
-        Duration::from_millis(200),
-        Duration::from_secs(5),
-    );
+    let w = Watched::of(puma, agent);
+    let mis = w.wait(WAIT, "database misconfigured (wrong password)", |s| {
+        s.database == "misconfigured" && s.webserver == "up"
+    });
+    let load = steady_load(w.puma.port);
     std::thread::sleep(Duration::from_secs(1));
 
-    puma.signal(libc::SIGSTOP);
-    let stopped = poller.elapsed();
-    let down = wait(
-        &poller,
-        &agent,
-        &puma,
+    let stopped = w.freeze();
+    let down = w.wait(
         Duration::from_secs(45),
-        "503 unhealthy with webserver hung after the restart failed",
+        "503 hung after the failed restart",
         |s| s.code == 503 && s.status == "unhealthy" && s.webserver == "hung",
     );
     println!(
         "SIGSTOP → 503 after the heal in {:.1}s ({down})",
-        after(&down, stopped)
+        down.after(stopped)
     );
-    let stats = load.stop();
-    let samples = since(poller.stop(), &mis);
-    let ctx = context(&agent, &puma, &samples, &stats.to_string());
-    println!("{}", timeline(&samples));
+    let (samples, _, ctx) = w.finish(load, mis.at);
 
     assert_eq!(
         (mis.code, mis.status.as_str(), mis.recommendation.as_str()),
         (200, "degraded", "stable"),
         "a wrong password: {mis}{ctx}"
     );
-    assert!(
-        samples
-            .iter()
-            .filter(|s| s.at < stopped)
-            .all(|s| s.code == 200),
-        "503 before the SIGSTOP{ctx}"
-    );
+    assert_200_before(&samples, stopped, "the SIGSTOP", &ctx);
     assert!(
         restarts.count() >= 1,
         "no restart before the 503 (restart file empty){ctx}"
@@ -728,29 +485,18 @@ fn never_served_backend_is_503_booting_then_unhealthy() {
     // The path to the database is frozen before the app starts; nothing behind it is needed.
     let proxy = TcpProxy::start(health_agent_tests::free_port());
     proxy.freeze();
-    let puma = Puma::start_listening_only(PumaOptions {
-        threads: 2,
-        db_url: Some(format!(
-            "postgres://postgres:unused@127.0.0.1:{}/postgres",
-            proxy.port
-        )),
-        up_uses_db: true,
-        ..Default::default()
+    let puma = Puma::start_listening_only(PumaOptions::on_database(format!(
+        "postgres://postgres:unused@127.0.0.1:{}/postgres",
+        proxy.port
+    )));
+    let w = Watched::new(puma, |puma| {
+        config(puma.port, None, "[checks]\nboot_grace = \"12s\"\n")
     });
-    let agent = Agent::start(&config(puma.port, None, "[checks]\nboot_grace = \"12s\"\n"));
-    let poller = HealthPoller::start(agent.port);
-    let unhealthy = wait(
-        &poller,
-        &agent,
-        &puma,
-        Duration::from_secs(30),
-        "503 unhealthy after the boot grace",
-        |s| s.code == 503 && s.status == "unhealthy",
-    );
+    let unhealthy = w.wait(Duration::from_secs(30), "503 after the boot grace", |s| {
+        s.code == 503 && s.status == "unhealthy"
+    });
     std::thread::sleep(Duration::from_secs(2));
-    let samples = poller.stop();
-    let ctx = context(&agent, &puma, &samples, "none");
-    println!("{}", timeline(&samples));
+    let (samples, ctx) = w.so_far();
 
     if let Some(s) = samples.iter().find(|s| s.code == 200) {
         panic!("200 for a backend that never served: {s}{ctx}");
@@ -780,21 +526,14 @@ fn never_served_backend_is_503_booting_then_unhealthy() {
 #[test]
 fn backend_serving_during_boot_is_200_booting_then_healthy() {
     require_root();
-    let puma = Puma::start(PumaOptions::default());
-    let agent = Agent::start(&config(puma.port, None, "[checks]\nboot_grace = \"8s\"\n"));
-    let poller = HealthPoller::start(agent.port);
-    let healthy = wait(
-        &poller,
-        &agent,
-        &puma,
-        Duration::from_secs(25),
-        "healthy after the grace",
-        |s| s.code == 200 && s.status == "healthy",
-    );
+    let w = Watched::new(Puma::start(PumaOptions::default()), |puma| {
+        config(puma.port, None, "[checks]\nboot_grace = \"8s\"\n")
+    });
+    let healthy = w.wait(Duration::from_secs(25), "healthy after the grace", |s| {
+        s.code == 200 && s.status == "healthy"
+    });
     std::thread::sleep(Duration::from_secs(1));
-    let samples = poller.stop();
-    let ctx = context(&agent, &puma, &samples, "none");
-    println!("{}", timeline(&samples));
+    let (samples, ctx) = w.so_far();
 
     let first_200 = samples
         .iter()
@@ -891,15 +630,10 @@ fn harness_puma_queues_and_the_frozen_proxy_blocks_the_apps_database() {
     let pg = Postgres::start();
     let proxy = TcpProxy::start(pg.port);
     // Puma::start waits for /up, which does SELECT 1 through the proxy.
-    let app = Puma::start(PumaOptions {
-        threads: 2,
-        db_url: Some(format!(
-            "postgres://postgres:{}@127.0.0.1:{}/postgres",
-            pg.password, proxy.port
-        )),
-        up_uses_db: true,
-        ..Default::default()
-    });
+    let app = Puma::start(PumaOptions::on_database(format!(
+        "postgres://postgres:{}@127.0.0.1:{}/postgres",
+        pg.password, proxy.port
+    )));
     let db = |timeout| http(app.port, "GET", "/db", &[], timeout).map(|(c, _, b)| (c, b));
     assert_eq!(
         db(Duration::from_secs(10)).ok(),

@@ -16,10 +16,10 @@ fn nginx_requests_are_counted_exactly() {
     let nginx = Nginx::start(&[b'x'; 512]);
     // Everything counted all along, and accept() traced all the time, so `accepted` is exact
     // too.
-    let agent = Agent::start(&format!(
-        "[web]\nport = {}\nprobe_path = \"\"\naccept_tracing = \"always\"\nsocket_tracing = \"always\"\n",
-        nginx.port
-    ));
+    let agent = Agent::on_port(
+        nginx.port,
+        "[web]\nprobe_path = \"\"\naccept_tracing = \"always\"\nsocket_tracing = \"always\"\n",
+    );
     const N: usize = 100;
     assert_eq!(requests(nginx.port, N, "/index.html"), N);
     let (_, body) = agent.wait_health(WAIT, "N answered", |_, b| {
@@ -54,9 +54,7 @@ fn stopped_server_is_hung_503_then_200_after_cont() {
          socket_tracing = \"always\"\n",
         nginx.port
     ));
-    agent.wait_health(WAIT, "healthy first", |c, b| {
-        c == 200 && b["checks"]["webserver"] == "up"
-    });
+    agent.wait_up(WAIT, "healthy first");
 
     nginx.signal_all(libc::SIGSTOP);
     let clients = background_requests(nginx.port, 5, Duration::from_secs(15));
@@ -100,9 +98,7 @@ fn fixture_shapes_get_their_verdicts() {
          [web]\nport = {}\nhung_after = \"2s\"\nunanswered_after = \"3s\"\nprobe_timeout = \"6s\"\nslow_after = \"700ms\"\nlatency_window = \"3s\"\n",
         backend.port
     ));
-    let up = agent.wait_health(WAIT, "up", |c, b| {
-        c == 200 && b["checks"]["webserver"] == "up"
-    });
+    let up = agent.wait_up(WAIT, "up");
     assert_eq!(up.1["status"], "healthy");
 
     // slow: answering, but over slow_after → 200 degraded, scale_up.
@@ -114,9 +110,7 @@ fn fixture_shapes_get_their_verdicts() {
     assert_eq!(body["recommendation"], "scale_up");
 
     backend.set_mode("normal");
-    agent.wait_health(WAIT, "up again", |c, b| {
-        c == 200 && b["checks"]["webserver"] == "up"
-    });
+    agent.wait_up(WAIT, "up again");
 
     // accepts and reads, never answers → unresponsive, 503.
     backend.set_mode("no-respond");
@@ -142,9 +136,7 @@ fn fixture_shapes_get_their_verdicts() {
     }
 
     backend.set_mode("normal");
-    agent.wait_health(WAIT, "up again", |c, b| {
-        c == 200 && b["checks"]["webserver"] == "up"
-    });
+    agent.wait_up(WAIT, "up again");
 
     // keeps the listen socket, never accepts → hung, 503.
     backend.set_mode("stop-accepting");
@@ -158,9 +150,7 @@ fn fixture_shapes_get_their_verdicts() {
     assert_eq!(code, 503, "{body}");
 
     backend.set_mode("normal");
-    agent.wait_health(WAIT, "up again", |c, b| {
-        c == 200 && b["checks"]["webserver"] == "up"
-    });
+    agent.wait_up(WAIT, "up again");
 
     // process exits → nothing listens → down, 503.
     backend.set_mode("exit");
@@ -172,13 +162,12 @@ fn fixture_shapes_get_their_verdicts() {
 fn without_ebpf_a_stopped_server_is_still_caught() {
     require_root();
     let backend = Fixture::start("normal");
-    let agent = Agent::start(&format!(
-        "[checks]\ninterval = \"500ms\"\n[web]\nport = {}\nkernel = false\nhung_after = \"2s\"\nprobe_timeout = \"1s\"\n",
-        backend.port
-    ));
-    let (_, body) = agent.wait_health(WAIT, "up", |c, b| {
-        c == 200 && b["checks"]["webserver"] == "up"
-    });
+    let agent = Agent::on_port(
+        backend.port,
+        "[checks]\ninterval = \"500ms\"\n\
+         [web]\nkernel = false\nhung_after = \"2s\"\nprobe_timeout = \"1s\"\n",
+    );
+    let (_, body) = agent.wait_up(WAIT, "up");
     let kernel = &body["details"]["web"]["kernel"];
     assert_eq!(kernel["state"], "disabled");
     // The no_ebpf tier, and the response says what it lacks.
@@ -278,10 +267,10 @@ fn connection_flood_evicts_instead_of_failing() {
     // A table of 64 connections and 300 held open at once: the LRU table must evict, the
     // agent keep answering, and nothing fail or grow.
     let backend = Fixture::start("normal");
-    let agent = Agent::start(&format!(
-        "[web]\nport = {}\nmax_connections_tracked = 64\nsocket_tracing = \"always\"\n",
-        backend.port
-    ));
+    let agent = Agent::on_port(
+        backend.port,
+        "[web]\nmax_connections_tracked = 64\nsocket_tracing = \"always\"\n",
+    );
     let held: Vec<std::net::TcpStream> = (0..300)
         .filter_map(|_| std::net::TcpStream::connect(("127.0.0.1", backend.port)).ok())
         .collect();

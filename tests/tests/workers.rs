@@ -5,32 +5,15 @@
 //! answer meanwhile. With `heal.replace_workers = false` it is named and left alone; a Puma
 //! in single mode (no master) keeps the hang rules.
 //!
-//! Every test records every `/health` answer of the run ([`HealthPoller`]) and asserts over
+//! Every test records every `/health` answer of the run ([`health_agent_tests::Watched`]) and asserts over
 //! all of them.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use health_agent_tests::{
-    merge_toml,
-    puma::{context, wait},
-    require_root, timeline, Agent, HealthPoller, HealthSample, Load, LoadStats, Puma, PumaOptions,
+    require_root, web_config, HealthSample, Load, Puma, PumaOptions, Restarts, Watch, Watched,
 };
 use serde_json::Value;
-
-/// Agent start to a first verdict.
-const WAIT: Duration = Duration::from_secs(30);
-
-/// The web check on Puma's port, probing `/up`, the CPU/memory scaling thresholds out of the
-/// way (parallel tests load the machine), `extra` merged in.
-fn config(port: u16, extra: &str) -> String {
-    let base = format!(
-        "[checks]\ninterval = \"500ms\"\nrecover_after = \"1s\"\n\
-         [web]\nport = {port}\nprobe_path = \"/up\"\nprobe_timeout = \"2s\"\n\
-         [scaling]\ncpu_high_percent = 100.0\nmemory_high_percent = 100.0\n\
-         cpu_low_percent = 0.0\nmemory_low_percent = 0.0\nup_at = 10.0\ndown_at = 0.0\n"
-    );
-    merge_toml(&base, extra)
-}
 
 /// `-w 2 -t 2:2`, `GET /slow` taking 0.1 s: under four clients each worker holds requests
 /// most of the time, as an application server's do (a worker stopped while idle holds nothing:
@@ -45,6 +28,14 @@ fn cluster(block_file: Option<std::path::PathBuf>) -> Puma {
     });
     puma.wait_for_workers(2, Duration::from_secs(30));
     puma
+}
+
+/// `puma` watched by an agent of [`web_config`] with `extra`, healthy under [`four_clients`].
+fn watched_under_load(puma: Puma, extra: &str) -> (Watched, Load) {
+    let w = Watched::new(puma, |puma| web_config(puma.port, extra));
+    let load = four_clients(w.puma.port);
+    w.wait_healthy();
+    (w, load)
 }
 
 /// Four clients looping `GET /slow`, each request on a new connection, 5 s timeout.
@@ -103,20 +94,15 @@ fn secs(d: Duration) -> f64 {
 /// every answer, `stable` whenever it is `partial_hang`, and the clients lose at most the
 /// requests the stuck worker held.
 fn named_replaced_healthy(
-    puma: &Puma,
-    agent: &Agent,
-    poller: &HealthPoller,
+    w: &Watched,
     load: Load,
     stuck: u32,
     stuck_at: Duration,
     name_within: Duration,
 ) {
-    let master = puma.pid();
-    let before = puma.worker_pids();
-    let seen = wait(
-        poller,
-        agent,
-        puma,
+    let master = w.puma.pid();
+    let before = w.puma.worker_pids();
+    let seen = w.wait(
         name_within + Duration::from_secs(2),
         "partial_hang naming the stuck worker",
         |s| shows_named(s, stuck),
@@ -134,21 +120,14 @@ fn named_replaced_healthy(
         secs(named_in)
     );
 
-    let replaced = wait(
-        poller,
-        agent,
-        puma,
-        Duration::from_secs(10),
-        "the worker replaced",
-        |s| {
-            replacements(s).iter().any(|a| {
-                matches!(a["outcome"].as_str(), Some("waiting" | "recovered"))
-                    && a["output"]
-                        .as_str()
-                        .is_some_and(|o| o.contains(&format!("worker {stuck} ")))
-            })
-        },
-    );
+    let replaced = w.wait(Duration::from_secs(10), "the worker replaced", |s| {
+        replacements(s).iter().any(|a| {
+            matches!(a["outcome"].as_str(), Some("waiting" | "recovered"))
+                && a["output"]
+                    .as_str()
+                    .is_some_and(|o| o.contains(&format!("worker {stuck} ")))
+        })
+    });
     let replaced_in = replaced.at.saturating_sub(seen.at);
     let attempt = replacements(&replaced)
         .into_iter()
@@ -160,27 +139,13 @@ fn named_replaced_healthy(
         attempt["output"],
         attempt["action"]
     );
-    let after = puma.worker_pids();
-    let healthy = wait(
-        poller,
-        agent,
-        puma,
-        Duration::from_secs(15),
-        "healthy again",
-        |s| s.code == 200 && s.status == "healthy" && s.webserver == "up",
-    );
+    let after = w.puma.worker_pids();
+    let healthy = w.wait_healthy();
     println!(
         "replaced → healthy in {:.1}s; workers {before:?} → {after:?}",
         secs(healthy.at.saturating_sub(replaced.at))
     );
-    let stats: LoadStats = load.stop();
-    let samples: Vec<HealthSample> = poller
-        .samples()
-        .into_iter()
-        .filter(|s| s.at >= stuck_at)
-        .collect();
-    let ctx = context(agent, puma, &samples, &stats.to_string());
-    println!("load: {stats}\n{}", timeline(&samples));
+    let (samples, stats, ctx) = w.finish(load, stuck_at);
 
     assert!(named_in <= name_within, "named after {named_in:?}{ctx}");
     assert!(
@@ -250,28 +215,14 @@ fn named_replaced_healthy(
 #[test]
 fn stopped_puma_worker_is_named_and_replaced_never_503() {
     require_root();
-    let puma = cluster(None);
-    let agent = Agent::start(&config(puma.port, ""));
-    let poller = HealthPoller::start(agent.port);
-    let load = four_clients(puma.port);
-    wait(&poller, &agent, &puma, WAIT, "healthy under traffic", |s| {
-        s.code == 200 && s.status == "healthy" && s.webserver == "up"
-    });
+    let (w, load) = watched_under_load(cluster(None), "");
     // Let the load settle on both workers.
     std::thread::sleep(Duration::from_secs(1));
-    let stuck = puma.worker_pids()[0];
+    let stuck = w.puma.worker_pids()[0];
     // SAFETY: signalling a child of our own child.
     unsafe { libc::kill(stuck as i32, libc::SIGSTOP) };
-    let stuck_at = poller.elapsed();
-    named_replaced_healthy(
-        &puma,
-        &agent,
-        &poller,
-        load,
-        stuck,
-        stuck_at,
-        Duration::from_secs(3),
-    );
+    let stuck_at = w.poller.elapsed();
+    named_replaced_healthy(&w, load, stuck, stuck_at, Duration::from_secs(3));
 }
 
 /// Not stopped: every request the worker takes blocks in the app forever, with no CPU. That
@@ -281,27 +232,16 @@ fn deadlocked_puma_worker_is_named_and_replaced_never_503() {
     require_root();
     let dir = tempfile::tempdir().expect("tempdir");
     let block = dir.path().join("block");
-    let puma = cluster(Some(block.clone()));
-    let agent = Agent::start(&config(puma.port, "[web]\nunanswered_after = \"2s\"\n"));
-    let poller = HealthPoller::start(agent.port);
-    let load = four_clients(puma.port);
-    wait(&poller, &agent, &puma, WAIT, "healthy under traffic", |s| {
-        s.code == 200 && s.status == "healthy" && s.webserver == "up"
-    });
-    std::thread::sleep(Duration::from_secs(1));
-    let stuck = puma.worker_pids()[0];
-    std::fs::write(&block, format!("{stuck}\n")).expect("writing the block file");
-    let stuck_at = poller.elapsed();
-    named_replaced_healthy(
-        &puma,
-        &agent,
-        &poller,
-        load,
-        stuck,
-        stuck_at,
-        // unanswered_after, a second of CPU samples, and a tick or two.
-        Duration::from_millis(3500),
+    let (w, load) = watched_under_load(
+        cluster(Some(block.clone())),
+        "[web]\nunanswered_after = \"2s\"\n",
     );
+    std::thread::sleep(Duration::from_secs(1));
+    let stuck = w.puma.worker_pids()[0];
+    std::fs::write(&block, format!("{stuck}\n")).expect("writing the block file");
+    let stuck_at = w.poller.elapsed();
+    // unanswered_after, a second of CPU samples, and a tick or two.
+    named_replaced_healthy(&w, load, stuck, stuck_at, Duration::from_millis(3500));
 }
 
 /// `heal.replace_workers = false`: the stuck worker is named, 200 `degraded` `stable`, and
@@ -309,23 +249,14 @@ fn deadlocked_puma_worker_is_named_and_replaced_never_503() {
 #[test]
 fn with_replace_workers_off_a_stopped_worker_is_named_and_left_alone() {
     require_root();
-    let puma = cluster(None);
-    let agent = Agent::start(&config(puma.port, "[heal]\nreplace_workers = false\n"));
-    let poller = HealthPoller::start(agent.port);
-    let load = four_clients(puma.port);
-    wait(&poller, &agent, &puma, WAIT, "healthy under traffic", |s| {
-        s.code == 200 && s.status == "healthy" && s.webserver == "up"
-    });
-    let stuck = puma.worker_pids()[0];
+    let (w, load) = watched_under_load(cluster(None), "[heal]\nreplace_workers = false\n");
+    let stuck = w.puma.worker_pids()[0];
     // SAFETY: signalling a child of our own child.
     unsafe { libc::kill(stuck as i32, libc::SIGSTOP) };
-    let stuck_at = poller.elapsed();
-    let seen = wait(
-        &poller,
-        &agent,
-        &puma,
+    let stuck_at = w.poller.elapsed();
+    let seen = w.wait(
         Duration::from_secs(5),
-        "partial_hang naming the stopped worker",
+        "partial_hang naming the worker",
         |s| named(s) == Some(u64::from(stuck)),
     );
     println!(
@@ -333,17 +264,10 @@ fn with_replace_workers_off_a_stopped_worker_is_named_and_left_alone() {
         secs(seen.at.saturating_sub(stuck_at))
     );
     std::thread::sleep(Duration::from_secs(6));
-    let workers = puma.worker_pids();
+    let workers = w.puma.worker_pids();
     // SAFETY: as above.
     unsafe { libc::kill(stuck as i32, libc::SIGCONT) };
-    let stats = load.stop();
-    let samples: Vec<HealthSample> = poller
-        .stop()
-        .into_iter()
-        .filter(|s| s.at >= stuck_at)
-        .collect();
-    let ctx = context(&agent, &puma, &samples, &stats.to_string());
-    println!("load: {stats}\n{}", timeline(&samples));
+    let (samples, _, ctx) = w.finish(load, stuck_at);
     assert!(workers.contains(&stuck), "left alone: {workers:?}{ctx}");
     for s in &samples {
         assert_eq!(s.code, 200, "{s}{ctx}");
@@ -375,35 +299,19 @@ fn stopped_single_mode_puma_keeps_the_hang_rules() {
         threads: 2,
         ..Default::default()
     });
-    let dir = tempfile::tempdir().expect("tempdir");
-    let restarts = dir.path().join("restarts");
-    let agent = Agent::start(&config(
-        puma.port,
-        &format!(
-            "[web]\nrestart_command = {:?}\n[heal]\ntimeout = \"2s\"\n",
-            format!("echo restart >> '{}'", restarts.display())
-        ),
-    ));
-    let poller = HealthPoller::start(agent.port);
-    let load = four_clients(puma.port);
-    wait(&poller, &agent, &puma, WAIT, "healthy under traffic", |s| {
-        s.code == 200 && s.status == "healthy" && s.webserver == "up"
-    });
-    puma.signal(libc::SIGSTOP);
-    let stopped = Instant::now();
-    let hung = wait(
-        &poller,
-        &agent,
-        &puma,
-        Duration::from_secs(10),
-        "hung, then 503 once the restart did not help",
-        |s| s.code == 503 && s.webserver == "hung",
+    let restarts = Restarts::new();
+    let extra = format!(
+        "[web]\nrestart_command = {:?}\n[heal]\ntimeout = \"2s\"\n",
+        restarts.command()
     );
-    println!("SIGSTOP → 503 hung in {:.1}s", secs(stopped.elapsed()));
-    puma.signal(libc::SIGCONT);
-    let stats = load.stop();
-    let samples = poller.stop();
-    let ctx = context(&agent, &puma, &samples, &stats.to_string());
+    let (w, load) = watched_under_load(puma, &extra);
+    let stopped = w.freeze();
+    let hung = w.wait(Duration::from_secs(10), "hung, then 503", |s| {
+        s.code == 503 && s.webserver == "hung"
+    });
+    println!("SIGSTOP → 503 hung in {:.1}s", hung.after(stopped));
+    w.thaw();
+    let (samples, _, ctx) = w.finish(load, Duration::ZERO);
     assert!(
         samples.iter().all(|s| s.webserver != "partial_hang"),
         "one process is never a partial hang{ctx}"
@@ -412,8 +320,7 @@ fn stopped_single_mode_puma_keeps_the_hang_rules() {
         samples.iter().all(|s| replacements(s).is_empty()),
         "no worker replacement without a master{ctx}"
     );
-    let ran = std::fs::read_to_string(&restarts).unwrap_or_default();
-    assert!(ran.lines().count() >= 1, "the restart command ran{ctx}");
+    assert!(restarts.count() >= 1, "the restart command ran{ctx}");
     assert!(
         hung.body["details"]["heal"]["attempts"][0]["action"]
             .as_str()
