@@ -212,6 +212,18 @@ impl Agent {
         );
     }
 
+    /// None of `secrets` shows in `/health`, `/metrics` or the log.
+    pub fn assert_shows_none(&self, secrets: &[&str]) {
+        let (_, body) = self.get("/health").expect("GET /health");
+        let metrics = self.metrics();
+        let logs = self.logs();
+        for s in secrets {
+            assert!(!body.contains(s), "/health shows a credential: {body}");
+            assert!(!metrics.contains(s), "/metrics shows a credential");
+            assert!(!logs.contains(s), "the log shows a credential:\n{logs}");
+        }
+    }
+
     /// [`Agent::wait_health`] for 200 with the web server `up`.
     pub fn wait_up(&self, timeout: Duration, what: &str) -> (u16, Value) {
         self.wait_health(timeout, what, |c, b| {

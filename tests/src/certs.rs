@@ -26,6 +26,30 @@ fn openssl(args: &[&str], dir: &Path) {
     succeed(Command::new("openssl").args(args).current_dir(dir));
 }
 
+/// `openssl req` with `how` (`-x509 …` for a self-signed certificate, `-new` for a request):
+/// a new P-256 key to `key`, and `out`, for subject CN `cn`.
+fn new_key(dir: &Path, how: &[&str], cn: &str, key: &Path, out: &Path) {
+    let subject = format!("/CN={cn}");
+    let mut args = vec!["req"];
+    args.extend_from_slice(how);
+    args.extend([
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ]);
+    args.extend([
+        "-keyout",
+        path_str(key),
+        "-out",
+        path_str(out),
+        "-subj",
+        &subject,
+    ]);
+    openssl(&args, dir);
+}
+
 fn path_str(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")
 }
@@ -35,28 +59,14 @@ impl Ca {
     pub fn new(name: &str) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let (cert, key) = (dir.path().join("ca.crt"), dir.path().join("ca.key"));
-        openssl(
-            &[
-                "req",
-                "-x509",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:P-256",
-                "-nodes",
-                "-keyout",
-                path_str(&key),
-                "-out",
-                path_str(&cert),
-                "-days",
-                "2",
-                "-subj",
-                &format!("/CN={name}"),
-                "-addext",
-                "keyUsage=critical,keyCertSign,cRLSign",
-            ],
-            dir.path(),
-        );
+        let ca = [
+            "-x509",
+            "-days",
+            "2",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ];
+        new_key(dir.path(), &ca, name, &key, &cert);
         Self { dir, cert, key }
     }
 
@@ -93,24 +103,7 @@ impl Ca {
             d.join(format!("{stem}.ext")),
         );
         std::fs::write(&ext, extensions).expect("writing the extensions file");
-        openssl(
-            &[
-                "req",
-                "-new",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:P-256",
-                "-nodes",
-                "-keyout",
-                path_str(&key),
-                "-out",
-                path_str(&csr),
-                "-subj",
-                &format!("/CN={cn}"),
-            ],
-            d,
-        );
+        new_key(d, &["-new"], cn, &key, &csr);
         openssl(
             &[
                 "x509",

@@ -2,12 +2,10 @@
 //! on 127.0.0.1 ([`Fixture`]), or on one chosen address — inside a [`NetNs`] or on `::1` —
 //! ([`AddrFixture`]).
 
-use std::{
-    net::{IpAddr, SocketAddr},
-    path::PathBuf,
-    process::{Command, Stdio},
-    time::{Duration, Instant},
-};
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use crate::{binary, free_port, free_port_on, get, get_at, netns_inode, NetNs, Proc};
 

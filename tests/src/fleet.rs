@@ -44,10 +44,7 @@ pub struct StubRequest {
 
 impl StubRequest {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
+        crate::http::header(&self.headers, name)
     }
 
     /// The path without the query string.

@@ -42,41 +42,35 @@ pub fn request_at(
     Ok((status, head.to_string(), body.to_string()))
 }
 
-/// One HTTP/1.1 request to 127.0.0.1:`port`; returns (status, headers, body).
-pub fn http(
-    port: u16,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    timeout: Duration,
-) -> io::Result<(u16, String, String)> {
-    request_at(
-        ([127, 0, 0, 1], port).into(),
-        method,
-        path,
-        headers,
-        timeout,
-    )
+/// The value of header `name` (any case) among `headers`.
+pub fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    let found = headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name));
+    found.map(|(_, v)| v.as_str())
 }
 
-pub fn get(port: u16, path: &str) -> io::Result<(u16, String)> {
-    http(port, "GET", path, &[], Duration::from_secs(5)).map(|(c, _, b)| (c, b))
+/// `GET path` on 127.0.0.1:`port` within `timeout`: (status, head, body).
+pub fn get_within(port: u16, path: &str, timeout: Duration) -> io::Result<(u16, String, String)> {
+    get_at_within(([127, 0, 0, 1], port).into(), path, timeout)
 }
 
-/// One HTTP/1.1 request to `addr` (any address: `[::1]:PORT`, a namespace's inside address);
-/// returns (status, headers, body).
-pub fn http_at(
+/// `GET path` on `addr` (any address: `[::1]:PORT`, a namespace's inside address) within
+/// `timeout`: (status, head, body).
+pub fn get_at_within(
     addr: SocketAddr,
-    method: &str,
     path: &str,
     timeout: Duration,
 ) -> io::Result<(u16, String, String)> {
-    request_at(addr, method, path, &[], timeout)
+    request_at(addr, "GET", path, &[], timeout)
+}
+
+/// `GET path` on 127.0.0.1:`port` with a 5 s timeout: (status, body).
+pub fn get(port: u16, path: &str) -> io::Result<(u16, String)> {
+    get_within(port, path, Duration::from_secs(5)).map(|(c, _, b)| (c, b))
 }
 
 /// `GET path` on `addr` with a 5 s timeout: (status, body).
 pub fn get_at(addr: SocketAddr, path: &str) -> io::Result<(u16, String)> {
-    http_at(addr, "GET", path, Duration::from_secs(5)).map(|(c, _, b)| (c, b))
+    get_at_within(addr, path, Duration::from_secs(5)).map(|(c, _, b)| (c, b))
 }
 
 /// Opens `n` connections, sends one request on each and reads the full answer.
@@ -96,7 +90,7 @@ pub fn background_requests(
     (0..n)
         .map(|_| {
             std::thread::spawn(move || {
-                let _ = http(port, "GET", "/", &[], hold);
+                let _ = get_within(port, "/", hold);
             })
         })
         .collect()

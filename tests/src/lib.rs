@@ -56,7 +56,9 @@ pub use build::{agent_binary, binary, newest, target_dir, workspace};
 pub use certs::{Ca, Issued};
 pub use docker::{docker, fixture_image, BridgeContainer, Container};
 pub use fixture::{AddrFixture, Fixture};
-pub use http::{background_requests, counters, get, get_at, http, http_at, request_at, requests};
+pub use http::{
+    background_requests, counters, get, get_at, get_at_within, get_within, request_at, requests,
+};
 pub use load::{Load, LoadStats};
 pub use moto::Moto;
 pub use net::{free_port, free_port_on, free_port_on_all, loopback};
@@ -72,8 +74,8 @@ pub use puma::{Puma, PumaOptions, TcpProxy};
 pub use receiver::{Receiver, Recorded};
 pub use redis::Redis;
 pub use story::{
-    assert_200_before, assert_answered, assert_contract, heal_attempts, pretty, since, steady_load,
-    tail, web_config, Restarts, Watch, Watched,
+    assert_200_before, assert_answered, assert_contract, database_behind_proxy, heal_attempts,
+    pretty, since, steady_load, tail, watched_fixture, web_config, Restarts, Watch, Watched,
 };
 pub use tmpfs::Tmpfs;
-pub use wait::{health_at, wait_health_at, wait_until};
+pub use wait::{health_at, wait_health_at, wait_hung_at, wait_until};

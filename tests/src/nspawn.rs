@@ -151,6 +151,23 @@ pub struct Machine {
 impl Machine {
     /// Boots `rootfs` with `binds` (host path, container path) mounted read-only and waits until
     /// systemd says the system is up.
+    /// Debian booted with `cargo xtask package`'s .deb installed (`dpkg -i`) and the fixture
+    /// backend at `/usr/local/bin/fixture-backend`, as an instance built from the package.
+    pub fn with_package() -> Self {
+        let deb = built_deb();
+        let fixture = crate::binary("fixture-backend", "health-agent-tests");
+        let machine = Self::boot(
+            &rootfs(),
+            &[
+                (deb.parent().expect("target/debian"), "/mnt/deb"),
+                (&fixture, "/usr/local/bin/fixture-backend"),
+            ],
+        );
+        let deb_name = deb.file_name().and_then(|n| n.to_str()).expect("deb name");
+        machine.run(&["dpkg", "-i", &format!("/mnt/deb/{deb_name}")]);
+        machine
+    }
+
     pub fn boot(rootfs: &Path, binds: &[(&Path, &str)]) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let console = dir.path().join("console.log");
@@ -237,6 +254,34 @@ impl Machine {
         self.nsenter(args)
             .output()
             .unwrap_or_else(|e| panic!("cannot run nsenter {args:?}: {e}"))
+    }
+
+    /// The fixture backend as the transient unit `unit` (`systemd-run`), on 127.0.0.1:`web`
+    /// with its control port on `control`, in mode `normal`, with `more` arguments; returns once
+    /// its control port answers. The container shares the host's network, so the ports are
+    /// the host's too.
+    pub fn start_fixture(&self, unit: &str, web: u16, control: u16, more: &[&str]) {
+        let (unit, listen, control_at) = (
+            format!("--unit={unit}"),
+            format!("127.0.0.1:{web}"),
+            format!("127.0.0.1:{control}"),
+        );
+        let mut args = vec!["systemd-run", &unit, "/usr/local/bin/fixture-backend"];
+        args.extend([
+            "--listen",
+            &listen,
+            "--control",
+            &control_at,
+            "--mode",
+            "normal",
+        ]);
+        args.extend_from_slice(more);
+        self.run(&args);
+        crate::wait_until(
+            Duration::from_secs(30),
+            "the fixture in the container",
+            || crate::get(control, "/mode").ok(),
+        );
     }
 
     /// A command inside the container that must succeed; its stdout, trimmed.

@@ -6,16 +6,12 @@
 //! The poller runs on a thread that stops on [`HealthPoller::stop`], on drop (a failing test),
 //! and by itself after [`MAX_RUN`] at the latest unless started [`HealthPoller::unbounded`].
 
-use std::{
-    fmt,
-    net::SocketAddr,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc, Mutex,
-    },
-    thread::JoinHandle,
-    time::{Duration, Instant},
-};
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 

@@ -24,7 +24,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{binary, free_port, http};
+use crate::{binary, free_port, get_within};
 
 /// The Rack app. Its knobs come from the environment (no quoting of URLs into Ruby source):
 /// `HA_TEST_SLOW_SECONDS`, `HA_TEST_DB_URL` (empty: no database, `pg` is not even loaded),
@@ -162,6 +162,14 @@ pub struct PumaOptions {
 }
 
 impl PumaOptions {
+    /// The defaults with a pool of `threads`.
+    pub fn threads(threads: usize) -> Self {
+        Self {
+            threads,
+            ..Self::default()
+        }
+    }
+
     /// Two threads of an app whose `/up` and `/db` do `SELECT 1` on the database at `url`
     /// (`postgres://user:password@127.0.0.1:PORT/db`).
     pub fn on_database(url: String) -> Self {
@@ -207,7 +215,7 @@ impl Puma {
         let puma = Self::start_listening_only(options);
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            match http(puma.port, "GET", "/up", &[], Duration::from_secs(5)) {
+            match get_within(puma.port, "/up", Duration::from_secs(5)) {
                 Ok((200, _, _)) => return puma,
                 other => assert!(
                     Instant::now() < deadline,

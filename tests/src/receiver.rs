@@ -14,15 +14,15 @@ pub struct Recorded {
     pub method: String,
     pub path: String,
     pub headers: Vec<(String, String)>,
+    /// The body as JSON (`Null` when it is not JSON).
     pub body: Value,
+    /// The body as sent.
+    pub raw: Vec<u8>,
 }
 
 impl Recorded {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
+        crate::http::header(&self.headers, name)
     }
 }
 
@@ -112,13 +112,14 @@ fn serve_receiver(
                 Ok(n) => buf.extend_from_slice(&chunk[..n]),
             }
         }
-        let body = serde_json::from_slice(&buf[end + 4..end + 4 + len]).unwrap_or(Value::Null);
-        buf.drain(..end + 4 + len);
+        let raw: Vec<u8> = buf.drain(..end + 4 + len).skip(end + 4).collect();
+        let body = serde_json::from_slice(&raw).unwrap_or(Value::Null);
         let rec = Recorded {
             method,
             path,
             headers,
             body,
+            raw,
         };
         let (code, reply) = {
             let mut all = match seen.lock() {

@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::{merge_toml, Agent, HealthPoller, HealthSample, Load, LoadStats, Puma, PumaOptions};
+use crate::{
+    merge_toml, Agent, Fixture, HealthPoller, HealthSample, Load, LoadStats, Postgres, Puma,
+    PumaOptions, TcpProxy,
+};
 
 /// The config the web tests start from: the web check on `port` probing `/up` (2 s timeout), a
 /// 500 ms check cadence, a 1 s recovery, and the CPU, memory and saturation scaling thresholds
@@ -30,6 +33,22 @@ pub fn tail(text: &str, lines: usize) -> String {
 
 pub fn pretty(v: &Value) -> String {
     serde_json::to_string_pretty(v).unwrap_or_default()
+}
+
+/// A private PostgreSQL and a [`TcpProxy`] to it, which a test freezes to stand in for a
+/// network path to the database that silently stops answering.
+pub fn database_behind_proxy() -> (Postgres, TcpProxy) {
+    let pg = Postgres::start();
+    let proxy = TcpProxy::start(pg.port);
+    (pg, proxy)
+}
+
+/// The fixture backend in mode `normal`, watched by an agent with `extra` merged into its
+/// `[web] port` config.
+pub fn watched_fixture(extra: &str) -> (Fixture, Agent) {
+    let backend = Fixture::start("normal");
+    let agent = Agent::on_port(backend.port, extra);
+    (backend, agent)
 }
 
 /// About 10 requests a second to `/` on `port`, each on a new connection, 5 s timeout: the
@@ -196,10 +215,7 @@ impl Watched {
     /// agent says `healthy` with the web server `up`. Returns that first healthy answer and
     /// the load.
     pub fn under_load(config: impl FnOnce(&Puma) -> String) -> (Self, Load, HealthSample) {
-        let puma = Puma::start(PumaOptions {
-            threads: 4,
-            ..Default::default()
-        });
+        let puma = Puma::start(PumaOptions::threads(4));
         let watched = Self::new(puma, config);
         let load = steady_load(watched.puma.port);
         let ready = watched.wait_healthy();

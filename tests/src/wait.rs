@@ -50,3 +50,20 @@ pub fn wait_health_at(
     }
     panic!("timed out after {timeout:?} waiting for {what}; last /health: {last:?}");
 }
+
+/// [`wait_health_at`] for 503 `hung` after a SIGSTOP at `frozen`; prints, as `label`, what
+/// `/health` said and how long after the SIGSTOP.
+pub fn wait_hung_at(port: u16, timeout: Duration, label: &str, frozen: Instant) -> (u16, Value) {
+    let what = format!("503 hung ({label})");
+    let (code, body) = wait_health_at(port, timeout, &what, |c, b| {
+        c == 503 && b["checks"]["webserver"] == "hung"
+    });
+    println!(
+        "{label}: /health {code} {} webserver {} {:.1} s after SIGSTOP: {}",
+        body["status"],
+        body["checks"]["webserver"],
+        frozen.elapsed().as_secs_f64(),
+        body["reasons"][0]
+    );
+    (code, body)
+}

@@ -28,6 +28,16 @@ const WAIT: Duration = Duration::from_secs(30);
 /// Puma's real pages raise while `/up` answers 200; alone, the agent restarts it once (a
 /// restart that really replaces Puma, whose new process raises too), then keeps it at 200
 /// `degraded` with the share named, and never answers 503.
+/// With no restart target, nothing was restarted.
+fn assert_no_restart(body: &serde_json::Value, ctx: &str) {
+    let attempts = body["details"]["heal"]["total_attempts"].as_u64();
+    assert_eq!(
+        attempts.unwrap_or(0),
+        0,
+        "no restart target, no restart: {body:#}{ctx}"
+    );
+}
+
 #[test]
 fn puma_that_raises_alone_is_restarted_once_then_degraded_never_503() {
     require_root();
@@ -35,7 +45,6 @@ fn puma_that_raises_alone_is_restarted_once_then_degraded_never_503() {
         let dir = tempfile::tempdir().unwrap();
         let error_file = dir.path().join("broken");
         let puma = Puma::start(PumaOptions {
-            threads: 4,
             error_file: Some(error_file.clone()),
             ..Default::default()
         });
@@ -255,13 +264,7 @@ fn nginx_500_alone(traffic: Traffic) {
         let incident = &alert.body["payload"];
         assert_eq!(incident["http"], 200, "{:#}{ctx}", alert.body);
         assert_eq!(incident["status"], "degraded", "{:#}{ctx}", alert.body);
-        assert!(
-            body["details"]["heal"]["total_attempts"]
-                .as_u64()
-                .unwrap_or(0)
-                == 0,
-            "no restart target, no restart: {body:#}{ctx}"
-        );
+        assert_no_restart(&body, &ctx);
         println!("{}", timeline(&samples));
     }
 }
@@ -346,7 +349,6 @@ fn puma_that_stops_raising_is_healthy_again_within_15s() {
     let dir = tempfile::tempdir().unwrap();
     let error_file = dir.path().join("broken");
     let puma = Puma::start(PumaOptions {
-        threads: 4,
         error_file: Some(error_file.clone()),
         ..Default::default()
     });
@@ -394,13 +396,7 @@ fn puma_that_stops_raising_is_healthy_again_within_15s() {
         (200, Some("healthy"), Some("up")),
         "stays healthy: {body:#}{ctx}"
     );
-    assert!(
-        body["details"]["heal"]["total_attempts"]
-            .as_u64()
-            .unwrap_or(0)
-            == 0,
-        "no restart target, no restart: {body:#}{ctx}"
-    );
+    assert_no_restart(&body, &ctx);
     println!("{}", timeline(&samples));
 }
 
@@ -533,12 +529,8 @@ fn tls_backend_status_not_visible_and_never_erroring() {
     assert_eq!(code, 200, "{body:#}{ctx}");
     let answers = &body["details"]["web"]["answers"];
     assert_eq!(answers["status_visible"], false, "{answers:#}{ctx}");
-    assert!(
-        answers["not_visible"]
-            .as_str()
-            .is_some_and(|w| w.contains("TLS")),
-        "{answers:#}{ctx}"
-    );
+    let not_visible = answers["not_visible"].as_str().unwrap_or_default();
+    assert!(not_visible.contains("TLS"), "{answers:#}{ctx}");
     println!(
         "TLS load: {codes:?}\n  final: {code} {} webserver={} answers {answers}",
         body["status"], body["checks"]["webserver"]

@@ -12,17 +12,15 @@ use std::{
 };
 
 use health_agent_tests::{
-    binary, free_port, get,
+    free_port, get,
     moto::{imds_stub, Metadata, Role},
-    nspawn, require_root, wait_until, Agent, Machine, Moto, Receiver,
+    require_root, wait_until, Agent, Machine, Moto, Receiver,
 };
 use serde_json::Value;
 
 const REGION: &str = "eu-west-1";
 const ROLE_SECRET: &str = "role-secret-never-shown";
 const SESSION: &str = "SESSION-TOKEN-never-shown";
-/// Waits in the container test.
-const WAIT: Duration = Duration::from_secs(30);
 
 fn role() -> Role {
     Role {
@@ -75,15 +73,6 @@ fn asked(fleet: &Value) -> Vec<String> {
         .unwrap_or_default();
     v.sort();
     v
-}
-
-fn assert_no_secret(agent: &Agent) {
-    let (_, body) = agent.get("/health").expect("GET /health");
-    let logs = agent.logs();
-    for s in [ROLE_SECRET, SESSION] {
-        assert!(!body.contains(s), "/health shows a credential: {body}");
-        assert!(!logs.contains(s), "the log shows a credential:\n{logs}");
-    }
 }
 
 #[test]
@@ -166,7 +155,7 @@ fn asg_in_service_members_are_the_peers_and_one_put_in_standby_leaves() {
     assert_eq!(imds_token_puts, 1, "one IMDSv2 token for every read");
     // No answering peer, no [web], nothing wrong here: never a 503 for a listing problem.
     assert!(codes.iter().all(|c| *c == 200), "/health codes: {codes:?}");
-    assert_no_secret(&agent);
+    agent.assert_shows_none(&[ROLE_SECRET, SESSION]);
 }
 
 /// AWS answering every call with `status` and an error `code`, as Auto Scaling does.
@@ -194,7 +183,7 @@ fn wait_note(agent: &Agent, says: &[&str]) -> Value {
     });
     assert!(codes.iter().all(|c| *c == 200), "/health codes: {codes:?}");
     assert_eq!(f["configured"], true, "{f}");
-    assert_no_secret(agent);
+    agent.assert_shows_none(&[ROLE_SECRET, SESSION]);
     f
 }
 
@@ -375,20 +364,7 @@ fn assert_peers_may_list_and_reach_each_other(stack: &Stack) {
 /// environment file, and a drop-in after the template's naming moto as the endpoint (and a
 /// free port for the agent: the container shares this host's network).
 fn prepare_instance(machine: &Machine, app: u16, listen: u16, imds: &Receiver, moto: &Moto) {
-    machine.run(&[
-        "systemd-run",
-        "--unit=app",
-        "/usr/local/bin/fixture-backend",
-        "--listen",
-        &format!("127.0.0.1:{app}"),
-        "--control",
-        &format!("127.0.0.1:{}", free_port()),
-        "--mode",
-        "normal",
-    ]);
-    wait_until(WAIT, "the application in the container", || {
-        get(app, "/").ok()
-    });
+    machine.start_fixture("app", app, free_port(), &[]);
     machine.write(
         "/etc/health-agent/environment",
         &format!("AWS_EC2_METADATA_SERVICE_ENDPOINT={}\n", imds.url("")),
@@ -409,7 +385,6 @@ fn prepare_instance(machine: &Machine, app: u16, listen: u16, imds: &Receiver, m
 fn the_cloudformation_user_data_configures_the_packaged_agent_under_systemd() {
     require_root();
     let started = Instant::now();
-    let deb = nspawn::built_deb();
     let moto = Moto::start();
     let (app, listen) = (free_port(), free_port());
     let workers = 16;
@@ -429,16 +404,7 @@ fn the_cloudformation_user_data_configures_the_packaged_agent_under_systemd() {
         }),
     });
 
-    let fixture = binary("fixture-backend", "health-agent-tests");
-    let machine = Machine::boot(
-        &nspawn::rootfs(),
-        &[
-            (deb.parent().expect("target/debian"), "/mnt/deb"),
-            (&fixture, "/usr/local/bin/fixture-backend"),
-        ],
-    );
-    let deb_name = deb.file_name().and_then(|n| n.to_str()).expect("deb name");
-    machine.run(&["dpkg", "-i", &format!("/mnt/deb/{deb_name}")]);
+    let machine = Machine::with_package();
     let packaged = machine.run(&["cat", "/etc/health-agent/health-agent.toml"]);
     prepare_instance(&machine, app, listen, &imds, &moto);
 

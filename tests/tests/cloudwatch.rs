@@ -74,17 +74,6 @@ fn health_p99(agent: &Agent, n: usize) -> Duration {
     times[(n * 99 / 100).min(n - 1)]
 }
 
-fn assert_no_secret(agent: &Agent, secrets: &[&str]) {
-    let (_, body) = agent.get("/health").expect("GET /health");
-    let metrics = agent.metrics();
-    let logs = agent.logs();
-    for s in secrets {
-        assert!(!body.contains(s), "/health shows a credential: {body}");
-        assert!(!metrics.contains(s), "/metrics shows a credential");
-        assert!(!logs.contains(s), "the log shows a credential:\n{logs}");
-    }
-}
-
 #[test]
 fn saturation_arrives_in_moto_with_namespace_dimension_and_unit() {
     require_root();
@@ -143,7 +132,7 @@ fn saturation_arrives_in_moto_with_namespace_dimension_and_unit() {
         "moto read back: SampleCount {count}, Average {avg:.2} %, Min {min:.2}, Max {max:.2}; \
          /health showed {lo:.2}..{hi:.2} %"
     );
-    assert_no_secret(&agent, &[SECRET]);
+    agent.assert_shows_none(&[SECRET]);
 }
 
 #[test]
@@ -209,7 +198,7 @@ fn instance_role_region_and_group_come_from_imdsv2() {
     }
     let tokens = reqs.iter().filter(|r| r.method == "PUT").count();
     assert_eq!(tokens, 1, "the token is reused, not asked for per read");
-    assert_no_secret(&agent, &[role_secret, session]);
+    agent.assert_shows_none(&[role_secret, session]);
 }
 
 /// A CloudWatch that throttles every request (HTTP 400, code Throttling, as AWS answers).
@@ -286,20 +275,22 @@ fn check_bounded(agent: &Agent, sent: Option<&dyn Fn() -> usize>, error_says: &s
         p99 < Duration::from_millis(100),
         "/health p99 {p99:?} while CloudWatch fails: it must never wait on it"
     );
-    assert_no_secret(agent, &[SECRET]);
+    agent.assert_shows_none(&[SECRET]);
+}
+
+/// An agent publishing to CloudWatch at `endpoint` (`us-east-1`, group `g`) with 2 retries of
+/// 1 s each.
+fn retrying_agent(endpoint: &str) -> Agent {
+    let cloudwatch =
+        "region = \"us-east-1\"\nauto_scaling_group = \"g\"\nmax_retries = 2\ntimeout = \"1s\"";
+    Agent::start_with_env(&config(endpoint, cloudwatch), &env_credentials())
 }
 
 #[test]
 fn throttling_is_retried_a_bounded_number_of_times_and_health_stays_fast() {
     require_root();
     let stub = throttling();
-    let agent = Agent::start_with_env(
-        &config(
-            &stub.url(""),
-            "region = \"us-east-1\"\nauto_scaling_group = \"g\"\nmax_retries = 2\ntimeout = \"1s\"",
-        ),
-        &env_credentials(),
-    );
+    let agent = retrying_agent(&stub.url(""));
     check_bounded(&agent, Some(&|| stub.posts().len()), "Throttling");
     // What arrived was a signed PutMetricData.
     let first = &stub.posts()[0];
@@ -315,13 +306,7 @@ fn throttling_is_retried_a_bounded_number_of_times_and_health_stays_fast() {
 fn stalling_cloudwatch_times_out_and_health_stays_fast() {
     require_root();
     let (addr, connections) = stalling();
-    let agent = Agent::start_with_env(
-        &config(
-            &format!("http://{addr}"),
-            "region = \"us-east-1\"\nauto_scaling_group = \"g\"\nmax_retries = 2\ntimeout = \"1s\"",
-        ),
-        &env_credentials(),
-    );
+    let agent = retrying_agent(&format!("http://{addr}"));
     check_bounded(
         &agent,
         Some(&|| connections.load(Ordering::SeqCst)),
@@ -334,13 +319,7 @@ fn refusing_cloudwatch_is_retried_boundedly() {
     require_root();
     // Nothing listens there: connection refused.
     let port = free_port();
-    let agent = Agent::start_with_env(
-        &config(
-            &format!("http://127.0.0.1:{port}"),
-            "region = \"us-east-1\"\nauto_scaling_group = \"g\"\nmax_retries = 2\ntimeout = \"1s\"",
-        ),
-        &env_credentials(),
-    );
+    let agent = retrying_agent(&format!("http://127.0.0.1:{port}"));
     check_bounded(&agent, None, "cannot connect");
 }
 
@@ -432,71 +411,20 @@ fn config_validate_refuses_bad_namespace_and_dimension_with_exit_2() {
     assert_eq!(code, Some(0), "{err}");
 }
 
-/// Raw requests: (head, body).
-type Raw = Arc<std::sync::Mutex<Vec<(String, Vec<u8>)>>>;
-
-/// A CloudWatch that accepts everything and keeps each request's raw head and body.
-fn recording() -> (SocketAddr, Raw) {
-    use std::io::{Read, Write};
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let addr = l.local_addr().expect("addr");
-    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let log = seen.clone();
-    std::thread::spawn(move || {
-        for mut s in l.incoming().flatten() {
-            let log = log.clone();
-            std::thread::spawn(move || {
-                let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 16384];
-                loop {
-                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-                        match s.read(&mut chunk) {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                        continue;
-                    };
-                    let head = String::from_utf8_lossy(&buf[..end]).to_string();
-                    let len: usize = head
-                        .lines()
-                        .filter_map(|l| l.split_once(':'))
-                        .find(|(k, _)| k.trim().eq_ignore_ascii_case("content-length"))
-                        .and_then(|(_, v)| v.trim().parse().ok())
-                        .unwrap_or(0);
-                    while buf.len() < end + 4 + len {
-                        match s.read(&mut chunk) {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    }
-                    let body = buf[end + 4..end + 4 + len].to_vec();
-                    buf.drain(..end + 4 + len);
-                    log.lock().unwrap().push((head, body));
-                    let reply = "<PutMetricDataResponse xmlns=\"http://monitoring.amazonaws.com/doc/2010-08-01/\"><ResponseMetadata><RequestId>r</RequestId></ResponseMetadata></PutMetricDataResponse>";
-                    let _ = write!(
-                        s,
-                        "HTTP/1.1 200 OK\r\nContent-Type: text/xml\r\nContent-Length: {}\r\n\r\n{reply}",
-                        reply.len()
-                    );
-                }
-            });
-        }
-    });
-    (addr, seen)
-}
+/// What CloudWatch answers a PutMetricData it accepts.
+const ACCEPTED: &str = "<PutMetricDataResponse xmlns=\"http://monitoring.amazonaws.com/doc/2010-08-01/\"><ResponseMetadata><RequestId>r</RequestId></ResponseMetadata></PutMetricDataResponse>";
 
 #[test]
 fn botocore_computes_the_same_sigv4_signature() {
     require_root();
-    let (addr, seen) = recording();
+    let cloudwatch_stub = Receiver::start(|_, _| (200, ACCEPTED.into()));
     let session = "SESSION-token-for-signing";
     let mut env = env_credentials();
     env.retain(|(k, _)| *k != "AWS_SESSION_TOKEN");
     env.push(("AWS_SESSION_TOKEN", session));
     let agent = Agent::start_with_env(
         &config(
-            &format!("http://{addr}"),
+            &cloudwatch_stub.url(""),
             "region = \"eu-central-1\"\nauto_scaling_group = \"g\"",
         ),
         &env,
@@ -504,18 +432,15 @@ fn botocore_computes_the_same_sigv4_signature() {
     wait_until(Duration::from_secs(40), "a published interval", || {
         (cloudwatch(&agent)["published_data"].as_u64() >= Some(1)).then_some(())
     });
-    let (head, body) = seen.lock().unwrap()[0].clone();
+    let request = cloudwatch_stub.requests()[0].clone();
     let header = |name: &str| {
-        head.lines()
-            .filter_map(|l| l.split_once(':'))
-            .find(|(k, _)| k.trim().eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.trim().to_string())
-            .unwrap_or_else(|| panic!("no {name} header in {head}"))
+        let value = request.header(name);
+        value.unwrap_or_else(|| panic!("no {name} header in {:?}", request.headers))
     };
     assert_eq!(header("x-amz-security-token"), session);
     let input = json!({
         "url": format!("http://{}/", header("host")),
-        "body": String::from_utf8(body).expect("a form body is ASCII"),
+        "body": String::from_utf8(request.raw.clone()).expect("a form body is ASCII"),
         "content_type": header("content-type"),
         "amz_date": header("x-amz-date"),
         "token": session,

@@ -13,11 +13,14 @@ use std::{
 
 use health_agent_tests::{
     agent_binary, check_json, docker, fixture_image, free_port, markdown::fenced, request_at,
-    require_root, wait_until, Agent, Container, Fixture, Proc, Receiver,
+    require_root, wait_until, watched_fixture, Agent, Container, Fixture, Proc, Receiver,
 };
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(20);
+
+/// The keys of every `/health` body; `details` comes with them when the server shows it.
+const TOP_LEVEL: &str = "status uptime checks recommendation reasons generated_at";
 
 /// `python3 -m http.server` on 127.0.0.1: a real backend with no `/up` route (it answers 404
 /// there), as most apps that are not Rails are. Stopped on drop.
@@ -134,47 +137,39 @@ fn a_probe_path_the_backend_lacks_is_up_and_degraded_naming_the_key() {
     never_503(&agent, Duration::from_secs(2));
 }
 
+/// The agent, watching a backend that serves, given `web.<key> = "<value>"` that names nothing
+/// (and `extra`): 200 `degraded`, a reason naming the key, the value and that it was not found.
+fn mistyped(key: &str, value: &str, extra: &str) -> (Fixture, Agent) {
+    let backend = Fixture::start("normal");
+    let web = format!("[checks]\ninterval = \"500ms\"\n[web]\n{key} = {value:?}\n{extra}");
+    let agent = Agent::on_port(backend.port, &web);
+    let named = format!("web.{key}");
+    let (code, body) = agent.wait_health(WAIT, &format!("a reason naming {named}"), |_, b| {
+        reasons(b).contains(&named)
+    });
+    assert_eq!(
+        (code, body["status"].as_str()),
+        (200, Some("degraded")),
+        "{body}"
+    );
+    let why = reasons(&body);
+    assert!(why.contains(value) && why.contains("not found"), "{body}");
+    (backend, agent)
+}
+
 #[test]
 fn a_mistyped_netns_is_degraded_naming_the_key_never_503() {
     require_root();
-    let backend = Fixture::start("normal");
-    let agent = Agent::on_port(
-        backend.port,
-        "[checks]\ninterval = \"500ms\"\n\
-         [web]\nnetns = \"/var/run/netns/ha-first-day-no-such-ns\"\n",
-    );
-    let (code, body) = agent.wait_health(WAIT, "a reason naming web.netns", |_, b| {
-        reasons(b).contains("web.netns")
-    });
-    assert_eq!(code, 200, "{body}");
-    assert_eq!(body["status"], "degraded", "{body}");
-    assert!(
-        reasons(&body).contains("ha-first-day-no-such-ns") && reasons(&body).contains("not found"),
-        "{body}"
-    );
+    let (_backend, agent) = mistyped("netns", "/var/run/netns/ha-first-day-no-such-ns", "");
     never_503(&agent, Duration::from_secs(3));
 }
 
 #[test]
 fn a_mistyped_container_is_degraded_naming_the_key_and_alerts() {
     require_root();
-    let backend = Fixture::start("normal");
     let hook = Receiver::ok();
-    let agent = Agent::start(&format!(
-        "[checks]\ninterval = \"500ms\"\n[web]\nport = {}\ncontainer = \"ha-first-day-no-such-web\"\n\
-         [alerts]\nwebhook_url = \"{}\"\n",
-        backend.port,
-        hook.url("/hook")
-    ));
-    let (code, body) = agent.wait_health(WAIT, "a reason naming web.container", |_, b| {
-        reasons(b).contains("web.container")
-    });
-    assert_eq!(code, 200, "{body}");
-    assert_eq!(body["status"], "degraded", "{body}");
-    assert!(
-        reasons(&body).contains("ha-first-day-no-such-web") && reasons(&body).contains("not found"),
-        "{body}"
-    );
+    let alerts = format!("[alerts]\nwebhook_url = \"{}\"\n", hook.url("/hook"));
+    let (_backend, agent) = mistyped("container", "ha-first-day-no-such-web", &alerts);
     let alert = config_error_alert(&hook);
     assert!(alert.contains("web.container"), "{alert}");
     never_503(&agent, Duration::from_secs(3));
@@ -265,8 +260,7 @@ fn check_json_has_the_shape_of_health_and_keeps_its_exit_codes() {
     let backend = Fixture::start("normal");
     let (code, v) = check(format!("[web]\nport = {}\n", backend.port));
     assert_eq!(code, Some(0), "{v}");
-    let keys = "status uptime checks recommendation reasons generated_at details";
-    for key in keys.split(' ') {
+    for key in TOP_LEVEL.split(' ').chain(["details"]) {
         assert!(v.get(key).is_some(), "no `{key}`: {v}");
     }
     assert_eq!(v["checks"]["webserver"], "up", "{v}");
@@ -303,12 +297,10 @@ fn the_peer_view_exists_only_with_fleet() {
 #[test]
 fn every_answer_change_is_logged_once_in_plain_words() {
     require_root();
-    let backend = Fixture::start("normal");
-    let agent = Agent::start(&format!(
+    let (backend, agent) = watched_fixture(
         "[checks]\ninterval = \"200ms\"\nrecover_after = \"1s\"\n\
-         [web]\nport = {}\nunanswered_after = \"1s\"\n[heal]\nenabled = false\n",
-        backend.port
-    ));
+         [web]\nunanswered_after = \"1s\"\n[heal]\nenabled = false\n",
+    );
     agent.wait_health(WAIT, "healthy", |c, b| c == 200 && b["status"] == "healthy");
     backend.set_mode("error");
     agent.wait_health(WAIT, "503", |c, _| c == 503);
@@ -367,14 +359,7 @@ fn the_body_starts_with_the_seed_fields_and_every_answer_has_the_age_header() {
             request_at(agent.addr, "GET", "/health", &[], Duration::from_secs(5)).unwrap();
         assert_eq!(code, 200, "{body}");
         let keys = top_level_keys(&body);
-        let mut want = vec![
-            "status",
-            "uptime",
-            "checks",
-            "recommendation",
-            "reasons",
-            "generated_at",
-        ];
+        let mut want: Vec<&str> = TOP_LEVEL.split(' ').collect();
         if details == "always" {
             want.push("details");
         }
@@ -673,13 +658,9 @@ fn the_manual_says_which_uptime_it_is() {
     );
     let agent = Agent::start("");
     let (_, body) = agent.health();
-    let host: f64 = std::fs::read_to_string("/proc/uptime")
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let proc_uptime = std::fs::read_to_string("/proc/uptime").unwrap();
+    let seconds = proc_uptime.split_whitespace().next();
+    let host: f64 = seconds.and_then(|s| s.parse().ok()).expect("/proc/uptime");
     let uptime = body["uptime"].as_f64().expect("uptime");
     assert!((uptime - host).abs() < 5.0, "uptime {uptime}, host {host}");
 }

@@ -545,10 +545,7 @@ fn every_path_cut_is_shared_never_503() {
 #[test]
 fn bad_peers_are_ignored_and_health_is_unaffected() {
     require_root();
-    let puma = Puma::start(PumaOptions {
-        threads: 2,
-        ..Default::default()
-    });
+    let puma = Puma::start(PumaOptions::threads(2));
     let closed = addr(loopback(5), free_port_on(loopback(5)));
     let slow = StubServer::start(loopback(6), Duration::from_secs(10), |_| {
         (

@@ -4,7 +4,8 @@
 use std::{net::TcpListener, process::Command, time::Duration};
 
 use health_agent_tests::{
-    agent_binary, check_json, counters, free_port, requests, require_root, Agent, Fixture, Tmpfs,
+    agent_binary, check_json, counters, free_port, requests, require_root, watched_fixture, Agent,
+    Fixture, Tmpfs,
 };
 
 const WAIT: Duration = Duration::from_secs(15);
@@ -102,12 +103,9 @@ fn closed_listener_turns_503_webserver_down() {
 #[test]
 fn kernel_counts_every_handshake_on_the_web_port() {
     require_root();
-    let backend = Fixture::start("normal");
     // No probe: the only connections are the test's. Exact counts: counted all along.
-    let agent = Agent::on_port(
-        backend.port,
-        "[web]\nprobe_path = \"\"\nsocket_tracing = \"always\"\n",
-    );
+    let (backend, agent) =
+        watched_fixture("[web]\nprobe_path = \"\"\nsocket_tracing = \"always\"\n");
     let (_, body) = agent.health();
     assert_eq!(
         body["details"]["web"]["kernel"]["state"], "active",
@@ -139,8 +137,7 @@ fn kernel_counts_every_handshake_on_the_web_port() {
 #[test]
 fn sigterm_stops_the_agent_cleanly() {
     require_root();
-    let backend = Fixture::start("normal");
-    let agent = Agent::on_port(backend.port, "");
+    let (_backend, agent) = watched_fixture("");
     let status = agent.stop();
     assert!(status.success(), "exit status {status}");
 }

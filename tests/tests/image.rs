@@ -11,7 +11,7 @@ use std::{
 
 use health_agent_tests::{
     background_requests, docker, free_port, get, newest, require_root, succeed, wait_health_at,
-    workspace, Fixture,
+    wait_hung_at, workspace, Fixture,
 };
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -244,19 +244,7 @@ fn the_image_runs_as_the_daemonset_asks_and_turns_503_for_a_frozen_host_backend(
     fixture.signal(libc::SIGSTOP);
     let frozen = Instant::now();
     let stuck = background_requests(fixture.port, 4, Duration::from_secs(6));
-    let (code, body) = wait_health_at(
-        listen,
-        WAIT,
-        "503 hung for the frozen host backend",
-        |c, b| c == 503 && b["checks"]["webserver"] == "hung",
-    );
-    println!(
-        "image: /health {code} {} webserver {} {:.1} s after SIGSTOP: {}",
-        body["status"],
-        body["checks"]["webserver"],
-        frozen.elapsed().as_secs_f64(),
-        body["reasons"][0]
-    );
+    wait_hung_at(listen, WAIT, "image", frozen);
     fixture.signal(libc::SIGCONT);
     for t in stuck {
         let _ = t.join();

@@ -22,8 +22,8 @@ use std::{
 use serde_json::Value;
 
 use health_agent_tests::{
-    assert_answered, get_at, http_at, merge_toml, netns_inode, pretty, require_root, since, tail,
-    timeline, wait_until, web_config, AddrFixture, Agent, BridgeContainer, HealthPoller,
+    assert_answered, get_at, get_at_within, merge_toml, netns_inode, pretty, require_root, since,
+    tail, timeline, wait_until, web_config, AddrFixture, Agent, BridgeContainer, HealthPoller,
     HealthSample, Load, LoadStats, NetNs, Watch,
 };
 
@@ -628,7 +628,7 @@ fn assert_load_flows(target: SocketAddr, what: &str) {
 
 /// `GET path` with a short timeout: Some(status) or None (no answer).
 fn quick_get(addr: SocketAddr, path: &str, timeout: Duration) -> Result<u16, String> {
-    http_at(addr, "GET", path, timeout)
+    get_at_within(addr, path, timeout)
         .map(|(c, _, _)| c)
         .map_err(|e| format!("{e} ({:?})", e.kind()))
 }

@@ -57,6 +57,29 @@ fn ctx(r: &Value, story: &str) -> String {
     )
 }
 
+/// Every answer before `at` (when `what` happened) was 200; the first 503 at or after it, and
+/// how long after `at` it came.
+fn first_503<'a>(samples: &'a [Value], at: f64, what: &str, c: &str) -> (&'a Value, f64) {
+    if let Some(s) = samples.iter().find(|s| t(s) < at && s["code"] != 200) {
+        panic!("{} before {what}: {s}{c}", s["code"]);
+    }
+    let first = samples
+        .iter()
+        .find(|s| t(s) >= at && s["code"] == 503)
+        .unwrap_or_else(|| panic!("no 503 after {what}{c}"));
+    (first, t(first) - at)
+}
+
+/// Scenario `name`'s record, its answers from `ready` on, their story and what a failed
+/// assertion prints; the tier asserted.
+fn scenario<'a>(vm: &'a qemu::VmRun, name: &str) -> (&'a Value, Vec<Value>, String, String) {
+    let r = vm.result(name);
+    let (samples, story) = answers(r);
+    let c = ctx(r, &story);
+    assert_tier(r, &c);
+    (r, samples, story, c)
+}
+
 /// What every scenario shares: the tier, and why; the agent's first log line says it too.
 fn assert_tier(r: &Value, ctx: &str) {
     assert_eq!(
@@ -177,24 +200,9 @@ fn on_debian_12s_6_1_kernel_a_frozen_backend_is_503_within_2s_and_a_busy_pool_ne
     );
 
     // Frozen under traffic: 503 hung within 2 s; 200 again after SIGCONT.
-    let frozen = vm.result("frozen");
-    let (samples, story) = answers(frozen);
-    let c = ctx(frozen, &story);
-    assert_tier(frozen, &c);
+    let (frozen, samples, story, c) = scenario(&vm, "frozen");
     let stopped = frozen["stopped"].as_f64().unwrap();
-    let continued = frozen["continued"].as_f64().unwrap();
-    assert!(
-        samples
-            .iter()
-            .filter(|s| t(s) < stopped)
-            .all(|s| s["code"] == 200),
-        "503 before the SIGSTOP{c}"
-    );
-    let first = samples
-        .iter()
-        .find(|s| t(s) >= stopped && s["code"] == 503)
-        .unwrap_or_else(|| panic!("no 503 for a frozen backend{c}"));
-    let took = t(first) - stopped;
+    let (first, took) = first_503(&samples, stopped, "the SIGSTOP", &c);
     println!(
         "frozen on 6.1: SIGSTOP → 503 {} in {took:.2} s; load {}\n{story}",
         first["webserver"], frozen["load"]
@@ -204,6 +212,7 @@ fn on_debian_12s_6_1_kernel_a_frozen_backend_is_503_within_2s_and_a_busy_pool_ne
         took <= 2.0,
         "503 came {took:.2} s after the SIGSTOP (≤ 2 s){c}"
     );
+    let continued = frozen["continued"].as_f64().unwrap();
     let back = samples
         .iter()
         .find(|s| t(s) >= continued && s["code"] == 200)
@@ -211,10 +220,7 @@ fn on_debian_12s_6_1_kernel_a_frozen_backend_is_503_within_2s_and_a_busy_pool_ne
     println!("SIGCONT → 200 in {:.2} s", t(back) - continued);
 
     // Frozen with a restart command that replaces it: healed, never a 503.
-    let healed = vm.result("frozen_restarted");
-    let (samples, story) = answers(healed);
-    let c = ctx(healed, &story);
-    assert_tier(healed, &c);
+    let (healed, samples, story, c) = scenario(&vm, "frozen_restarted");
     let stopped = healed["stopped"].as_f64().unwrap();
     let again = samples
         .iter()
@@ -243,30 +249,16 @@ fn on_debian_12s_6_1_kernel_a_frozen_backend_is_503_within_2s_and_a_busy_pool_ne
     // thresholds, 200 again once it serves. Unanswered: the probe fails from its first timeout
     // (probe_timeout 2 s) for unanswered_after (10 s), and 2 s for the emulated machine.
     // Never accepting: hung_after (2 s), and 2 s.
-    for (scenario, verdict, within) in [
+    for (name, verdict, within) in [
         ("unresponsive", "unresponsive", 14.0),
         ("never_accepts", "hung", 4.0),
     ] {
-        let r = vm.result(scenario);
-        let (samples, story) = answers(r);
-        let c = ctx(r, &story);
-        assert_tier(r, &c);
+        let (r, samples, story, c) = scenario(&vm, name);
         let switched = r["switched"].as_f64().unwrap();
         let mended = r["mended"].as_f64().unwrap();
-        assert!(
-            samples
-                .iter()
-                .filter(|s| t(s) < switched)
-                .all(|s| s["code"] == 200),
-            "503 before the backend failed{c}"
-        );
-        let first = samples
-            .iter()
-            .find(|s| t(s) >= switched && s["code"] == 503)
-            .unwrap_or_else(|| panic!("no 503 for {scenario}{c}"));
-        let took = t(first) - switched;
+        let (first, took) = first_503(&samples, switched, name, &c);
         println!(
-            "{scenario} on 6.1: 503 {} in {took:.2} s\n{story}",
+            "{name} on 6.1: 503 {} in {took:.2} s\n{story}",
             first["webserver"]
         );
         assert_eq!(first["webserver"], verdict, "{first}{c}");

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use health_agent_tests::{
-    require_root, Agent, Load, OpenLoop, Postgres, Puma, PumaOptions, TcpProxy,
+    database_behind_proxy, require_root, Agent, Load, OpenLoop, Puma, PumaOptions,
 };
 use serde_json::Value;
 
@@ -62,8 +62,7 @@ fn s_at(agent: &Agent, puma: &Puma, rate: f64, secs: u64, seed: u64) -> (f64, f6
 #[test]
 fn saturation_follows_offered_load_and_is_withheld_while_the_database_path_is_frozen() {
     require_root();
-    let pg = Postgres::start();
-    let proxy = TcpProxy::start(pg.port);
+    let (pg, proxy) = database_behind_proxy();
     let db = format!("127.0.0.1:{}", proxy.port);
     let puma = Puma::start(PumaOptions {
         threads: THREADS,
@@ -198,10 +197,7 @@ fn saturation_follows_keep_alive_load_with_programs_attached_on_suspicion() {
 
 fn keep_alive_saturation(socket_tracing: &str, window: u64, phase: u64) {
     require_root();
-    let puma = Puma::start(PumaOptions {
-        threads: THREADS,
-        ..Default::default()
-    });
+    let puma = Puma::start(PumaOptions::threads(THREADS));
     let agent = Agent::start(&format!(
         "[web]\nport = {}\nworkers = {THREADS}\nsocket_tracing = \"{socket_tracing}\"\n\n\
          [scaling]\nwindow = \"{window}s\"\n",
@@ -248,10 +244,7 @@ fn a_load_balancers_connections_opened_before_the_agent_started_are_counted() {
     // keep-alive connections open: their requests must count from the agent's start, not
     // from whenever the balancer happens to reopen them.
     require_root();
-    let puma = Puma::start(PumaOptions {
-        threads: THREADS,
-        ..Default::default()
-    });
+    let puma = Puma::start(PumaOptions::threads(THREADS));
     let load = Load::keep_alive(puma.port, "/io", 2, Duration::from_secs(20));
     std::thread::sleep(Duration::from_secs(2));
     let agent = Agent::start(&format!(

@@ -15,7 +15,7 @@ use std::{
 };
 
 use health_agent_tests::{
-    free_port, get, http, require_root, succeed, target_dir, workspace, Agent, Fixture,
+    free_port, get, get_within, require_root, succeed, target_dir, workspace, Agent, Fixture,
 };
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -215,7 +215,7 @@ fn the_units_capabilities_are_enough_for_the_kernel_view_and_the_process_view() 
         .map(|_| {
             let port = fixture.port;
             std::thread::spawn(move || {
-                let _ = http(port, "GET", "/", &[], Duration::from_secs(4));
+                let _ = get_within(port, "/", Duration::from_secs(4));
             })
         })
         .collect();
@@ -367,7 +367,7 @@ fn haproxy_agent_check_takes_a_frozen_backend_out_and_its_tcp_check_does_not() {
             let stop = stop.clone();
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
-                    let _ = http(port, "GET", "/", &[], Duration::from_secs(1));
+                    let _ = get_within(port, "/", Duration::from_secs(1));
                     std::thread::sleep(Duration::from_millis(20));
                 }
             })

@@ -95,12 +95,8 @@ fn healthy_traffic_runs_no_program_and_a_frozen_server_still_leaves_rotation() {
     assert_eq!(body["checks"]["webserver"], "hung", "{body}");
     let following = &body["details"]["web"]["kernel"]["following"];
     assert_eq!(following["attached"], true, "{following}");
-    assert!(
-        following["why"]
-            .as_str()
-            .is_some_and(|w| w.contains("accept queue")),
-        "{following}"
-    );
+    let why = following["why"].as_str().unwrap_or_default();
+    assert!(why.contains("accept queue"), "{following}");
     assert!(
         agent.logs().contains("following every connection of port"),
         "the attach is logged"

@@ -13,9 +13,8 @@ use std::{
 };
 
 use health_agent_tests::{
-    background_requests, binary, free_port, get,
-    nspawn::{self, UNIT},
-    require_root, wait_health_at, wait_until, workspace, Machine,
+    background_requests, free_port, get, nspawn::UNIT, require_root, wait_health_at, wait_hung_at,
+    wait_until, workspace, Machine,
 };
 
 const SERVICE: &str = "health-agent.service";
@@ -80,21 +79,8 @@ fn journal(machine: &Machine) -> String {
 #[test]
 fn the_shipped_unit_starts_detects_restarts_on_watchdog_and_stops_clean_under_real_systemd() {
     require_root();
-    let deb = nspawn::built_deb();
     let started = Instant::now();
-    let rootfs = nspawn::rootfs();
-    let fixture = binary("fixture-backend", "health-agent-tests");
-    let deb_dir = deb.parent().expect("target/debian");
-    let machine = Machine::boot(
-        &rootfs,
-        &[
-            (deb_dir, "/mnt/deb"),
-            (&fixture, "/usr/local/bin/fixture-backend"),
-        ],
-    );
-
-    let deb_name = deb.file_name().and_then(|n| n.to_str()).expect("deb name");
-    machine.run(&["dpkg", "-i", &format!("/mnt/deb/{deb_name}")]);
+    let machine = Machine::with_package();
     let installed = machine.run(&["cat", "/lib/systemd/system/health-agent.service"]);
     let shipped = fs::read_to_string(workspace().join(UNIT)).expect("the unit");
     assert_eq!(
@@ -106,22 +92,7 @@ fn the_shipped_unit_starts_detects_restarts_on_watchdog_and_stops_clean_under_re
     // A backend in the container, and the conffile edited as an operator would: ports picked
     // free, since the container shares the host's network namespace with parallel tests.
     let (web, control, listen) = (free_port(), free_port(), free_port());
-    machine.run(&[
-        "systemd-run",
-        "--unit=backend",
-        "/usr/local/bin/fixture-backend",
-        "--listen",
-        &format!("127.0.0.1:{web}"),
-        "--control",
-        &format!("127.0.0.1:{control}"),
-        "--mode",
-        "normal",
-        "--backlog",
-        "128",
-    ]);
-    wait_until(WAIT, "the backend in the container", || {
-        get(control, "/mode").ok()
-    });
+    machine.start_fixture("backend", web, control, &["--backlog", "128"]);
     machine.write(
         "/etc/health-agent/health-agent.toml",
         &format!(
@@ -197,16 +168,7 @@ fn the_shipped_unit_starts_detects_restarts_on_watchdog_and_stops_clean_under_re
     machine.run(&["systemctl", "kill", "--signal=SIGSTOP", "backend.service"]);
     let frozen = Instant::now();
     let stuck = background_requests(web, 4, Duration::from_secs(6));
-    let (code, body) = wait_health_at(listen, WAIT, "503 hung for the frozen backend", |c, b| {
-        c == 503 && b["checks"]["webserver"] == "hung"
-    });
-    println!(
-        "detection: /health {code} {} webserver {} {:.1} s after SIGSTOP: {}",
-        body["status"],
-        body["checks"]["webserver"],
-        frozen.elapsed().as_secs_f64(),
-        body["reasons"][0]
-    );
+    wait_hung_at(listen, WAIT, "detection", frozen);
     // Connections waiting attach the accept tracepoints (perf_event_open under the unit's
     // syscall filter).
     wait_health_at(listen, WAIT, "the accept tracepoints attached", |_, b| {

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use health_agent_tests::{
-    background_requests, counters, requests, require_root, Agent, Fixture, Nginx,
+    background_requests, counters, requests, require_root, watched_fixture, Agent, Fixture, Nginx,
 };
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -92,12 +92,11 @@ fn stopped_server_is_hung_503_then_200_after_cont() {
 #[test]
 fn fixture_shapes_get_their_verdicts() {
     require_root();
-    let backend = Fixture::start("normal");
-    let agent = Agent::start(&format!(
+    let (backend, agent) = watched_fixture(
         "[checks]\ninterval = \"500ms\"\nrecover_after = \"1s\"\n\
-         [web]\nport = {}\nhung_after = \"2s\"\nunanswered_after = \"3s\"\nprobe_timeout = \"6s\"\nslow_after = \"700ms\"\nlatency_window = \"3s\"\n",
-        backend.port
-    ));
+         [web]\nhung_after = \"2s\"\nunanswered_after = \"3s\"\nprobe_timeout = \"6s\"\n\
+         slow_after = \"700ms\"\nlatency_window = \"3s\"\n",
+    );
     let up = agent.wait_up(WAIT, "up");
     assert_eq!(up.1["status"], "healthy");
 
@@ -161,9 +160,7 @@ fn fixture_shapes_get_their_verdicts() {
 #[test]
 fn without_ebpf_a_stopped_server_is_still_caught() {
     require_root();
-    let backend = Fixture::start("normal");
-    let agent = Agent::on_port(
-        backend.port,
+    let (backend, agent) = watched_fixture(
         "[checks]\ninterval = \"500ms\"\n\
          [web]\nkernel = false\nhung_after = \"2s\"\nprobe_timeout = \"1s\"\n",
     );
@@ -266,11 +263,8 @@ fn connection_flood_evicts_instead_of_failing() {
     require_root();
     // A table of 64 connections and 300 held open at once: the LRU table must evict, the
     // agent keep answering, and nothing fail or grow.
-    let backend = Fixture::start("normal");
-    let agent = Agent::on_port(
-        backend.port,
-        "[web]\nmax_connections_tracked = 64\nsocket_tracing = \"always\"\n",
-    );
+    let (backend, agent) =
+        watched_fixture("[web]\nmax_connections_tracked = 64\nsocket_tracing = \"always\"\n");
     let held: Vec<std::net::TcpStream> = (0..300)
         .filter_map(|_| std::net::TcpStream::connect(("127.0.0.1", backend.port)).ok())
         .collect();

@@ -40,13 +40,8 @@ fn watched_under_load(puma: Puma, extra: &str) -> (Watched, Load) {
 
 /// Four clients looping `GET /slow`, each request on a new connection, 5 s timeout.
 fn four_clients(port: u16) -> Load {
-    Load::new_connections(
-        port,
-        "/slow",
-        4,
-        Duration::from_millis(20),
-        Duration::from_secs(5),
-    )
+    let (pause, timeout) = (Duration::from_millis(20), Duration::from_secs(5));
+    Load::new_connections(port, "/slow", 4, pause, timeout)
 }
 
 /// The worker a `partial_hang` answer names.
@@ -295,10 +290,7 @@ fn with_replace_workers_off_a_stopped_worker_is_named_and_left_alone() {
 #[test]
 fn stopped_single_mode_puma_keeps_the_hang_rules() {
     require_root();
-    let puma = Puma::start(PumaOptions {
-        threads: 2,
-        ..Default::default()
-    });
+    let puma = Puma::start(PumaOptions::threads(2));
     let restarts = Restarts::new();
     let extra = format!(
         "[web]\nrestart_command = {:?}\n[heal]\ntimeout = \"2s\"\n",

@@ -21,7 +21,7 @@ pub fn get(port: u16, path: &str) -> Result<(u16, String)> {
 
 /// GET on 127.0.0.1 with one deadline for connect, write and read.
 pub fn get_with_timeout(port: u16, path: &str, timeout: Duration) -> Result<(u16, String)> {
-    let (code, _, body) = health_agent_tests::http(port, "GET", path, &[], timeout)?;
+    let (code, _, body) = health_agent_tests::get_within(port, path, timeout)?;
     Ok((code, body))
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use crate::http::{read_request, write_response, ReadOutcome};
+use crate::http::{read_request, write_bad_request, write_response, ReadOutcome};
 use crate::mode::{Mode, Shared, EXIT_MODE_CODE, MODE_POLL};
 
 pub(crate) fn control_loop(listener: TcpListener, shared: Arc<Shared>) {
@@ -39,14 +39,7 @@ fn serve_control_connection(mut stream: TcpStream, shared: &Shared) {
         Ok(ReadOutcome::Request(r)) => r,
         Ok(ReadOutcome::Closed) | Err(_) => return,
         Ok(ReadOutcome::Malformed) => {
-            let _ = write_response(
-                &mut stream,
-                "400 Bad Request",
-                "bad request\n",
-                "text/plain",
-                false,
-                false,
-            );
+            let _ = write_bad_request(&mut stream);
             return;
         }
     };

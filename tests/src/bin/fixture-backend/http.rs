@@ -134,6 +134,18 @@ pub(crate) fn read_request(stream: &mut TcpStream, buf: &mut Vec<u8>) -> io::Res
     }))
 }
 
+/// `400 Bad Request` for a request that could not be parsed, then the connection closes.
+pub(crate) fn write_bad_request(stream: &mut TcpStream) -> io::Result<()> {
+    write_response(
+        stream,
+        "400 Bad Request",
+        "bad request\n",
+        "text/plain",
+        false,
+        false,
+    )
+}
+
 pub(crate) fn write_response(
     stream: &mut TcpStream,
     status: &str,

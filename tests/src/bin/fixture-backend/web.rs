@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use crate::http::{read_request, write_response, ReadOutcome};
+use crate::http::{read_request, write_bad_request, write_response, ReadOutcome};
 use crate::mode::{Mode, Shared, EXIT_MODE_CODE, MODE_POLL};
 use crate::socket::poll_fd;
 
@@ -112,16 +112,7 @@ fn serve_web_connection(mut stream: TcpStream, shared: &Shared) {
             Ok(ReadOutcome::Request(r)) => r,
             Ok(ReadOutcome::Closed) | Err(_) => return,
             Ok(ReadOutcome::Malformed) => {
-                if write_response(
-                    &mut stream,
-                    "400 Bad Request",
-                    "bad request\n",
-                    "text/plain",
-                    false,
-                    false,
-                )
-                .is_ok()
-                {
+                if write_bad_request(&mut stream).is_ok() {
                     shared.responses.fetch_add(1, Ordering::SeqCst);
                 }
                 return;

@@ -56,7 +56,16 @@ pub(crate) fn ready(poller: &Poller, zero: Instant) -> io::Result<f64> {
 
 /// Ends a scenario: stops the polling, the agent and the backend (in that order: the agent's
 /// last answers are of a live backend), and adds what every record holds to `record`.
-pub(crate) fn finish(poller: Poller, agent: Agent, backend: Backend, mut record: Value) -> Value {
+pub(crate) fn finish(
+    poller: Poller,
+    agent: Agent,
+    backend: Backend,
+    load: Option<Load>,
+    mut record: Value,
+) -> Value {
+    if let Some(load) = load {
+        record["load"] = load.stop();
+    }
     let (samples, kernel, answers) = poller.stop();
     let restarts = restarts();
     drop(agent);
@@ -85,14 +94,8 @@ pub(crate) fn busy() -> io::Result<Value> {
     let load = Load::start(4, "/", Duration::ZERO, Duration::from_secs(15));
     thread::sleep(Duration::from_secs(40));
     let load_end = zero.elapsed().as_secs_f64();
-    let counts = load.stop();
-    let record = json!({
-        "ready": ready,
-        "load_start": load_start,
-        "load_end": load_end,
-        "load": counts,
-    });
-    Ok(finish(poller, agent, backend, record))
+    let record = json!({"ready": ready, "load_start": load_start, "load_end": load_end});
+    Ok(finish(poller, agent, backend, Some(load), record))
 }
 
 /// The production failure: the backend frozen (SIGSTOP) under traffic, 2 clients each sending
@@ -127,15 +130,13 @@ pub(crate) fn frozen(restart: bool) -> io::Result<Value> {
         poller.wait(Duration::from_secs(20), at, |s| s["code"] == 200);
     }
     thread::sleep(Duration::from_secs(1));
-    let counts = load.stop();
     let record = json!({
         "ready": ready,
         "stopped": stopped,
         "continued": continued,
-        "load": counts,
         "frozen_pid": frozen_pid,
     });
-    Ok(finish(poller, agent, backend, record))
+    Ok(finish(poller, agent, backend, Some(load), record))
 }
 
 /// The backend switched, under traffic, to a mode that fails every request: `no-respond` (it
@@ -158,14 +159,8 @@ pub(crate) fn fault(mode: &str) -> io::Result<Value> {
     let mended = zero.elapsed().as_secs_f64();
     poller.wait(Duration::from_secs(20), mended, |s| s["code"] == 200);
     thread::sleep(Duration::from_secs(1));
-    let counts = load.stop();
-    let record = json!({
-        "ready": ready,
-        "switched": switched,
-        "mended": mended,
-        "load": counts,
-    });
-    Ok(finish(poller, agent, backend, record))
+    let record = json!({"ready": ready, "switched": switched, "mended": mended});
+    Ok(finish(poller, agent, backend, Some(load), record))
 }
 
 /// The install path of Debian 12 and Amazon Linux 2023: the .deb's own binary and shipped
@@ -187,5 +182,5 @@ pub(crate) fn deb() -> io::Result<Value> {
         "check": String::from_utf8_lossy(&check.stdout),
         "check_status": check.status.code(),
     });
-    Ok(finish(poller, agent, backend, record))
+    Ok(finish(poller, agent, backend, None, record))
 }
