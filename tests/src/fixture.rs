@@ -2,6 +2,7 @@
 //! on 127.0.0.1 ([`Fixture`]), or on one chosen address — inside a [`NetNs`] or on `::1` —
 //! ([`AddrFixture`]).
 
+use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -113,20 +114,20 @@ impl AddrFixture {
             }
             match Self::spawn(None, (ip, port).into(), (ip, control).into(), mode, &[]) {
                 Ok(f) => return f,
-                Err(e) => last = e,
+                Err(e) => last = e.to_string(),
             }
         }
         panic!("fixture-backend on {ip} did not start on 5 tries; last: {last}");
     }
 
-    // The error is only ever a line of a panic message (the caller retries or panics).
+    /// The error is only ever a line of a panic message (the caller retries or panics).
     fn spawn(
         ns: Option<&NetNs>,
         listen: SocketAddr,
         control: SocketAddr,
         mode: &str,
         extra: &[&str],
-    ) -> Result<Self, String> {
+    ) -> io::Result<Self> {
         let bin = binary("fixture-backend", "health-agent-tests");
         let log = tempfile::NamedTempFile::new().expect("log file");
         let stderr = log.reopen().expect("reopening the log file");
@@ -143,7 +144,7 @@ impl AddrFixture {
             .stdout(Stdio::null())
             .stderr(stderr)
             .spawn()
-            .map_err(|e| format!("spawning {}: {e}", bin.display()))?;
+            .map_err(|e| io::Error::other(format!("spawning {}: {e}", bin.display())))?;
         // Dropped (killed) on every early return below.
         let mut f = Self {
             child: Proc(child),
@@ -155,7 +156,10 @@ impl AddrFixture {
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if let Ok(Some(status)) = f.child.0.try_wait() {
-                return Err(format!("exited with {status}: {}", f.logs()));
+                return Err(io::Error::other(format!(
+                    "exited with {status}: {}",
+                    f.logs()
+                )));
             }
             let control_ok = get_at(control, "/mode").is_ok();
             if control_ok && get_at(listen, "/up").is_ok_and(|(c, _)| c == 200) {
@@ -163,9 +167,9 @@ impl AddrFixture {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        Err(format!(
-            "did not answer on {listen} within 10 s; log: {}",
-            f.logs()
+        Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("did not answer on {listen} within 10 s; log: {}", f.logs()),
         ))
     }
 

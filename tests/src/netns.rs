@@ -10,6 +10,7 @@
 
 use std::{
     ffi::OsStr,
+    io,
     net::Ipv4Addr,
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
@@ -36,18 +37,20 @@ fn ip_bin() -> &'static str {
         .unwrap_or("ip")
 }
 
-/// Runs `ip args`: stdout, or stderr as the error. A `String` error on purpose: it is ip's own
-/// message, which callers match ("File exists") or put into a panic.
-fn ip(args: &[&str]) -> Result<String, String> {
-    let out = Command::new(ip_bin())
-        .args(args)
-        .output()
-        .map_err(|e| format!("running ip: {e}"))?;
+/// Runs `ip args`: stdout, or ip's own message as the error (`AlreadyExists` for its "File
+/// exists", which callers match).
+fn ip(args: &[&str]) -> io::Result<String> {
+    let out = Command::new(ip_bin()).args(args).output()?;
     if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).to_string())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+        return Ok(String::from_utf8_lossy(&out.stdout).to_string());
     }
+    let message = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    let kind = if message.contains("File exists") {
+        io::ErrorKind::AlreadyExists
+    } else {
+        io::ErrorKind::Other
+    };
+    Err(io::Error::new(kind, message))
 }
 
 fn ip_ok(args: &[&str]) -> String {
@@ -187,7 +190,7 @@ impl NetNs {
                     (self.host_veth, self.inside_veth, self.subnet) = (host, inside, subnet);
                     return;
                 }
-                Err(e) if e.contains("File exists") => continue,
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
                 Err(e) => panic!("ip {} failed: {e}", args.join(" ")),
             }
         }

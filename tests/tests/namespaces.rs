@@ -626,11 +626,11 @@ fn assert_load_flows(target: SocketAddr, what: &str) {
     );
 }
 
-/// `GET path` with a short timeout: Some(status) or None (no answer).
-fn quick_get(addr: SocketAddr, path: &str, timeout: Duration) -> Result<u16, String> {
+/// `GET path` with a short timeout: the status, or what kind of failure (no answer).
+fn quick_get(addr: SocketAddr, path: &str, timeout: Duration) -> Result<u16, std::io::ErrorKind> {
     get_at_within(addr, path, timeout)
         .map(|(c, _, _)| c)
-        .map_err(|e| format!("{e} ({:?})", e.kind()))
+        .map_err(|e| e.kind())
 }
 
 /// A namespace reached over its veth pair: the fixture inside answers from the host on its own

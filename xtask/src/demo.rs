@@ -173,7 +173,7 @@ fn show_healthy(web: &serde_json::Value) {
     );
     println!(
         "  cost while healthy: the programs run only in a half-second counting window every 15 s \
-         (about 17 ns per socket call of the host under nginx keep-alive, bench section 11 in \
+         (about 19 ns per socket call of the host under nginx keep-alive, bench section 11 in \
          docs/BENCHMARKS.md); socket_tracing = \"always\" keeps them on for exact counts \
          (about 430 ns)"
     );

@@ -50,8 +50,17 @@ fn main() {
     }
 }
 
-/// A `String` error on purpose: it is printed as the usage message and the process exits.
-fn parse_args() -> Result<(SocketAddr, SocketAddr), String> {
+/// A command line tcp-proxy cannot use: printed above the usage, and the process exits 2.
+#[derive(Debug)]
+struct BadArgs(String);
+
+impl std::fmt::Display for BadArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+fn parse_args() -> Result<(SocketAddr, SocketAddr), BadArgs> {
     let mut listen = None;
     let mut to = None;
     let mut args = std::env::args().skip(1);
@@ -63,17 +72,20 @@ fn parse_args() -> Result<(SocketAddr, SocketAddr), String> {
                 println!("{USAGE}");
                 process::exit(0)
             }
-            other => return Err(format!("unknown argument {other:?}")),
+            other => return Err(BadArgs(format!("unknown argument {other:?}"))),
         };
-        let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        let value = args
+            .next()
+            .ok_or_else(|| BadArgs(format!("{flag} needs a value")))?;
         let addr = value
             .parse::<SocketAddr>()
-            .map_err(|e| format!("{flag} {value:?}: {e}"))?;
+            .map_err(|e| BadArgs(format!("{flag} {value:?}: {e}")))?;
         *slot = Some(addr);
     }
+    let required = |flag: &str| BadArgs(format!("{flag} is required"));
     Ok((
-        listen.ok_or("--listen is required")?,
-        to.ok_or("--to is required")?,
+        listen.ok_or_else(|| required("--listen"))?,
+        to.ok_or_else(|| required("--to"))?,
     ))
 }
 

@@ -70,7 +70,11 @@ fn serve_control_connection(mut stream: TcpStream, shared: &Shared) {
                 format!("unknown mode {name:?}\n"),
                 "text/plain",
             ),
-            (_, Err(msg)) => ("400 Bad Request", msg, "text/plain"),
+            (_, Err(e)) => (
+                "400 Bad Request",
+                format!("delay_ms: not a number: {e}\n"),
+                "text/plain",
+            ),
             (Some(mode), Ok(delay)) => {
                 if let Some(d) = delay {
                     shared.delay_ms.store(d, Ordering::SeqCst);
@@ -99,15 +103,10 @@ fn serve_control_connection(mut stream: TcpStream, shared: &Shared) {
     }
 }
 
-/// A `String` error on purpose: it becomes the control request's 400 body.
-fn parse_delay(query: &str) -> Result<Option<u64>, String> {
-    for pair in query.split('&') {
-        if let Some(v) = pair.strip_prefix("delay_ms=") {
-            return v
-                .parse()
-                .map(Some)
-                .map_err(|_| format!("delay_ms: not a number: {v:?}\n"));
-        }
-    }
-    Ok(None)
+/// `delay_ms` of the query, when it has one.
+fn parse_delay(query: &str) -> Result<Option<u64>, std::num::ParseIntError> {
+    let value = query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("delay_ms="));
+    value.map(str::parse).transpose()
 }
