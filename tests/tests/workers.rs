@@ -135,7 +135,9 @@ fn named_replaced_healthy(
         attempt["action"]
     );
     let after = w.puma.worker_pids();
-    let healthy = w.wait_healthy();
+    let healthy = w.wait(Duration::from_secs(15), "healthy again", |s| {
+        s.code == 200 && s.status == "healthy" && s.webserver == "up"
+    });
     println!(
         "replaced → healthy in {:.1}s; workers {before:?} → {after:?}",
         secs(healthy.at.saturating_sub(replaced.at))
