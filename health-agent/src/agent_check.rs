@@ -8,7 +8,7 @@
 //! |---|---|
 //! | older than `checks.stale_after` (the check loop stopped) | `down #health-agent: no snapshot for Ns ...` |
 //! | `unhealthy` (the 503 of `/health`) | `down #<first reason>` |
-//! | `booting` with a 503 (the backend has not served yet), `recovering` | `drain` |
+//! | `booting` with a 503 (the backend has not served yet), `recovering`, `draining` | `drain` |
 //! | `healthy`, `degraded`, `booting` with a 200 | `up ready N%` |
 //!
 //! `up` only undoes a `down` and `ready` only undoes a `drain`: HAProxy lets only the agent
@@ -81,7 +81,7 @@ pub fn line(snap: &Snapshot, age: Duration, stale_after: Duration) -> String {
             format!("down #{}\n", one_line(why))
         }
         Status::Booting if decision.http >= 500 => "drain\n".to_owned(),
-        Status::Recovering => "drain\n".to_owned(),
+        Status::Recovering | Status::Draining => "drain\n".to_owned(),
         Status::Healthy | Status::Degraded | Status::Booting => {
             let system = snap.report.system.as_ref();
             let w = weight(

@@ -48,6 +48,7 @@ pub mod cloudwatch;
 pub mod config;
 pub(crate) mod dburl;
 pub(crate) mod docker;
+pub mod drain;
 pub(crate) mod ebpf;
 pub(crate) mod fleet;
 #[cfg(any(test, feature = "fuzzing"))]

@@ -7,7 +7,7 @@ use clap::{ArgGroup, Parser, Subcommand};
 use health_agent::{
     agent_check, alerts,
     config::{self, Config},
-    oneshot, runner, sd_notify, server,
+    drain, oneshot, runner, sd_notify, server,
 };
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
@@ -60,6 +60,22 @@ enum Command {
         #[command(subcommand)]
         command: AlertCommand,
     },
+    /// Take this instance out of the load balancer and wait until the kernel shows nothing
+    /// new reaching the web backend and nothing in flight. /health answers 503 `draining`
+    /// until `undrain`. Exit code 0 drained, 1 timed out (what still arrives is named), 2
+    /// error. Root only ([drain] control_socket).
+    Drain {
+        /// Give up after this long (exit 1); the instance stays drained.
+        #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+        /// Drained once no new request or connection has reached the backend for this long
+        /// and none is in flight. Make it at least the balancer's check interval.
+        #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+        quiet: std::time::Duration,
+    },
+    /// End a drain: /health answers 200 again once the web backend answers. Exit code 0, 2
+    /// error.
+    Undrain,
 }
 
 #[derive(Subcommand)]
@@ -164,6 +180,18 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let all_ok = results.iter().all(|(_, r)| r.is_ok());
             Ok(ExitCode::from(if all_ok { 0 } else { 1 }))
         }
+        Command::Drain { timeout, quiet } => {
+            let cfg = Config::load(&path)?;
+            let request = drain::control::Request::Drain {
+                quiet_ms: quiet.as_millis() as u64,
+                timeout_ms: timeout.as_millis() as u64,
+            };
+            control(&cfg, &request)
+        }
+        Command::Undrain => {
+            let cfg = Config::load(&path)?;
+            control(&cfg, &drain::control::Request::Undrain)
+        }
         Command::Serve => {
             let loaded = Config::load_all(&path)?;
             // Which files made the configuration (a drop-in a tool wrote shows here), and the
@@ -180,6 +208,27 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             rt.block_on(serve(cfg))?;
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+/// `drain` and `undrain`: the request to the agent, its progress lines as they come, then
+/// its answer; the exit code from that answer.
+fn control(cfg: &Config, request: &drain::control::Request) -> anyhow::Result<ExitCode> {
+    use drain::control::ReplyKind;
+    let reply = drain::control::request(&cfg.drain.control_socket, request, |r| match r.kind {
+        ReplyKind::Warning => eprintln!("warning: {}", r.message),
+        _ => println!("{}", r.message),
+    })?;
+    match reply.kind {
+        ReplyKind::Drained | ReplyKind::Undrained | ReplyKind::NotDraining => {
+            println!("{}", reply.message);
+            Ok(ExitCode::SUCCESS)
+        }
+        ReplyKind::TimedOut => {
+            println!("{}", reply.message);
+            Ok(ExitCode::from(1))
+        }
+        _ => anyhow::bail!("{}", reply.message),
     }
 }
 
@@ -281,6 +330,27 @@ async fn serve(cfg: Arc<Config>) -> anyhow::Result<()> {
         );
     }
     let agent = runner::start(cfg.clone(), shutdown.clone()).await;
+    // The drain's control socket: /health does not depend on it, so a socket that cannot be
+    // bound is an error in the log, not a reason to stop serving.
+    let control_path = cfg.drain.control_socket.clone();
+    let control = match drain::control::bind(&control_path) {
+        Ok(listener) => drain::control::spawn(
+            listener,
+            control_path.clone(),
+            agent.drain.clone(),
+            shutdown.clone(),
+        )
+        .map_err(|e| tracing::error!("the drain control socket: {e}"))
+        .ok(),
+        Err(e) => {
+            tracing::error!(
+                "cannot bind the drain control socket {}: {e}; `health-agent drain` will not \
+                 reach this agent (set [drain] control_socket)",
+                control_path.display()
+            );
+            None
+        }
+    };
     let app = Arc::new(server::App {
         snapshot: agent.snapshot.clone(),
         details: cfg.server.details,
@@ -327,6 +397,9 @@ async fn serve(cfg: Arc<Config>) -> anyhow::Result<()> {
     .context("joining the HTTP threads")?;
     // Wait for the composer so the kernel programs are detached before exit.
     let _ = agent.composer.await;
+    if let Some(c) = control {
+        let _ = c.await;
+    }
     tracing::info!("stopped");
     Ok(())
 }

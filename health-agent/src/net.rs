@@ -120,6 +120,26 @@ impl Diag {
         Ok(out)
     }
 
+    /// The peers of the port's server-side connections in TIME_WAIT (closed by the server in
+    /// the last minute): connections that opened and closed between two reads of
+    /// `server_connections` still show here.
+    pub fn server_time_wait(&self, port: u16, on: &ListenAddrs) -> io::Result<Vec<SocketAddr>> {
+        let mut out = Vec::new();
+        self.dump_tcp(
+            on.families(),
+            1 << TCP_TIME_WAIT,
+            0,
+            &source_port_filter(port),
+            |m, attrs| {
+                let c = parse_conn(m, attrs);
+                if on.serves(c.local.ip()) {
+                    out.push(c.remote);
+                }
+            },
+        )?;
+        Ok(out)
+    }
+
     /// Dumps the TCP sockets of `families` in `states` (a bit mask of TCP states) that pass
     /// `bytecode` (an inet_diag filter; empty: all), handing each `inet_diag_msg` and its
     /// attributes to `each`.
@@ -200,6 +220,7 @@ pub struct TcpConn {
 pub const TCP_ESTABLISHED: u8 = 1;
 pub const TCP_SYN_SENT: u8 = 2;
 pub const TCP_CLOSE_WAIT: u8 = 8;
+const TCP_TIME_WAIT: u8 = 6;
 
 impl TcpConn {
     /// Data went out on it: the SYN counts as one acknowledged byte, so more than that, or

@@ -40,6 +40,8 @@ pub struct Snapshot {
     pub saturation: SaturationReport,
     /// The CloudWatch publisher's state (`details.scaling.cloudwatch`); `None` when it is off.
     pub cloudwatch: Option<crate::cloudwatch::Status>,
+    /// A drain holding the instance out (`details.drain`); None while serving.
+    pub drain: Option<crate::drain::DrainReport>,
     /// Rendered bodies, indexed by [`Rendering`].
     bodies: [OnceLock<Bytes>; 4],
 }
@@ -129,6 +131,7 @@ impl Snapshot {
             fleet: crate::fleet::FleetReport::not_configured(),
             saturation: SaturationReport::unknown(std::time::Duration::ZERO),
             cloudwatch: None,
+            drain: None,
             bodies: Default::default(),
         }
     }
@@ -172,12 +175,17 @@ impl Snapshot {
             fleet: self.fleet.clone(),
             saturation: self.saturation.clone(),
             cloudwatch: self.cloudwatch.clone(),
+            drain: self.drain.clone(),
             bodies: Default::default(),
         }
     }
 
     pub fn with_fleet(self, fleet: crate::fleet::FleetReport) -> Self {
         Self { fleet, ..self }
+    }
+
+    pub fn with_drain(self, drain: Option<crate::drain::DrainReport>) -> Self {
+        Self { drain, ..self }
     }
 
     pub fn with_cloudwatch(self, cloudwatch: Option<crate::cloudwatch::Status>) -> Self {
@@ -241,6 +249,11 @@ impl Snapshot {
                                 "kernel_view": report.web.kernel.state,
                             },
                 }));
+                if let (Some(drain), Some(Value::Object(details))) =
+                    (&self.drain, seed.details.as_mut())
+                {
+                    details.insert("drain".into(), json!(drain));
+                }
                 return serde_json::to_vec(&seed).unwrap_or_default();
             }
         };
@@ -268,7 +281,11 @@ fn ietf_status(s: Status, http: u16) -> &'static str {
     }
     match s {
         Status::Healthy => "pass",
-        Status::Unhealthy | Status::Degraded | Status::Booting | Status::Recovering => "warn",
+        Status::Unhealthy
+        | Status::Degraded
+        | Status::Booting
+        | Status::Recovering
+        | Status::Draining => "warn",
     }
 }
 

@@ -151,6 +151,9 @@ states! {
         Unhealthy => "unhealthy",
         Booting => "booting",
         Recovering => "recovering",
+        /// Taken out on purpose (`health-agent drain`, the lifecycle hook): 503, not an
+        /// incident.
+        Draining => "draining",
     }
 }
 

@@ -78,7 +78,12 @@ impl Condition {
             Self::InfrastructureIssue => {
                 snap.decision.recommendation == Recommendation::InfrastructureIssue
             }
-            Self::Unhealthy => snap.decision.http == 503,
+            // A drain is no incident: taken out on purpose, and back after undrain.
+            Self::Unhealthy => {
+                snap.decision.http == 503
+                    && snap.decision.status != Status::Draining
+                    && !(snap.decision.status == Status::Booting && snap.drain.is_some())
+            }
             Self::HealFailed => snap.heal.phase == Some(HealPhase::Exhausted),
             Self::ConfigError => {
                 snap.report.database.state == DbState::Misconfigured

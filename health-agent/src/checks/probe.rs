@@ -127,6 +127,41 @@ fn cannot_be_tried(e: &std::io::Error) -> bool {
     )
 }
 
+/// How long a probe connection's local address is remembered: longer than the backend may keep
+/// its side of the connection after the probe closed its own.
+const OWN_KEEP: Duration = Duration::from_secs(30);
+
+/// The local addresses of this process's recent probe connections, newest last.
+static OWN: Mutex<std::collections::VecDeque<(Instant, SocketAddr)>> =
+    Mutex::new(std::collections::VecDeque::new());
+
+/// The local addresses of the agent's own probe connections of the last OWN_KEEP: the drain
+/// leaves them out of what still reaches the backend.
+pub fn own_sources() -> Vec<SocketAddr> {
+    let own = OWN.lock().unwrap_or_else(|e| e.into_inner());
+    own.iter().map(|(_, a)| *a).collect()
+}
+
+/// Probes begun since the agent started, counted before they connect: the kernel's count of
+/// arrivals less these is what others sent.
+static PROBES_STARTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+pub fn probes_started() -> u64 {
+    PROBES_STARTED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+fn note_own(local: SocketAddr) {
+    let now = Instant::now();
+    let mut own = OWN.lock().unwrap_or_else(|e| e.into_inner());
+    while own
+        .front()
+        .is_some_and(|(t, _)| now.saturating_duration_since(*t) > OWN_KEEP)
+    {
+        own.pop_front();
+    }
+    own.push_back((now, local));
+}
+
 /// Probes wherever the web monitor last saw the backend listen; None before it has.
 pub async fn probe_shared(
     target: &SharedProbeTarget,
@@ -191,7 +226,11 @@ async fn request(
     timeout: Duration,
     tried: &Arc<Mutex<SocketAddr>>,
 ) -> std::io::Result<u16> {
+    PROBES_STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut s = connect(target, timeout, tried).await?;
+    if let Ok(local) = s.local_addr() {
+        note_own(local);
+    }
     let host = *tried.lock().unwrap_or_else(|e| e.into_inner());
     let req = format!(
         "GET {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: health-agent\r\nConnection: close\r\n\r\n"

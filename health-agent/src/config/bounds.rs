@@ -78,6 +78,12 @@ const DURATIONS: &[DurationBound] = &[
      "0 fails every peer at once; a peer slower than a minute is no evidence"),
     ("fleet.confirm_within", |c| c.fleet.confirm_within, Duration::ZERO, MINUTE,
      "longer keeps a dead instance in rotation while its peers stay silent"),
+    ("drain.lifecycle_poll", |c| c.drain.lifecycle_poll, SEC, Duration::from_secs(60),
+     "IMDS is local but not free; slower than a minute eats the hook's heartbeat"),
+    ("drain.lifecycle_quiet", |c| c.drain.lifecycle_quiet, Duration::from_millis(100), MINUTE,
+     "below one read of the connections proves nothing; longer than a minute is a sleep"),
+    ("drain.lifecycle_timeout", |c| c.drain.lifecycle_timeout, SEC, Duration::from_secs(7200),
+     "a lifecycle hook's heartbeat timeout is at most 2 hours"),
 ];
 
 /// (key, value, min, max, why the bounds).

@@ -26,8 +26,8 @@ pub use dropin::{dropin_dir, Loaded};
 pub use secrets::world_readable_warning;
 pub use sections::{
     AcceptTracing, AlertsConfig, ChecksConfig, CloudWatchConfig, ContainersConfig, DatabaseConfig,
-    Details, DiskConfig, FleetConfig, HealConfig, KernelTier, ScalingConfig, ServerConfig,
-    SocketTracing, WebConfig,
+    Details, DiskConfig, DrainConfig, FleetConfig, HealConfig, KernelTier, ScalingConfig,
+    ServerConfig, SocketTracing, WebConfig,
 };
 
 // Database URLs are checked and redacted by a leaf module shared with the database check.
@@ -72,6 +72,7 @@ pub struct Config {
     pub heal: HealConfig,
     pub alerts: AlertsConfig,
     pub fleet: FleetConfig,
+    pub drain: DrainConfig,
 }
 
 impl Config {

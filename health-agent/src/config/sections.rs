@@ -523,3 +523,47 @@ impl Default for CloudWatchConfig {
         }
     }
 }
+
+/// `[drain]`: `health-agent drain` / `undrain` through a local control socket, the state kept
+/// across agent restarts, and the auto-scaling group's termination hook.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DrainConfig {
+    /// The Unix socket `drain` and `undrain` talk to (mode 0600: root only).
+    pub control_socket: std::path::PathBuf,
+    /// Where a drain is kept until undrain, so it survives an agent restart.
+    pub state_file: std::path::PathBuf,
+    /// The group's lifecycle hook for `autoscaling:EC2_INSTANCE_TERMINATING`; "" = off.
+    pub lifecycle_hook: String,
+    /// How often IMDSv2's `autoscaling/target-lifecycle-state` is read.
+    #[serde(with = "dur")]
+    pub lifecycle_poll: Duration,
+    /// The drain the hook starts: quiet for this long ...
+    #[serde(with = "dur")]
+    pub lifecycle_quiet: Duration,
+    /// ... at most this long, then CONTINUE anyway.
+    #[serde(with = "dur")]
+    pub lifecycle_timeout: Duration,
+    /// The group's name; "" = the instance's own, from its metadata.
+    pub auto_scaling_group: String,
+    /// "" = `AWS_REGION`, else the instance metadata.
+    pub region: String,
+    /// "" = `https://autoscaling.<region>.amazonaws.com`; else a test server such as moto.
+    pub aws_endpoint: String,
+}
+
+impl Default for DrainConfig {
+    fn default() -> Self {
+        Self {
+            control_socket: "/run/health-agent/control.sock".into(),
+            state_file: "/var/lib/health-agent/drain.json".into(),
+            lifecycle_hook: String::new(),
+            lifecycle_poll: Duration::from_secs(5),
+            lifecycle_quiet: Duration::from_secs(2),
+            lifecycle_timeout: Duration::from_secs(120),
+            auto_scaling_group: String::new(),
+            region: String::new(),
+            aws_endpoint: String::new(),
+        }
+    }
+}

@@ -68,6 +68,18 @@ impl Config {
                 ),
             ));
         }
+        if !self.drain.aws_endpoint.is_empty() {
+            super::cloudwatch::endpoint(&self.drain.aws_endpoint)
+                .map_err(|m| ("drain.aws_endpoint", m.to_string()))?;
+        }
+        for (key, path) in [
+            ("drain.control_socket", &self.drain.control_socket),
+            ("drain.state_file", &self.drain.state_file),
+        ] {
+            if !path.is_absolute() {
+                return Err((key, format!("{} must be an absolute path", path.display())));
+            }
+        }
         if !self.fleet.aws_endpoint.is_empty() {
             super::cloudwatch::endpoint(&self.fleet.aws_endpoint)
                 .map_err(|m| ("fleet.aws_endpoint", m.to_string()))?;

@@ -54,6 +54,8 @@ pub(super) struct Composer {
     asking: bool,
     /// When the fleet exchange was last woken for a round.
     last_ask: Option<Instant>,
+    /// `health-agent drain`'s state.
+    drain: crate::drain::Drain,
 }
 
 /// What an operator reads in the journal when `/health` changes its mind.
@@ -93,7 +95,13 @@ impl Composer {
             witness: Witness::default(),
             asking: false,
             last_ask: None,
+            drain: crate::drain::Drain::new(None, false, Duration::ZERO),
         }
+    }
+
+    /// The drain the control socket and the lifecycle hook steer.
+    pub fn with_drain(self, drain: crate::drain::Drain) -> Self {
+        Self { drain, ..self }
     }
 
     /// The cell the peer view reads this instance's evidence from.
@@ -106,7 +114,17 @@ impl Composer {
         if self.witness.take_answers_wanted() {
             self.web.sample_answers_soon(now);
         }
+        let draining = self.drain.draining();
+        self.web
+            .hold_following(draining.then_some("a drain counts every new connection and request"));
         self.web.observe(now);
+        if draining {
+            self.drain.note_kernel(
+                self.web.kernel_arrivals(),
+                crate::checks::probe::probes_started(),
+                now,
+            );
+        }
         let answered = self.web.answered_at();
         self.witness.update(|e| e.web_answered = answered);
         if let Some(s) = self.web.load_sample() {
@@ -217,6 +235,7 @@ impl Composer {
             || self.healer.replacing_worker()
             || self.guard.pending()
             || self.asking
+            || self.drain.busy()
             || self.slots.changed()
     }
 
@@ -339,7 +358,8 @@ impl Composer {
         }
         self.shared = raw.shared_dependency;
         // No restarts within boot grace: an app may take its time to come up.
-        let phase = if in_grace {
+        // A backend stopped while drained (a deploy restarting it) is no fault to heal.
+        let phase = if in_grace || !self.drain.heal_allowed(report.web.verdict, now) {
             HealPhase::Idle
         } else {
             // Fresh evidence judges a restart that returned (did it take?).
@@ -350,6 +370,9 @@ impl Composer {
             phase
         };
         let decision = self.guard.apply(heal::applied(raw, phase), now);
+        let decision = self
+            .drain
+            .apply(decision, report.web.verdict, self.web.answered_at(), now);
         let answer = (decision.http, decision.status, report.web.verdict);
         if self.last_answer != Some(answer) {
             log_answer_change(self.last_answer, answer, &decision.reasons);
@@ -363,6 +386,7 @@ impl Composer {
             now.saturating_duration_since(self.started).as_secs(),
         )
         .with_fleet(fleet.unwrap_or_else(crate::fleet::FleetReport::not_configured))
+        .with_drain(self.drain.report(now))
         .with_saturation(saturation)
     }
 
@@ -478,7 +502,9 @@ impl Composer {
 fn log_answer_change(before: Option<Answer>, now: Answer, reasons: &[String]) {
     let line = answer_change_line(before, now, reasons);
     match now.1 {
-        crate::status::Status::Healthy | crate::status::Status::Booting => {
+        crate::status::Status::Healthy
+        | crate::status::Status::Booting
+        | crate::status::Status::Draining => {
             tracing::info!("{line}")
         }
         _ => tracing::warn!("{line}"),

@@ -48,6 +48,8 @@ pub struct Agent {
     /// What the peer view shows beyond the snapshot (the live evidence), and what a peer's
     /// `?fresh=dependency` wakes.
     pub witness: crate::fleet::Witness,
+    /// `health-agent drain`'s state, for the control socket and the lifecycle hook.
+    pub drain: crate::drain::Drain,
 }
 
 /// Where every snapshot goes: the cell `/health` reads, and the alerts' subscription.
@@ -109,8 +111,21 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
         ..
     } = checks;
     let healer = Healer::new(cfg.heal.clone(), cfg.web.clone(), docker);
+    // A drain kept on disk holds from the first snapshot on.
+    let drain = crate::drain::Drain::new(
+        Some(cfg.drain.state_file.clone()),
+        cfg.web.port != 0,
+        cfg.checks.boot_grace,
+    );
+    crate::drain::spawn_watch(
+        drain.clone(),
+        Some(web.probe_target()),
+        cfg.web.port,
+        shutdown.clone(),
+    );
     let mut composer = Composer::new(cfg.clone(), started, web, system, healer, slots)
-        .with_witness(witness.clone());
+        .with_witness(witness.clone())
+        .with_drain(drain.clone());
 
     // The alerts follow the snapshots on their own task.
     let (alerts_tx, alerts_task) =
@@ -179,6 +194,7 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
         composer: supervisor,
         check_loop,
         witness,
+        drain,
     }
 }
 

@@ -96,6 +96,9 @@ pub struct WebMonitor {
     last_suspicion: Option<(Instant, String)>,
     /// Attaching the following programs failed once: do not retry (and warn) every tick.
     follow_failed: bool,
+    /// Why the connection programs stay attached whatever the suspicion (a drain counting
+    /// arrivals); None: the suspicion decides.
+    held: Option<&'static str>,
     /// Why the latest read of the port's connections failed.
     sockets_error: Option<String>,
     /// The latest read found something suspicious: evaluate every tick.
@@ -357,6 +360,7 @@ impl WebMonitor {
             sockets: None,
             last_suspicion: None,
             follow_failed: false,
+            held: None,
             sockets_error: None,
             suspicious: false,
             counting_since: None,
@@ -491,6 +495,20 @@ impl WebMonitor {
             moved: false,
             unsure: false,
         })
+    }
+
+    /// Keeps the connection programs attached while `why` is Some (`on_suspicion`, full
+    /// tier), so every new connection and request is counted.
+    pub fn hold_following(&mut self, why: Option<&'static str>) {
+        self.held = why;
+    }
+
+    /// Arrivals the kernel counted (every connection and keep-alive request, the agent's probes
+    /// included) while the connection programs are attached; None while they are not. The
+    /// count restarts at each attach.
+    pub fn kernel_arrivals(&self) -> Option<u64> {
+        self.kernel.as_ref().filter(|k| k.following())?;
+        self.last_counters.as_ref().map(|c| c.arrivals())
     }
 
     /// Why there is no kernel view, when there is none.

@@ -214,11 +214,16 @@ impl WebMonitor {
             self.counting_since = Some(now);
         }
         let counting = self.counting_since.is_some() && recent.is_none();
-        let want = (recent.is_some() || counting) && !self.follow_failed;
+        let want = (recent.is_some() || counting || self.held.is_some()) && !self.follow_failed;
         if want != k.following() {
             match k.follow(want) {
                 Ok(()) if want => {
                     if let Some((_, why)) = recent {
+                        tracing::info!(
+                            "following every connection of port {}: {why}",
+                            self.cfg.port
+                        );
+                    } else if let Some(why) = self.held {
                         tracing::info!(
                             "following every connection of port {}: {why}",
                             self.cfg.port
@@ -256,6 +261,7 @@ impl WebMonitor {
         let attached = k.following();
         let why = match (&self.last_suspicion, attached) {
             _ if self.follow_failed => "attaching failed; sock_diag and the probe only".into(),
+            _ if attached && self.held.is_some() => self.held.unwrap_or_default().to_string(),
             _ if counting && attached => format!(
                 "counting exchanges for {} ms every {} s: keep-alive requests come back to back, \
                  and sock_diag cannot tell those in service from those answered",

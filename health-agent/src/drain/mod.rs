@@ -1,0 +1,660 @@
+//! Drain with proof: `health-agent drain` takes the instance out of the load balancer and
+//! returns once the kernel shows that nothing new reaches the web backend and nothing is in
+//! flight; `health-agent undrain` puts it back once the backend answers again.
+//!
+//! - this module: the drain's state (`Drain`, shared by the control socket, the lifecycle hook
+//!   and the composer), what it does to the policy's decision (`apply`), when a drain is done
+//!   (`judge`), `details.drain`, and the state file that keeps a drain across agent restarts;
+//! - `watch`: the backend port's connections read through sock_diag while a drain runs: new
+//!   connections and requests by peer, and what is in flight;
+//! - `control`: the root-only Unix socket and the commands' client side;
+//! - `lifecycle`: the auto-scaling group's termination hook (IMDSv2, CompleteLifecycleAction).
+
+pub mod control;
+mod watch;
+
+use std::{
+    net::IpAddr,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex, MutexGuard},
+    time::{Duration, Instant, SystemTime},
+};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
+
+pub use self::watch::{spawn_watch, Progress};
+use crate::{
+    policy::Decision,
+    status::{Status, WebVerdict},
+    text::rfc3339,
+};
+
+/// How long arrivals are kept: a timed-out drain names the senders of this span.
+pub const RECENT: Duration = Duration::from_secs(10);
+
+/// Who started a drain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum By {
+    #[serde(rename = "drain command")]
+    Command,
+    #[serde(rename = "lifecycle hook")]
+    LifecycleHook,
+}
+
+impl By {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Command => "drain command",
+            Self::LifecycleHook => "lifecycle hook",
+        }
+    }
+}
+
+/// What the state file holds while drained.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+struct Kept {
+    /// Seconds since the Unix epoch.
+    started_unix: f64,
+    by: By,
+}
+
+/// A drain in progress, or done and still holding the instance out.
+#[derive(Debug, Clone)]
+struct Draining {
+    started: SystemTime,
+    started_at: Instant,
+    by: By,
+    /// The state file was written: the drain survives an agent restart.
+    persisted: bool,
+    /// Resumed from the state file at start.
+    resumed: bool,
+    /// The last judgement a waiting command or hook reached.
+    result: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+enum Phase {
+    Serving,
+    Draining(Draining),
+    /// Undrained: the booting rule holds until the backend answers after `since`.
+    Returning {
+        since: Instant,
+    },
+}
+
+#[derive(Debug)]
+struct Inner {
+    phase: Phase,
+    progress: Progress,
+    kernel: KernelCount,
+}
+
+/// The kernel's arrival counter between two notes, the agent's probes taken off.
+#[derive(Debug, Default)]
+struct KernelCount {
+    arrivals: Option<u64>,
+    /// None before the first note: the probes begun before the drain are no credit.
+    probes: Option<u64>,
+    /// Probes begun whose arrival the kernel has not counted yet, and since when.
+    credit: u64,
+    credit_at: Option<Instant>,
+}
+
+/// A probe's connection is counted by the kernel within this of its start, or never.
+const PROBE_CREDIT: Duration = Duration::from_secs(2);
+
+/// The drain's shared state. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Drain {
+    inner: Arc<Mutex<Inner>>,
+    /// Wakes the watcher when a drain starts.
+    wake: Arc<Notify>,
+    state_file: Option<PathBuf>,
+    /// Whether a backend is watched at all (`web.port` set).
+    watched: bool,
+    /// After undrain, how long a backend that is not listening yet (a restart under way) is
+    /// not restarted by self-healing: `checks.boot_grace`.
+    boot_grace: Duration,
+}
+
+/// Where a drain stands, as a command or the hook waits for it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Judgement {
+    Draining,
+    /// Nothing new for `quiet` and nothing in flight.
+    Drained(String),
+    /// `timeout` passed first: what still arrives, and from where.
+    TimedOut(String),
+}
+
+/// Could not start or end a drain.
+#[derive(Debug, thiserror::Error)]
+pub enum DrainError {
+    #[error("writing the drain state to {path}: {error}")]
+    Persist { path: String, error: std::io::Error },
+}
+
+impl Drain {
+    /// The drain state, resumed from `state_file` when a drain was kept there (None: nothing
+    /// kept, for tests and the one-shot check).
+    pub fn new(state_file: Option<PathBuf>, watched: bool, boot_grace: Duration) -> Self {
+        let mut phase = Phase::Serving;
+        if let Some(path) = &state_file {
+            match read_kept(path) {
+                Ok(Some(k)) => {
+                    let started = SystemTime::UNIX_EPOCH + Duration::from_secs_f64(k.started_unix);
+                    let ago = SystemTime::now()
+                        .duration_since(started)
+                        .unwrap_or_default();
+                    tracing::warn!(
+                        "resuming the drain the {} started at {} ({}): /health answers 503 \
+                         draining until `health-agent undrain`",
+                        k.by.as_str(),
+                        rfc3339(started),
+                        path.display()
+                    );
+                    phase = Phase::Draining(Draining {
+                        started,
+                        started_at: Instant::now().checked_sub(ago).unwrap_or_else(Instant::now),
+                        by: k.by,
+                        persisted: true,
+                        resumed: true,
+                        result: None,
+                    });
+                }
+                Ok(None) => {}
+                Err(e) => tracing::error!(
+                    "cannot read the drain state {}: {e}; not draining",
+                    path.display()
+                ),
+            }
+        }
+        Self {
+            inner: Arc::new(Mutex::new(Inner {
+                phase,
+                progress: Progress::default(),
+                kernel: KernelCount::default(),
+            })),
+            wake: Arc::new(Notify::new()),
+            state_file,
+            watched,
+            boot_grace,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts a drain (or keeps the one running, whoever started it). The 503 begins with the
+    /// next snapshot. A state file that cannot be written is said, not fatal: the drain holds
+    /// until the agent restarts.
+    pub fn start(&self, by: By) -> Result<(), DrainError> {
+        let mut g = self.lock();
+        if let Phase::Draining(d) = &mut g.phase {
+            d.result = None;
+            return Ok(());
+        }
+        let started = SystemTime::now();
+        let persisted = match &self.state_file {
+            None => Ok(false),
+            Some(path) => write_kept(
+                path,
+                &Kept {
+                    started_unix: started
+                        .duration_since(SystemTime::UNIX_EPOCH)
+                        .unwrap_or_default()
+                        .as_secs_f64(),
+                    by,
+                },
+            )
+            .map(|()| true)
+            .map_err(|error| DrainError::Persist {
+                path: path.display().to_string(),
+                error,
+            }),
+        };
+        let (persisted, error) = match persisted {
+            Ok(p) => (p, None),
+            Err(e) => (false, Some(e)),
+        };
+        g.phase = Phase::Draining(Draining {
+            started,
+            started_at: Instant::now(),
+            by,
+            persisted,
+            resumed: false,
+            result: None,
+        });
+        g.progress = Progress::default();
+        drop(g);
+        tracing::info!(
+            "draining (started by the {}): /health answers 503",
+            by.as_str()
+        );
+        self.wake.notify_one();
+        match error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Ends a drain; false when there was none. The state file goes first: an agent that
+    /// restarts now does not drain again.
+    pub fn undrain(&self) -> Result<bool, DrainError> {
+        if let Some(path) = &self.state_file {
+            match std::fs::remove_file(path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(error) => {
+                    return Err(DrainError::Persist {
+                        path: path.display().to_string(),
+                        error,
+                    })
+                }
+            }
+        }
+        let mut g = self.lock();
+        if !matches!(g.phase, Phase::Draining(_)) {
+            return Ok(false);
+        }
+        g.phase = if self.watched {
+            Phase::Returning {
+                since: Instant::now(),
+            }
+        } else {
+            Phase::Serving
+        };
+        tracing::info!("undrained: back in rotation once the web backend answers");
+        Ok(true)
+    }
+
+    /// Whether a drain holds the instance out (running or done, until undrain).
+    pub fn draining(&self) -> bool {
+        matches!(self.lock().phase, Phase::Draining(_))
+    }
+
+    /// Whether the drain has anything to say: the composer makes a snapshot every tick
+    /// meanwhile, so a drain's 503 and its end show at once.
+    pub fn busy(&self) -> bool {
+        !matches!(self.lock().phase, Phase::Serving)
+    }
+
+    /// The watcher's view, and when the drain started.
+    pub fn progress(&self) -> Option<(Progress, Instant)> {
+        let g = self.lock();
+        match &g.phase {
+            Phase::Draining(d) => Some((g.progress.clone(), d.started_at)),
+            _ => None,
+        }
+    }
+
+    /// Where the drain stands for a caller waiting with `quiet` and `timeout` from `since`
+    /// (when it asked): the result is kept for `details.drain`.
+    pub fn judge(&self, quiet: Duration, timeout: Duration, since: Instant) -> Option<Judgement> {
+        let now = Instant::now();
+        let mut g = self.lock();
+        let progress = g.progress.clone();
+        let Phase::Draining(d) = &mut g.phase else {
+            return None;
+        };
+        let j = judge(
+            &progress,
+            d.started_at,
+            since,
+            now,
+            quiet,
+            timeout,
+            self.watched,
+        );
+        match &j {
+            Judgement::Drained(m) | Judgement::TimedOut(m) => d.result = Some(m.clone()),
+            Judgement::Draining => {}
+        }
+        Some(j)
+    }
+
+    /// Whether self-healing may act on this round's verdict: a backend that is not listening
+    /// while drained, or within `checks.boot_grace` of undrain, is a deploy restarting it.
+    pub fn heal_allowed(&self, verdict: WebVerdict, now: Instant) -> bool {
+        if verdict != WebVerdict::Down {
+            return true;
+        }
+        match self.lock().phase {
+            Phase::Serving => true,
+            Phase::Draining(_) => false,
+            Phase::Returning { since } => now.saturating_duration_since(since) >= self.boot_grace,
+        }
+    }
+
+    /// The policy's decision with the drain applied: 503 `draining` while drained (a fault that
+    /// needs a restart stays `unhealthy`), then the booting rule until the backend answered
+    /// after undrain (`answered_at`: its last answer).
+    pub fn apply(
+        &self,
+        mut d: Decision,
+        verdict: WebVerdict,
+        answered_at: Option<Instant>,
+        now: Instant,
+    ) -> Decision {
+        let mut g = self.lock();
+        match &g.phase {
+            Phase::Serving => d,
+            Phase::Draining(dr) => {
+                if d.status == Status::Unhealthy && verdict != WebVerdict::Down {
+                    return d;
+                }
+                let ago = now.saturating_duration_since(dr.started_at).as_secs();
+                let mut reason = format!(
+                    "draining: started by the {} {ago}s ago (undrain ends it)",
+                    dr.by.as_str()
+                );
+                if dr.resumed {
+                    reason.push_str("; kept across an agent restart");
+                }
+                d.reasons.retain(|r| !r.starts_with("web backend down"));
+                d.reasons.insert(0, reason);
+                d.status = Status::Draining;
+                d.http = 503;
+                d.faults.clear();
+                d
+            }
+            Phase::Returning { since } => {
+                let since = *since;
+                let answered = answered_at.is_some_and(|t| t > since)
+                    && matches!(verdict, WebVerdict::Up | WebVerdict::Slow);
+                if answered {
+                    g.phase = Phase::Serving;
+                    tracing::info!("the web backend answers again after undrain: in rotation");
+                    return d;
+                }
+                if d.status == Status::Unhealthy && verdict != WebVerdict::Down {
+                    return d;
+                }
+                d.reasons.insert(
+                    0,
+                    "booting: undrained, waiting for the web backend to answer again".into(),
+                );
+                d.status = Status::Booting;
+                d.http = 503;
+                d.faults.clear();
+                d
+            }
+        }
+    }
+
+    /// `details.drain`: None while serving.
+    pub fn report(&self, now: Instant) -> Option<DrainReport> {
+        let g = self.lock();
+        match &g.phase {
+            Phase::Serving => None,
+            Phase::Returning { since } => Some(DrainReport {
+                state: "returning",
+                by: None,
+                started: None,
+                persisted: None,
+                in_flight: None,
+                new_last_second: None,
+                peers_last_second: Vec::new(),
+                last_new_request_ago_s: None,
+                in_flight_at_start: None,
+                result: Some(format!(
+                    "undrained {:.1}s ago; waiting for the web backend to answer",
+                    now.saturating_duration_since(*since).as_secs_f64()
+                )),
+                error: None,
+            }),
+            Phase::Draining(d) => {
+                let p = &g.progress;
+                let peers = p.peers_within(now, Duration::from_secs(1));
+                Some(DrainReport {
+                    state: match &d.result {
+                        Some(r) if r.starts_with("drained") => "drained",
+                        Some(_) => "timed_out",
+                        None => "draining",
+                    },
+                    by: Some(d.by.as_str()),
+                    started: Some(rfc3339(d.started)),
+                    persisted: Some(d.persisted),
+                    in_flight: Some(p.in_flight),
+                    new_last_second: Some(peers.iter().map(|(_, n)| n).sum()),
+                    peers_last_second: peers
+                        .into_iter()
+                        .map(|(addr, requests)| PeerCount {
+                            addr: peer_name(addr),
+                            requests,
+                        })
+                        .collect(),
+                    last_new_request_ago_s: p
+                        .last_new
+                        .map(|t| round1(now.saturating_duration_since(t).as_secs_f64())),
+                    in_flight_at_start: p.in_flight_at_start,
+                    result: d.result.clone(),
+                    error: p.error.clone(),
+                })
+            }
+        }
+    }
+
+    /// The composer's note, every tick of a drain: the kernel's count of arrivals (None while
+    /// the connection programs are detached) and the agent's probes begun so far.
+    pub fn note_kernel(&self, arrivals: Option<u64>, probes: u64, now: Instant) {
+        let mut g = self.lock();
+        if !matches!(g.phase, Phase::Draining(_)) {
+            g.kernel = KernelCount::default();
+            return;
+        }
+        let Inner {
+            kernel: k,
+            progress: p,
+            ..
+        } = &mut *g;
+        let new_probes = k.probes.map_or(0, |before| probes.saturating_sub(before));
+        k.probes = Some(probes);
+        if new_probes > 0 {
+            k.credit += new_probes;
+            k.credit_at = Some(now);
+        } else if k
+            .credit_at
+            .is_some_and(|t| now.saturating_duration_since(t) > PROBE_CREDIT)
+        {
+            // A probe that never connected: nothing of it will be counted.
+            k.credit = 0;
+        }
+        let Some(now_arrivals) = arrivals else {
+            k.arrivals = None;
+            return;
+        };
+        // Counts restart when the programs attach again.
+        let came = match k.arrivals {
+            Some(before) if now_arrivals >= before => now_arrivals - before,
+            Some(_) | None => 0,
+        };
+        k.arrivals = Some(now_arrivals);
+        let probes_in = came.min(k.credit);
+        k.credit -= probes_in;
+        p.kernel_total += came - probes_in;
+    }
+
+    /// For the watcher: the progress to update while a drain runs, else None.
+    fn progress_mut(&self) -> Option<MutexGuard<'_, Inner>> {
+        let g = self.lock();
+        matches!(g.phase, Phase::Draining(_)).then_some(g)
+    }
+
+    fn woken(&self) -> Arc<Notify> {
+        self.wake.clone()
+    }
+}
+
+/// `details.drain`.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct DrainReport {
+    /// `draining`, `drained`, `timed_out` (still held out), `returning` (undrained, waiting
+    /// for the backend to answer).
+    pub state: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub by: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub started: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub persisted: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub in_flight: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub new_last_second: Option<u32>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub peers_last_second: Vec<PeerCount>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_new_request_ago_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub in_flight_at_start: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PeerCount {
+    /// The peer's address; `unseen` for arrivals the kernel counted between two reads.
+    pub addr: String,
+    pub requests: u32,
+}
+
+/// A peer as the lines and `details.drain` name it.
+pub fn peer_name(peer: Option<IpAddr>) -> String {
+    peer.map_or_else(|| UNSEEN.to_string(), |a| a.to_string())
+}
+
+/// Arrivals the kernel counted whose connection no read saw.
+pub const UNSEEN: &str = "unseen";
+
+fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+/// Peers and their counts as `10.0.0.5 (30), 10.0.0.6 (7)`.
+pub fn peer_list(peers: &[(Option<IpAddr>, u32)]) -> String {
+    peers
+        .iter()
+        .map(|(a, n)| format!("{} ({n})", peer_name(*a)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// When a drain is done, for a caller that asked at `since` with `quiet` and `timeout`:
+/// drained once the watcher has read the connections twice since, nothing is in flight and
+/// nothing new arrived for `quiet` (counted from the drain's start at the earliest); timed out
+/// once `timeout` has passed since `since`.
+pub fn judge(
+    p: &Progress,
+    started_at: Instant,
+    since: Instant,
+    now: Instant,
+    quiet: Duration,
+    timeout: Duration,
+    watched: bool,
+) -> Judgement {
+    let waited = now.saturating_duration_since(since);
+    if !watched {
+        return if waited >= quiet {
+            Judgement::Drained(format!(
+                "drained in {:.1} s (web.port is 0: no backend traffic could be watched, so \
+                 this only waited --quiet)",
+                now.saturating_duration_since(started_at).as_secs_f64()
+            ))
+        } else {
+            Judgement::Draining
+        };
+    }
+    let quiet_from = p.last_new.map_or(started_at, |t| t.max(started_at));
+    let quiet_for = now.saturating_duration_since(quiet_from);
+    let fresh = p.read_at.is_some_and(|t| t >= since) && p.reads >= 2;
+    if fresh && p.error.is_none() && p.in_flight == 0 && quiet_for >= quiet {
+        let last = match p.last_new {
+            Some(t) => format!(
+                "last new request {:.1} s ago",
+                now.saturating_duration_since(t).as_secs_f64()
+            ),
+            None => "no new request since it began".into(),
+        };
+        return Judgement::Drained(format!(
+            "drained in {:.1} s ({last}; {} were in flight at the start)",
+            now.saturating_duration_since(started_at).as_secs_f64(),
+            p.in_flight_at_start.unwrap_or(0)
+        ));
+    }
+    if waited < timeout {
+        return Judgement::Draining;
+    }
+    let recent = p.peers_within(now, RECENT);
+    let arrivals: u32 = recent.iter().map(|(_, n)| n).sum();
+    let mut why = format!("not drained after {:.1} s: ", waited.as_secs_f64());
+    if let Some(e) = &p.error {
+        why.push_str(&format!("the backend's connections cannot be read ({e})"));
+    } else if arrivals > 0 {
+        why.push_str(&format!(
+            "{arrivals} new requests in the last {} s from {}",
+            RECENT.as_secs(),
+            peer_list(&recent)
+        ));
+    } else {
+        why.push_str(&format!(
+            "no new request in the last {} s",
+            RECENT.as_secs()
+        ));
+    }
+    why.push_str(&format!("; {} in flight", p.in_flight));
+    Judgement::TimedOut(why)
+}
+
+/// A progress line for the command, once a second.
+pub fn progress_line(p: &Progress, started_at: Instant, now: Instant) -> String {
+    let peers = p.peers_within(now, Duration::from_secs(1));
+    let new: u32 = peers.iter().map(|(_, n)| n).sum();
+    let mut line = format!(
+        "draining {:.1}s: {} in flight, {new} new in the last second",
+        now.saturating_duration_since(started_at).as_secs_f64(),
+        p.in_flight
+    );
+    if new > 0 {
+        line.push_str(&format!(" from {}", peer_list(&peers)));
+    }
+    match p.last_new {
+        Some(t) => line.push_str(&format!(
+            ", last new request {:.1}s ago",
+            now.saturating_duration_since(t).as_secs_f64()
+        )),
+        None => line.push_str(", no new request since the drain began"),
+    }
+    if let Some(e) = &p.error {
+        line.push_str(&format!(" (cannot read the connections: {e})"));
+    }
+    line
+}
+
+fn read_kept(path: &Path) -> std::io::Result<Option<Kept>> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Written whole or not at all: a temporary file beside it, renamed over it.
+fn write_kept(path: &Path, kept: &Kept) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension("tmp");
+    let text = serde_json::to_string(kept).map_err(std::io::Error::other)?;
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
+}
+
+#[cfg(test)]
+mod tests;

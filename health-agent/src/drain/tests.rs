@@ -1,0 +1,240 @@
+use super::*;
+use crate::status::Recommendation;
+
+fn decision(status: Status, http: u16) -> Decision {
+    Decision {
+        status,
+        http,
+        recommendation: Recommendation::Stable,
+        reasons: vec!["web backend down: nothing listens".into()],
+        faults: Vec::new(),
+        shared_dependency: false,
+        erroring_alone: false,
+    }
+}
+
+fn progress(reads: u64, in_flight: u32, last_new: Option<Instant>, read_at: Instant) -> Progress {
+    Progress {
+        reads,
+        read_at: Some(read_at),
+        in_flight,
+        in_flight_at_start: Some(3),
+        last_new,
+        ..Progress::default()
+    }
+}
+
+const QUIET: Duration = Duration::from_secs(2);
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+#[test]
+fn drained_only_after_quiet_with_nothing_in_flight() {
+    let t0 = Instant::now();
+    let now = t0 + Duration::from_secs(5);
+    // A request 1 s ago: not quiet for 2 s yet.
+    let p = progress(40, 0, Some(now - Duration::from_secs(1)), now);
+    assert_eq!(
+        judge(&p, t0, t0, now, QUIET, TIMEOUT, true),
+        Judgement::Draining
+    );
+    // Quiet for 3 s but one request in flight (a 5 s request): not drained.
+    let p = progress(40, 1, Some(now - Duration::from_secs(3)), now);
+    assert_eq!(
+        judge(&p, t0, t0, now, QUIET, TIMEOUT, true),
+        Judgement::Draining
+    );
+    // Quiet and nothing in flight: drained, and the line says how it went.
+    let p = progress(40, 0, Some(now - Duration::from_secs(3)), now);
+    match judge(&p, t0, t0, now, QUIET, TIMEOUT, true) {
+        Judgement::Drained(m) => assert_eq!(
+            m,
+            "drained in 5.0 s (last new request 3.0 s ago; 3 were in flight at the start)"
+        ),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn quiet_counts_from_the_drains_start_and_needs_fresh_reads() {
+    let t0 = Instant::now();
+    // Nothing arrived for a minute before the drain: the balancer may not have seen the 503
+    // yet, so the quiet spell starts with the drain.
+    let now = t0 + Duration::from_secs(1);
+    let p = progress(10, 0, Some(t0 - Duration::from_secs(60)), now);
+    assert_eq!(
+        judge(&p, t0, t0, now, QUIET, TIMEOUT, true),
+        Judgement::Draining
+    );
+    // A second command asks later: it needs a read made after it asked.
+    let asked = t0 + Duration::from_secs(30);
+    let p = progress(300, 0, None, asked - Duration::from_millis(50));
+    assert_eq!(
+        judge(&p, t0, asked, asked, QUIET, TIMEOUT, true),
+        Judgement::Draining
+    );
+}
+
+#[test]
+fn a_timeout_names_the_senders() {
+    let t0 = Instant::now();
+    let now = t0 + TIMEOUT;
+    let mut p = progress(100, 1, Some(now), now);
+    let a: IpAddr = "127.0.0.2".parse().unwrap();
+    let b: IpAddr = "127.0.0.3".parse().unwrap();
+    for i in 0..30 {
+        p.arrivals
+            .push_back((now - Duration::from_millis(100 * i), Some(a)));
+    }
+    p.arrivals.push_back((now, Some(b)));
+    p.arrivals.push_back((now, None));
+    match judge(&p, t0, t0, now, QUIET, TIMEOUT, true) {
+        Judgement::TimedOut(m) => assert_eq!(
+            m,
+            "not drained after 10.0 s: 32 new requests in the last 10 s from 127.0.0.2 (30), \
+             127.0.0.3 (1), unseen (1); 1 in flight"
+        ),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn without_a_watched_backend_the_drain_only_waits_and_says_so() {
+    let t0 = Instant::now();
+    let p = Progress::default();
+    assert_eq!(
+        judge(
+            &p,
+            t0,
+            t0,
+            t0 + Duration::from_secs(1),
+            QUIET,
+            TIMEOUT,
+            false
+        ),
+        Judgement::Draining
+    );
+    match judge(&p, t0, t0, t0 + QUIET, QUIET, TIMEOUT, false) {
+        Judgement::Drained(m) => assert!(m.contains("web.port is 0"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn draining_is_a_503_that_keeps_real_faults_and_needs_no_restart_for_a_stopped_backend() {
+    let drain = Drain::new(None, true, Duration::from_secs(30));
+    let now = Instant::now();
+    let healthy = decision(Status::Healthy, 200);
+    assert_eq!(
+        drain.apply(healthy.clone(), WebVerdict::Up, None, now),
+        healthy
+    );
+    drain.start(By::Command).unwrap();
+    let d = drain.apply(healthy, WebVerdict::Up, None, now);
+    assert_eq!((d.status, d.http), (Status::Draining, 503));
+    assert!(
+        d.reasons[0].starts_with("draining: started by the drain command"),
+        "{d:?}"
+    );
+    // A hung backend while draining stays unhealthy: self-healing and its alert go on.
+    let hung = decision(Status::Unhealthy, 503);
+    assert_eq!(drain.apply(hung.clone(), WebVerdict::Hung, None, now), hung);
+    assert!(drain.heal_allowed(WebVerdict::Hung, now));
+    // A backend stopped while drained is the deploy's doing: draining, no restart.
+    let down = drain.apply(
+        decision(Status::Unhealthy, 503),
+        WebVerdict::Down,
+        None,
+        now,
+    );
+    assert_eq!((down.status, down.http), (Status::Draining, 503));
+    assert!(!drain.heal_allowed(WebVerdict::Down, now));
+}
+
+#[test]
+fn undrain_waits_for_the_backend_to_answer_again() {
+    let drain = Drain::new(None, true, Duration::from_secs(30));
+    let t0 = Instant::now();
+    drain.start(By::Command).unwrap();
+    assert!(drain.undrain().unwrap());
+    assert!(!drain.undrain().unwrap(), "a second undrain finds none");
+    let healthy = decision(Status::Healthy, 200);
+    // Its last answer came before the undrain (the app restarting): booting, 503.
+    let d = drain.apply(healthy.clone(), WebVerdict::Up, Some(t0), Instant::now());
+    assert_eq!((d.status, d.http), (Status::Booting, 503));
+    assert_eq!(drain.report(Instant::now()).unwrap().state, "returning");
+    // Not listening yet within the boot grace: no restart.
+    assert!(!drain.heal_allowed(WebVerdict::Down, Instant::now()));
+    // It answered since: in rotation, and the drain is over.
+    let later = Instant::now() + Duration::from_millis(10);
+    assert_eq!(
+        drain.apply(healthy.clone(), WebVerdict::Up, Some(later), later),
+        healthy
+    );
+    assert!(drain.report(later).is_none());
+    assert!(drain.heal_allowed(WebVerdict::Down, later));
+}
+
+#[test]
+fn the_kernels_count_leaves_the_agents_probes_out() {
+    let drain = Drain::new(None, true, Duration::from_secs(30));
+    let t0 = Instant::now();
+    drain.start(By::Command).unwrap();
+    drain.note_kernel(Some(100), 7, t0);
+    // One probe begun, its connection counted: nothing from others.
+    drain.note_kernel(Some(100), 8, t0);
+    drain.note_kernel(Some(101), 8, t0 + Duration::from_millis(250));
+    assert_eq!(drain.lock().progress.kernel_total, 0);
+    // Three more arrivals and no probe: three from others.
+    drain.note_kernel(Some(104), 8, t0 + Duration::from_millis(500));
+    assert_eq!(drain.lock().progress.kernel_total, 3);
+    // The programs attached again (the count restarts): nothing is made up.
+    drain.note_kernel(Some(2), 8, t0 + Duration::from_millis(750));
+    drain.note_kernel(None, 8, t0 + Duration::from_secs(1));
+    drain.note_kernel(Some(5), 8, t0 + Duration::from_millis(1250));
+    assert_eq!(drain.lock().progress.kernel_total, 3);
+}
+
+#[test]
+fn a_drain_is_kept_on_disk_until_undrain() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("state/drain.json");
+    let drain = Drain::new(Some(file.clone()), true, Duration::from_secs(30));
+    drain.start(By::LifecycleHook).unwrap();
+    let report = drain.report(Instant::now()).unwrap();
+    assert_eq!(report.persisted, Some(true));
+    // The agent restarts: still draining, by the same starter, and it says it was kept.
+    let again = Drain::new(Some(file.clone()), true, Duration::from_secs(30));
+    assert!(again.draining());
+    let d = again.apply(
+        decision(Status::Healthy, 200),
+        WebVerdict::Up,
+        None,
+        Instant::now(),
+    );
+    assert_eq!(d.status, Status::Draining);
+    assert!(
+        d.reasons[0].contains("lifecycle hook")
+            && d.reasons[0].contains("kept across an agent restart"),
+        "{d:?}"
+    );
+    assert!(again.undrain().unwrap());
+    assert!(!file.exists());
+    assert!(!Drain::new(Some(file), true, Duration::from_secs(30)).draining());
+}
+
+#[test]
+fn a_state_file_that_cannot_be_written_is_said_and_the_drain_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    // A regular file where the directory should be.
+    let blocker = dir.path().join("blocker");
+    std::fs::write(&blocker, "").unwrap();
+    let drain = Drain::new(
+        Some(blocker.join("drain.json")),
+        true,
+        Duration::from_secs(30),
+    );
+    let e = drain.start(By::Command).unwrap_err();
+    assert!(e.to_string().contains("blocker/drain.json"), "{e}");
+    assert!(drain.draining());
+    assert_eq!(drain.report(Instant::now()).unwrap().persisted, Some(false));
+}
