@@ -330,6 +330,7 @@ async fn serve(cfg: Arc<Config>) -> anyhow::Result<()> {
         );
     }
     let agent = runner::start(cfg.clone(), shutdown.clone()).await;
+    let _lifecycle = drain::lifecycle::spawn(&cfg.drain, agent.drain.clone(), shutdown.clone());
     // The drain's control socket: /health does not depend on it, so a socket that cannot be
     // bound is an error in the log, not a reason to stop serving.
     let control_path = cfg.drain.control_socket.clone();

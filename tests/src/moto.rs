@@ -7,6 +7,7 @@ use std::{
     net::TcpStream,
     path::PathBuf,
     process::{Command, Stdio},
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
@@ -38,12 +39,46 @@ pub fn python() -> PathBuf {
     moto_server().with_file_name("python3")
 }
 
-/// A moto server (all services; the tests use CloudWatch). Stopped on drop.
+/// moto_server's `main`, with the one Auto Scaling action moto 5 lacks (it raises
+/// NotImplementedError): `CompleteLifecycleAction`, refused as AWS does when the group has no
+/// such hook or the instance is not the group's, and recorded with the time it arrived (one
+/// JSON line each) in `$HA_TEST_MOTO_LIFECYCLE_LOG`.
+const MOTO_MAIN: &str = r#"
+import json, os, sys, time, uuid
+from moto.autoscaling.responses import AutoScalingResponse
+from moto.autoscaling.exceptions import ValidationError
+
+def complete_lifecycle_action(self):
+    group = self._get_param("AutoScalingGroupName")
+    hook = self._get_param("LifecycleHookName")
+    instance = self._get_param("InstanceId")
+    result = self._get_param("LifecycleActionResult")
+    groups = self.autoscaling_backend.describe_auto_scaling_groups([group])
+    members = [s.instance.id for g in groups for s in g.instance_states]
+    if not self.autoscaling_backend.describe_lifecycle_hooks(group, [hook]) or instance not in members:
+        raise ValidationError(f"No active Lifecycle Action found with instance ID {instance}")
+    if result not in ("CONTINUE", "ABANDON"):
+        raise ValidationError(f"LifecycleActionResult {result!r} is not CONTINUE or ABANDON")
+    with open(os.environ["HA_TEST_MOTO_LIFECYCLE_LOG"], "a") as f:
+        f.write(json.dumps({"at": time.time(), "group": group, "hook": hook,
+                            "instance": instance, "result": result}) + "\n")
+    return ('<CompleteLifecycleActionResponse xmlns="http://autoscaling.amazonaws.com/doc/2011-01-01/">'
+            '<CompleteLifecycleActionResult/><ResponseMetadata><RequestId>' + str(uuid.uuid4())
+            + '</RequestId></ResponseMetadata></CompleteLifecycleActionResponse>')
+
+AutoScalingResponse.complete_lifecycle_action = complete_lifecycle_action
+from moto.server import main
+main(sys.argv[1:])
+"#;
+
+/// A moto server (all services; the tests use CloudWatch and Auto Scaling). Stopped on drop.
 pub struct Moto {
     pub port: u16,
     python: PathBuf,
     _child: Proc,
     pub log: PathBuf,
+    /// The `CompleteLifecycleAction` calls it took, one JSON line each.
+    lifecycle_log: PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -55,8 +90,10 @@ impl Moto {
         let dir = tempfile::tempdir().expect("tempdir");
         let log = dir.path().join("moto.log");
         let port = free_port();
-        let child = Command::new(&server)
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+        let lifecycle_log = dir.path().join("lifecycle.jsonl");
+        let child = Command::new(&python)
+            .args(["-c", MOTO_MAIN, "-H", "127.0.0.1", "-p", &port.to_string()])
+            .env("HA_TEST_MOTO_LIFECYCLE_LOG", &lifecycle_log)
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&log).expect("moto log"))
             .stderr(Stdio::from(
@@ -72,6 +109,7 @@ impl Moto {
             python,
             _child: Proc(child),
             log,
+            lifecycle_log,
             _dir: dir,
         };
         wait_until(Duration::from_secs(30), "moto to listen", || {
@@ -153,6 +191,32 @@ print(json.dumps({i["InstanceId"]: i["LifecycleState"] for i in g["Instances"]})
         assert_eq!(states[instance], "Standby", "{states}");
     }
 
+    /// Gives `group` a termination lifecycle hook named `hook`.
+    pub fn termination_hook(&self, group: &Group, hook: &str) {
+        let script = r#"
+import json, sys, boto3
+endpoint, region, name, hook = sys.argv[1:5]
+asg = boto3.client("autoscaling", endpoint_url=endpoint, region_name=region,
+                   aws_access_key_id="setup", aws_secret_access_key="setup")
+asg.put_lifecycle_hook(AutoScalingGroupName=name, LifecycleHookName=hook,
+                       LifecycleTransition="autoscaling:EC2_INSTANCE_TERMINATING",
+                       HeartbeatTimeout=300, DefaultResult="ABANDON")
+print(json.dumps(asg.describe_lifecycle_hooks(AutoScalingGroupName=name)["LifecycleHooks"]))
+"#;
+        let hooks = self.boto3(script, &[&group.region, &group.name, hook]);
+        assert_eq!(hooks[0]["LifecycleHookName"], hook, "{hooks}");
+    }
+
+    /// The `CompleteLifecycleAction` calls moto took, in order: `{at (Unix seconds), group,
+    /// hook, instance, result}`.
+    pub fn lifecycle_actions(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.lifecycle_log)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("a JSON line"))
+            .collect()
+    }
+
     /// Everything moto holds under `namespace` in `region`, read with boto3:
     /// `{"metrics": ListMetrics, "datapoints": GetMetricStatistics of each metric}`.
     pub fn read_back(&self, region: &str, namespace: &str) -> Value {
@@ -201,6 +265,9 @@ pub struct Metadata {
     pub group_tag: Option<String>,
     /// The instance profile's role and its temporary keys; None: no role attached (404).
     pub role: Option<Role>,
+    /// `autoscaling/target-lifecycle-state`, changed by the test as the group would; None:
+    /// not in a group (404).
+    pub lifecycle_state: Option<Arc<Mutex<String>>>,
 }
 
 #[derive(Debug, Clone)]
@@ -229,6 +296,13 @@ pub fn imds_stub(m: Metadata) -> Receiver {
             ("instance-id", ..) => (200, m.instance_id.clone()),
             ("placement/region", ..) => (200, m.region.clone()),
             ("tags/instance/aws:autoscaling:groupName", Some(g), _) => (200, g.clone()),
+            ("autoscaling/target-lifecycle-state", ..) if m.lifecycle_state.is_some() => (
+                200,
+                m.lifecycle_state
+                    .as_ref()
+                    .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).clone())
+                    .unwrap_or_default(),
+            ),
             ("iam/security-credentials/", _, Some(r)) => (200, r.name.clone()),
             (p, _, Some(r)) if p.strip_prefix("iam/security-credentials/") == Some(&r.name) => (
                 200,

@@ -89,6 +89,7 @@ fn asg_in_service_members_are_the_peers_and_one_put_in_standby_leaves() {
         region: REGION.into(),
         group_tag: None,
         role: Some(role()),
+        lifecycle_state: None,
     });
     let started = Instant::now();
     let agent = agent(&moto.endpoint(), &imds);
@@ -196,6 +197,7 @@ fn asg_access_denied_no_role_and_throttling_are_fleet_notes_not_503s() {
         region: REGION.into(),
         group_tag: Some("web-asg".into()),
         role,
+        lifecycle_state: None,
     };
 
     // A role without the Describe permissions.
@@ -402,6 +404,10 @@ fn the_cloudformation_user_data_configures_the_packaged_agent_under_systemd() {
             name: stack.role.clone(),
             ..role()
         }),
+        // The template sets a lifecycle hook: the instance is in service, as AWS says then.
+        lifecycle_state: Some(std::sync::Arc::new(std::sync::Mutex::new(
+            "InService".into(),
+        ))),
     });
 
     let machine = Machine::with_package();

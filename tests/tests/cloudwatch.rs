@@ -151,6 +151,7 @@ fn instance_role_region_and_group_come_from_imdsv2() {
             secret_access_key: role_secret,
             session_token: session,
         }),
+        lifecycle_state: None,
     });
     let env = [
         ("AWS_ACCESS_KEY_ID", ""),

@@ -11,6 +11,7 @@
 //! - `lifecycle`: the auto-scaling group's termination hook (IMDSv2, CompleteLifecycleAction).
 
 pub mod control;
+pub mod lifecycle;
 mod watch;
 
 use std::{
