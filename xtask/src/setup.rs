@@ -46,6 +46,8 @@ const PACKAGES: &[&str] = &[
     // The service: `systemd-analyze verify` of the unit, a venv for the deploy-file linters.
     "systemd",
     "python3-venv",
+    // deploy/drain/rolling-restart.sh, checked as POSIX sh.
+    "shellcheck",
     // tests/tests/systemd.rs: a Debian root file system, booted with systemd-nspawn; bpftool
     // sees what the agent left in the kernel after `systemctl stop`.
     "mmdebstrap",

@@ -43,8 +43,15 @@ fn deploy() -> Result<()> {
     let mut k8s = Command::new(setup::pip_tool("kubernetes-validate")?);
     k8s.args(["--strict", "--quiet"])
         .arg(deploy.join("kubernetes/health-agent.yaml"))
-        .arg(deploy.join("kubernetes/saturation-hpa.yaml"));
+        .arg(deploy.join("kubernetes/saturation-hpa.yaml"))
+        .arg(deploy.join("kubernetes/drain-prestop.yaml"));
     checks.push(k8s);
+
+    let mut shellcheck = Command::new("shellcheck");
+    shellcheck
+        .args(["--shell=sh", "--severity=style"])
+        .arg(deploy.join("drain/rolling-restart.sh"));
+    checks.push(shellcheck);
 
     let mut haproxy = Command::new("haproxy");
     haproxy
@@ -61,6 +68,36 @@ fn deploy() -> Result<()> {
     for mut check in checks {
         cmd::run(&mut check)?;
     }
+    drain_dropin(&deploy.join("systemd/drain-before-stop.conf"))
+}
+
+/// The app unit's drain drop-in, under `systemd-analyze verify` on a stand-in app unit (it
+/// exits 0 on unknown keys, so anything it says fails the check).
+fn drain_dropin(dropin: &std::path::Path) -> Result<()> {
+    let dir = std::env::temp_dir().join(format!("health-agent-dropin-{}", std::process::id()));
+    let unit_dir = dir.join("app-stand-in.service.d");
+    std::fs::create_dir_all(&unit_dir)?;
+    std::fs::write(
+        dir.join("app-stand-in.service"),
+        "[Service]\nExecStart=/bin/true\n",
+    )?;
+    std::fs::copy(dropin, unit_dir.join("drain.conf"))?;
+    let out = Command::new("systemd-analyze")
+        .args(["verify", "app-stand-in.service"])
+        .env("SYSTEMD_UNIT_PATH", format!("{}:", dir.display()))
+        .current_dir(&dir)
+        .output();
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = out?;
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if !out.status.success() || !said.trim().is_empty() {
+        anyhow::bail!("systemd-analyze verify of {}: {said}", dropin.display());
+    }
+    println!("{}: systemd-analyze verify clean", dropin.display());
     Ok(())
 }
 
