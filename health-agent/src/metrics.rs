@@ -99,7 +99,14 @@ fn overview(o: &mut Out, s: &Snapshot) {
         "status",
         "Instance status",
         "status",
-        &["healthy", "degraded", "unhealthy", "booting", "recovering"],
+        &[
+            "healthy",
+            "degraded",
+            "unhealthy",
+            "booting",
+            "recovering",
+            "draining",
+        ],
         d.status.as_str(),
     );
     o.state(

@@ -88,7 +88,14 @@ pub fn assert_answered(samples: &[HealthSample], ctx: &str) {
     }
 }
 
-const STATUSES: &[&str] = &["healthy", "degraded", "unhealthy", "booting", "recovering"];
+const STATUSES: &[&str] = &[
+    "healthy",
+    "degraded",
+    "unhealthy",
+    "booting",
+    "recovering",
+    "draining",
+];
 const RECOMMENDATIONS: &[&str] = &["stable", "scale_up", "scale_down", "infrastructure_issue"];
 const WEBSERVER: &[&str] = &[
     "up",

@@ -135,6 +135,11 @@ fn the_image_runs_as_the_daemonset_asks_and_turns_503_for_a_frozen_host_backend(
 
     let name = format!("ha-test-image-{}", std::process::id());
     let config_mount = format!("{}:/etc/health-agent:ro", config.path().display());
+    // The drain's hostPaths (DirectoryOrCreate), here directories of this test's own.
+    let control = tempfile::tempdir().expect("tempdir");
+    let state = tempfile::tempdir().expect("tempdir");
+    let control_mount = format!("{}:/run/health-agent", control.path().display());
+    let state_mount = format!("{}:/var/lib/health-agent", state.path().display());
     #[rustfmt::skip]
     let args: Vec<&str> = vec![
         "run", "--detach", "--name", &name,
@@ -163,6 +168,8 @@ fn the_image_runs_as_the_daemonset_asks_and_turns_503_for_a_frozen_host_backend(
         "--volume", "/sys/fs/cgroup:/sys/fs/cgroup:ro",
         "--volume", "/var/run/docker.sock:/var/run/docker.sock",
         "--volume", "/var/run/netns:/var/run/netns:ro,rslave",   // mountPropagation: HostToContainer
+        "--volume", &control_mount,
+        "--volume", &state_mount,
         &image,
         // args
         "--config", "/etc/health-agent/health-agent.toml", "serve",
@@ -240,6 +247,45 @@ fn the_image_runs_as_the_daemonset_asks_and_turns_503_for_a_frozen_host_backend(
     );
     let (code, _) = get(listen, "/livez").expect("/livez");
     assert_eq!(code, 200, "the liveness probe's path");
+
+    // Root in the pod drains through the socket on the read-only root's one writable path; the
+    // state lands on its volume.
+    let socket = control.path().join("control.sock");
+    let mode = std::fs::metadata(&socket)
+        .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777)
+        .expect("the control socket on its volume");
+    assert_eq!(mode, 0o600, "root only");
+    let config_arg = "/etc/health-agent/health-agent.toml";
+    let said = docker(&[
+        "exec",
+        &name,
+        "/usr/bin/health-agent",
+        "--config",
+        config_arg,
+        "drain",
+        "--quiet",
+        "500ms",
+        "--timeout",
+        "10s",
+    ]);
+    assert!(said.contains("drained in "), "{said}");
+    assert!(
+        state.path().join("drain.json").exists(),
+        "the drain kept on its volume"
+    );
+    wait_health_at(listen, WAIT, "503 draining", |c, b| {
+        c == 503 && b["status"] == "draining"
+    });
+    docker(&[
+        "exec",
+        &name,
+        "/usr/bin/health-agent",
+        "--config",
+        config_arg,
+        "undrain",
+    ]);
+    wait_health_at(listen, WAIT, "200 after undrain", |c, _| c == 200);
+    println!("image: {said}");
 
     fixture.signal(libc::SIGSTOP);
     let frozen = Instant::now();

@@ -115,6 +115,7 @@ fn on_debian_12s_6_1_kernel_a_frozen_backend_is_503_within_2s_and_a_busy_pool_ne
             "frozen_restarted",
             "unresponsive",
             "never_accepts",
+            "drain",
         ],
         Duration::from_secs(600),
     );
@@ -271,4 +272,49 @@ fn on_debian_12s_6_1_kernel_a_frozen_backend_is_503_within_2s_and_a_busy_pool_ne
             "no 200 once the backend served again{c}"
         );
     }
+
+    // A drain, sock_diag alone: back only after the last request and the quiet.
+    let (r, samples, story, c) = scenario(&vm, "drain");
+    let f = |k: &str| r[k].as_f64().unwrap_or_else(|| panic!("no {k}{c}"));
+    let (start, load_end, answered_end, end) = (
+        f("drain_start"),
+        f("load_end"),
+        f("answered_end"),
+        f("drain_end"),
+    );
+    let said = r["drain_stdout"].as_str().unwrap_or_default();
+    println!(
+        "drain on 6.1: started {start:.1} s, load stopped {load_end:.1} s (answered by \
+         {answered_end:.1} s), drain returned {end:.1} s; load {}\n{said}{story}",
+        r["load"]
+    );
+    assert_eq!(r["drain_exit"], 0, "{said}{}{c}", r["drain_stderr"]);
+    assert!(
+        said.lines()
+            .last()
+            .unwrap_or_default()
+            .starts_with("drained in "),
+        "{said}{c}"
+    );
+    // The last request came at most 1.2 s before the load stopped, then 2 s of quiet.
+    assert!(
+        end >= load_end + 0.8,
+        "drained {:.2} s after the load stopped: before 2 s of quiet{c}",
+        end - load_end
+    );
+    assert!(
+        end < answered_end + 6.0,
+        "drained {:.1} s after the last answer: too slow{c}",
+        end - answered_end
+    );
+    assert!(
+        samples
+            .iter()
+            .any(|s| t(s) > start && s["code"] == 503 && s["status"] == "draining"),
+        "never 503 draining{c}"
+    );
+    assert!(
+        r["load"]["200"].as_u64().unwrap_or(0) >= 4,
+        "the load got too few answers (harness problem){c}"
+    );
 }

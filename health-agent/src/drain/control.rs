@@ -290,7 +290,16 @@ pub fn request(
     };
     let mut line = serde_json::to_string(request).map_err(|e| io(std::io::Error::other(e)))?;
     line.push('\n');
-    stream.write_all(line.as_bytes()).map_err(io)?;
+    match stream.write_all(line.as_bytes()) {
+        // The agent may refuse (who is asking) and close before the request is written: its
+        // answer is still there to read.
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+            ) => {}
+        other => other.map_err(io)?,
+    }
     for line in BufReader::new(stream).lines() {
         let line = line.map_err(io)?;
         let Ok(reply) = serde_json::from_str::<Reply>(&line) else {

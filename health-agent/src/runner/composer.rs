@@ -134,10 +134,18 @@ impl Composer {
 
     /// S from the meter, the host's CPU and memory, and whether a dependency fault holds.
     fn saturation(&mut self, report: &Report, now: Instant) -> SaturationReport {
-        let withheld = withheld(report).or_else(|| {
-            self.shared
-                .then(|| "a fault most peers share (a dependency)".to_string())
-        });
+        let withheld = withheld(report)
+            .or_else(|| {
+                self.shared
+                    .then(|| "a fault most peers share (a dependency)".to_string())
+            })
+            // Out of the balancer on purpose: its idle load is not the fleet's, and published
+            // it would pull a target-tracking average down in the middle of a deploy.
+            .or_else(|| {
+                self.drain
+                    .draining()
+                    .then(|| "the instance is draining (health-agent drain)".to_string())
+            });
         // The work was already blocked while the fault was being recognised, for at most the
         // longest a web verdict waits.
         self.meter

@@ -72,6 +72,7 @@ fn main() {
             "deb" => deb(),
             "unresponsive" => fault("no-respond"),
             "never_accepts" => fault("stop-accepting"),
+            "drain" => drain(),
             other => Err(io::Error::other(format!("unknown scenario {other}"))),
         };
         match record {

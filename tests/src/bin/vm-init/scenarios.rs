@@ -163,6 +163,57 @@ pub(crate) fn fault(mode: &str) -> io::Result<Value> {
     Ok(finish(poller, agent, backend, Some(load), record))
 }
 
+/// `health-agent drain` on this kernel, where sock_diag alone sees the connections: requests
+/// that take 1 s each keep arriving for 3 s after the drain starts (a balancer slow to notice),
+/// then stop. Each client sends its next request 200 ms after an answer: a new request every
+/// 1.2 s at most, so `--quiet 2s` spans the gaps. The drain must return 0, after the last of
+/// them was answered and 2 s of quiet.
+pub(crate) fn drain() -> io::Result<Value> {
+    let zero = Instant::now();
+    let at = || zero.elapsed().as_secs_f64();
+    let backend = Backend::start(&["--workers", "4"])?;
+    let agent = Agent::start(&config(false))?;
+    let poller = Poller::start(zero);
+    let ready = ready(&poller, zero)?;
+    get(CONTROL, "/mode/slow?delay_ms=1000", Duration::from_secs(5))?;
+    let load = Load::start(2, "/", Duration::from_millis(200), Duration::from_secs(5));
+    thread::sleep(Duration::from_secs(2));
+    let drain_start = at();
+    let child = Command::new("/bin/health-agent")
+        .args(["--config", "/etc/health-agent/config.toml", "drain"])
+        .args(["--quiet", "2s", "--timeout", "30s"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    // Its own clock: when it returned, whatever this thread does meanwhile.
+    let waiter = thread::spawn(move || {
+        let out = child.wait_with_output();
+        (out, zero.elapsed().as_secs_f64())
+    });
+    thread::sleep(Duration::from_secs(3));
+    let load_end = at();
+    // Returns once the clients' requests in flight were answered.
+    let counts = load.stop();
+    let answered_end = at();
+    let (out, drain_end) = waiter
+        .join()
+        .map_err(|_| io::Error::other("the drain's waiter panicked"))?;
+    let out = out?;
+    thread::sleep(Duration::from_secs(1));
+    let mut record = json!({
+        "ready": ready,
+        "drain_start": drain_start,
+        "load_end": load_end,
+        "answered_end": answered_end,
+        "drain_end": drain_end,
+        "drain_exit": out.status.code(),
+        "drain_stdout": String::from_utf8_lossy(&out.stdout),
+        "drain_stderr": String::from_utf8_lossy(&out.stderr),
+    });
+    record["load"] = counts;
+    Ok(finish(poller, agent, backend, None, record))
+}
+
 /// The install path of Debian 12 and Amazon Linux 2023: the .deb's own binary and shipped
 /// configuration start on this kernel, say the tier in their first log line, and serve;
 /// `health-agent check` says the tier at once.
