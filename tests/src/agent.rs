@@ -67,6 +67,14 @@ impl Agent {
         if !extra.contains("[disk]") {
             base.push_str("\n[disk]\nwarn_percent = 99.0\nfail_percent = 99.9\n");
         }
+        // The drain's control socket and state file in the agent's own directory, never the
+        // defaults under /run and /var/lib: agents of tests running side by side would fight
+        // over one socket, and a drain kept on disk would outlive the test.
+        base.push_str(&format!(
+            "\n[drain]\ncontrol_socket = \"{}\"\nstate_file = \"{}\"\n",
+            dir.path().join("control.sock").display(),
+            dir.path().join("drain.json").display()
+        ));
         if !extra.contains("[scaling]") {
             base.push_str(
                 "\n[scaling]\ncpu_high_percent = 100.0\nmemory_high_percent = 100.0\nup_at = 10.0\n",
@@ -145,9 +153,14 @@ impl Agent {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// The config file it was started with.
+    /// The config file it was started with, for commands that talk to it (`drain`).
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("health-agent.toml")
+    }
+
+    /// The config file's text.
     pub fn config(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("health-agent.toml")).unwrap_or_default()
+        std::fs::read_to_string(self.config_path()).unwrap_or_default()
     }
 
     /// `GET path` with a 5 s timeout: (status, body).

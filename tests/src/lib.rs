@@ -1,6 +1,6 @@
 //! Helpers for the integration tests: real processes behind RAII guards (the agent binary, the
-//! fixture backend, nginx, PostgreSQL, Puma, Docker containers, a tmpfs mount), a tiny HTTP
-//! client, and polling with a deadline. Guards clean up on drop, so a failing test still tears
+//! fixture backend, nginx, PostgreSQL, Puma, HAProxy, Caddy, Docker containers, a tmpfs mount),
+//! a tiny HTTP client, and polling with a deadline. Guards clean up on drop, so a failing test still tears
 //! its servers down. `cargo xtask bench` uses the same pieces.
 //!
 //! | module | owns |
@@ -9,8 +9,9 @@
 //! | `net` | free ports (the only place that picks one), loopback addresses |
 //! | `http` | the HTTP client, to 127.0.0.1 or any address |
 //! | `wait` | `wait_until`; `wait_health_at`, for an agent the harness did not start |
-//! | `process` | `Proc` (a child stopped on drop), `succeed` (a tool that must work), the root check |
+//! | `process` | `Proc` (a child stopped on drop), `Logged` (a server logging to a file, killed on drop), `succeed` (a tool that must work), the root check |
 //! | `agent` | `Agent`: start on any address, `/health`, stop |
+//! | `drain` | `health-agent drain` / `undrain` against an `Agent`: exit code, last line, time taken |
 //! | `bpf_stats` | the kernel's run counts of the agent's BPF programs (`BPF_ENABLE_STATS`) |
 //! | `poller` | `HealthPoller`: every `/health` answer of a run; `timeline` |
 //! | `load` | `Load`: background HTTP clients (closed loop), and the HTTP reading they share |
@@ -18,6 +19,7 @@
 //! | `story` | what the verdict tests share: `web_config`, `since`, `assert_answered`, `Restarts`; `Watch`, the one way to wait for a verdict; `Watched`, a Puma watched by an agent (and the "under load, then hang" start) |
 //! | `markdown` | fenced blocks of the README and docs/ pages, for the tests that run them |
 //! | `fixture`, `nginx`, `postgres`, `redis`, `puma`, `docker`, `receiver`, `tmpfs`, `moto` | one server each |
+//! | `haproxy`, `caddy` | a real load balancer each, on a config the test writes (HAProxy's `show stat`) |
 //! | `certs` | a CA and the certificates it signs, made with the openssl CLI |
 //! | `netns` | network namespaces reached over a veth pair |
 //! | `nspawn` | a Debian system booted with `systemd-nspawn -b` (the shipped unit under real systemd) |
@@ -27,10 +29,13 @@
 pub mod agent;
 pub mod bpf_stats;
 pub mod build;
+pub mod caddy;
 pub mod certs;
 pub mod docker;
+pub mod drain;
 pub mod fixture;
 pub mod fleet;
+pub mod haproxy;
 pub mod http;
 pub mod load;
 pub mod markdown;
@@ -53,9 +58,12 @@ pub mod wait;
 
 pub use agent::{check_json, merge_toml, Agent};
 pub use build::{agent_binary, binary, newest, target_dir, workspace};
+pub use caddy::Caddy;
 pub use certs::{Ca, Issued};
 pub use docker::{docker, fixture_image, BridgeContainer, Container};
+pub use drain::{drain, undrain, CommandRun, DrainInBackground};
 pub use fixture::{AddrFixture, Fixture};
+pub use haproxy::{Haproxy, ServerState};
 pub use http::{
     background_requests, counters, get, get_at, get_at_within, get_within, request_at, requests,
 };
@@ -69,7 +77,7 @@ pub use open_loop::{OpenLoop, OpenLoopStats};
 pub use poller::{timeline, HealthPoller, HealthSample, Timed};
 pub use postgres::Postgres;
 pub(crate) use process::kill_and_wait;
-pub use process::{is_root, require_root, stdout_of, succeed, Proc};
+pub use process::{is_root, require_root, stdout_of, succeed, Logged, Proc};
 pub use puma::{Puma, PumaOptions, TcpProxy};
 pub use receiver::{Receiver, Recorded};
 pub use redis::Redis;

@@ -1,7 +1,8 @@
 //! Child processes behind guards, and the root check.
 
 use std::{
-    process::{Child, Command, Output},
+    path::PathBuf,
+    process::{Child, Command, ExitStatus, Output, Stdio},
     time::{Duration, Instant},
 };
 
@@ -78,5 +79,46 @@ impl Drop for Proc {
         // A stopped process must be continued before it can act on SIGTERM.
         self.signal(libc::SIGCONT);
         kill_and_wait(&mut self.0, libc::SIGTERM);
+    }
+}
+
+/// A server whose output goes to a log file, killed (SIGKILL) on drop: for one that keeps
+/// nothing worth a graceful stop (a load balancer, whose graceful stop waits for its
+/// connections).
+pub struct Logged {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Logged {
+    /// Starts `cmd` with no stdin and its stdout and stderr in a new file `log`; panics with
+    /// `what` when it cannot start.
+    pub fn spawn(cmd: &mut Command, log: PathBuf, what: &str) -> Self {
+        let file = std::fs::File::create(&log)
+            .unwrap_or_else(|e| panic!("creating {}: {e}", log.display()));
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("log fd"))
+            .stderr(file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {what}: {e} (cargo xtask setup installs it)"));
+        Self { child, log }
+    }
+
+    /// Everything it printed so far.
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Its exit status, once it has exited.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }

@@ -3,10 +3,8 @@
 //! frozen backend out of rotation through the agent check while its own TCP check keeps it.
 
 use std::{
-    io::{Read, Write},
-    os::unix::net::UnixStream,
-    path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    path::Path,
+    process::{Command, Stdio},
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc,
@@ -16,6 +14,7 @@ use std::{
 
 use health_agent_tests::{
     free_port, get, get_within, require_root, succeed, target_dir, workspace, Agent, Fixture,
+    Haproxy,
 };
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -237,99 +236,15 @@ fn the_units_capabilities_are_enough_for_the_kernel_view_and_the_process_view() 
     }
 }
 
-/// HAProxy as a child process on a temporary config, stopped on drop.
-struct Haproxy {
-    child: Child,
-    socket: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Haproxy {
-    fn start(config: &str) -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let socket = dir.path().join("stats.sock");
-        let cfg = dir.path().join("haproxy.cfg");
-        std::fs::write(
-            &cfg,
-            format!(
-                "global\n    stats socket {} mode 600 level admin\n{config}",
-                socket.display()
-            ),
-        )
-        .expect("writing haproxy.cfg");
-        succeed(Command::new("haproxy").arg("-c").arg("-f").arg(&cfg));
-        let child = Command::new("haproxy")
-            .arg("-db")
-            .arg("-f")
-            .arg(&cfg)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("starting haproxy (cargo xtask setup installs it)");
-        let h = Self {
-            child,
-            socket,
-            _dir: dir,
-        };
-        health_agent_tests::wait_until(Duration::from_secs(10), "haproxy's stats socket", || {
-            h.states().ok().filter(|s| !s.is_empty())
-        });
-        h
-    }
-
-    /// (backend, server) → "status weight" from `show stat`.
-    fn states(&self) -> std::io::Result<Vec<(String, String, u32)>> {
-        let mut s = UnixStream::connect(&self.socket)?;
-        s.set_read_timeout(Some(Duration::from_secs(2)))?;
-        s.write_all(b"show stat\n")?;
-        let mut out = String::new();
-        s.read_to_string(&mut out)?;
-        let mut lines = out.lines();
-        let header: Vec<&str> = lines
-            .next()
-            .unwrap_or_default()
-            .trim_start_matches("# ")
-            .split(',')
-            .collect();
-        let col = |name: &str| header.iter().position(|h| *h == name);
-        let (Some(px), Some(sv), Some(st), Some(w)) =
-            (col("pxname"), col("svname"), col("status"), col("weight"))
-        else {
-            return Ok(Vec::new());
-        };
-        Ok(lines
-            .map(|l| l.split(',').collect::<Vec<_>>())
-            .filter(|f| f.len() > st.max(w) && f[sv] == "web")
-            .map(|f| {
-                (
-                    f[px].to_owned(),
-                    f[st].to_owned(),
-                    f[w].parse().unwrap_or(0),
-                )
-            })
-            .collect())
-    }
-
-    fn state(&self, backend: &str) -> (String, u32) {
-        self.states()
-            .expect("haproxy stats")
-            .into_iter()
-            .find(|(b, _, _)| b == backend)
-            .map(|(_, s, w)| (s, w))
-            .unwrap_or_else(|| panic!("no server web in {backend}"))
-    }
-}
-
-impl Drop for Haproxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// Out of rotation: down, or drained (weight 0 shows as DRAIN).
 fn out_of_rotation(status: &str, weight: u32) -> bool {
     !status.starts_with("UP") || weight == 0
+}
+
+/// The server `web` of `backend`: (status, weight).
+fn web(haproxy: &Haproxy, backend: &str) -> (String, u32) {
+    let s = haproxy.state(backend, "web");
+    (s.status, s.weight)
 }
 
 #[test]
@@ -354,8 +269,8 @@ fn haproxy_agent_check_takes_a_frozen_backend_out_and_its_tcp_check_does_not() {
         port = fixture.port
     ));
     health_agent_tests::wait_until(WAIT, "both servers UP, the agent's weight in", || {
-        let (a, w) = haproxy.state("be_agent");
-        let (t, _) = haproxy.state("be_tcp");
+        let (a, w) = web(&haproxy, "be_agent");
+        let (t, _) = web(&haproxy, "be_tcp");
         (a == "UP" && w > 0 && t == "UP").then_some(())
     });
 
@@ -380,8 +295,8 @@ fn haproxy_agent_check_takes_a_frozen_backend_out_and_its_tcp_check_does_not() {
     let mut left = None;
     let mut tcp_states = Vec::new();
     while frozen.elapsed() < Duration::from_secs(8) {
-        let (a, w) = haproxy.state("be_agent");
-        let (t, tw) = haproxy.state("be_tcp");
+        let (a, w) = web(&haproxy, "be_agent");
+        let (t, tw) = web(&haproxy, "be_tcp");
         if left.is_none() && out_of_rotation(&a, w) {
             left = Some((frozen.elapsed(), a.clone()));
         }
@@ -414,7 +329,7 @@ fn haproxy_agent_check_takes_a_frozen_backend_out_and_its_tcp_check_does_not() {
     fixture.signal(libc::SIGCONT);
     let thawed = Instant::now();
     let back = health_agent_tests::wait_until(WAIT, "be_agent back UP after SIGCONT", || {
-        let (a, w) = haproxy.state("be_agent");
+        let (a, w) = web(&haproxy, "be_agent");
         (a == "UP" && w > 0).then(|| thawed.elapsed())
     });
     println!(
