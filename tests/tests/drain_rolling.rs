@@ -405,15 +405,24 @@ fn roll(
     let statuses = back(lb, b);
     steps.to(&load.stats(), format!("{} back in rotation", b.name));
     steps.said(format!("{}: /health after the restart: {statuses}", b.name));
+    // A restart through a drain is the deploy's, not a fault: no `unhealthy` on the way back
+    // (which would also be an incident), only `draining`, `booting`, then `healthy`.
+    if mode != Mode::NoDrain {
+        assert!(
+            !statuses.to_string().contains("unhealthy"),
+            "{} {}: after a drained restart /health went {statuses}{}",
+            lb.name(),
+            b.name,
+            b.explain()
+        );
+    }
     (waited, run)
 }
 
 /// Until `b`'s new Puma has answered, its agent says 200 `healthy`, and `lb` sends it requests.
-/// Returns the agent's statuses on the way, each with how long it was seen: `booting 0.3 s,
-/// unhealthy 1.2 s, healthy`. (After undrain, an `unhealthy` between `booting` and `healthy`
-/// is the flap guard recovering from the backend it saw down during the drain, for
-/// `checks.recover_after`: printed, not asserted.)
-fn back(lb: &Balancer, b: &Backend) -> String {
+/// Returns the agent's statuses on the way, each with how long it was seen: `draining 0.2 s,
+/// booting 0.3 s, healthy`.
+fn back(lb: &Balancer, b: &Backend) -> Statuses {
     let deadline = Instant::now() + BACK_WITHIN;
     let mut seen = Statuses::default();
     let mut puma_answered = false;
@@ -450,7 +459,7 @@ fn back(lb: &Balancer, b: &Backend) -> String {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    seen.to_string()
+    seen
 }
 
 /// The statuses `/health` went through, in order, with when each was first seen.

@@ -3,19 +3,20 @@
 //! flight; `health-agent undrain` puts it back once the backend answers again.
 //!
 //! - this module: the drain's state (`Drain`, shared by the control socket, the lifecycle hook
-//!   and the composer), what it does to the policy's decision (`apply`), when a drain is done
-//!   (`judge`), `details.drain`, and the state file that keeps a drain across agent restarts;
+//!   and the composer), what it does to the policy's decision (`apply`), and the state file
+//!   that keeps a drain across agent restarts;
+//! - `judge`: when a drain is done, the command's progress line, `details.drain`;
 //! - `watch`: the backend port's connections read through sock_diag while a drain runs: new
 //!   connections and requests by peer, and what is in flight;
 //! - `control`: the root-only Unix socket and the commands' client side;
 //! - `lifecycle`: the auto-scaling group's termination hook (IMDSv2, CompleteLifecycleAction).
 
 pub mod control;
+mod judge;
 pub mod lifecycle;
 mod watch;
 
 use std::{
-    net::IpAddr,
     path::{Path, PathBuf},
     sync::{Arc, Mutex, MutexGuard},
     time::{Duration, Instant, SystemTime},
@@ -24,7 +25,13 @@ use std::{
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
-pub use self::watch::{spawn_watch, Progress};
+use self::judge::round1;
+pub use self::{
+    judge::{
+        judge, peer_list, peer_name, progress_line, DrainReport, Judgement, PeerCount, UNSEEN,
+    },
+    watch::{spawn_watch, Progress},
+};
 use crate::{
     policy::Decision,
     status::{Status, WebVerdict},
@@ -117,16 +124,6 @@ pub struct Drain {
     /// After undrain, how long a backend that is not listening yet (a restart under way) is
     /// not restarted by self-healing: `checks.boot_grace`.
     boot_grace: Duration,
-}
-
-/// Where a drain stands, as a command or the hook waits for it.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Judgement {
-    Draining,
-    /// Nothing new for `quiet` and nothing in flight.
-    Drained(String),
-    /// `timeout` passed first: what still arrives, and from where.
-    TimedOut(String),
 }
 
 /// Could not start or end a drain.
@@ -487,153 +484,6 @@ impl Drain {
     fn woken(&self) -> Arc<Notify> {
         self.wake.clone()
     }
-}
-
-/// `details.drain`.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct DrainReport {
-    /// `draining`, `drained`, `timed_out` (still held out), `returning` (undrained, waiting
-    /// for the backend to answer).
-    pub state: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub by: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub started: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub persisted: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub in_flight: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub new_last_second: Option<u32>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub peers_last_second: Vec<PeerCount>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub last_new_request_ago_s: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub in_flight_at_start: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub result: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct PeerCount {
-    /// The peer's address; `unseen` for arrivals the kernel counted between two reads.
-    pub addr: String,
-    pub requests: u32,
-}
-
-/// A peer as the lines and `details.drain` name it.
-pub fn peer_name(peer: Option<IpAddr>) -> String {
-    peer.map_or_else(|| UNSEEN.to_string(), |a| a.to_string())
-}
-
-/// Arrivals the kernel counted whose connection no read saw.
-pub const UNSEEN: &str = "unseen";
-
-fn round1(x: f64) -> f64 {
-    (x * 10.0).round() / 10.0
-}
-
-/// Peers and their counts as `10.0.0.5 (30), 10.0.0.6 (7)`.
-pub fn peer_list(peers: &[(Option<IpAddr>, u32)]) -> String {
-    peers
-        .iter()
-        .map(|(a, n)| format!("{} ({n})", peer_name(*a)))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// When a drain is done, for a caller that asked at `since` with `quiet` and `timeout`:
-/// drained once the watcher has read the connections twice since, nothing is in flight and
-/// nothing new arrived for `quiet` (counted from the drain's start at the earliest); timed out
-/// once `timeout` has passed since `since`.
-pub fn judge(
-    p: &Progress,
-    started_at: Instant,
-    since: Instant,
-    now: Instant,
-    quiet: Duration,
-    timeout: Duration,
-    watched: bool,
-) -> Judgement {
-    let waited = now.saturating_duration_since(since);
-    if !watched {
-        return if waited >= quiet {
-            Judgement::Drained(format!(
-                "drained in {:.1} s (web.port is 0: no backend traffic could be watched, so \
-                 this only waited --quiet)",
-                now.saturating_duration_since(started_at).as_secs_f64()
-            ))
-        } else {
-            Judgement::Draining
-        };
-    }
-    let quiet_from = p.last_new.map_or(started_at, |t| t.max(started_at));
-    let quiet_for = now.saturating_duration_since(quiet_from);
-    let fresh = p.read_at.is_some_and(|t| t >= since) && p.reads >= 2;
-    if fresh && p.error.is_none() && p.in_flight == 0 && quiet_for >= quiet {
-        let last = match p.last_new {
-            Some(t) => format!(
-                "last new request {:.1} s ago",
-                now.saturating_duration_since(t).as_secs_f64()
-            ),
-            None => "no new request since it began".into(),
-        };
-        return Judgement::Drained(format!(
-            "drained in {:.1} s ({last}; {} were in flight at the start)",
-            now.saturating_duration_since(started_at).as_secs_f64(),
-            p.in_flight_at_start.unwrap_or(0)
-        ));
-    }
-    if waited < timeout {
-        return Judgement::Draining;
-    }
-    let recent = p.peers_within(now, RECENT);
-    let arrivals: u32 = recent.iter().map(|(_, n)| n).sum();
-    let mut why = format!("not drained after {:.1} s: ", waited.as_secs_f64());
-    if let Some(e) = &p.error {
-        why.push_str(&format!("the backend's connections cannot be read ({e})"));
-    } else if arrivals > 0 {
-        why.push_str(&format!(
-            "{arrivals} new requests in the last {} s from {}",
-            RECENT.as_secs(),
-            peer_list(&recent)
-        ));
-    } else {
-        why.push_str(&format!(
-            "no new request in the last {} s",
-            RECENT.as_secs()
-        ));
-    }
-    why.push_str(&format!("; {} in flight", p.in_flight));
-    Judgement::TimedOut(why)
-}
-
-/// A progress line for the command, once a second.
-pub fn progress_line(p: &Progress, started_at: Instant, now: Instant) -> String {
-    let peers = p.peers_within(now, Duration::from_secs(1));
-    let new: u32 = peers.iter().map(|(_, n)| n).sum();
-    let mut line = format!(
-        "draining {:.1}s: {} in flight, {new} new in the last second",
-        now.saturating_duration_since(started_at).as_secs_f64(),
-        p.in_flight
-    );
-    if new > 0 {
-        line.push_str(&format!(" from {}", peer_list(&peers)));
-    }
-    match p.last_new {
-        Some(t) => line.push_str(&format!(
-            ", last new request {:.1}s ago",
-            now.saturating_duration_since(t).as_secs_f64()
-        )),
-        None => line.push_str(", no new request since the drain began"),
-    }
-    if let Some(e) = &p.error {
-        line.push_str(&format!(" (cannot read the connections: {e})"));
-    }
-    line
 }
 
 fn read_kept(path: &Path) -> std::io::Result<Option<Kept>> {

@@ -1,3 +1,5 @@
+use std::net::IpAddr;
+
 use super::*;
 use crate::status::Recommendation;
 
@@ -237,4 +239,41 @@ fn a_state_file_that_cannot_be_written_is_said_and_the_drain_holds() {
     assert!(e.to_string().contains("blocker/drain.json"), "{e}");
     assert!(drain.draining());
     assert_eq!(drain.report(Instant::now()).unwrap().persisted, Some(false));
+}
+
+#[test]
+fn a_restart_through_a_drain_never_publishes_unhealthy() {
+    // The composer's order: the drain, then the flap guard (fail_after 3 s, recover_after 4 s).
+    let drain = Drain::new(None, true, Duration::from_secs(30));
+    let mut guard = crate::policy::FlapGuard::new(Duration::from_secs(3), Duration::from_secs(4));
+    let t0 = Instant::now();
+    let at = |s: f64| t0 + Duration::from_secs_f64(s);
+    let mut publish = |d: Decision, v: WebVerdict, answered: Option<Instant>, t: Instant| {
+        guard.apply(drain.apply(d, v, answered, t), t)
+    };
+    let up = decision(Status::Healthy, 200);
+    let down = decision(Status::Unhealthy, 503);
+    assert_eq!(publish(up.clone(), WebVerdict::Up, Some(t0), t0).http, 200);
+    drain.start(By::Command).unwrap();
+    // Out at once, whatever fail_after says.
+    let d = publish(up.clone(), WebVerdict::Up, Some(t0), at(0.25));
+    assert_eq!((d.status, d.http), (Status::Draining, 503));
+    // The deploy stops the app for 5 s: draining all along.
+    for i in 1..=20 {
+        let d = publish(
+            down.clone(),
+            WebVerdict::Down,
+            Some(t0),
+            at(0.25 * f64::from(i) + 0.5),
+        );
+        assert_eq!(d.status, Status::Draining, "{d:?}");
+    }
+    drain.undrain().unwrap();
+    // Not answering since the undrain: booting.
+    let d = publish(up.clone(), WebVerdict::Up, Some(t0), at(6.0));
+    assert_eq!((d.status, d.http), (Status::Booting, 503));
+    // It answers: 200 at once, no recovery held, no "recovering from".
+    let answered = Instant::now() + Duration::from_secs(1);
+    let d = publish(up.clone(), WebVerdict::Up, Some(answered), at(8.0));
+    assert_eq!(d, up);
 }

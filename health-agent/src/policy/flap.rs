@@ -37,8 +37,14 @@ impl FlapGuard {
             self.published = Some(raw.clone());
             return raw;
         };
-        // Leaving boot is not a recovery: an instance becomes ready the moment it is.
-        if raw.http == published.http || published.status == Status::Booting {
+        // Leaving boot is not a recovery: an instance becomes ready the moment it is. A drain
+        // is the operator's word, not a flap: it takes the instance out at once, and ends at
+        // once, into the booting rule (a backend the deploy stopped meanwhile was no fault).
+        if raw.http == published.http
+            || published.status == Status::Booting
+            || raw.status == Status::Draining
+            || published.status == Status::Draining
+        {
             self.pending = None;
             self.published = Some(raw.clone());
             return raw;

@@ -377,10 +377,15 @@ impl Composer {
             self.healer.replace_worker(&report.web, now);
             phase
         };
-        let decision = self.guard.apply(heal::applied(raw, phase), now);
-        let decision = self
-            .drain
-            .apply(decision, report.web.verdict, self.web.answered_at(), now);
+        // The drain before the flap guard: what the guard holds back is then what the balancer
+        // saw (`draining`), never the backend the deploy stopped behind it.
+        let decision = self.drain.apply(
+            heal::applied(raw, phase),
+            report.web.verdict,
+            self.web.answered_at(),
+            now,
+        );
+        let decision = self.guard.apply(decision, now);
         let answer = (decision.http, decision.status, report.web.verdict);
         if self.last_answer != Some(answer) {
             log_answer_change(self.last_answer, answer, &decision.reasons);
