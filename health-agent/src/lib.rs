@@ -29,6 +29,9 @@
 //! - `fleet`: fleet-aware verdicts, each fault compared with the peers' (`exchange`; `asg`: the
 //!   auto-scaling group's members as peers);
 //! - `heal`: self-healing (`command`, `judge`, `worker`);
+//! - `drain`: `health-agent drain` / `undrain` (`watch`: the backend port read while draining;
+//!   `judge`: when it is done; `control`: the root-only socket; `lifecycle`: the group's
+//!   termination hook);
 //! - `snapshot`: what /health serves;
 //! - `cloudwatch`: publishing S to CloudWatch (`client`, `publisher`); it reads the snapshot
 //!   through the runner, so it imports none;

@@ -321,6 +321,20 @@ pub fn imds_stub(m: Metadata) -> Receiver {
     })
 }
 
+/// An agent's environment on the instance `imds` plays: no keys of its own (the role's come from
+/// the metadata), no region but the metadata's.
+pub fn instance_env(imds: &Receiver) -> Vec<(&'static str, String)> {
+    vec![
+        ("AWS_ACCESS_KEY_ID", String::new()),
+        ("AWS_SECRET_ACCESS_KEY", String::new()),
+        ("AWS_SESSION_TOKEN", String::new()),
+        ("AWS_REGION", String::new()),
+        ("AWS_DEFAULT_REGION", String::new()),
+        ("AWS_EC2_METADATA_DISABLED", String::new()),
+        ("AWS_EC2_METADATA_SERVICE_ENDPOINT", imds.url("")),
+    ]
+}
+
 /// RFC 3339 UTC `secs` from now, with `date` (no date crate in the tests).
 fn time_in(secs: u64) -> String {
     stdout_of(Command::new("date").args([

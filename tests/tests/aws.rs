@@ -13,7 +13,7 @@ use std::{
 
 use health_agent_tests::{
     free_port, get,
-    moto::{imds_stub, Metadata, Role},
+    moto::{imds_stub, instance_env, Metadata, Role},
     require_root, wait_until, Agent, Machine, Moto, Receiver,
 };
 use serde_json::Value;
@@ -31,22 +31,9 @@ fn role() -> Role {
     }
 }
 
-/// The agent's environment: no keys of its own, the metadata service at `imds`.
-fn env(imds: &Receiver) -> Vec<(&'static str, String)> {
-    vec![
-        ("AWS_ACCESS_KEY_ID", String::new()),
-        ("AWS_SECRET_ACCESS_KEY", String::new()),
-        ("AWS_SESSION_TOKEN", String::new()),
-        ("AWS_REGION", String::new()),
-        ("AWS_DEFAULT_REGION", String::new()),
-        ("AWS_EC2_METADATA_DISABLED", String::new()),
-        ("AWS_EC2_METADATA_SERVICE_ENDPOINT", imds.url("")),
-    ]
-}
-
 /// An agent whose peers are the group's members, listed every 5 s through `endpoint`.
 fn agent(endpoint: &str, imds: &Receiver) -> Agent {
-    let env = env(imds);
+    let env = instance_env(imds);
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     Agent::start_with_env(
         &format!(

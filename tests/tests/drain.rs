@@ -19,7 +19,7 @@ use std::{
 
 use health_agent_tests::{
     agent_binary, get_within,
-    moto::{imds_stub, Metadata, Role},
+    moto::{imds_stub, instance_env, Metadata, Role},
     require_root, wait_until, Agent, Moto, Puma, PumaOptions, Receiver,
 };
 
@@ -520,15 +520,7 @@ fn the_lifecycle_hook_drains_then_continues() {
     });
     let dir = tempfile::tempdir().unwrap();
     let puma = Puma::start(PumaOptions::default());
-    let env = [
-        ("AWS_ACCESS_KEY_ID", String::new()),
-        ("AWS_SECRET_ACCESS_KEY", String::new()),
-        ("AWS_SESSION_TOKEN", String::new()),
-        ("AWS_REGION", String::new()),
-        ("AWS_DEFAULT_REGION", String::new()),
-        ("AWS_EC2_METADATA_DISABLED", String::new()),
-        ("AWS_EC2_METADATA_SERVICE_ENDPOINT", imds.url("")),
-    ];
+    let env = instance_env(&imds);
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let agent = Agent::start_with_env(
         &format!(
