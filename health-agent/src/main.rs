@@ -32,8 +32,8 @@ struct Cli {
 enum Command {
     /// Run the daemon: background checks and the HTTP server.
     Serve,
-    /// Run every check once and print the verdict. Exit code 0 healthy/degraded, 1 unhealthy,
-    /// 2 error.
+    /// Run every check once and print the verdict. Exit code 0 healthy/degraded, 1 a 503
+    /// (unhealthy, or a drain kept on disk), 2 error.
     Check {
         /// Print the answer as JSON, in the shape of `/health` with details (`status`, `checks`,
         /// `recommendation`, `reasons`, `details`...), instead of a table.

@@ -25,8 +25,16 @@ pub async fn run(cfg: &Config) -> Snapshot {
         report.web.kernel.tier = Some(tier);
         report.web.kernel.missing = missing;
     }
+    // A drain kept on disk answers for `serve`'s /health too: say the same.
+    let drain = crate::drain::Drain::new(
+        Some(cfg.drain.state_file.clone()),
+        cfg.web.port != 0,
+        cfg.checks.boot_grace,
+    );
+    let now = std::time::Instant::now();
+    let decision = drain.apply(decision, report.web.verdict, None, now);
     let uptime = crate::snapshot::host_uptime();
-    Snapshot::new(decision, report, HealLog::default(), uptime, 0)
+    Snapshot::new(decision, report, HealLog::default(), uptime, 0).with_drain(drain.report(now))
 }
 
 /// The tier of the kernel view `serve` will run on this kernel, and what it lacks: the

@@ -427,8 +427,18 @@ fn a_drain_survives_an_agent_restart_and_is_no_incident() {
         "{body}"
     );
     assert_eq!(body["details"]["drain"]["persisted"], true, "{body}");
+    // `health-agent check` says what /health says.
+    let out = command(&again, &["check"], None).output().expect("check");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(
-        again.logs().contains("resuming the drain"),
+        String::from_utf8_lossy(&out.stdout).contains("draining (HTTP 503)"),
+        "{}",
+        text(&out)
+    );
+    assert!(
+        again
+            .logs()
+            .contains("a drain is on: the drain command started it"),
         "{}",
         again.logs()
     );

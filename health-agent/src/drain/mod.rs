@@ -135,7 +135,7 @@ pub enum DrainError {
 
 impl Drain {
     /// The drain state, resumed from `state_file` when a drain was kept there (None: nothing
-    /// kept, for tests and the one-shot check).
+    /// kept, for tests).
     pub fn new(state_file: Option<PathBuf>, watched: bool, boot_grace: Duration) -> Self {
         let mut phase = Phase::Serving;
         if let Some(path) = &state_file {
@@ -146,8 +146,8 @@ impl Drain {
                         .duration_since(started)
                         .unwrap_or_default();
                     tracing::warn!(
-                        "resuming the drain the {} started at {} ({}): /health answers 503 \
-                         draining until `health-agent undrain`",
+                        "a drain is on: the {} started it at {} (kept in {}); /health answers \
+                         503 draining until `health-agent undrain`",
                         k.by.as_str(),
                         rfc3339(started),
                         path.display()
