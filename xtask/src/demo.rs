@@ -2,7 +2,8 @@
 //! fixture server, standing in for Puma), the agent watching it from the kernel, steady traffic,
 //! and a narrated story: healthy → hung (kill -STOP keeps the port, accepts nothing) → 503 →
 //! resumed → healthy; then the same hang with self-healing on: recovering → restarted → healthy,
-//! without a single 503.
+//! without a single 503; then a deploy: `health-agent drain` with traffic that follows `/health`
+//! as a balancer does, the restart, `undrain`, and not a request lost.
 
 use std::{
     fs,
@@ -114,6 +115,35 @@ fn traffic(port: u16, stop: Arc<AtomicBool>) -> thread::JoinHandle<()> {
     })
 }
 
+/// ~10 requests a second, sent only while the agent's last `/health` (asked every 500 ms, as a
+/// balancer's active check) was 200: a balancer in miniature. Counts the requests and those
+/// that failed.
+fn balanced_traffic(
+    port: u16,
+    backend: u16,
+    stop: Arc<AtomicBool>,
+) -> thread::JoinHandle<(u64, u64)> {
+    thread::spawn(move || {
+        let (mut sent, mut failed) = (0, 0);
+        let mut in_rotation = true;
+        let mut checked = Instant::now();
+        while !stop.load(Ordering::Relaxed) {
+            if checked.elapsed() >= Duration::from_millis(500) {
+                in_rotation = health(port).is_ok_and(|(code, _)| code == 200);
+                checked = Instant::now();
+            }
+            if in_rotation {
+                sent += 1;
+                if !get(backend, "/").is_ok_and(|(code, _)| code == 200) {
+                    failed += 1;
+                }
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+        (sent, failed)
+    })
+}
+
 fn signal_backend(pid_file: &Path, sig: i32) -> Result<()> {
     let pid: i32 = fs::read_to_string(pid_file)?.trim().parse()?;
     // SAFETY: signalling the backend this demo started.
@@ -126,12 +156,15 @@ fn signal_backend(pid_file: &Path, sig: i32) -> Result<()> {
     Ok(())
 }
 
-fn config(port: u16, backend_port: u16, restart_command: &str) -> String {
+fn config(dir: &Path, port: u16, backend_port: u16, restart_command: &str) -> String {
     format!(
         "# written by cargo xtask demo\n[server]\nlisten = \"127.0.0.1:{port}\"\ndetails = \"always\"\n\n\
          [checks]\ninterval = \"1s\"\nboot_grace = \"0s\"\nrecover_after = \"2s\"\n\n\
          [web]\nport = {backend_port}\nprobe_path = \"/up\"\nprobe_timeout = \"1s\"\nhung_after = \"2s\"\nrestart_command = {restart_command:?}\n\n\
-         [heal]\nmax_restarts = 3\ntimeout = \"10s\"\n"
+         [heal]\nmax_restarts = 3\ntimeout = \"10s\"\n\n\
+         [drain]\ncontrol_socket = \"{socket}\"\nstate_file = \"{state}\"\n",
+        socket = dir.join("control.sock").display(),
+        state = dir.join("drain.json").display(),
     )
 }
 
@@ -179,6 +212,45 @@ fn show_healthy(web: &serde_json::Value) {
     );
 }
 
+/// Act 5: `health-agent drain` until the kernel shows nothing new and nothing in flight, the
+/// restart script, `health-agent undrain`, and /health until it is 200 again.
+fn deploy(agent_bin: &Path, cfg: &Path, restart: &Path, port: u16, t0: Instant) -> Result<()> {
+    let run = |args: &[&str]| -> Result<()> {
+        let out = Command::new(agent_bin)
+            .arg("--config")
+            .arg(cfg)
+            .args(args)
+            .output()
+            .with_context(|| format!("running health-agent {}", args[0]))?;
+        for l in String::from_utf8_lossy(&out.stdout).lines() {
+            println!("  | {l}");
+        }
+        if !out.status.success() {
+            bail!(
+                "health-agent {} failed: {}",
+                args[0],
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
+    };
+    println!("  $ health-agent drain --quiet 2s   (/health answers 503 draining at once)");
+    run(&["drain", "--quiet", "2s", "--timeout", "30s"])?;
+    println!("  $ {}   (the deploy's restart)", restart.display());
+    let out = Command::new(restart)
+        .output()
+        .context("the restart script")?;
+    if !out.status.success() {
+        bail!("the restart script failed");
+    }
+    println!("  $ health-agent undrain   (503 booting until the new backend answers, then 200)");
+    run(&["undrain"])?;
+    watch(port, t0, Duration::from_secs(20), |c, b| {
+        c == 200 && b["status"] == "healthy"
+    })?;
+    Ok(())
+}
+
 pub fn run(args: &Args) -> Result<()> {
     if !cmd::is_root() {
         bail!("the demo loads eBPF programs: run it as root (sudo -E cargo xtask demo)");
@@ -198,7 +270,7 @@ pub fn run(args: &Args) -> Result<()> {
 
     let mut backend = Some(start_backend(&backend_bin, bport, &pid_file)?);
     let cfg_path = dir.join("act1.toml");
-    fs::write(&cfg_path, config(port, bport, ""))?;
+    fs::write(&cfg_path, config(&dir, port, bport, ""))?;
     let agent = start_agent(&agent_bin, &cfg_path, &dir.join("agent1.log"), port)?;
     let stop = Arc::new(AtomicBool::new(false));
     let load = traffic(bport, stop.clone());
@@ -259,7 +331,7 @@ pub fn run(args: &Args) -> Result<()> {
     let cfg_path = dir.join("act2.toml");
     fs::write(
         &cfg_path,
-        config(port, bport, &script.display().to_string()),
+        config(&dir, port, bport, &script.display().to_string()),
     )?;
     let agent = start_agent(&agent_bin, &cfg_path, &dir.join("agent2.log"), port)?;
     watch(port, t0, Duration::from_secs(20), |c, b| {
@@ -290,6 +362,16 @@ pub fn run(args: &Args) -> Result<()> {
 
     stop.store(true, Ordering::Relaxed);
     let _ = load.join();
+
+    println!("\n== 5. a deploy: drain, restart, undrain; the traffic follows /health as a balancer does ==");
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = balanced_traffic(port, bport, stop.clone());
+    thread::sleep(Duration::from_secs(2));
+    deploy(&agent_bin, &cfg_path, &script, port, t0)?;
+    thread::sleep(Duration::from_secs(2));
+    stop.store(true, Ordering::Relaxed);
+    let (sent, failed) = load.join().unwrap_or_default();
+    println!("  -> {sent} requests sent through the deploy, {failed} failed");
     drop(agent);
     let _ = signal_backend(&pid_file, libc::SIGKILL);
     let _ = fs::remove_dir_all(&dir);
