@@ -45,6 +45,11 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// restart itself: HAProxy retries a refused connection after 1 s (`retries 3`), by when the
 /// new Puma (about 0.4 s to boot) takes it.
 const IO_SECONDS: f64 = 0.1;
+/// Before each restart, this many `GET /slow` through the balancer (each `SLOW_SECONDS` in the
+/// app), so requests are surely in flight on the backend restarted, whichever mode: the drain
+/// must wait for them, the bare restart cuts them off.
+const SLOW_REQUESTS: usize = 6;
+const SLOW_SECONDS: f64 = 1.0;
 /// Traffic through both backends before the first restart of a pass and after the last.
 const SETTLE: Duration = Duration::from_secs(1);
 /// A restarted backend's way back: Puma boots, the agent sees it, the balancer's checks pass.
@@ -106,6 +111,7 @@ impl Backend {
         let puma = Puma::start(PumaOptions {
             host,
             io_seconds: IO_SECONDS,
+            slow_seconds: SLOW_SECONDS,
             ..PumaOptions::default()
         });
         let restart = puma.restart_script();
@@ -297,6 +303,32 @@ struct Pass {
     notes: Vec<String>,
     /// The drain commands' last lines.
     drains: Vec<String>,
+    /// The slow requests in flight at the restarts: sent, failed.
+    slow: (u64, u64),
+}
+
+impl Pass {
+    /// Requests that failed: the load's and the slow ones'.
+    fn failed(&self) -> u64 {
+        failed(&self.stats) + self.slow.1
+    }
+}
+
+/// `SLOW_REQUESTS` slow requests through `lb` at once, in flight once this returns; each
+/// thread says whether its request was answered 200.
+fn in_flight(lb: &Balancer) -> Vec<std::thread::JoinHandle<bool>> {
+    let port = lb.port();
+    let slow: Vec<_> = (0..SLOW_REQUESTS)
+        .map(|_| {
+            std::thread::spawn(move || {
+                health_agent_tests::get_within(port, "/slow", REQUEST_TIMEOUT)
+                    .is_ok_and(|(code, _, _)| code == 200)
+            })
+        })
+        .collect();
+    // Through the balancer and into Puma.
+    std::thread::sleep(Duration::from_millis(300));
+    slow
 }
 
 /// The load's failures by step of a pass, to tell where they happened.
@@ -497,10 +529,24 @@ fn pass(lb: &Balancer, backends: &[Backend], mode: Mode) -> Pass {
     let mut steps = Steps::new();
     let mut waited = Vec::new();
     let mut drains = Vec::new();
+    let mut slow = (0, 0);
     for b in backends {
+        let sent = in_flight(lb);
         let (w, run) = roll(lb, b, mode, &load, &mut steps);
         waited.push(w);
         drains.extend(run.map(|r| format!("{}: {}", b.name, r.last_line())));
+        let lost = sent
+            .into_iter()
+            .map(|t| t.join().unwrap_or(false))
+            .filter(|ok| !ok)
+            .count() as u64;
+        slow = (slow.0 + SLOW_REQUESTS as u64, slow.1 + lost);
+        if lost > 0 {
+            steps.said(format!(
+                "{}: {lost} of the {SLOW_REQUESTS} slow requests in flight failed",
+                b.name
+            ));
+        }
     }
     std::thread::sleep(SETTLE);
     let stats = load.stop();
@@ -512,6 +558,7 @@ fn pass(lb: &Balancer, backends: &[Backend], mode: Mode) -> Pass {
         waited,
         notes: steps.notes,
         drains,
+        slow,
     }
 }
 
@@ -532,8 +579,8 @@ fn table(passes: &[Pass]) -> String {
             "{:<8} {:<10} {:>8} {:>7}  {}\n",
             p.balancer,
             p.mode.name(),
-            p.stats.answers() + p.stats.errors + p.stats.timeouts,
-            failed(&p.stats),
+            p.stats.answers() + p.stats.errors + p.stats.timeouts + p.slow.0,
+            p.failed(),
             waited.join(", ")
         ));
     }
@@ -541,7 +588,7 @@ fn table(passes: &[Pass]) -> String {
         for line in p.notes.iter().chain(&p.drains) {
             out.push_str(&format!("  {} {}: {line}\n", p.balancer, p.mode.name()));
         }
-        if failed(&p.stats) > 0 {
+        if p.failed() > 0 {
             out.push_str(&format!(
                 "  {} {}: {}\n",
                 p.balancer,
@@ -577,20 +624,20 @@ fn rolling_restarts(lb: &Balancer, backends: &[Backend]) {
         )
     };
     assert_eq!(
-        failed(&of(Mode::Drain).stats),
+        of(Mode::Drain).failed(),
         0,
         "{}: requests failed in a rolling restart with drain{}",
         lb.name(),
         context()
     );
     assert!(
-        failed(&of(Mode::NoDrain).stats) > 0,
+        of(Mode::NoDrain).failed() > 0,
         "{}: no request failed in a rolling restart without drain: this test cannot tell{}",
         lb.name(),
         context()
     );
     assert_eq!(
-        failed(&of(Mode::Sleep).stats),
+        of(Mode::Sleep).failed(),
         0,
         "{}: requests failed in a rolling restart with a 10 s sleep after the 503{}",
         lb.name(),
