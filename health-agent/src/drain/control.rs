@@ -222,9 +222,10 @@ async fn wait(
     let mut next_progress = since + Duration::from_secs(1);
     loop {
         let (kind, message) = match drain.judge(quiet, timeout, since) {
+            // Not drained: a script must not go on to stop the app as if it were.
             None => (
-                ReplyKind::NotDraining,
-                "undrained while waiting".to_string(),
+                ReplyKind::Error,
+                "undrain ended the drain before it was drained".to_string(),
             ),
             Some(Judgement::Drained(m)) => (ReplyKind::Drained, m),
             Some(Judgement::TimedOut(m)) => (ReplyKind::TimedOut, m),

@@ -141,7 +141,11 @@ impl Drain {
         if let Some(path) = &state_file {
             match read_kept(path) {
                 Ok(Some(k)) => {
-                    let started = SystemTime::UNIX_EPOCH + Duration::from_secs_f64(k.started_unix);
+                    // A number that is no time (a hand-edited file) is now.
+                    let started = Duration::try_from_secs_f64(k.started_unix)
+                        .ok()
+                        .and_then(|d| SystemTime::UNIX_EPOCH.checked_add(d))
+                        .unwrap_or_else(SystemTime::now);
                     let ago = SystemTime::now()
                         .duration_since(started)
                         .unwrap_or_default();

@@ -83,12 +83,11 @@ fn a_timeout_names_the_senders() {
     let mut p = progress(100, 1, Some(now), now);
     let a: IpAddr = "127.0.0.2".parse().unwrap();
     let b: IpAddr = "127.0.0.3".parse().unwrap();
-    for i in 0..30 {
-        p.arrivals
-            .push_back((now - Duration::from_millis(100 * i), Some(a)));
+    for i in (0..30).rev() {
+        p.add(now - Duration::from_millis(100 * i), Some(a), 1);
     }
-    p.arrivals.push_back((now, Some(b)));
-    p.arrivals.push_back((now, None));
+    p.add(now, Some(b), 1);
+    p.add(now, None, 1);
     match judge(&p, t0, t0, now, QUIET, TIMEOUT, true) {
         Judgement::TimedOut(m) => assert_eq!(
             m,
@@ -276,4 +275,24 @@ fn a_restart_through_a_drain_never_publishes_unhealthy() {
     let answered = Instant::now() + Duration::from_secs(1);
     let d = publish(up.clone(), WebVerdict::Up, Some(answered), at(8.0));
     assert_eq!(d, up);
+}
+
+#[test]
+fn a_state_file_that_is_no_drain_never_panics() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("drain.json");
+    // Garbage: said in the log, not draining.
+    std::fs::write(&file, "{not json").unwrap();
+    assert!(!Drain::new(Some(file.clone()), true, Duration::ZERO).draining());
+    // A time that is no time: draining (the file says so), from now.
+    for t in ["-1.0", "1e300"] {
+        std::fs::write(
+            &file,
+            format!(r#"{{"started_unix":{t},"by":"drain command"}}"#),
+        )
+        .unwrap();
+        let d = Drain::new(Some(file.clone()), true, Duration::ZERO);
+        assert!(d.draining(), "{t}");
+        assert!(d.report(Instant::now()).unwrap().started.is_some());
+    }
 }

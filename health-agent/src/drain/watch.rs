@@ -40,9 +40,9 @@ pub struct Progress {
     pub in_flight_at_start: Option<u32>,
     /// The latest new connection or request.
     pub last_new: Option<Instant>,
-    /// New connections and requests of the last RECENT, with their peer (None: counted by the
-    /// kernel, missed by the reads).
-    pub arrivals: VecDeque<(Instant, Option<IpAddr>)>,
+    /// New connections and requests of the last RECENT: when, from which peer (None: counted
+    /// by the kernel, missed by the reads), how many. Oldest first.
+    pub arrivals: VecDeque<(Instant, Option<IpAddr>, u32)>,
     /// Arrivals the kernel counted, the agent's probes left out (while the connection
     /// programs are attached), and those the reads counted: the kernel's surplus is added as
     /// arrivals from unseen peers.
@@ -54,12 +54,24 @@ pub struct Progress {
 }
 
 impl Progress {
+    /// `n` arrivals from `peer` at `at` (no earlier than the last noted).
+    pub fn add(&mut self, at: Instant, peer: Option<IpAddr>, n: u32) {
+        if n == 0 {
+            return;
+        }
+        self.last_new = Some(self.last_new.map_or(at, |l| l.max(at)));
+        match self.arrivals.back_mut() {
+            Some((t, p, count)) if *t == at && *p == peer => *count += n,
+            _ => self.arrivals.push_back((at, peer, n)),
+        }
+    }
+
     /// Arrivals within `span` before `now`, by peer, most first.
     pub fn peers_within(&self, now: Instant, span: Duration) -> Vec<(Option<IpAddr>, u32)> {
         let mut by: HashMap<Option<IpAddr>, u32> = HashMap::new();
-        for (t, ip) in &self.arrivals {
+        for (t, ip, n) in &self.arrivals {
             if now.saturating_duration_since(*t) <= span {
-                *by.entry(*ip).or_default() += 1;
+                *by.entry(*ip).or_default() += n;
             }
         }
         let mut v: Vec<_> = by.into_iter().collect();
@@ -207,12 +219,13 @@ impl Reader {
         }
         // Closed by the server since the previous read without being seen open: it came and
         // went between two reads. Kept by the kernel for a minute; each counts once.
+        let fresh: HashSet<SocketAddr> = self.fresh.iter().map(|(r, _, _)| *r).collect();
         let mut closed_now = HashSet::with_capacity(closed.len());
         for remote in closed.into_iter().map(key) {
             let known = self.prev.contains_key(&remote)
                 || next.contains_key(&remote)
                 || self.closed.contains(&remote)
-                || self.fresh.iter().any(|(r, _, _)| *r == remote);
+                || fresh.contains(&remote);
             if !known && !self.first && !own.contains(&remote) {
                 out.arrivals.push((now, Some(remote.ip())));
             }
@@ -257,7 +270,7 @@ pub fn spawn_watch(
                     };
                     let p = &mut g.progress;
                     match read {
-                        Ok(mut r) => {
+                        Ok(r) => {
                             p.error = None;
                             p.in_flight = r.in_flight;
                             p.in_flight_at_start.get_or_insert(r.in_flight);
@@ -267,11 +280,10 @@ pub fn spawn_watch(
                             let unseen =
                                 p.kernel_total.saturating_sub(p.read_total + p.unseen_total);
                             p.unseen_total += unseen;
-                            r.arrivals.extend((0..unseen).map(|_| (now, None)));
                             for (t, ip) in r.arrivals {
-                                p.last_new = Some(p.last_new.map_or(t, |l| l.max(t)));
-                                p.arrivals.push_back((t, ip));
+                                p.add(t, ip, 1);
                             }
+                            p.add(now, None, u32::try_from(unseen).unwrap_or(u32::MAX));
                             p.reads += 1;
                         }
                         Err(e) => p.error = Some(e.to_string()),
@@ -280,7 +292,7 @@ pub fn spawn_watch(
                     while p
                         .arrivals
                         .front()
-                        .is_some_and(|(t, _)| now.saturating_duration_since(*t) > RECENT)
+                        .is_some_and(|(t, _, _)| now.saturating_duration_since(*t) > RECENT)
                     {
                         p.arrivals.pop_front();
                     }
