@@ -18,6 +18,7 @@ mod cmd;
 mod demo;
 mod fuzz;
 mod image;
+mod lanes;
 mod live;
 mod package;
 mod run;

@@ -5,7 +5,7 @@ use std::{process::Command, time::Instant};
 
 use anyhow::Result;
 
-use crate::{cmd, image, package, setup};
+use crate::{cmd, image, lanes, package, setup};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -15,6 +15,10 @@ pub struct Args {
     /// Only lib and bin unit tests; skips the integration tests, which need root.
     #[arg(long)]
     unit: bool,
+    /// Run the test stage's binaries in N lanes side by side (xtask/src/lanes.rs). Opt-in:
+    /// CI runs them one after another.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    lanes: usize,
     /// Passed to the test binaries after `--`: a test name filter, --nocapture, ...
     #[arg(last = true, value_name = "TEST_ARGS")]
     test_args: Vec<String>,
@@ -28,6 +32,8 @@ enum Stage {
     Package,
     /// The DaemonSet's image tests/tests/image.rs runs (`cargo xtask image`).
     Image,
+    /// The test binaries in lanes (`--lanes N`).
+    Lanes(Vec<&'static str>, usize),
     Run(Command),
 }
 
@@ -150,7 +156,11 @@ pub fn run(args: &Args) -> Result<()> {
     }
     stages.push((
         if args.unit { "test-unit" } else { "test" },
-        Stage::Run(test),
+        if args.lanes > 1 {
+            Stage::Lanes(targets.to_vec(), args.lanes)
+        } else {
+            Stage::Run(test)
+        },
     ));
     if !args.unit {
         // Library tests marked #[ignore] need root and the real kernel (they load the eBPF
@@ -172,6 +182,7 @@ pub fn run(args: &Args) -> Result<()> {
             Stage::Deploy => deploy(),
             Stage::Package => package::run().map(|_| ()),
             Stage::Image => image::run().map(|_| ()),
+            Stage::Lanes(ref targets, lanes) => lanes::run(targets, lanes, &args.test_args),
             Stage::Run(mut command) => cmd::run(&mut command),
         };
         timings.push(format!("{name} {} s", cmd::secs(stage_start)));

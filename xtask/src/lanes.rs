@@ -1,0 +1,211 @@
+//! `cargo xtask test --lanes N`: the test stage's binaries run in N lanes side by side instead of
+//! one after another. Opt-in, and not what CI runs yet: the integration tests time verdicts to
+//! the second, and a lane plan earns CI's trust only after green runs.
+//!
+//! Why it can pay: measured over one sequential `cargo xtask test` (2026-12-03, 2 cores), the
+//! machine was 21.5 % busy on average during the test stage, under 30 % in 178 of 216
+//! five-second samples: most tests wait for verdicts, not for CPU. The few that load the machine
+//! (the qemu boot, the saturation and socket-tracing loads) share lane 0, one after another; the
+//! others are spread over the remaining lanes by their last measured time, longest first.
+
+use std::{
+    collections::BTreeMap,
+    path::PathBuf,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+
+use crate::cmd;
+
+/// Test binaries that use the CPU hard: never two at once.
+const HEAVY: &[&str] = &["old_kernel", "saturation", "socket_tracing"];
+
+/// Seconds each binary took in the last sequential run (the lane plan's weights); a binary not
+/// listed weighs DEFAULT_SECS.
+const MEASURED: &[(&str, u64)] = &[
+    ("verdicts", 116),
+    ("fleet", 90),
+    ("cloudwatch", 85),
+    ("drain_rolling", 46),
+    ("namespaces", 46),
+    ("answers", 42),
+    ("aws", 31),
+    ("drain", 29),
+    ("containers", 26),
+    ("systemd", 25),
+    ("web_backend", 18),
+    ("database_alerts", 17),
+    ("database_config", 16),
+    ("database", 16),
+    ("service", 15),
+    ("workers", 14),
+    ("first_day", 14),
+];
+const DEFAULT_SECS: u64 = 10;
+
+/// One test executable cargo built.
+#[derive(Debug, Clone)]
+struct Binary {
+    name: String,
+    path: PathBuf,
+    /// Where cargo would run it: its package's directory.
+    dir: PathBuf,
+}
+
+/// Builds every test target and lists their executables.
+fn build(targets: &[&str]) -> Result<Vec<Binary>> {
+    let out = Command::new("cargo")
+        .current_dir(cmd::root())
+        .args([
+            "test",
+            "--no-run",
+            "--message-format=json-render-diagnostics",
+        ])
+        .args(targets)
+        .stderr(Stdio::inherit())
+        .output()
+        .context("cargo test --no-run")?;
+    if !out.status.success() {
+        bail!("building the tests failed");
+    }
+    let mut binaries = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(v) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        let (Some(exe), Some(manifest)) = (v["executable"].as_str(), v["manifest_path"].as_str())
+        else {
+            continue;
+        };
+        if v["reason"] != "compiler-artifact" || v["profile"]["test"] != true {
+            continue;
+        }
+        let kind = v["target"]["kind"][0].as_str().unwrap_or_default();
+        let name = v["target"]["name"].as_str().unwrap_or_default();
+        binaries.push(Binary {
+            name: format!("{kind} {name}"),
+            path: exe.into(),
+            dir: PathBuf::from(manifest)
+                .parent()
+                .map(PathBuf::from)
+                .unwrap_or_else(|| cmd::root().to_path_buf()),
+        });
+    }
+    Ok(binaries)
+}
+
+fn weight(b: &Binary) -> u64 {
+    let short = b.name.rsplit(' ').next().unwrap_or_default();
+    MEASURED
+        .iter()
+        .find(|(n, _)| *n == short)
+        .map_or(DEFAULT_SECS, |(_, s)| *s)
+}
+
+/// The heavy binaries in lane 0; the rest longest first, each to the lane that ends soonest.
+fn plan(binaries: Vec<Binary>, lanes: usize) -> Vec<Vec<Binary>> {
+    let mut out: Vec<Vec<Binary>> = vec![Vec::new(); lanes];
+    let mut load = vec![0u64; lanes];
+    let (heavy, mut rest): (Vec<_>, Vec<_>) = binaries
+        .into_iter()
+        .partition(|b| HEAVY.iter().any(|h| b.name.rsplit(' ').next() == Some(h)));
+    for b in heavy {
+        load[0] += 120;
+        out[0].push(b);
+    }
+    rest.sort_by_key(|b| std::cmp::Reverse(weight(b)));
+    for b in rest {
+        let lane = (0..lanes).min_by_key(|i| load[*i]).unwrap_or(0);
+        load[lane] += weight(&b);
+        out[lane].push(b);
+    }
+    out
+}
+
+/// What one binary did.
+struct Ran {
+    name: String,
+    took: Duration,
+    ok: bool,
+    output: String,
+}
+
+fn run_one(b: &Binary, test_args: &[String]) -> Ran {
+    let start = Instant::now();
+    let out = Command::new(&b.path)
+        .current_dir(&b.dir)
+        .args(test_args)
+        .stdin(Stdio::null())
+        .output();
+    let (ok, output) = match out {
+        Ok(o) => (
+            o.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            ),
+        ),
+        Err(e) => (false, format!("cannot run {}: {e}", b.path.display())),
+    };
+    Ran {
+        name: b.name.clone(),
+        took: start.elapsed(),
+        ok,
+        output,
+    }
+}
+
+/// Builds the tests, runs them in `lanes` lanes, prints each binary's result as it ends (its
+/// output when it failed) and the lanes' times; fails when any binary failed.
+pub fn run(targets: &[&str], lanes: usize, test_args: &[String]) -> Result<()> {
+    let plan = plan(build(targets)?, lanes.max(1));
+    for (i, lane) in plan.iter().enumerate() {
+        let names: Vec<&str> = lane.iter().map(|b| b.name.as_str()).collect();
+        println!("lanes: lane {i}: {}", names.join(", "));
+    }
+    let (tx, rx) = std::sync::mpsc::channel::<(usize, Ran)>();
+    let mut handles = Vec::new();
+    for (i, lane) in plan.into_iter().enumerate() {
+        let tx = tx.clone();
+        let args = test_args.to_vec();
+        handles.push(std::thread::spawn(move || {
+            let start = Instant::now();
+            for b in &lane {
+                let _ = tx.send((i, run_one(b, &args)));
+            }
+            start.elapsed()
+        }));
+    }
+    drop(tx);
+    let mut failed = Vec::new();
+    for (lane, r) in rx {
+        let status = if r.ok { "ok" } else { "FAILED" };
+        println!(
+            "lanes: lane {lane}: {} {status} in {:.1} s",
+            r.name,
+            r.took.as_secs_f64()
+        );
+        if !r.ok {
+            println!("{}", r.output);
+            failed.push(r.name);
+        }
+    }
+    let mut times = BTreeMap::new();
+    for (i, h) in handles.into_iter().enumerate() {
+        let took = h.join().map_or(0.0, |d| d.as_secs_f64());
+        times.insert(i, took);
+    }
+    let said: Vec<String> = times
+        .iter()
+        .map(|(i, t)| format!("lane {i} {t:.0} s"))
+        .collect();
+    println!("lanes: {}", said.join(", "));
+    if !failed.is_empty() {
+        bail!("failed: {}", failed.join(", "));
+    }
+    Ok(())
+}
