@@ -15,9 +15,9 @@ pub struct Args {
     /// Only lib and bin unit tests; skips the integration tests, which need root.
     #[arg(long)]
     unit: bool,
-    /// Run the test stage's binaries in N lanes side by side (xtask/src/lanes.rs). Opt-in:
-    /// CI runs them one after another.
-    #[arg(long, value_name = "N", default_value_t = 1)]
+    /// Run the test stage's binaries in N lanes side by side (xtask/src/lanes.rs); 1: one
+    /// after another.
+    #[arg(long, value_name = "N", default_value_t = 3)]
     lanes: usize,
     /// Passed to the test binaries after `--`: a test name filter, --nocapture, ...
     #[arg(last = true, value_name = "TEST_ARGS")]
