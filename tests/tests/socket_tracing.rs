@@ -231,7 +231,12 @@ fn the_figures_from_the_counting_windows_agree_with_a_known_load() {
                 "  {what}: {got:?} against {want:.3} ({:.1} % off)",
                 off * 100.0
             );
-            if off.is_nan() || off > 0.15 {
+            // A latency percentile is read off the kernel's histogram, two buckets per power of
+            // two: a p99 near a bucket's edge reads as one bucket or the next (20.48 or 28.67
+            // ms), up to 1.5× apart, from one window to another. Its resolution is one bucket.
+            let latency = what.starts_with("latency");
+            let one_bucket = got.is_some_and(|g| g.max(want) / g.min(want) <= 1.5);
+            if off.is_nan() || (off > 0.15 && !(latency && one_bucket)) {
                 failures.push(format!("{name}: {what} {got:?} against {want:.3}"));
             }
         }
