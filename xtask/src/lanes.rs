@@ -144,6 +144,24 @@ struct Ran {
 }
 
 impl Ran {
+    /// Prints its line (`at`: its lane, `alone`, `again alone`) and, when it failed, its output; adds
+    /// its counts to `total` when it passed. Whether it passed.
+    fn report(&self, at: &str, total: &mut (u64, u64, u64)) -> bool {
+        let (p, f, i) = self.counts();
+        let status = if self.ok { "ok" } else { "FAILED" };
+        println!(
+            "lanes: {at}: {} {status} in {:.1} s ({p} passed, {f} failed, {i} ignored)",
+            self.name,
+            self.took.as_secs_f64()
+        );
+        if self.ok {
+            *total = (total.0 + p, total.1 + f, total.2 + i);
+        } else {
+            println!("{}", self.output);
+        }
+        self.ok
+    }
+
     /// (passed, failed, ignored) from its `test result:` lines.
     fn counts(&self) -> (u64, u64, u64) {
         let mut c = (0, 0, 0);
@@ -221,17 +239,7 @@ pub fn run(targets: &[&str], lanes: usize, test_args: &[String]) -> Result<()> {
     let mut failed = Vec::new();
     let mut total = (0, 0, 0);
     for (lane, r) in rx {
-        let status = if r.ok { "ok" } else { "FAILED" };
-        let (p, f, i) = r.counts();
-        println!(
-            "lanes: lane {lane}: {} {status} in {:.1} s ({p} passed, {f} failed, {i} ignored)",
-            r.name,
-            r.took.as_secs_f64()
-        );
-        if r.ok {
-            total = (total.0 + p, total.1 + f, total.2 + i);
-        } else {
-            println!("{}", r.output);
+        if !r.report(&format!("lane {lane}"), &mut total) {
             failed.push(r.name);
         }
     }
@@ -248,17 +256,7 @@ pub fn run(targets: &[&str], lanes: usize, test_args: &[String]) -> Result<()> {
     let mut still = Vec::new();
     for b in &alone {
         let r = run_one(b, test_args);
-        let (p, f, i) = r.counts();
-        let status = if r.ok { "ok" } else { "FAILED" };
-        println!(
-            "lanes: alone: {} {status} in {:.1} s ({p} passed, {f} failed, {i} ignored)",
-            r.name,
-            r.took.as_secs_f64()
-        );
-        if r.ok {
-            total = (total.0 + p, total.1 + f, total.2 + i);
-        } else {
-            println!("{}", r.output);
+        if !r.report("alone", &mut total) {
             still.push(r.name);
         }
     }
@@ -269,17 +267,9 @@ pub fn run(targets: &[&str], lanes: usize, test_args: &[String]) -> Result<()> {
             continue;
         };
         println!("lanes: {name} failed in its lane: running it again alone");
-        let r = run_one(b, test_args);
-        let (p, f, i) = r.counts();
-        if r.ok {
-            println!(
-                "lanes: {name} passed alone in {:.1} s ({p} passed, {i} ignored): it failed only \
-                 beside the other lanes",
-                r.took.as_secs_f64()
-            );
-            total = (total.0 + p, total.1 + f, total.2 + i);
+        if run_one(b, test_args).report("again alone", &mut total) {
+            println!("lanes: {name} passed alone: it failed only beside the other lanes");
         } else {
-            println!("{}", r.output);
             println!("lanes: {name} FAILED alone too");
             still.push(name.clone());
         }
