@@ -3,7 +3,8 @@
 //!
 //! 1. `/health` throughput and latency against nginx serving a static body of the same size
 //!    (the practical ceiling on this machine), at several concurrency levels and at half of the
-//!    agent's peak rate; agent RSS and idle CPU.
+//!    agent's peak rate; agent RSS and idle CPU. With `--baseline-agent`, that build's
+//!    throughput side by side (e.g. a static build against this one).
 //! 2. Time from hang onset (kill -STOP) to 503, under 10 req/s and idle, next to what Caddy's
 //!    active check needs (measured) and ALB's defaults (computed).
 //! 3. Backend throughput with the agent's eBPF programs attached vs not: nginx serving a static
@@ -59,7 +60,7 @@ use std::{
 use anyhow::{anyhow, bail, Result};
 use health_agent_tests::{Nginx, NginxOptions};
 
-use crate::{cmd, live::health, setup};
+use crate::{cmd, live::health, run, setup};
 use stats::median;
 
 #[derive(clap::Args)]
@@ -72,9 +73,9 @@ pub struct Args {
     /// between `<!-- notes -->` and `<!-- /notes -->` lines are kept either way).
     #[arg(long, default_value = "docs/BENCHMARKS.md")]
     out: PathBuf,
-    /// An earlier build of the agent (e.g. the last release), measured side by side with this
-    /// one in the per-socket-call, flood and kernel-statistics sections: the hooks' cost change
-    /// in one run, on one machine.
+    /// Another build of the agent (e.g. the last release, or a glibc build), measured side by
+    /// side with this one in the /health, per-socket-call, flood and kernel-statistics
+    /// sections: the change in one run, on one machine.
     #[arg(long)]
     baseline_agent: Option<PathBuf>,
     /// Run one section alone and put it in place of its section in `--out` (the others stay).
@@ -85,6 +86,8 @@ pub struct Args {
 /// The sections that run alone (`--only SECTION`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum Section {
+    /// Section 1: /health against nginx (with `--baseline-agent`: that build side by side).
+    Health,
     /// Section 2: hang to 503, in both `web.socket_tracing` modes.
     Hang,
     /// Section 3's cost per socket call and per connection (with `--baseline-agent`: the
@@ -123,6 +126,7 @@ pub fn run(args: &Args) -> Result<()> {
     if let Some(section) = args.only {
         let (agent, quick) = (&bins.agent, args.quick);
         let md = match section {
+            Section::Health => vs_nginx::run(agent, baseline, &dir, quick)?,
             Section::Hang => hang::run(agent, &bins.backend, &dir, quick)?,
             Section::SocketCosts => socket_costs::run(agent, baseline, &dir, quick)?,
             Section::Flood => flood::run(agent, baseline, &dir, quick)?,
@@ -135,7 +139,7 @@ pub fn run(args: &Args) -> Result<()> {
     }
     let started = Instant::now();
     let quick = args.quick;
-    let mut md = vs_nginx::run(&bins.agent, &dir, quick)?;
+    let mut md = vs_nginx::run(&bins.agent, baseline, &dir, quick)?;
     md += &hang::run(&bins.agent, &bins.backend, &dir, quick)?;
     let (throughput, nginx) = throughput::run(&bins.agent, baseline, &dir, quick)?;
     md += &throughput;
@@ -154,29 +158,22 @@ pub fn run(args: &Args) -> Result<()> {
 }
 
 fn build() -> Result<Bins> {
+    let agent = run::build(&run::BuildArgs { release: true })?;
     cmd::run(Command::new("cargo").current_dir(cmd::root()).args([
         "build",
         "--release",
         "-p",
-        "health-agent",
-        "-p",
         "health-agent-tests",
-        "--bin",
-        "health-agent",
         "--bin",
         "fixture-backend",
         "--bin",
         "tcp-proxy",
     ]))?;
-    let target: PathBuf = std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| cmd::root().join("target"), PathBuf::from);
-    let agent = target.join("release/health-agent");
-    let backend = target.join("release/fixture-backend");
-    let proxy = target.join("release/tcp-proxy");
+    let target = cmd::target_dir().join("release");
     Ok(Bins {
         agent,
-        backend,
-        proxy,
+        backend: target.join("fixture-backend"),
+        proxy: target.join("tcp-proxy"),
     })
 }
 

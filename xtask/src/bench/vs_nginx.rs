@@ -1,6 +1,7 @@
 //! Section 1: `/health` throughput and latency against nginx serving a static body of the same
 //! size (the practical ceiling on this machine), at several concurrency levels and at half of
-//! the agent's peak rate; agent RSS and idle CPU.
+//! the agent's peak rate; agent RSS and idle CPU. With a baseline build, its /health throughput
+//! in the same alternation, so the two builds meet the same moments of the machine.
 
 use std::{fmt::Write as _, fs, path::Path, thread, time::Duration};
 
@@ -10,22 +11,39 @@ use health_agent_tests::{free_port, NginxOptions};
 use super::{agent_config, idle_cpu, proc_status_kb, start_nginx, wrk::wrk};
 use crate::live::{get, start_agent};
 
-pub(super) fn run(agent_bin: &Path, dir: &Path, quick: bool) -> Result<String> {
+pub(super) fn run(
+    agent_bin: &Path,
+    baseline_bin: Option<&Path>,
+    dir: &Path,
+    quick: bool,
+) -> Result<String> {
     let mut md = String::new();
     let backend = start_nginx(NginxOptions::bench(1))?;
     let web_port = backend.port;
     let agent_port = free_port();
     let cfg = dir.join("agent.toml");
     // wrk's 200 connections all come from 127.0.0.1: lift the per-client cap.
-    fs::write(
-        &cfg,
-        agent_config(agent_port, web_port, true).replace(
+    let config = |port| {
+        agent_config(port, web_port, true).replace(
             "[server]\n",
             "[server]\nmax_connections_per_client = 1024\n",
-        ),
-    )?;
+        )
+    };
+    fs::write(&cfg, config(agent_port))?;
     let agent = start_agent(agent_bin, &cfg, &dir.join("agent.log"), agent_port)?;
     let agent_pid = agent.0.id();
+    let baseline = match baseline_bin {
+        Some(bin) => {
+            let port = free_port();
+            let cfg = dir.join("baseline.toml");
+            fs::write(&cfg, config(port))?;
+            Some((
+                start_agent(bin, &cfg, &dir.join("baseline.log"), port)?,
+                port,
+            ))
+        }
+        None => None,
+    };
     thread::sleep(Duration::from_secs(3));
     let idle_secs = if quick { 10 } else { 30 };
     let idle_fresh = idle_cpu(agent_pid, idle_secs);
@@ -39,6 +57,7 @@ pub(super) fn run(agent_bin: &Path, dir: &Path, quick: bool) -> Result<String> {
 
     let secs = if quick { 3 } else { 5 };
     let mut rows = String::new();
+    let mut baseline_rows = String::new();
     let mut peak = 0.0f64;
     let mut worst_ratio = f64::MAX;
     for conns in [1u32, 10, 50, 200] {
@@ -46,8 +65,15 @@ pub(super) fn run(agent_bin: &Path, dir: &Path, quick: bool) -> Result<String> {
         // 2-core VM a single run can lose 15 % to a neighbour.
         let health_url = format!("http://127.0.0.1:{agent_port}/health");
         let ceiling_url = format!("http://127.0.0.1:{ceiling_port}/health");
+        let baseline_url = baseline
+            .as_ref()
+            .map(|(_, port)| format!("http://127.0.0.1:{port}/health"));
         let mut a = wrk(&health_url, conns, secs, &[], None)?;
         let mut n = wrk(&ceiling_url, conns, secs, &[], None)?;
+        let mut b = match &baseline_url {
+            Some(url) => Some(wrk(url, conns, secs, &[], None)?),
+            None => None,
+        };
         for _ in 0..2 {
             let a2 = wrk(&health_url, conns, secs, &[], None)?;
             let n2 = wrk(&ceiling_url, conns, secs, &[], None)?;
@@ -57,6 +83,24 @@ pub(super) fn run(agent_bin: &Path, dir: &Path, quick: bool) -> Result<String> {
             if n2.rps > n.rps {
                 n = n2;
             }
+            if let (Some(url), Some(best)) = (&baseline_url, b.as_mut()) {
+                let b2 = wrk(url, conns, secs, &[], None)?;
+                if b2.rps > best.rps {
+                    *best = b2;
+                }
+            }
+        }
+        if let Some(b) = &b {
+            let ratio = a.rps / b.rps;
+            println!(
+                "bench: c={conns:<3} this build {:>8.0} req/s p99 {:.3} ms | baseline {:>8.0} req/s p99 {:.3} ms | {ratio:.2}x",
+                a.rps, a.p99_ms, b.rps, b.p99_ms
+            );
+            let _ = writeln!(
+                baseline_rows,
+                "| {conns} | {:.0} | {:.3} | {:.0} | {:.3} | **{ratio:.2}×** |",
+                a.rps, a.p99_ms, b.rps, b.p99_ms
+            );
         }
         if a.non_2xx + a.errors > 0 {
             bail!(
@@ -109,6 +153,7 @@ pub(super) fn run(agent_bin: &Path, dir: &Path, quick: bool) -> Result<String> {
         "bench: agent RSS {rss_kb} KiB (peak {hwm_kb} KiB), idle CPU {idle_fresh:.2} % of a core before the load runs, {idle_pct:.2} % after"
     );
     drop(agent);
+    drop(baseline);
     drop(ceiling);
     drop(backend);
 
@@ -120,6 +165,14 @@ pub(super) fn run(agent_bin: &Path, dir: &Path, quick: bool) -> Result<String> {
     md.push_str("Both on loopback, with the same wrk settings (`wrk -t2 -cC -d5s --latency`; wrk shares the 2 cores), alternating agent, nginx three times and keeping each one's best run. nginx: 2 workers, static file.\n\n");
     md.push_str("| connections | agent req/s | agent p50 ms | agent p99 ms | nginx req/s | nginx p50 ms | nginx p99 ms | agent/nginx |\n|---|---|---|---|---|---|---|---|\n");
     md.push_str(&rows);
+    if let Some(bin) = baseline_bin {
+        let _ = writeln!(
+            md,
+            "\nThe baseline build (`{}`), in the same alternation, best of three each:\n\n| connections | this build req/s | p99 ms | baseline req/s | p99 ms | this/baseline |\n|---|---|---|---|---|---|",
+            bin.display()
+        );
+        md.push_str(&baseline_rows);
+    }
     let _ = writeln!(
         md,
         "\n| at half of the agent's peak ({:.0} req/s offered, {conns} connections) | req/s | p99 ms |\n|---|---|---|\n| agent | {:.0} | **{:.3}** |\n| nginx | {:.0} | {:.3} |\n",
