@@ -19,6 +19,12 @@ pub fn root() -> &'static Path {
         .expect("xtask lives inside the workspace")
 }
 
+/// Cargo's target directory: `CARGO_TARGET_DIR` (relative to the workspace when relative), else
+/// `target/` in the workspace.
+pub fn target_dir() -> PathBuf {
+    root().join(std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| "target".into(), PathBuf::from))
+}
+
 /// Runs `cmd` with the terminal's stdio, after printing it.
 pub fn run(cmd: &mut Command) -> Result<()> {
     let line = display(cmd);

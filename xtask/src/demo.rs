@@ -182,8 +182,7 @@ fn build() -> Result<(PathBuf, PathBuf)> {
         "fixture-backend",
     ]))
     .context("building the agent and the bundled backend failed")?;
-    let target: PathBuf = std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| cmd::root().join("target"), PathBuf::from);
+    let target = cmd::target_dir();
     let agent_bin = target.join("debug/health-agent");
     let backend_bin = target.join("debug/fixture-backend");
     Ok((agent_bin, backend_bin))

@@ -1,7 +1,7 @@
 //! `cargo xtask build` and `cargo xtask run`: the agent binary, with the eBPF programs that
 //! health-agent/build.rs builds on nightly and embeds.
 
-use std::{env, os::unix::process::CommandExt, path::PathBuf, process::Command};
+use std::{os::unix::process::CommandExt, path::PathBuf, process::Command};
 
 use anyhow::{Context, Result};
 
@@ -35,9 +35,8 @@ pub fn build(args: &BuildArgs) -> Result<PathBuf> {
     }
     cmd::run(&mut cargo).context("building the agent failed — see cargo's errors above")?;
 
-    let target = env::var_os("CARGO_TARGET_DIR").map_or_else(|| "target".into(), PathBuf::from);
     let profile = if args.release { "release" } else { "debug" };
-    Ok(cmd::root().join(target).join(profile).join("health-agent"))
+    Ok(cmd::target_dir().join(profile).join("health-agent"))
 }
 
 /// Builds, then becomes the agent (as root: loading eBPF programs needs it).
