@@ -9,7 +9,8 @@
 //! core, has lane 0; the others are spread over the lanes by their last measured time, longest
 //! first. The two that measure figures against a known load (socket tracing, saturation: within
 //! 15 %) run after the lanes, alone, as they always did: beside the lanes their latency
-//! percentiles moved by a third.
+//! percentiles moved by a third. The library's later runs (`test-kernel`, `fuzz-smoke` on one
+//! thread) are lane jobs too ([`LibRun`]): they were two stages after this one.
 
 use std::{
     collections::BTreeMap,
@@ -51,14 +52,31 @@ const MEASURED: &[(&str, u64)] = &[
 ];
 const DEFAULT_SECS: u64 = 10;
 
-/// One test executable cargo built.
+/// One test executable cargo built, and how to run it.
 #[derive(Debug, Clone)]
 struct Binary {
     name: String,
     path: PathBuf,
     /// Where cargo would run it: its package's directory.
     dir: PathBuf,
+    /// Its arguments and environment when it is a [`LibRun`], else the stage's test arguments.
+    run: Option<LibRun>,
 }
+
+/// A later stage's run of the agent library's test binary (`test-kernel`: its `#[ignore]`d
+/// tests, which load the eBPF programs; `fuzz-smoke`), folded into the lanes: it needs nothing
+/// the other binaries hold, and mostly the lanes wait.
+#[derive(Debug, Clone)]
+pub struct LibRun {
+    pub name: &'static str,
+    pub args: Vec<String>,
+    pub env: Vec<(&'static str, String)>,
+    /// Seconds it took alone, its weight in the lane plan.
+    pub secs: u64,
+}
+
+/// The agent library's test binary, as cargo names it.
+const LIB: &str = "lib health_agent";
 
 /// Builds every test target and lists their executables.
 fn build(targets: &[&str]) -> Result<Vec<Binary>> {
@@ -97,6 +115,7 @@ fn build(targets: &[&str]) -> Result<Vec<Binary>> {
                 .parent()
                 .map(PathBuf::from)
                 .unwrap_or_else(|| cmd::root().to_path_buf()),
+            run: None,
         });
     }
     Ok(binaries)
@@ -108,6 +127,9 @@ fn short(b: &Binary) -> &str {
 }
 
 fn weight(b: &Binary) -> u64 {
+    if let Some(run) = &b.run {
+        return run.secs;
+    }
     let short = short(b);
     MEASURED
         .iter()
@@ -187,11 +209,13 @@ impl Ran {
 
 fn run_one(b: &Binary, test_args: &[String]) -> Ran {
     let start = Instant::now();
-    let out = Command::new(&b.path)
-        .current_dir(&b.dir)
-        .args(test_args)
-        .stdin(Stdio::null())
-        .output();
+    let mut command = Command::new(&b.path);
+    command.current_dir(&b.dir).stdin(Stdio::null());
+    match &b.run {
+        Some(run) => command.args(&run.args).envs(run.env.iter().cloned()),
+        None => command.args(test_args),
+    };
+    let out = command.output();
     let (ok, output) = match out {
         Ok(o) => (
             o.status.success(),
@@ -211,10 +235,29 @@ fn run_one(b: &Binary, test_args: &[String]) -> Ran {
     }
 }
 
-/// Builds the tests, runs them in `lanes` lanes, prints each binary's result as it ends (its
-/// output when it failed) and the lanes' times; fails when any binary failed.
-pub fn run(targets: &[&str], lanes: usize, test_args: &[String]) -> Result<()> {
-    let all = build(targets)?;
+/// Builds the tests, runs them and `lib_runs` in `lanes` lanes, prints each binary's result as it
+/// ends (its output when it failed) and the lanes' times; fails when any binary failed.
+pub fn run(
+    targets: &[&str],
+    lanes: usize,
+    test_args: &[String],
+    lib_runs: &[LibRun],
+) -> Result<()> {
+    let mut all = build(targets)?;
+    if !lib_runs.is_empty() {
+        let lib = all
+            .iter()
+            .find(|b| b.name == LIB)
+            .cloned()
+            .with_context(|| format!("cargo built no `{LIB}` test binary"))?;
+        for run in lib_runs {
+            all.push(Binary {
+                name: format!("{LIB} ({})", run.name),
+                run: Some(run.clone()),
+                ..lib.clone()
+            });
+        }
+    }
     let (alone, laned): (Vec<_>, Vec<_>) =
         all.iter().cloned().partition(|b| ALONE.contains(&short(b)));
     let plan = plan(laned, lanes.max(1));

@@ -32,8 +32,8 @@ enum Stage {
     Package,
     /// The DaemonSet's image tests/tests/image.rs runs (`cargo xtask image`).
     Image,
-    /// The test binaries in lanes (`--lanes N`).
-    Lanes(Vec<&'static str>, usize),
+    /// The test binaries in lanes (`--lanes N`), with the library's later runs folded in.
+    Lanes(Vec<&'static str>, usize, Vec<lanes::LibRun>),
     Run(Command),
 }
 
@@ -154,23 +154,33 @@ pub fn run(args: &Args) -> Result<()> {
     if !args.test_args.is_empty() {
         test.arg("--").args(&args.test_args);
     }
-    stages.push((
-        if args.unit { "test-unit" } else { "test" },
-        if args.lanes > 1 {
-            Stage::Lanes(targets.to_vec(), args.lanes)
-        } else {
-            Stage::Run(test)
-        },
-    ));
+    // Library tests marked #[ignore] need root and the real kernel (they load the eBPF
+    // programs): `cargo test -p health-agent --lib` stays runnable without either.
+    let kernel = lanes::LibRun {
+        name: "test-kernel",
+        args: vec!["--ignored".into()],
+        env: Vec::new(),
+        secs: 20,
+    };
+    let mut lib_runs = vec![fuzz_smoke()];
     if !args.unit {
-        // Library tests marked #[ignore] need root and the real kernel (they load the eBPF
-        // programs): `cargo test -p health-agent --lib` stays runnable without either.
-        stages.push((
-            "test-kernel",
-            cargo(&["test", "-p", "health-agent", "--lib", "--", "--ignored"]),
-        ));
+        lib_runs.insert(0, kernel);
     }
-    stages.push(("fuzz-smoke", fuzz_smoke()));
+    let name = if args.unit { "test-unit" } else { "test" };
+    if args.lanes > 1 {
+        // Each a lane's job: the stage is as long as its longest lane, not the sum.
+        stages.push((name, Stage::Lanes(targets.to_vec(), args.lanes, lib_runs)));
+    } else {
+        stages.push((name, Stage::Run(test)));
+        for run in lib_runs {
+            let mut lib = Command::new("cargo");
+            lib.current_dir(cmd::root())
+                .args(["test", "-p", "health-agent", "--lib", "--"])
+                .args(&run.args)
+                .envs(run.env);
+            stages.push((run.name, Stage::Run(lib)));
+        }
+    }
 
     let start = Instant::now();
     let mut timings = Vec::new();
@@ -182,7 +192,9 @@ pub fn run(args: &Args) -> Result<()> {
             Stage::Deploy => deploy(),
             Stage::Package => package::run().map(|_| ()),
             Stage::Image => image::run().map(|_| ()),
-            Stage::Lanes(ref targets, lanes) => lanes::run(targets, lanes, &args.test_args),
+            Stage::Lanes(ref targets, lanes, ref lib_runs) => {
+                lanes::run(targets, lanes, &args.test_args, lib_runs)
+            }
             Stage::Run(mut command) => cmd::run(&mut command),
         };
         timings.push(format!("{name} {} s", cmd::secs(stage_start)));
@@ -205,21 +217,24 @@ pub fn run(args: &Args) -> Result<()> {
 
 /// The parsers' fuzz targets (`health_agent::fuzzing`) on stable, 10 s each from a fresh seed:
 /// the bounded fuzzing CI runs. `cargo xtask fuzz` runs them longer, coverage guided.
-fn fuzz_smoke() -> Stage {
+fn fuzz_smoke() -> lanes::LibRun {
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(1, |d| d.as_secs());
-    let mut test = Command::new("cargo");
-    test.current_dir(cmd::root())
-        .args([
-            "test",
-            "-p",
-            "health-agent",
-            "--lib",
+    lanes::LibRun {
+        name: "fuzz-smoke",
+        // One target at a time: one core, beside the lanes.
+        args: [
             "fuzzing::tests::fuzz_smoke",
-        ])
-        .args(["--", "--nocapture"])
-        .env("HEALTH_AGENT_FUZZ_SECONDS", "10")
-        .env("HEALTH_AGENT_FUZZ_SEED", seed.to_string());
-    Stage::Run(test)
+            "--nocapture",
+            "--test-threads=1",
+        ]
+        .map(String::from)
+        .to_vec(),
+        env: vec![
+            ("HEALTH_AGENT_FUZZ_SECONDS", "10".into()),
+            ("HEALTH_AGENT_FUZZ_SEED", seed.to_string()),
+        ],
+        secs: 60,
+    }
 }
