@@ -1,15 +1,17 @@
 //! `cargo xtask test --lanes N` (3 by default, what CI runs; 1: one after another): the test
 //! stage's binaries run in N lanes side by side. The integration tests time verdicts to the
-//! second, so a binary that fails in its lane runs again alone: a failure that holds alone
-//! fails the stage, one that does not is printed as the lanes' doing.
+//! second, so a binary that fails beside others runs again alone: a failure that holds alone
+//! fails the stage, one that does not is printed as the contention's doing.
 //!
 //! Why it can pay: measured over one sequential `cargo xtask test` (2026-12-03, 2 cores), the
 //! machine was 21.5 % busy on average during the test stage, under 30 % in 178 of 216
 //! five-second samples: most tests wait for verdicts, not for CPU. The qemu boot, which loads a
 //! core, has lane 0; the others are spread over the lanes by their last measured time, longest
 //! first. The two that measure figures against a known load (socket tracing, saturation: within
-//! 15 %) run after the lanes, alone, as they always did: beside the lanes their latency
-//! percentiles moved by a third. The library's later runs (`test-kernel`, `fuzz-smoke` on one
+//! 15 %) run after the lanes, as the quiet pair: side by side with each other only. Beside the
+//! lanes (both cores 40–99 % busy) their latency percentiles moved by a third; each alone keeps
+//! under a fifth of a core busy (3–20 % in 5 s samples), so together they stay on a quiet
+//! machine, and the stage saves the shorter one's two minutes. The library's later runs (`test-kernel`, `fuzz-smoke` on one
 //! thread) are lane jobs too ([`LibRun`]): they were two stages after this one.
 
 use std::{
@@ -26,29 +28,32 @@ use crate::cmd;
 
 /// A test binary that loads a core for minutes (the qemu boot): lane 0.
 const HEAVY: &[&str] = &["old_kernel"];
-/// Test binaries that measure against a known load: after the lanes, one at a time, alone.
-const ALONE: &[&str] = &["socket_tracing", "saturation"];
+/// Test binaries that measure against a known load: after the lanes, side by side with each
+/// other only (the quiet pair).
+const QUIET: &[&str] = &["socket_tracing", "saturation"];
 
-/// Seconds each binary took in the last sequential run (the lane plan's weights); a binary not
-/// listed weighs DEFAULT_SECS.
+/// Seconds each binary took in its lane in a clean clone's CI run (2026-12-03, 3 lanes): the
+/// lane plan's weights; a binary not listed weighs DEFAULT_SECS.
 const MEASURED: &[(&str, u64)] = &[
-    ("verdicts", 116),
-    ("fleet", 90),
-    ("cloudwatch", 85),
-    ("drain_rolling", 46),
-    ("namespaces", 46),
-    ("answers", 42),
-    ("aws", 31),
-    ("drain", 29),
-    ("containers", 26),
-    ("systemd", 25),
-    ("web_backend", 18),
-    ("database_alerts", 17),
-    ("database_config", 16),
-    ("database", 16),
+    ("old_kernel", 148),
+    ("verdicts", 118),
+    ("fleet", 96),
+    ("cloudwatch", 88),
+    ("namespaces", 76),
+    ("aws", 74),
+    ("systemd", 50),
+    ("answers", 45),
+    ("drain_rolling", 44),
+    ("drain", 39),
+    ("web_backend", 21),
+    ("containers", 18),
+    ("database_alerts", 18),
+    ("database", 17),
+    ("database_config", 17),
     ("service", 15),
     ("workers", 14),
     ("first_day", 14),
+    ("health_agent", 14),
 ];
 const DEFAULT_SECS: u64 = 10;
 
@@ -145,7 +150,7 @@ fn plan(binaries: Vec<Binary>, lanes: usize) -> Vec<Vec<Binary>> {
         .into_iter()
         .partition(|b| HEAVY.contains(&short(b)));
     for b in heavy {
-        load[0] += 120;
+        load[0] += weight(&b);
         out[0].push(b);
     }
     rest.sort_by_key(|b| std::cmp::Reverse(weight(b)));
@@ -166,7 +171,7 @@ struct Ran {
 }
 
 impl Ran {
-    /// Prints its line (`at`: its lane, `alone`, `again alone`) and, when it failed, its output; adds
+    /// Prints its line (`at`: its lane, `quiet`, `again alone`) and, when it failed, its output; adds
     /// its counts to `total` when it passed. Whether it passed.
     fn report(&self, at: &str, total: &mut (u64, u64, u64)) -> bool {
         let (p, f, i) = self.counts();
@@ -258,8 +263,8 @@ pub fn run(
             });
         }
     }
-    let (alone, laned): (Vec<_>, Vec<_>) =
-        all.iter().cloned().partition(|b| ALONE.contains(&short(b)));
+    let (quiet, laned): (Vec<_>, Vec<_>) =
+        all.iter().cloned().partition(|b| QUIET.contains(&short(b)));
     let plan = plan(laned, lanes.max(1));
     for (i, lane) in plan.iter().enumerate() {
         let names: Vec<&str> = lane.iter().map(|b| b.name.as_str()).collect();
@@ -296,22 +301,36 @@ pub fn run(
         .map(|(i, t)| format!("lane {i} {t:.0} s"))
         .collect();
     println!("lanes: {}", said.join(", "));
-    let mut still = Vec::new();
-    for b in &alone {
-        let r = run_one(b, test_args);
-        if !r.report("alone", &mut total) {
-            still.push(r.name);
+    // The figures-against-a-known-load binaries, side by side with each other only: each keeps
+    // under a fifth of a core busy (sampled every 5 s: 3–20 %), while the lanes keep both cores
+    // 40–99 % busy, which is what moved their percentiles.
+    let started = Instant::now();
+    let quiet: Vec<Ran> = std::thread::scope(|scope| {
+        let runs: Vec<_> = quiet
+            .iter()
+            .map(|b| scope.spawn(|| run_one(b, test_args)))
+            .collect();
+        runs.into_iter().filter_map(|r| r.join().ok()).collect()
+    });
+    for r in quiet {
+        if !r.report("quiet", &mut total) {
+            failed.push(r.name);
         }
     }
+    println!(
+        "lanes: the quiet pair {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    let mut still = Vec::new();
     // A binary that failed beside others runs again alone: a failure that holds alone is a
-    // failure; one that does not was the lanes' contention, and is said as such.
+    // failure; one that does not was the contention, and is said as such.
     for name in &failed {
         let Some(b) = all.iter().find(|b| &b.name == name) else {
             continue;
         };
-        println!("lanes: {name} failed in its lane: running it again alone");
+        println!("lanes: {name} failed beside others: running it again alone");
         if run_one(b, test_args).report("again alone", &mut total) {
-            println!("lanes: {name} passed alone: it failed only beside the other lanes");
+            println!("lanes: {name} passed alone: it failed only beside the others");
         } else {
             println!("lanes: {name} FAILED alone too");
             still.push(name.clone());
