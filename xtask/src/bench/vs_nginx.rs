@@ -8,7 +8,10 @@ use std::{fmt::Write as _, fs, path::Path, thread, time::Duration};
 use anyhow::{bail, Result};
 use health_agent_tests::{free_port, NginxOptions};
 
-use super::{agent_config, idle_cpu, proc_status_kb, start_nginx, wrk::wrk};
+use super::{
+    agent_config, idle_cpu, proc_status_kb, start_nginx,
+    wrk::{wrk, Wrk},
+};
 use crate::live::{get, start_agent};
 
 pub(super) fn run(
@@ -32,6 +35,7 @@ pub(super) fn run(
     fs::write(&cfg, config(agent_port))?;
     let agent = start_agent(agent_bin, &cfg, &dir.join("agent.log"), agent_port)?;
     let agent_pid = agent.0.id();
+    // The baseline build on its own port, with the same config.
     let baseline = match baseline_bin {
         Some(bin) => {
             let port = free_port();
@@ -61,36 +65,16 @@ pub(super) fn run(
     let mut peak = 0.0f64;
     let mut worst_ratio = f64::MAX;
     for conns in [1u32, 10, 50, 200] {
-        // Alternate agent and nginx three times and keep each one's best run: on a shared
-        // 2-core VM a single run can lose 15 % to a neighbour.
-        let health_url = format!("http://127.0.0.1:{agent_port}/health");
-        let ceiling_url = format!("http://127.0.0.1:{ceiling_port}/health");
-        let baseline_url = baseline
-            .as_ref()
-            .map(|(_, port)| format!("http://127.0.0.1:{port}/health"));
-        let mut a = wrk(&health_url, conns, secs, &[], None)?;
-        let mut n = wrk(&ceiling_url, conns, secs, &[], None)?;
-        let mut b = match &baseline_url {
-            Some(url) => Some(wrk(url, conns, secs, &[], None)?),
-            None => None,
+        let ports = [
+            Some(agent_port),
+            Some(ceiling_port),
+            baseline.as_ref().map(|b| b.1),
+        ];
+        let mut best = best_of_three(ports.iter().flatten(), conns, secs)?.into_iter();
+        let (Some(a), Some(n)) = (best.next(), best.next()) else {
+            bail!("wrk gave no result");
         };
-        for _ in 0..2 {
-            let a2 = wrk(&health_url, conns, secs, &[], None)?;
-            let n2 = wrk(&ceiling_url, conns, secs, &[], None)?;
-            if a2.rps > a.rps {
-                a = a2;
-            }
-            if n2.rps > n.rps {
-                n = n2;
-            }
-            if let (Some(url), Some(best)) = (&baseline_url, b.as_mut()) {
-                let b2 = wrk(url, conns, secs, &[], None)?;
-                if b2.rps > best.rps {
-                    *best = b2;
-                }
-            }
-        }
-        if let Some(b) = &b {
+        if let Some(b) = best.next() {
             let ratio = a.rps / b.rps;
             println!(
                 "bench: c={conns:<3} this build {:>8.0} req/s p99 {:.3} ms | baseline {:>8.0} req/s p99 {:.3} ms | {ratio:.2}x",
@@ -120,29 +104,8 @@ pub(super) fn run(
             a.rps, a.p50_ms, a.p99_ms, n.rps, n.p50_ms, n.p99_ms
         );
     }
-    // Half of peak: wrk throttled per connection with a Lua delay (whole milliseconds).
-    let target_rate = peak / 2.0;
-    let conns = ((target_rate * 5.0 / 1000.0).ceil() as u32).clamp(2, 1000);
-    let delay_ms = (f64::from(conns) * 1000.0 / target_rate).round().max(1.0) as u32;
-    let script = dir.join("throttle.lua");
-    fs::write(
-        &script,
-        format!("function delay()\n  return {delay_ms}\nend\n"),
-    )?;
-    let half_a = wrk(
-        &format!("http://127.0.0.1:{agent_port}/health"),
-        conns,
-        secs * 2,
-        &[],
-        Some(&script),
-    )?;
-    let half_n = wrk(
-        &format!("http://127.0.0.1:{ceiling_port}/health"),
-        conns,
-        secs * 2,
-        &[],
-        Some(&script),
-    )?;
+    let (target_rate, conns, half_a, half_n) =
+        half_of_peak(dir, peak, [agent_port, ceiling_port], secs * 2)?;
     println!("bench: half of peak ({target_rate:.0} req/s target): agent {:.0} req/s p99 {:.3} ms, nginx {:.0} req/s p99 {:.3} ms",
         half_a.rps, half_a.p99_ms, half_n.rps, half_n.p99_ms);
     let rss_kb = proc_status_kb(agent_pid, "VmRSS:").unwrap_or(0);
@@ -185,4 +148,55 @@ pub(super) fn run(
         hwm_kb as f64 / 1024.0,
     );
     Ok(md)
+}
+
+/// wrk against each port's `/health` in turn, three rounds, keeping each one's best run: on a
+/// shared 2-core VM a single run can lose 15 % to a neighbour, and alternating gives every
+/// server the same moments of the machine.
+fn best_of_three<'a>(
+    ports: impl Iterator<Item = &'a u16> + Clone,
+    conns: u32,
+    secs: u32,
+) -> Result<Vec<Wrk>> {
+    let mut best: Vec<Option<Wrk>> = Vec::new();
+    for _ in 0..3 {
+        for (i, port) in ports.clone().enumerate() {
+            let run = wrk(
+                &format!("http://127.0.0.1:{port}/health"),
+                conns,
+                secs,
+                &[],
+                None,
+            )?;
+            match best.get_mut(i) {
+                Some(Some(b)) if b.rps >= run.rps => {}
+                Some(slot) => *slot = Some(run),
+                None => best.push(Some(run)),
+            }
+        }
+    }
+    Ok(best.into_iter().flatten().collect())
+}
+
+/// Each of `ports` at half of `peak`: wrk throttled per connection with a Lua delay (whole
+/// milliseconds). Returns the rate aimed at, the connections, and the two runs.
+fn half_of_peak(dir: &Path, peak: f64, ports: [u16; 2], secs: u32) -> Result<(f64, u32, Wrk, Wrk)> {
+    let target_rate = peak / 2.0;
+    let conns = ((target_rate * 5.0 / 1000.0).ceil() as u32).clamp(2, 1000);
+    let delay_ms = (f64::from(conns) * 1000.0 / target_rate).round().max(1.0) as u32;
+    let script = dir.join("throttle.lua");
+    fs::write(
+        &script,
+        format!("function delay()\n  return {delay_ms}\nend\n"),
+    )?;
+    let [a, n] = ports.map(|port| {
+        wrk(
+            &format!("http://127.0.0.1:{port}/health"),
+            conns,
+            secs,
+            &[],
+            Some(&script),
+        )
+    });
+    Ok((target_rate, conns, a?, n?))
 }
