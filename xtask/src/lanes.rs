@@ -11,8 +11,9 @@
 //! 15 %) run after the lanes, as the quiet pair: side by side with each other only. Beside the
 //! lanes (both cores 40–99 % busy) their latency percentiles moved by a third; each alone keeps
 //! under a fifth of a core busy (3–20 % in 5 s samples), so together they stay on a quiet
-//! machine, and the stage saves the shorter one's two minutes. The library's later runs (`test-kernel`, `fuzz-smoke` on one
-//! thread) are lane jobs too ([`LibRun`]): they were two stages after this one.
+//! machine, and the stage saves the shorter one's two minutes. The library's later runs
+//! (`test-kernel`, `fuzz-smoke` on one thread) are lane jobs too ([`LibRun`]): they were two
+//! stages after this one.
 
 use std::{
     collections::BTreeMap,
@@ -308,9 +309,19 @@ pub fn run(
     let quiet: Vec<Ran> = std::thread::scope(|scope| {
         let runs: Vec<_> = quiet
             .iter()
-            .map(|b| scope.spawn(|| run_one(b, test_args)))
+            .map(|b| (b, scope.spawn(|| run_one(b, test_args))))
             .collect();
-        runs.into_iter().filter_map(|r| r.join().ok()).collect()
+        runs.into_iter()
+            .map(|(b, run)| {
+                // A runner that panicked ran nothing to its end: a failure, never a pass.
+                run.join().unwrap_or_else(|_| Ran {
+                    name: b.name.clone(),
+                    took: Duration::ZERO,
+                    ok: false,
+                    output: format!("the thread running {} panicked", b.name),
+                })
+            })
+            .collect()
     });
     for r in quiet {
         if !r.report("quiet", &mut total) {

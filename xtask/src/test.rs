@@ -160,7 +160,7 @@ pub fn run(args: &Args) -> Result<()> {
         name: "test-kernel",
         args: vec!["--ignored".into()],
         env: Vec::new(),
-        secs: 20,
+        secs: 5,
     };
     let mut lib_runs = vec![fuzz_smoke()];
     if !args.unit {
