@@ -114,13 +114,7 @@ fn build_static() -> Result<PathBuf> {
              (cargo xtask setup installs both)"
         )
     })?;
-    let target =
-        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| "target".into(), PathBuf::from);
-    let bin = cmd::root()
-        .join(target)
-        .join(TARGET)
-        .join("release")
-        .join(NAME);
+    let bin = cmd::target_dir().join(TARGET).join("release").join(NAME);
     ensure!(bin.is_file(), "no binary at {}", bin.display());
     if has_interpreter(&bin)? {
         bail!(
