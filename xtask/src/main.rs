@@ -7,7 +7,7 @@
 //! - `services`: dockerd and PostgreSQL 15;
 //! - `run`: `build` and `run`;
 //! - `package`: the .deb; `image`: the DaemonSet's FROM-scratch image;
-//! - `test`: the full check CI runs;
+//! - `test`: the full check CI runs; `deploy`: its deploy stage, the validators offline;
 //! - `demo`: the narrated demo; `live`: the agent and the bundled backend for `demo` and `bench`;
 //! - `bench/`: one file per section, `report` writing docs/BENCHMARKS.md; servers and guards
 //!   from the `tests` harness;
@@ -16,6 +16,7 @@
 mod bench;
 mod cmd;
 mod demo;
+mod deploy;
 mod fuzz;
 mod image;
 mod lanes;

@@ -5,7 +5,7 @@ use std::{process::Command, time::Instant};
 
 use anyhow::Result;
 
-use crate::{cmd, image, lanes, package, setup};
+use crate::{cmd, deploy, image, lanes, package, setup};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -19,6 +19,10 @@ pub struct Args {
     /// after another.
     #[arg(long, value_name = "N", default_value_t = 3)]
     lanes: usize,
+    /// Run only the stages of these names (setup, fmt, clippy, clippy-ebpf, deploy, build,
+    /// package, image, test), in their usual order: `--only deploy`.
+    #[arg(long, value_name = "STAGE", value_delimiter = ',')]
+    only: Vec<String>,
     /// Passed to the test binaries after `--`: a test name filter, --nocapture, ...
     #[arg(last = true, value_name = "TEST_ARGS")]
     test_args: Vec<String>,
@@ -26,7 +30,7 @@ pub struct Args {
 
 enum Stage {
     Setup,
-    /// The deploy/ files, each checked by its own tool.
+    /// The deploy/ files, each checked by its own tool, offline (xtask/src/deploy.rs).
     Deploy,
     /// The .deb the service tests install (target/debian/).
     Package,
@@ -35,76 +39,6 @@ enum Stage {
     /// The test binaries in lanes (`--lanes N`), with the library's later runs folded in.
     Lanes(Vec<&'static str>, usize, Vec<lanes::LibRun>),
     Run(Command),
-}
-
-/// Each deploy/ file through its own validator; warnings fail too.
-fn deploy() -> Result<()> {
-    let deploy = cmd::root().join("deploy");
-    let mut checks: Vec<Command> = Vec::new();
-
-    let mut cfn = Command::new(setup::pip_tool("cfn-lint")?);
-    cfn.arg(deploy.join("aws/cloudformation.yaml"));
-    checks.push(cfn);
-
-    let mut k8s = Command::new(setup::pip_tool("kubernetes-validate")?);
-    k8s.args(["--strict", "--quiet"])
-        .arg(deploy.join("kubernetes/health-agent.yaml"))
-        .arg(deploy.join("kubernetes/saturation-hpa.yaml"))
-        .arg(deploy.join("kubernetes/drain-prestop.yaml"));
-    checks.push(k8s);
-
-    let mut shellcheck = Command::new("shellcheck");
-    shellcheck
-        .args(["--shell=sh", "--severity=style"])
-        .arg(deploy.join("drain/rolling-restart.sh"));
-    checks.push(shellcheck);
-
-    let mut haproxy = Command::new("haproxy");
-    haproxy
-        .args(["-c", "-f"])
-        .arg(deploy.join("haproxy/haproxy.cfg"));
-    checks.push(haproxy);
-
-    let mut caddy = Command::new("caddy");
-    caddy
-        .args(["validate", "--adapter", "caddyfile", "--config"])
-        .arg(deploy.join("caddy/Caddyfile"));
-    checks.push(caddy);
-
-    for mut check in checks {
-        cmd::run(&mut check)?;
-    }
-    drain_dropin(&deploy.join("systemd/drain-before-stop.conf"))
-}
-
-/// The app unit's drain drop-in, under `systemd-analyze verify` on a stand-in app unit (it
-/// exits 0 on unknown keys, so anything it says fails the check).
-fn drain_dropin(dropin: &std::path::Path) -> Result<()> {
-    let dir = std::env::temp_dir().join(format!("health-agent-dropin-{}", std::process::id()));
-    let unit_dir = dir.join("app-stand-in.service.d");
-    std::fs::create_dir_all(&unit_dir)?;
-    std::fs::write(
-        dir.join("app-stand-in.service"),
-        "[Service]\nExecStart=/bin/true\n",
-    )?;
-    std::fs::copy(dropin, unit_dir.join("drain.conf"))?;
-    let out = Command::new("systemd-analyze")
-        .args(["verify", "app-stand-in.service"])
-        .env("SYSTEMD_UNIT_PATH", format!("{}:", dir.display()))
-        .current_dir(&dir)
-        .output();
-    let _ = std::fs::remove_dir_all(&dir);
-    let out = out?;
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    if !out.status.success() || !said.trim().is_empty() {
-        anyhow::bail!("systemd-analyze verify of {}: {said}", dropin.display());
-    }
-    println!("{}: systemd-analyze verify clean", dropin.display());
-    Ok(())
 }
 
 pub fn run(args: &Args) -> Result<()> {
@@ -182,6 +116,15 @@ pub fn run(args: &Args) -> Result<()> {
         }
     }
 
+    if let Some(unknown) = args
+        .only
+        .iter()
+        .find(|o| !stages.iter().any(|(name, _)| name == o))
+    {
+        anyhow::bail!("--only {unknown}: no such stage");
+    }
+    stages.retain(|(name, _)| args.only.is_empty() || args.only.iter().any(|o| o == name));
+
     let start = Instant::now();
     let mut timings = Vec::new();
     for (name, stage) in stages {
@@ -189,7 +132,7 @@ pub fn run(args: &Args) -> Result<()> {
         let stage_start = Instant::now();
         let result = match stage {
             Stage::Setup => setup::run(&setup::Args::default()),
-            Stage::Deploy => deploy(),
+            Stage::Deploy => deploy::run(),
             Stage::Package => package::run().map(|_| ()),
             Stage::Image => image::run().map(|_| ()),
             Stage::Lanes(ref targets, lanes, ref lib_runs) => {
