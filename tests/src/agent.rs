@@ -22,6 +22,9 @@ pub struct Agent {
     pub addr: SocketAddr,
     pub dir: tempfile::TempDir,
     pub log: PathBuf,
+    /// When the process was spawned: what the boot grace counts from, and so the clock of a
+    /// test that times the boot ([`crate::HealthPoller::start_from`]).
+    pub started: Instant,
 }
 
 impl Agent {
@@ -109,6 +112,7 @@ impl Agent {
                 c
             }
         };
+        let started = Instant::now();
         let child = command
             .arg("--config")
             .arg(&config)
@@ -127,6 +131,7 @@ impl Agent {
             addr,
             dir,
             log,
+            started,
         };
         wait_until(
             Duration::from_secs(20),

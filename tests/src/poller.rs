@@ -23,7 +23,7 @@ pub const POLL_EVERY: Duration = Duration::from_millis(200);
 /// One `/health` answer seen by a [`HealthPoller`].
 #[derive(Debug, Clone)]
 pub struct HealthSample {
-    /// Since the poller started.
+    /// Since the poller's origin: its start, or the agent's spawn ([`HealthPoller::start_from`]).
     pub at: Duration,
     /// 0 when there was no answer (see `error`).
     pub code: u16,
@@ -151,6 +151,13 @@ impl HealthPoller {
         Self::spawn(addr, Some(MAX_RUN))
     }
 
+    /// The agent at `addr`, its answers timed from `origin` (the agent's spawn, for a test of
+    /// the boot: the boot grace counts from there, not from the first answer, which comes only
+    /// after the agent's first snapshot).
+    pub fn start_from(addr: SocketAddr, origin: Instant) -> Self {
+        Self::spawn_every_from(addr, Some(MAX_RUN), POLL_EVERY, origin)
+    }
+
     /// Without the [`MAX_RUN`] limit, for runs longer than a test (the bench's 300 s soak):
     /// it stops only on [`HealthPoller::stop`] or drop.
     pub fn unbounded(addr: SocketAddr) -> Self {
@@ -168,7 +175,15 @@ impl HealthPoller {
     }
 
     fn spawn_every(addr: SocketAddr, limit: Option<Duration>, every: Duration) -> Self {
-        let started = Instant::now();
+        Self::spawn_every_from(addr, limit, every, Instant::now())
+    }
+
+    fn spawn_every_from(
+        addr: SocketAddr,
+        limit: Option<Duration>,
+        every: Duration,
+        started: Instant,
+    ) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let samples = Arc::new(Mutex::new(Vec::new()));
         let (st, sa) = (stop.clone(), samples.clone());
@@ -199,7 +214,7 @@ impl HealthPoller {
         }
     }
 
-    /// Time since the poller started (the clock of [`HealthSample::at`]).
+    /// Time since the poller's origin (the clock of [`HealthSample::at`]).
     pub fn elapsed(&self) -> Duration {
         self.started.elapsed()
     }

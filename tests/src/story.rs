@@ -207,9 +207,10 @@ impl Watched {
         Self::of(puma, agent)
     }
 
-    /// `agent` (already watching `puma`), its answers recorded from now on.
+    /// `agent` (already watching `puma`), its answers recorded from now on and timed from the
+    /// agent's spawn: a boot test's bounds (the boot grace) count from there, as the agent's do.
     pub fn of(puma: Puma, agent: Agent) -> Self {
-        let poller = HealthPoller::start(agent.port);
+        let poller = HealthPoller::start_from(agent.addr, agent.started);
         Self {
             puma,
             agent,
