@@ -51,9 +51,8 @@ fn fnv1a(text: &str) -> u64 {
     })
 }
 
-/// The cached root file system for [`PACKAGES`], made by mmdebstrap when it is missing.
-/// Concurrent callers each build into their own directory; the first rename wins.
-pub fn rootfs() -> PathBuf {
+/// The host's apt sources for mmdebstrap, and where the root file system they make is cached.
+fn rootfs_dir() -> (String, PathBuf) {
     let sources = if Path::new(SOURCES).exists() {
         SOURCES.to_owned()
     } else {
@@ -65,6 +64,19 @@ pub fn rootfs() -> PathBuf {
         fs::read_to_string(&sources).unwrap_or_else(|_| sources.clone())
     );
     let dir = PathBuf::from(CACHE).join(format!("rootfs-{:016x}", fnv1a(&key)));
+    (sources, dir)
+}
+
+/// Whether [`rootfs`] has the root file system already (it then downloads nothing).
+pub fn rootfs_cached() -> bool {
+    rootfs_dir().1.join("usr/lib/os-release").exists()
+}
+
+/// The cached root file system for [`PACKAGES`], made by mmdebstrap from the host's Debian
+/// mirror when it is missing (`cargo xtask setup` makes it, so the test stage reaches no
+/// mirror). Concurrent callers each build into their own directory; the first rename wins.
+pub fn rootfs() -> PathBuf {
+    let (sources, dir) = rootfs_dir();
     // A run killed mid-mmdebstrap leaves its half tree behind: drop those of dead processes.
     for e in fs::read_dir(CACHE).into_iter().flatten().flatten() {
         let name = e.file_name().to_string_lossy().into_owned();

@@ -143,6 +143,11 @@ fn in_flight_answered_first(tier: &str) {
     .stderr(std::process::Stdio::piped())
     .spawn()
     .expect("drain");
+    // Its exit timed on a thread of its own, not after the checks below.
+    let drain = thread::spawn(move || {
+        let out = child.wait_with_output().expect("drain output");
+        (out, Instant::now())
+    });
     // Meanwhile: 503 draining for the balancer, the agent check says drain, /livez stays 200,
     // and details.drain shows the request in flight.
     let (code, body) = agent.wait_health(Duration::from_secs(5), "a 503 draining", |c, b| {
@@ -153,8 +158,7 @@ fn in_flight_answered_first(tier: &str) {
     assert_eq!(body["details"]["drain"]["by"], "drain command", "{body}");
     assert_eq!(agent_check(([127, 0, 0, 1], check_port).into()), "drain\n");
     assert_eq!(agent.get("/livez").expect("livez").0, 200);
-    let out = child.wait_with_output().expect("drain output");
-    let returned = Instant::now();
+    let (out, returned) = drain.join().expect("the drain's waiter");
     let (slow_code, answered) = slow.join().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert_eq!(slow_code, Some(200), "the slow request was answered");

@@ -815,7 +815,8 @@ fn peers_dns_works_like_peers() {
 /// The body Consul's catalog answers `GET /v1/catalog/service/web` with ("list nodes for
 /// service", developer.hashicorp.com/consul/api-docs/catalog): one object per instance. The
 /// peer is `ServiceAddress:ServicePort`, or `Address:ServicePort` when `ServiceAddress` is
-/// empty. n2's node address 10.9.9.9 must never be used (its ServiceAddress wins).
+/// empty. n2's node address 127.9.9.9 (on loopback, where nothing listens) must never be used:
+/// its ServiceAddress wins.
 fn catalog_body(port: u16) -> String {
     // (ID, Node, Address, ServiceAddress, n): one instance of service `web` each.
     let entry = |id: &str, node: &str, address: &str, service_address: &str, n: u64| {
@@ -844,7 +845,7 @@ fn catalog_body(port: u16) -> String {
     );
     json!([
         entry(n1, "n1", "127.0.0.3", "", 1),
-        entry(n2, "n2", "10.9.9.9", "127.0.0.4", 2),
+        entry(n2, "n2", "127.9.9.9", "127.0.0.4", 2),
     ])
     .to_string()
 }
@@ -913,7 +914,7 @@ fn consul_catalog_peers() {
     assert_eq!(fleet(&seen)["configured"], true, "{seen}{ctx}");
     if let Some(s) = samples
         .iter()
-        .find(|s| asked(s).iter().any(|p| p.starts_with("10.9.9.9")))
+        .find(|s| asked(s).iter().any(|p| p.starts_with("127.9.9.9")))
     {
         panic!(
             "the node address was asked although ServiceAddress is set: {}{ctx}",
@@ -1029,7 +1030,6 @@ fn harness_loopback_addresses_hosts_lines_and_stub_servers() {
     assert_eq!(consul.requests().len(), 2);
 
     let slow = StubServer::start(loopback(6), Duration::from_secs(2), |_| (200, "{}".into()));
-    let t = Instant::now();
     let cut_short = get_at(slow.addr, "/fleet/v1/view", Duration::from_millis(500));
     assert!(
         cut_short.as_ref().is_err_and(|e| matches!(
@@ -1038,6 +1038,7 @@ fn harness_loopback_addresses_hosts_lines_and_stub_servers() {
         )),
         "the slow stub answered within 500 ms: {cut_short:?}"
     );
+    let t = Instant::now();
     let waited = get_at(slow.addr, "/fleet/v1/view", Duration::from_secs(5));
     assert!(
         waited.as_ref().is_ok_and(|(c, _, _)| *c == 200) && t.elapsed() >= Duration::from_secs(2),
@@ -1192,7 +1193,8 @@ impl Fleet {
     }
 
     /// [`Fleet::wait_member`] for every member, each from its `from`; returns the slowest, in
-    /// seconds from its `from`.
+    /// seconds from its `from`, and fails if that is over `within` (the members are waited for
+    /// one after another, so a later one's wait starts late).
     fn wait_all(
         &self,
         from: &[Duration],
@@ -1200,13 +1202,19 @@ impl Fleet {
         what: &str,
         pred: impl Fn(&HealthSample) -> bool,
     ) -> f64 {
-        (0..self.members.len())
+        let times: Vec<f64> = (0..self.members.len())
             .map(|i| {
                 let what = format!("instance {i}: {what}");
                 self.wait_member(i, from[i], within, &what, &pred)
                     .after(from[i])
             })
-            .fold(0.0, f64::max)
+            .collect();
+        let slowest = times.iter().copied().fold(0.0, f64::max);
+        assert!(
+            slowest <= within.as_secs_f64(),
+            "{what}: {times:.1?} s from each one's fault, over {within:?}"
+        );
+        slowest
     }
 
     /// Member `i`'s first answer at or after `from` (its poller's clock) that satisfies `pred`.

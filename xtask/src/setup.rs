@@ -84,7 +84,50 @@ pub fn run(args: &Args) -> Result<()> {
     step("setup", "rust target (musl, for the image)", musl_target)?;
     step("setup", "tracefs", tracefs)?;
     step("setup", "deploy validators and moto (PyPI)", pip_tools)?;
+    step("setup", "crates (cargo fetch)", fetch_crates)?;
+    step(
+        "setup",
+        "test roots (Debian's 6.1 kernel, nspawn root)",
+        test_roots,
+    )?;
     services::run("setup")
+}
+
+/// Every crate the lock file names, so the stages after setup build from the local registry.
+fn fetch_crates() -> Result<Outcome> {
+    cmd::run(
+        Command::new("cargo")
+            .current_dir(cmd::root())
+            .args(["fetch", "--locked", "--quiet"]),
+    )?;
+    Ok(Outcome::Ok("all in the local registry"))
+}
+
+/// What the VM and systemd tests boot, from the host's Debian mirror: here, so that the test
+/// stage reaches loopback and its own namespaces only. Debian 12's 6.1 kernel package (unpacked)
+/// for tests/tests/old_kernel.rs, and the root file system mmdebstrap makes for
+/// tests/tests/systemd.rs and aws.rs; both cached under /var/cache/health-agent.
+fn test_roots() -> Result<Outcome> {
+    use health_agent_tests::{nspawn, qemu};
+    let cached = std::panic::catch_unwind(|| {
+        let cached = qemu::kernel_cached() && nspawn::rootfs_cached();
+        qemu::kernel();
+        nspawn::rootfs();
+        cached
+    })
+    .map_err(|panic| {
+        let why = panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        anyhow::anyhow!("{why}")
+    })?;
+    Ok(if cached {
+        Outcome::Ok("already cached")
+    } else {
+        Outcome::Done("downloaded")
+    })
 }
 
 /// The static target `cargo xtask image` builds for, on the workspace's (stable) toolchain.

@@ -942,6 +942,8 @@ async fn send_test_reports_failures_and_nothing_configured() {
     });
     cfg.github_repo = "acme/web".into();
     cfg.github_token_env = "HA_TEST_NO_SUCH_TOKEN".into();
+    // Never api.github.com, even if a token were found.
+    cfg.github_api_url = "http://127.0.0.1:9".into();
     let results = send_test_tuned(&cfg, "h", &tuning()).await;
     assert_eq!(results.len(), 2);
     let (name, err) = (&results[0].0, results[0].1.as_ref().unwrap_err());
