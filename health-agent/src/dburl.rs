@@ -171,7 +171,7 @@ pub enum UrlProblem {
          use prefer or disable"
     )]
     ChannelBinding,
-    /// tokio-postgres's reason, with the URL's secrets replaced.
+    /// tokio-postgres's reason, any URL in it without its password.
     #[error("not a valid Postgres URL: {0}")]
     InvalidPostgres(String),
     #[error("names no host")]
@@ -195,8 +195,6 @@ pub struct DbUrl {
     pub port: u16,
     pub user: Option<String>,
     pub password: Option<String>,
-    /// The password's raw (undecoded) and decoded forms, for `sanitize`.
-    pub secrets: Vec<String>,
     /// Redis: the database index in the path.
     pub redis_db: Option<u32>,
     /// Postgres: the connection settings, password included, as the URL gives them (its
@@ -219,10 +217,10 @@ pub fn validate_url(url: &str) -> Result<(), DbUrlError> {
     DbUrl::parse(url).map(|_| ())
 }
 
-/// The secrets `url` carries (its password, raw and decoded), for redacting text that may quote
-/// it; none if it does not parse.
-pub fn url_secrets(url: &str) -> Vec<String> {
-    DbUrl::parse(url).map(|u| u.secrets).unwrap_or_default()
+/// Whether `url` carries a password (in its userinfo or a `password=` parameter); false if it
+/// does not parse.
+pub fn has_password(url: &str) -> bool {
+    DbUrl::parse(url).is_ok_and(|u| u.password.is_some())
 }
 
 fn decode(s: &str) -> String {
@@ -250,7 +248,7 @@ fn with_postgres(out: &mut DbUrl, url: &str, after: &str) -> Result<(), UrlProbl
         without_query_keys(after, &TLS_KEYS)
     );
     let mut pg = tokio_postgres::Config::from_str(&without_tls)
-        .map_err(|e| UrlProblem::InvalidPostgres(sanitize(&error_chain(&e), &out.secrets)))?;
+        .map_err(|e| UrlProblem::InvalidPostgres(redact_urls_in(&error_chain(&e))))?;
     if pg.get_channel_binding() == tokio_postgres::config::ChannelBinding::Require {
         return Err(UrlProblem::ChannelBinding);
     }
@@ -314,15 +312,6 @@ impl DbUrl {
         let query_password = query_params(query)
             .find(|(k, _)| k.eq_ignore_ascii_case("password"))
             .map(|(_, v)| v);
-        let mut secrets = Vec::new();
-        for raw in raw_password.into_iter().chain(
-            query_params(query)
-                .filter(|(k, _)| k.eq_ignore_ascii_case("password"))
-                .map(|(_, v)| v),
-        ) {
-            secrets.push(raw.to_string());
-            secrets.push(decode(raw));
-        }
 
         // The URL without its userinfo: what the `url` crate reads the host, port and path from.
         let several_hosts = authority.contains(',');
@@ -370,7 +359,6 @@ impl DbUrl {
                 .map(decode)
                 .or(query_password.map(decode))
                 .filter(|p| !p.is_empty()),
-            secrets,
             redis_db: None,
             postgres: None,
             tls: TlsOptions::plain(),
@@ -552,19 +540,6 @@ pub fn redact_urls_in(text: &str) -> String {
     out
 }
 
-/// Replaces every known secret in `text` with `***`: the last line of defence for error strings
-/// built from servers' and libraries' messages.
-pub fn sanitize(text: &str, secrets: &[String]) -> String {
-    let mut out = text.to_string();
-    let mut secrets: Vec<&String> = secrets.iter().filter(|s| !s.is_empty()).collect();
-    // Longest first, so a secret that contains another is replaced whole.
-    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
-    for s in secrets {
-        out = out.replace(s.as_str(), "***");
-    }
-    out
-}
-
 /// `e` and its sources, joined: tokio-postgres's `Display` alone says only "db error".
 pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();
@@ -630,15 +605,6 @@ mod tests {
     }
 
     #[test]
-    fn sanitize_replaces_raw_and_nested_secrets() {
-        let s = sanitize(
-            "auth failed for abc123 (abc) and abc123x",
-            &["abc".into(), "abc123".into(), String::new()],
-        );
-        assert_eq!(s, "auth failed for *** (***) and ***x");
-    }
-
-    #[test]
     fn urls_parse_into_kind_host_port_and_secrets() {
         let t = DbUrl::parse("postgresql://hc:p%40ss@127.0.0.1/app").unwrap();
         assert_eq!(
@@ -647,7 +613,6 @@ mod tests {
         );
         assert_eq!(t.password.as_deref(), Some("p@ss"));
         assert_eq!(t.shown, "postgresql://hc@127.0.0.1/app");
-        assert!(t.secrets.contains(&"p%40ss".to_string()));
         let t = DbUrl::parse("redis://:pw@[::1]:6380/2").unwrap();
         assert_eq!(
             (t.kind, t.host.as_str(), t.port, t.redis_db),

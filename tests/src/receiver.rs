@@ -54,6 +54,36 @@ impl Receiver {
         Self { port, seen }
     }
 
+    /// GitHub's issues API for `repo` (`owner/name`), statefully: issues created by POST are
+    /// listed by GET, comments are taken.
+    pub fn github_issues(repo: &str) -> Self {
+        let issues = format!("/repos/{repo}/issues");
+        Self::start(move |req: &Recorded, before: &[Recorded]| {
+            let created: Vec<&Recorded> = before
+                .iter()
+                .filter(|r| r.method == "POST" && r.path == issues)
+                .collect();
+            match (req.method.as_str(), req.path.as_str()) {
+                ("GET", p) if p.starts_with(&format!("{issues}?")) => {
+                    let list: Vec<Value> = created
+                        .iter()
+                        .enumerate()
+                        .map(|(i, r)| serde_json::json!({"number": i + 1, "state": "open", "title": r.body["title"], "body": r.body["body"]}))
+                        .collect();
+                    (200, Value::Array(list).to_string())
+                }
+                ("POST", p) if p == issues => (
+                    201,
+                    serde_json::json!({"number": created.len() + 1}).to_string(),
+                ),
+                ("POST", p) if p.starts_with(&format!("{issues}/")) && p.ends_with("/comments") => {
+                    (201, serde_json::json!({"id": before.len()}).to_string())
+                }
+                _ => (404, "{}".into()),
+            }
+        })
+    }
+
     /// Answers 200 `{}` to everything.
     pub fn ok() -> Self {
         Self::start(|_, _| (200, "{}".into()))

@@ -4,38 +4,14 @@
 
 use std::time::Duration;
 
-use health_agent_tests::{require_root, Agent, Fixture, Postgres, Receiver, Recorded, Tmpfs};
-use serde_json::{json, Value};
+use health_agent_tests::{require_root, Agent, Fixture, Postgres, Receiver, Tmpfs};
+use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(40);
 
-/// GitHub's issues API, statefully: issues created by POST are listed by GET.
+/// GitHub's issues API for `acme/shop`, statefully ([`Receiver::github_issues`]).
 fn github() -> Receiver {
-    Receiver::start(|req: &Recorded, before: &[Recorded]| {
-        let created: Vec<&Recorded> = before
-            .iter()
-            .filter(|r| r.method == "POST" && r.path == "/repos/acme/shop/issues")
-            .collect();
-        match (req.method.as_str(), req.path.as_str()) {
-            ("GET", p) if p.starts_with("/repos/acme/shop/issues?") => {
-                let list: Vec<Value> = created
-                    .iter()
-                    .enumerate()
-                    .map(|(i, r)| json!({"number": i + 1, "state": "open", "title": r.body["title"], "body": r.body["body"]}))
-                    .collect();
-                (200, Value::Array(list).to_string())
-            }
-            ("POST", "/repos/acme/shop/issues") => {
-                (201, json!({"number": created.len() + 1}).to_string())
-            }
-            ("POST", p)
-                if p.starts_with("/repos/acme/shop/issues/") && p.ends_with("/comments") =>
-            {
-                (201, json!({"id": before.len()}).to_string())
-            }
-            _ => (404, "{}".into()),
-        }
-    })
+    Receiver::github_issues("acme/shop")
 }
 
 struct Receivers {

@@ -1,5 +1,5 @@
-//! Why an alert, or `alert test`, did not reach its destination. Every text inside is already
-//! redacted of that destination's secrets.
+//! Why an alert, or `alert test`, did not reach its destination. Every text inside is fit to
+//! show: no URL of the destination, and the reply only in its documented shapes (`redact`).
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AlertError {

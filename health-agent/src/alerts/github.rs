@@ -24,7 +24,6 @@ use super::{
     incident::{human, Event, Kind},
     report,
 };
-use crate::redact::Secrets;
 use crate::text::rfc3339;
 
 /// How long a trigger waits for its process evidence before reporting without it.
@@ -54,7 +53,6 @@ impl Api {
 pub struct GitHub {
     api: Api,
     pacer: Pacer,
-    secrets: Secrets,
     /// Fingerprint → the issue this agent opened or found for it.
     issues: HashMap<String, u64>,
     evidence_interval: Duration,
@@ -78,14 +76,9 @@ impl GitHub {
                 token: token.to_string(),
             },
             pacer,
-            secrets: Secrets::new().with(token),
             issues: HashMap::new(),
             evidence_interval,
         }
-    }
-
-    pub fn secrets(&self) -> &Secrets {
-        &self.secrets
     }
 
     async fn call(
@@ -96,7 +89,7 @@ impl GitHub {
         body: Option<&Value>,
     ) -> Result<Value, AlertError> {
         let api = &self.api;
-        http.send(&mut self.pacer, &self.secrets, |c| {
+        http.send(&mut self.pacer, |c| {
             let r = api.req(c, method.clone(), path);
             match body {
                 Some(b) => r.json(b),

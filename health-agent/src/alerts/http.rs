@@ -11,11 +11,10 @@ use reqwest::{header::HeaderMap, RequestBuilder, StatusCode};
 
 use super::error::AlertError;
 use crate::config::AlertsConfig;
-use crate::redact::{describe_error, Secrets};
+use crate::redact::describe_error;
 
 /// A `Retry-After` longer than this is cut: the flap guard and the next incident will not wait.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
-const SNIPPET: usize = 200;
 
 /// Timing knobs that production takes from the receivers' documentation and tests shrink.
 #[derive(Debug, Clone)]
@@ -148,11 +147,11 @@ impl Http {
     }
 
     /// Sends the request `build` makes (once per attempt) until it succeeds, fails for good, or
-    /// `alerts.max_retries` retries are spent. Errors are already redacted.
+    /// `alerts.max_retries` retries are spent. Errors name no secret: the request's URL is left
+    /// out and the reply is shown only in its documented shapes (`redact::reply`).
     pub async fn send(
         &self,
         pacer: &mut Pacer,
-        secrets: &Secrets,
         build: impl Fn(&reqwest::Client) -> RequestBuilder,
     ) -> Result<Reply, AlertError> {
         let mut attempt = 0u32;
@@ -169,25 +168,23 @@ impl Http {
                     let error = format!("{status}{}", snippet(&body));
                     match retry_policy(status, &headers) {
                         Some(after) => (error, after),
-                        None => return Err(AlertError::Rejected(secrets.redact(&error))),
+                        None => return Err(AlertError::Rejected(error)),
                     }
                 }
-                Err(e) if e.is_builder() => {
-                    return Err(AlertError::Request(secrets.redact(&describe_error(e))))
-                }
+                Err(e) if e.is_builder() => return Err(AlertError::Request(describe_error(e))),
                 Err(e) => (describe_error(e), None),
             };
             if attempt >= self.max_retries {
                 return Err(AlertError::GaveUp {
                     attempts: attempt + 1,
-                    last: secrets.redact(&error),
+                    last: error,
                 });
             }
             let wait = retry_after.unwrap_or_else(|| self.backoff(attempt));
             tracing::debug!(
                 "attempt {} failed ({}), retrying in {:?}",
                 attempt + 1,
-                secrets.redact(&error),
+                error,
                 wait
             );
             tokio::time::sleep(wait).await;
@@ -237,12 +234,9 @@ fn retry_policy(status: StatusCode, headers: &HeaderMap) -> Option<Option<Durati
 
 /// `: <start of the body>` for error messages, on one line.
 fn snippet(body: &[u8]) -> String {
-    let text = String::from_utf8_lossy(body);
-    let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    if text.is_empty() {
-        String::new()
-    } else {
-        format!(": {}", crate::text::truncate(&text, SNIPPET))
+    match crate::redact::reply(body) {
+        said if said.is_empty() => said,
+        said => format!(": {said}"),
     }
 }
 

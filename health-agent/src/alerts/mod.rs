@@ -46,7 +46,7 @@ use self::{
     queue::{Pushed, Queue},
     sink::JsonSink,
 };
-use crate::redact::{host_of, Secrets};
+use crate::redact::host_of;
 use crate::{config::AlertsConfig, snapshot::Snapshot};
 
 /// `alert test` answers promptly: at most this many retries whatever `alerts.max_retries` says.
@@ -76,13 +76,6 @@ impl Destination {
         match &mut self.sink {
             Sink::Json(s) => s.send_test(http, host).await,
             Sink::GitHub(s) => s.send_test(http, host).await,
-        }
-    }
-
-    fn secrets(&self) -> &Secrets {
-        match &self.sink {
-            Sink::Json(s) => s.secrets(),
-            Sink::GitHub(s) => s.secrets(),
         }
     }
 }
@@ -284,8 +277,7 @@ async fn run_sender(
                 Err(e) => tracing::error!(
                     destination = %name,
                     incident = %ev.describe(),
-                    "alert not delivered: {}",
-                    dest.secrets().redact(&e.to_string())
+                    "alert not delivered: {e}"
                 ),
             }
         }

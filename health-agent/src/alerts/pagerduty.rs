@@ -12,7 +12,6 @@ use super::{
     incident::{Event, Kind},
     sink::JsonSink,
 };
-use crate::redact::Secrets;
 use crate::text::{rfc3339, truncate};
 
 const SUMMARY_LIMIT: usize = 1024;
@@ -55,12 +54,10 @@ fn test_key(host: &str) -> String {
 
 /// The PagerDuty destination: the routing key goes into every body and is its secret.
 pub fn sink(url: &str, routing_key: &str, pacer: Pacer) -> JsonSink {
-    let secrets = Secrets::new().with(routing_key).with_url(url);
     let (key, test_key) = (routing_key.to_string(), routing_key.to_string());
     JsonSink::new(
         url,
         pacer,
-        secrets,
         move |ev| payload(ev, &key),
         move |host| test_payloads(&test_key, host),
     )

@@ -1,6 +1,6 @@
 //! The destinations that take each message as one JSON POST to a fixed URL — Slack, PagerDuty,
-//! the generic webhook: one sink, paced and with its secrets kept out of errors, told by its
-//! destination's payload functions what to send.
+//! the generic webhook: one sink, paced, told by its destination's payload functions what to
+//! send. Its URL is a secret: errors never show it (`Http::send`).
 
 use serde_json::Value;
 
@@ -9,7 +9,6 @@ use super::{
     http::{Http, Pacer},
     incident::Event,
 };
-use crate::redact::Secrets;
 
 /// The body one incident event becomes.
 type EventPayload = Box<dyn Fn(&Event) -> Value + Send + Sync>;
@@ -19,7 +18,6 @@ type TestPayloads = Box<dyn Fn(&str) -> Vec<Value> + Send + Sync>;
 pub struct JsonSink {
     url: String,
     pacer: Pacer,
-    secrets: Secrets,
     event: EventPayload,
     test: TestPayloads,
 }
@@ -28,21 +26,15 @@ impl JsonSink {
     pub fn new(
         url: &str,
         pacer: Pacer,
-        secrets: Secrets,
         event: impl Fn(&Event) -> Value + Send + Sync + 'static,
         test: impl Fn(&str) -> Vec<Value> + Send + Sync + 'static,
     ) -> Self {
         Self {
             url: url.to_string(),
             pacer,
-            secrets,
             event: Box::new(event),
             test: Box::new(test),
         }
-    }
-
-    pub fn secrets(&self) -> &Secrets {
-        &self.secrets
     }
 
     pub async fn deliver(&mut self, http: &Http, ev: &Event) -> Result<(), AlertError> {
@@ -59,7 +51,7 @@ impl JsonSink {
 
     async fn post(&mut self, http: &Http, body: &Value) -> Result<(), AlertError> {
         let url = &self.url;
-        http.send(&mut self.pacer, &self.secrets, |c| c.post(url).json(body))
+        http.send(&mut self.pacer, |c| c.post(url).json(body))
             .await
             .map(drop)
     }

@@ -165,7 +165,8 @@ pub(super) fn merge(files: &[Source], whole: &str) -> Result<Config, ConfigError
                 path,
                 line,
                 key,
-                message: secrets::secrets(&cfg).replace(&message),
+                // The checks name a URL only redacted; any other is cut here too.
+                message: crate::dburl::redact_urls_in(&message),
             }
         }
         other => other,
@@ -216,7 +217,7 @@ mod tests {
             &[
                 (
                     "50-aws.toml",
-                    "[web]\nport = 8080\nworkers = 16\n\n[scaling.cloudwatch]\nenabled = true\n",
+                    "[web]\nport = 8000\nworkers = 16\n\n[scaling.cloudwatch]\nenabled = true\n",
                 ),
                 // Byte order: "10-" sorts before "50-", "9-" after it.
                 (
@@ -233,7 +234,7 @@ mod tests {
         );
         let loaded = Config::load_all(&path).unwrap();
         let c = &loaded.config;
-        assert_eq!(c.web.port, 8080, "50-aws.toml is after 10-early.toml");
+        assert_eq!(c.web.port, 8000, "50-aws.toml is after 10-early.toml");
         assert_eq!(c.web.workers, 16);
         assert_eq!(c.web.probe_path, "/health", "a table merges key by key");
         assert_eq!(c.disk.paths, ["/data"], "an array replaces");

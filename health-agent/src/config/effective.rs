@@ -52,7 +52,7 @@ impl Loaded {
 fn hidden(key: &str, value: &str) -> String {
     match key {
         // The whole URL is the credential (Slack's path, a token in a webhook's query).
-        "alerts.slack_webhook_url" | "alerts.webhook_url" => crate::redact::redact(value, &[]),
+        "alerts.slack_webhook_url" | "alerts.webhook_url" => crate::redact::text(value),
         "alerts.pagerduty_routing_key" => HIDDEN.into(),
         // Database URLs and endpoints with a password in them: the password goes, the rest
         // (user, host, database, TLS settings) says what is configured.

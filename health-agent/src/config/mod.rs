@@ -31,7 +31,7 @@ pub use sections::{
 };
 
 // Database URLs are checked and redacted by a leaf module shared with the database check.
-use crate::dburl::{redact_urls_in, url_secrets, validate_url};
+use crate::dburl::{has_password, validate_url};
 
 pub const DEFAULT_PATH: &str = "/etc/health-agent/health-agent.toml";
 

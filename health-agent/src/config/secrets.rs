@@ -4,8 +4,7 @@
 
 use std::path::Path;
 
-use super::{redact_urls_in, url_secrets, Config};
-use crate::redact::Secrets;
+use super::{has_password, Config};
 
 /// The config keys that hold a secret in this config, with their values: alert URLs and keys,
 /// database URLs with a password, URLs with credentials in them.
@@ -31,27 +30,11 @@ pub(super) fn secret_fields(cfg: &Config) -> Vec<(String, &str)> {
         }
     }
     for (key, url) in cfg.database.all_urls() {
-        if !url_secrets(url).is_empty() {
+        if has_password(url) {
             out.push((key, url));
         }
     }
     out
-}
-
-/// Every secret value in the config, for scrubbing messages.
-pub(super) fn secrets(cfg: &Config) -> Secrets {
-    let mut s = Secrets::new();
-    for (key, v) in secret_fields(cfg) {
-        if key.starts_with("database.") {
-            // The URL itself is shown redacted in database errors; only its password is secret.
-            for p in url_secrets(v) {
-                s = s.with(&p);
-            }
-        } else {
-            s = s.with_url(v);
-        }
-    }
-    s
 }
 
 /// The warning for a config file that any user may read while it holds secrets, naming the
@@ -121,11 +104,67 @@ pub(super) fn parse_error(text: &str, e: &toml::de::Error) -> String {
     if full_key.as_deref().is_some_and(shows_its_value) {
         values.clear();
     }
-    let at = match full_key {
+    let at = match &full_key {
         Some(k) => format!("line {line_no}, column {column}, key `{k}`"),
         None => format!("line {line_no}, column {column}"),
     };
-    format!("{at}: {}", scrub(message, &values))
+    format!(
+        "{at}: {}",
+        scrub(&teach(message, full_key.as_deref()), &values)
+    )
+}
+
+/// toml's type errors in the words the configuration reference uses: a number's range, a
+/// duration's form, no quotes around a number (`invalid value: integer `70000`, expected u16`
+/// → `must be a port number, 1 to 65535 (got integer `70000`)`). Anything else as toml said it.
+fn teach(message: &str, key: Option<&str>) -> String {
+    let Some((got, expected)) = message
+        .strip_prefix("invalid type: ")
+        .or_else(|| message.strip_prefix("invalid value: "))
+        .and_then(|m| m.rsplit_once(", expected "))
+    else {
+        return message.to_string();
+    };
+    let whole = |max: u64| format!("must be a whole number from 0 to {max}");
+    let rule = match expected {
+        "u16" if key == Some("web.port") => {
+            "must be the backend's listen port, 1 to 65535 (0 watches no backend)".to_string()
+        }
+        "u16" if key.is_some_and(|k| k.ends_with("port")) => {
+            "must be a port number, 1 to 65535".to_string()
+        }
+        "u8" => whole(u8::MAX.into()),
+        "u16" => whole(u16::MAX.into()),
+        "u32" => whole(u32::MAX.into()),
+        "u64" | "usize" => whole(u64::MAX),
+        "f64" | "f32" => "must be a number".to_string(),
+        "a boolean" => "must be true or false".to_string(),
+        "a string" if key.is_some_and(is_duration) => {
+            "must be a duration in quotes: \"120s\", \"500ms\", \"10m\"".to_string()
+        }
+        _ => return message.to_string(),
+    };
+    let unquote = if got.starts_with("string ") && expected != "a string" {
+        ", without quotes"
+    } else {
+        ""
+    };
+    format!("{rule}{unquote} (got {got})")
+}
+
+/// Whether `key` ("section.field", or deeper) holds a duration: its default is one ("2s").
+fn is_duration(key: &str) -> bool {
+    let Ok(mut at) = toml::Value::try_from(Config::default()) else {
+        return false;
+    };
+    for part in key.split('.') {
+        match at.get(part) {
+            Some(v) => at = v.clone(),
+            None => return false,
+        }
+    }
+    at.as_str()
+        .is_some_and(|d| !d.is_empty() && humantime::parse_duration(d).is_ok())
 }
 
 /// Whether `key` ("section.field") is a key of the config whose values are never secret.
@@ -222,9 +261,9 @@ fn section_of(before: &str) -> Option<String> {
     })
 }
 
-/// `message` without the given values, then without any URL's secret parts. A short value is
-/// replaced only where the message quotes it, so `5` does not eat every digit; a long one
-/// wherever it appears.
+/// `message` without the given values where it quotes them (toml's messages quote the value
+/// they refuse in backticks or quotes), then without any URL's secret parts. Never a search for
+/// a value elsewhere in the text: that would mask every `e` for a value `e`.
 fn scrub(message: &str, values: &[String]) -> String {
     let mut out = message.to_string();
     let mut values: Vec<&String> = values.iter().filter(|v| !v.is_empty()).collect();
@@ -236,11 +275,8 @@ fn scrub(message: &str, values: &[String]) -> String {
                 &format!("{open}[redacted]{close}"),
             );
         }
-        if v.len() >= 8 {
-            out = Secrets::new().with(v).replace(&out);
-        }
     }
-    crate::redact::redact(&redact_urls_in(&out), &[])
+    crate::redact::text(&out)
 }
 
 #[cfg(test)]

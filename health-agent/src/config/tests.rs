@@ -182,3 +182,64 @@ fn durations_round_trip() {
     let again = Config::parse(&toml::to_string(&cfg).unwrap(), "x").unwrap();
     assert_eq!(again, cfg);
 }
+
+/// Type mistakes answered in the reference's words: the range, the form, no quotes.
+#[test]
+fn type_errors_say_the_range_and_the_form() {
+    let err = |toml: &str| Config::parse(toml, "x.toml").unwrap_err().to_string();
+    for (toml, says) in [
+        (
+            "[web]\nport = 70000\n",
+            "key `web.port`: must be the backend's listen port, 1 to 65535 (0 watches no \
+             backend) (got integer `70000`)",
+        ),
+        (
+            "[web]\nport = -1\n",
+            "must be the backend's listen port, 1 to 65535 (0 watches no backend) (got integer \
+             `-1`)",
+        ),
+        (
+            "[web]\nport = \"3000\"\n",
+            "must be the backend's listen port, 1 to 65535 (0 watches no backend), without \
+             quotes (got string \"3000\")",
+        ),
+        (
+            "[checks]\nboot_grace = 120\n",
+            "key `checks.boot_grace`: must be a duration in quotes: \"120s\", \"500ms\", \
+             \"10m\" (got integer `120`)",
+        ),
+        (
+            "[scaling.cloudwatch]\ninterval = 60\n",
+            "must be a duration in quotes",
+        ),
+        (
+            "[disk]\nwarn_percent = \"80\"\n",
+            "key `disk.warn_percent`: must be a number, without quotes (got string \"80\")",
+        ),
+        (
+            "[heal]\nenabled = \"yes\"\n",
+            "key `heal.enabled`: must be true or false, without quotes (got string \"yes\")",
+        ),
+    ] {
+        let e = err(toml);
+        assert!(e.contains(says), "{toml:?}:\n  {e}\nwants\n  {says}");
+    }
+}
+
+/// The agent watching its own port: refused, unless the backend is in another namespace.
+#[test]
+fn web_port_equal_to_the_agents_own_port_is_refused_in_one_namespace() {
+    let e = Config::parse(
+        "[server]\nlisten = \"127.0.0.1:8080\"\n[web]\nport = 8080\n",
+        "x.toml",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("`web.port` is 8080, the agent's own port (server.listen = \"127.0.0.1:8080\")"),
+        "{e}"
+    );
+    Config::parse("[web]\nport = 8080\ncontainer = \"web\"\n", "x.toml")
+        .expect("a container's 8080 is not the agent's");
+    Config::parse("[web]\nport = 8081\n", "x.toml").expect("another port");
+}

@@ -42,6 +42,22 @@ impl Config {
             "set web.container or web.netns, not both (a container's namespace is found through Docker)".into(),
         ));
         }
+        // In the agent's own namespace, its own port is not the backend's: it would watch
+        // itself, see its own checks as the traffic, and 503 when it is busy.
+        if self.web.port != 0
+            && self.web.port == self.server.listen.port()
+            && self.web.container.is_empty()
+            && self.web.netns.is_empty()
+        {
+            return Err((
+                "web.port",
+                format!(
+                    "is {}, the agent's own port (server.listen = \"{}\"): set web.port to your \
+                     app's listen port, or move server.listen",
+                    self.web.port, self.server.listen
+                ),
+            ));
+        }
         if !self.web.netns.is_empty() && !self.web.netns.starts_with('/') {
             return Err((
                 "web.netns",

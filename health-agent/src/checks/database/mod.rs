@@ -19,7 +19,9 @@
 //!
 //! A database's password comes from its URL, else (Postgres only, as libpq does) `PGPASSWORD`,
 //! else the first line of `database.password_file`. Passwords are kept out of everything this
-//! module shows: names are `redact_url`ed and every error string passes through `sanitize`.
+//! module shows where they can sit, never searched for by value (`crate::redact`): names are
+//! `redact_url`ed, a server's errors are its own words (no server quotes a password back but in
+//! answer to the command that carried it), and that answer is shown by its error code only.
 //!
 //! Mistakes of the agent's own configuration are `misconfigured` from the first round, never an
 //! outage: a server that asks for a password none is set for, a password file or a certificate
@@ -57,12 +59,7 @@ pub(crate) use self::mysql::parse_mysql_packet;
 pub(crate) use self::redis::{parse_resp_line, ping_verdict, RESP_LINE_MAX};
 use self::target::{Login, Passwords, Target};
 pub use crate::dburl::DbKind;
-use crate::{
-    checks::DatabaseReport,
-    config::DatabaseConfig,
-    dburl::{sanitize, DbUrlError},
-    status::DbState,
-};
+use crate::{checks::DatabaseReport, config::DatabaseConfig, dburl::DbUrlError, status::DbState};
 
 /// Why the database check cannot run as configured. Names the key, never a password.
 #[derive(Debug, thiserror::Error)]
@@ -207,23 +204,16 @@ impl DatabaseMonitor {
     /// One round trip per database (concurrently), fed through the damping.
     pub async fn check(&mut self) -> DatabaseReport {
         let passwords = Passwords::read(self.password_file.as_ref());
-        let secrets: Vec<String> = self
-            .targets
-            .iter()
-            .flat_map(|t| t.secrets.iter())
-            .chain(passwords.secrets())
-            .cloned()
-            .collect();
         let rounds = self.targets.iter().map(|t| {
             let login = passwords.for_target(t);
-            let (timeout, secrets) = (self.timeout, &secrets);
+            let timeout = self.timeout;
             async move {
                 let result = match login {
                     Ok(login) => round_trip(t, &login, timeout).await,
                     Err(f) => Err(f),
                 };
                 Outcome {
-                    result: result.map_err(|e| e.map(|m| sanitize(m, secrets))),
+                    result,
                     at: SystemTime::now(),
                 }
             }

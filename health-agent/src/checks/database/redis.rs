@@ -263,7 +263,10 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
                 } else {
                     login.refused(t)
                 };
-                return Err(Failure::Refused(format!("AUTH refused: {reply}: {fix}")).into());
+                // By its error code alone: the reply answers the command that carried the
+                // password, and a server may quote it.
+                let code = reply.split_whitespace().next().unwrap_or("-ERR");
+                return Err(Failure::Refused(format!("AUTH refused: {code}: {fix}")).into());
             }
         }
         if let Some(db) = t.redis_db {

@@ -131,13 +131,6 @@ impl Passwords {
         }
     }
 
-    /// The secrets to keep out of what this round shows.
-    pub(super) fn secrets(&self) -> impl Iterator<Item = &String> {
-        self.env
-            .iter()
-            .chain(self.file.as_ref().ok().into_iter().flatten())
-    }
-
     /// The login for `t`: its password, if any, and where it came from.
     pub(super) fn for_target(&self, t: &Target) -> Result<Login, Failure> {
         let login = |password: &String, source| Login {
