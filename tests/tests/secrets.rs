@@ -1,0 +1,278 @@
+//! No secret can be read from anything the agent prints. A real PostgreSQL refuses a wrong
+//! database password, given as `PGPASSWORD` or in the URL, for passwords of one to three
+//! characters, a digit, a common word, a word of the message itself, the user name and
+//! non-ASCII; every surface is then read: `check` (table and JSON), `/health`, `/metrics`, the
+//! log, and what Slack, PagerDuty, GitHub (the incident issue) and a webhook received.
+//!
+//! Two properties, for every secret and surface: nothing shown depends on the secret (`check`
+//! with the secret and with another one print the same, digits aside), so no secret can be
+//! read back whatever its length or content; and nothing is masked (no `***`, no
+//! `[redacted]`), so no mask pattern can give one away. The server's message stays whole:
+//! `password authentication failed for user "app"`, the user name included when it is the
+//! password too.
+
+use std::{process::Command, time::Duration};
+
+use health_agent_tests::{agent_binary, require_root, Agent, Postgres, Receiver};
+
+/// The passwords tried: the shortest, a digit, common words, words of the message ("password",
+/// "for"), the user name, non-ASCII.
+const SECRETS: &[&str] = &["e", "7", "ab", "xyz", "password", "for", "app", "pässwörd"];
+/// What every other secret's output is compared with.
+const REFERENCE: &str = "Reference-Secret-Q";
+const REFUSED: &str = "password authentication failed for user \\\"app\\\"";
+const WAIT: Duration = Duration::from_secs(40);
+
+/// Where the password is given.
+#[derive(Clone, Copy, Debug)]
+enum Via {
+    Env,
+    Url,
+}
+
+struct Setup {
+    pg: Postgres,
+}
+
+impl Setup {
+    /// A private PostgreSQL with a role `app` whose password is none of [`SECRETS`].
+    fn start() -> Self {
+        let pg = Postgres::start();
+        pg.psql("CREATE ROLE app LOGIN PASSWORD 'the-right-one-4711'");
+        Self { pg }
+    }
+
+    fn url(&self, via: Via, secret: &str) -> String {
+        match via {
+            Via::Env => format!("postgres://app@127.0.0.1:{}/postgres", self.pg.port),
+            Via::Url => format!(
+                "postgres://app:{}@127.0.0.1:{}/postgres",
+                encoded(secret),
+                self.pg.port
+            ),
+        }
+    }
+
+    fn env(via: Via, secret: &str) -> Vec<(&'static str, String)> {
+        match via {
+            Via::Env => vec![("PGPASSWORD", secret.to_string())],
+            Via::Url => Vec::new(),
+        }
+    }
+}
+
+fn encoded(secret: &str) -> String {
+    secret
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// `health-agent check` and `check --json` on a config with only the database: their output,
+/// with every run of digits made `0` (latencies differ from run to run).
+fn check(dir: &std::path::Path, url: &str, env: &[(&str, String)]) -> String {
+    let cfg = dir.join("health-agent.toml");
+    std::fs::write(
+        &cfg,
+        // A generous timeout: a busy machine's SCRAM exchange must not read as an outage.
+        format!("[server]\ndetails = \"always\"\n[database]\nurl = \"{url}\"\ntimeout = \"20s\"\n"),
+    )
+    .expect("config");
+    let mut out = String::new();
+    for json in [false, true] {
+        let mut c = Command::new(agent_binary());
+        c.arg("--config").arg(&cfg).arg("check");
+        if json {
+            c.arg("--json");
+        }
+        let run = c
+            .env_remove("PGPASSWORD")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .output()
+            .expect("health-agent check");
+        out.push_str(&String::from_utf8_lossy(&run.stdout));
+        out.push_str(&String::from_utf8_lossy(&run.stderr));
+    }
+    digits_as_zero(&out)
+}
+
+fn digits_as_zero(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut in_digits = false;
+    for c in text.chars() {
+        match (c.is_ascii_digit(), in_digits) {
+            (true, true) => {}
+            (true, false) => out.push('0'),
+            (false, _) => out.push(c),
+        }
+        in_digits = c.is_ascii_digit();
+    }
+    out
+}
+
+/// What no surface may show for `secret`: a mask, or the secret where a password sits.
+fn assert_nothing_reveals(surface: &str, text: &str, secret: &str) {
+    for mask in ["***", "[redacted]"] {
+        assert!(
+            !text.contains(mask),
+            "{surface}, secret {secret:?}: a mask {mask:?} in\n{text}"
+        );
+    }
+    for place in [
+        format!(":{secret}@"),
+        format!(":{}@", encoded(secret)),
+        format!("PGPASSWORD={secret}"),
+        format!("password={secret}"),
+        format!("password={}", encoded(secret)),
+    ] {
+        assert!(
+            !text.contains(&place),
+            "{surface}, secret {secret:?}: {place:?} in\n{text}"
+        );
+    }
+}
+
+/// `check`: for each secret, by either route, the same output as for another secret, and the
+/// server's refusal readable in it.
+#[test]
+fn check_prints_the_same_whatever_the_password() {
+    require_root();
+    let setup = Setup::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    for via in [Via::Env, Via::Url] {
+        let reference = check(
+            dir.path(),
+            &setup.url(via, REFERENCE),
+            &Setup::env(via, REFERENCE),
+        );
+        assert!(
+            reference.contains(REFUSED),
+            "{via:?}: the refusal is not readable:\n{reference}"
+        );
+        println!("{via:?}, any password:\n{reference}");
+        for secret in SECRETS {
+            let out = check(
+                dir.path(),
+                &setup.url(via, secret),
+                &Setup::env(via, secret),
+            );
+            assert_nothing_reveals("check", &out, secret);
+            assert_eq!(
+                out, reference,
+                "{via:?}: `check` with password {secret:?} differs from another password's"
+            );
+        }
+    }
+}
+
+/// The running agent: `/health`, `/metrics`, the log, and the four alert destinations, for
+/// every secret by either route, all agents side by side.
+#[test]
+fn no_surface_of_the_running_agent_reveals_the_password() {
+    require_root();
+    let setup = Setup::start();
+    let mut runs = Vec::new();
+    for via in [Via::Env, Via::Url] {
+        for secret in SECRETS {
+            let rx = Receivers::start();
+            let env = Setup::env(via, secret);
+            let mut env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            env.push(("GITHUB_TOKEN", "ghp_testtoken4711"));
+            let agent = Agent::start_with_env(
+                &format!(
+                    "[checks]\ninterval = \"500ms\"\n[database]\nurl = \"{}\"\ninterval = \"2s\"\n\
+                     timeout = \"20s\"\n{}",
+                    setup.url(via, secret),
+                    rx.config()
+                ),
+                &env,
+            );
+            runs.push((via, *secret, agent, rx));
+        }
+    }
+    for (via, secret, agent, rx) in &runs {
+        let (_, body) = agent.wait_health(WAIT, "the password refused", |_, b| {
+            b["checks"]["database"] == "misconfigured"
+                && b["details"]["database"]["reason"]
+                    .as_str()
+                    .is_some_and(|r| r.contains("password authentication failed"))
+        });
+        let posts = rx.wait_all();
+        let surfaces = [
+            ("/health", body.to_string()),
+            ("/metrics", agent.metrics()),
+            ("the log", agent.logs()),
+            ("slack", posts[0].clone()),
+            ("pagerduty", posts[1].clone()),
+            ("github", posts[2].clone()),
+            ("webhook", posts[3].clone()),
+        ];
+        for (surface, text) in &surfaces {
+            assert_nothing_reveals(&format!("{via:?} {surface}"), text, secret);
+        }
+        for (surface, text) in [&surfaces[0], &surfaces[4], &surfaces[5]] {
+            assert!(
+                text.contains(REFUSED) || text.contains(&REFUSED.replace("\\\"", "\"")),
+                "{via:?} {surface}, secret {secret:?}: the refusal is not readable:\n{text}"
+            );
+        }
+    }
+}
+
+/// Slack, PagerDuty, GitHub (issues) and a webhook, on loopback.
+struct Receivers {
+    slack: Receiver,
+    pagerduty: Receiver,
+    github: Receiver,
+    webhook: Receiver,
+}
+
+impl Receivers {
+    fn start() -> Self {
+        Self {
+            slack: Receiver::ok(),
+            pagerduty: Receiver::start(|_, _| {
+                (
+                    202,
+                    serde_json::json!({"status": "success", "message": "Event processed"})
+                        .to_string(),
+                )
+            }),
+            github: Receiver::github_issues("acme/shop"),
+            webhook: Receiver::ok(),
+        }
+    }
+
+    fn config(&self) -> String {
+        format!(
+            "[alerts]\nslack_webhook_url = \"{}\"\npagerduty_routing_key = \"R0UT1NGKEY0123456789abcdefABCDEF\"\n\
+             pagerduty_url = \"{}\"\ngithub_repo = \"acme/shop\"\ngithub_api_url = \"{}\"\nwebhook_url = \"{}\"\n",
+            self.slack.url("/services/T000/B000/XXXXSECRET"),
+            self.pagerduty.url("/v2/enqueue"),
+            self.github.url(""),
+            self.webhook.url("/hook"),
+        )
+    }
+
+    /// Once each destination has its trigger: what each received (POST bodies, as sent).
+    fn wait_all(&self) -> [String; 4] {
+        [&self.slack, &self.pagerduty, &self.github, &self.webhook].map(|r| {
+            health_agent_tests::wait_until(WAIT, "an alert at each destination", || {
+                let posts = r.posts();
+                (!posts.is_empty()).then(|| {
+                    posts
+                        .iter()
+                        .map(|p| String::from_utf8_lossy(&p.raw).into_owned())
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                })
+            })
+        })
+    }
+}
