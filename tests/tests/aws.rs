@@ -26,7 +26,7 @@ const SESSION: &str = "SESSION-TOKEN-never-shown";
 fn role() -> Role {
     Role {
         name: "web-role".into(),
-        access_key_id: "ASIAROLEKEY",
+        access_key_id: "ASIAROLEKEYEXAMPLE01",
         secret_access_key: ROLE_SECRET,
         session_token: SESSION,
     }
@@ -155,7 +155,7 @@ fn refusing(status: u16, code: &'static str) -> Receiver {
             format!(
                 "<ErrorResponse><Error><Type>Sender</Type><Code>{code}</Code>\
                  <Message>User: arn:aws:sts::123456789012:assumed-role/web-role/i-1 with key \
-                 ASIAROLEKEY is not allowed</Message></Error><RequestId>r</RequestId></ErrorResponse>"
+                 ASIAROLEKEYEXAMPLE01 is not allowed</Message></Error><RequestId>r</RequestId></ErrorResponse>"
             ),
         )
     })
@@ -203,7 +203,7 @@ fn asg_access_denied_no_role_and_throttling_are_fleet_notes_not_503s() {
     println!("access denied: {f}");
     let log = a.logs();
     assert!(
-        log.contains("AccessDenied") && !log.contains("ASIAROLEKEY"),
+        log.contains("AccessDenied") && !log.contains("ASIAROLEKEYEXAMPLE01"),
         "the log says why, without the key:\n{log}"
     );
     drop(a);

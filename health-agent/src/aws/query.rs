@@ -76,9 +76,47 @@ fn xml_tag<'a>(body: &'a str, tag: &str) -> Option<&'a str> {
     Some(body[start..start + len].trim())
 }
 
-/// Sorts an error answer. `secrets` are cut out of the message: an AWS error may quote the
-/// access key id, and no key belongs in a log line or a response.
-pub fn classify(status: StatusCode, body: &str, secrets: &[&str]) -> QueryError {
+/// `message` with every word shaped like an AWS credential shown as `<credential>`: an access
+/// key id (`AKIA`/`ASIA` and 16 upper-case letters or digits) or a run of 30 or more base64
+/// characters (a secret key, a session token). By shape, never by value: nothing here knows the
+/// keys in use.
+fn without_credentials(message: &str) -> String {
+    let credential = |w: &str| {
+        let key_id = w.len() == 20
+            && (w.starts_with("AKIA") || w.starts_with("ASIA"))
+            && w.chars()
+                .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit());
+        let blob = w.len() >= 30
+            && w.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '/' | '='));
+        key_id || blob
+    };
+    let mut out = String::with_capacity(message.len());
+    let mut word = String::new();
+    let flush = |word: &mut String, out: &mut String| {
+        if credential(word) {
+            out.push_str("<credential>");
+        } else {
+            out.push_str(word);
+        }
+        word.clear();
+    };
+    for c in message.chars() {
+        if c.is_ascii_alphanumeric() || matches!(c, '+' | '/' | '=') {
+            word.push(c);
+        } else {
+            flush(&mut word, &mut out);
+            out.push(c);
+        }
+    }
+    flush(&mut word, &mut out);
+    out
+}
+
+/// Sorts an error answer. An AWS error may quote the access key id ("The security token ...
+/// AKIA..."), and no key belongs in a log line or a response: every word shaped like a
+/// credential is cut out of the message ([`without_credentials`]), whatever its value.
+pub fn classify(status: StatusCode, body: &str) -> QueryError {
     let code = xml_tag(body, "Code").unwrap_or("").to_string();
     let mut message: String = xml_tag(body, "Message")
         .unwrap_or(body)
@@ -86,9 +124,7 @@ pub fn classify(status: StatusCode, body: &str, secrets: &[&str]) -> QueryError 
         .filter(|c| !c.is_control())
         .take(SNIPPET)
         .collect();
-    for s in secrets.iter().filter(|s| !s.is_empty()) {
-        message = message.replace(s, "<redacted>");
-    }
+    message = without_credentials(&message);
     let status_u16 = status.as_u16();
     let code_lc = code.to_ascii_lowercase();
     if status == StatusCode::TOO_MANY_REQUESTS
@@ -206,12 +242,7 @@ pub async fn call(
     if status.is_success() {
         return Ok(text);
     }
-    let secrets = [
-        creds.access_key_id.as_str(),
-        creds.secret_access_key.as_str(),
-        creds.session_token.as_deref().unwrap_or(""),
-    ];
-    Err(classify(status, &text, &secrets))
+    Err(classify(status, &text))
 }
 
 /// A service's public endpoint in a region (China's partition has its own domain):
@@ -233,10 +264,10 @@ mod tests {
         let xml = |code: &str| {
             format!(
                 "<ErrorResponse><Error><Type>Sender</Type><Code>{code}</Code>\
-                 <Message>key AKIDSECRET is bad</Message></Error></ErrorResponse>"
+                 <Message>key AKIAIOSFODNN7EXAMPLE (secret wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY) is bad</Message></Error></ErrorResponse>"
             )
         };
-        let e = classify(StatusCode::BAD_REQUEST, &xml("Throttling"), &[]);
+        let e = classify(StatusCode::BAD_REQUEST, &xml("Throttling"));
         assert!(
             matches!(e, QueryError::Throttled { .. }) && e.retryable(),
             "{e}"
@@ -244,20 +275,23 @@ mod tests {
         // EC2's own spelling, in its own envelope.
         let ec2 = "<Response><Errors><Error><Code>RequestLimitExceeded</Code>\
                    <Message>Request limit exceeded.</Message></Error></Errors></Response>";
-        let e = classify(StatusCode::SERVICE_UNAVAILABLE, ec2, &[]);
+        let e = classify(StatusCode::SERVICE_UNAVAILABLE, ec2);
         assert!(matches!(e, QueryError::Throttled { .. }), "{e}");
-        let e = classify(StatusCode::TOO_MANY_REQUESTS, "slow down", &[]);
+        let e = classify(StatusCode::TOO_MANY_REQUESTS, "slow down");
         assert!(matches!(e, QueryError::Throttled { .. }), "{e}");
-        let e = classify(StatusCode::SERVICE_UNAVAILABLE, "", &[]);
+        let e = classify(StatusCode::SERVICE_UNAVAILABLE, "");
         assert!(matches!(e, QueryError::Server { .. }) && e.retryable());
-        let e = classify(StatusCode::FORBIDDEN, &xml("ExpiredToken"), &[]);
+        let e = classify(StatusCode::FORBIDDEN, &xml("ExpiredToken"));
         assert!(matches!(e, QueryError::Credentials { .. }) && e.retryable());
-        let e = classify(StatusCode::FORBIDDEN, &xml("AccessDenied"), &["AKIDSECRET"]);
+        let e = classify(StatusCode::FORBIDDEN, &xml("AccessDenied"));
         assert!(!e.retryable());
         assert_eq!(e.code(), "AccessDenied");
         let shown = e.to_string();
         assert!(
-            shown.contains("AccessDenied") && !shown.contains("AKIDSECRET"),
+            shown.contains("AccessDenied")
+                && shown.contains("key <credential> (secret <credential>) is bad")
+                && !shown.contains("AKIA")
+                && !shown.contains("EXAMPLEKEY"),
             "{shown}"
         );
     }
