@@ -2,7 +2,8 @@
 //! 2:2`) under four looping clients: a worker stopped with SIGSTOP, or deadlocked (every
 //! request it takes blocks forever), is named (`partial_hang`, its pid), replaced (the agent
 //! stops it, Puma's master forks a new one) and the instance is `healthy` again — 200 on every
-//! answer meanwhile. With `heal.replace_workers = false` it is named and left alone; a Puma
+//! answer meanwhile. So is a worker stopped while it holds nothing, under light traffic its
+//! sibling takes alone: its half of the capacity is gone all the same. With `heal.replace_workers = false` it is named and left alone; a Puma
 //! in single mode (no master) keeps the hang rules.
 //!
 //! Every test records every `/health` answer of the run ([`health_agent_tests::Watched`]) and asserts over
@@ -16,8 +17,7 @@ use health_agent_tests::{
 use serde_json::Value;
 
 /// `-w 2 -t 2:2`, `GET /slow` taking 0.1 s: under four clients each worker holds requests
-/// most of the time, as an application server's do (a worker stopped while idle holds nothing:
-/// its sibling takes every connection, nobody waits, and nothing is stuck to name).
+/// most of the time, as an application server's do.
 fn cluster(block_file: Option<std::path::PathBuf>) -> Puma {
     let puma = Puma::start(PumaOptions {
         threads: 2,
@@ -159,7 +159,8 @@ fn named_replaced_healthy(
             );
             let detail = s.web()["detail"].as_str().unwrap_or_default();
             assert!(
-                detail.contains(&format!("process {stuck} (")) && detail.contains("unanswered"),
+                detail.contains(&format!("process {stuck} ("))
+                    && (detail.contains("unanswered") || detail.contains("holding no request")),
                 "the reason names the process and what it holds: {detail}{ctx}"
             );
         }
@@ -220,6 +221,54 @@ fn stopped_puma_worker_is_named_and_replaced_never_503() {
     unsafe { libc::kill(stuck as i32, libc::SIGSTOP) };
     let stuck_at = w.poller.elapsed();
     named_replaced_healthy(&w, load, stuck, stuck_at, Duration::from_secs(3));
+}
+
+/// A worker stopped while it holds nothing: light traffic (one client, a fast page every
+/// 200 ms) that its sibling takes alone, so nothing waits. Half the capacity is gone all the
+/// same: named with its share, replaced, healthy again, 200 throughout, in both
+/// `socket_tracing` modes.
+#[test]
+fn worker_stopped_while_idle_is_named_with_its_share_and_replaced() {
+    require_root();
+    for mode in ["on_suspicion", "always"] {
+        let puma = cluster(None);
+        let w = Watched::new(puma, |puma| {
+            web_config(puma.port, &format!("[web]\nsocket_tracing = \"{mode}\"\n"))
+        });
+        let load = Load::new_connections(
+            w.puma.port,
+            "/",
+            1,
+            Duration::from_millis(200),
+            Duration::from_secs(5),
+        );
+        w.wait_healthy();
+        // Time for the load to get answers, through the counting windows' first round.
+        std::thread::sleep(Duration::from_secs(4));
+        let stuck = w.puma.worker_pids()[0];
+        // SAFETY: signalling a child of our own child.
+        unsafe { libc::kill(stuck as i32, libc::SIGSTOP) };
+        let stuck_at = w.poller.elapsed();
+        println!("socket_tracing = {mode}: worker {stuck} stopped");
+        named_replaced_healthy(&w, load, stuck, stuck_at, Duration::from_secs(5));
+        let reasons: Vec<String> = w
+            .answers_since(stuck_at)
+            .iter()
+            .flat_map(|s| {
+                let mut r: Vec<String> = replacements(s)
+                    .iter()
+                    .filter_map(|a| a["reason"].as_str().map(str::to_string))
+                    .collect();
+                r.extend(named(s).and(s.web()["detail"].as_str().map(str::to_string)));
+                r
+            })
+            .collect();
+        assert!(
+            reasons.iter().any(|r| r.contains("holding no request")
+                && r.contains("1 of 2 workers: 50% of the capacity gone")),
+            "{mode}: the reason says the capacity it takes away: {reasons:?}"
+        );
+    }
 }
 
 /// Not stopped: every request the worker takes blocks in the app forever, with no CPU. That

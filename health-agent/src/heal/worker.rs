@@ -350,6 +350,8 @@ mod tests {
             parent_unable: None,
             is_master: false,
             frozen: Some("stopped".into()),
+            frozen_ms: 0,
+            workers: 2,
             unanswered: 2,
             oldest_unanswered_ms: 900,
             last_sent_ms: None,

@@ -54,6 +54,8 @@ pub struct WebMonitor {
     owners_scanned: Option<Instant>,
     /// CPU of each process holding the listener, sampled while work is stuck.
     worker_cpu: HashMap<u32, CpuMeter>,
+    /// When each process holding the listener (pid, start) was first seen stopped or frozen.
+    frozen_since: HashMap<(u32, u64), Instant>,
     /// When a look prompted only by connections accepted and never read found no process
     /// holding a request (see HELD_LOOK_EVERY).
     held_found_nothing: Option<Instant>,
@@ -336,6 +338,7 @@ impl WebMonitor {
             owners_inode: 0,
             owners_scanned: None,
             worker_cpu: HashMap::new(),
+            frozen_since: HashMap::new(),
             held_found_nothing: None,
             accept_fds: HashMap::new(),
             latency: LatencyWindow::default(),

@@ -299,9 +299,13 @@ pub fn children_of(parents: &[u32]) -> Vec<u32> {
         .collect()
 }
 
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
 /// One process holding the listener whose own requests went unanswered while it was looked
-/// at: the facts a partial hang (one stuck worker of a pre-fork server) is decided from, and
-/// what replacing it must check first.
+/// at, or that is stopped or frozen: the facts a partial hang (one stuck worker of a pre-fork
+/// server) is decided from, and what replacing it must check first.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct WorkerView {
     pub pid: u32,
@@ -318,6 +322,13 @@ pub struct WorkerView {
     /// Set when it cannot run: `stopped`, `in a frozen cgroup`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub frozen: Option<String>,
+    /// Since the agent first saw it stopped or frozen (0 while it runs): a worker stopped while
+    /// it held no request is stuck all the same, its share of the capacity gone.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub frozen_ms: u64,
+    /// The server's workers (the processes holding the listener that are no master), this one
+    /// among them: the share of the capacity one takes.
+    pub workers: u32,
     /// Its connections on the web port with a request in and no answer out.
     pub unanswered: u32,
     /// The oldest of them: since its request came in.

@@ -125,13 +125,15 @@ fn stuck_for(e: &Evidence) -> Option<Duration> {
 }
 
 /// How long until `w` counts as stuck on this evidence; zero: it does now; None: not on this
-/// evidence. Stopped or frozen: its oldest request FREEZE_CONFIRM old. Otherwise: requests
-/// unanswered and nothing sent on any of its connections for `unanswered_after`, and (checked
-/// by `stuck_worker`, not timed) no CPU and no outbound request in flight.
+/// evidence. Stopped or frozen: its oldest request, or the stop itself when it holds none,
+/// FREEZE_CONFIRM old. Otherwise: requests unanswered and nothing sent on any of its
+/// connections for `unanswered_after`, and (checked by `stuck_worker`, not timed) no CPU and no
+/// outbound request in flight.
 fn until_worker_stuck(w: &WorkerView, cfg: &WebConfig) -> Option<Duration> {
     let oldest = Duration::from_millis(w.oldest_unanswered_ms);
     if w.frozen.is_some() {
-        return Some(freeze_confirm(cfg).saturating_sub(oldest));
+        let stopped = oldest.max(Duration::from_millis(w.frozen_ms));
+        return Some(freeze_confirm(cfg).saturating_sub(stopped));
     }
     if w.outbound_waiting > 0 || w.cpu_percent.is_some_and(|p| p >= BUSY_PERCENT) {
         return None;
@@ -145,11 +147,18 @@ fn until_worker_stuck(w: &WorkerView, cfg: &WebConfig) -> Option<Duration> {
 }
 
 /// Whether someone else answers while `w` is stuck: a response byte went out on the port
-/// since `w`'s oldest request came in (without the kernel view: the probe was answered).
+/// since `w`'s oldest request came in (without the kernel view: the probe was answered). A
+/// worker stopped while it held nothing leaves nothing waiting: there the probe answered is
+/// the others answering too (the kernel's last answer is old news while its programs are
+/// detached because all looked well).
 fn others_answer(e: &Evidence, w: &WorkerView) -> bool {
+    let probe_ok = e.probe.as_ref().is_some_and(|p| p.ok);
     match &e.kernel {
+        Some(k) if w.unanswered == 0 && w.frozen.is_some() => {
+            k.answered_within(Duration::from_millis(w.frozen_ms)) || probe_ok
+        }
         Some(k) => k.answered_within(Duration::from_millis(w.oldest_unanswered_ms)),
-        None => e.probe.as_ref().is_some_and(|p| p.ok),
+        None => probe_ok,
     }
 }
 

@@ -58,6 +58,10 @@ impl WebMonitor {
             self.cpu.clear();
             self.worker_cpu.clear();
             self.held_found_nothing = None;
+            // Nothing waits, yet a pre-fork worker may be stopped while it held nothing (its
+            // siblings take every connection): its share of the capacity is gone all the
+            // same. One small read per process says so.
+            e.workers = self.stopped_workers(now);
             return None;
         }
         // Held connections only, and the last look found nobody holding a request: the
@@ -91,6 +95,7 @@ impl WebMonitor {
         let web_port = self.target.as_ref().map_or(self.cfg.port, |t| t.port);
         let workers = self.owners.len() > 1 && look_at_connections;
         if !(stuck || workers) {
+            e.workers = self.stopped_workers(now);
             return Some(ProcessView {
                 frozen: e.frozen.clone(),
                 cpu_percent: e.cpu_percent,
@@ -135,6 +140,8 @@ impl WebMonitor {
             .iter()
             .filter_map(|&p| process::stat(p).map(|s| (p, s)))
             .collect();
+        let workers = worker_count(&stats);
+        self.note_frozen(&stats, now);
         let mut out = Vec::new();
         for &(pid, st) in &stats {
             let meter = self.worker_cpu.entry(pid).or_default();
@@ -143,8 +150,12 @@ impl WebMonitor {
             let inodes: HashSet<u64> = net::socket_inodes(pid).into_iter().collect();
             let (unanswered, oldest, last_sent) =
                 process::web_connections(&inodes, conns, web_port);
-            let Some(oldest) = oldest.filter(|_| unanswered > 0) else {
-                continue;
+            let frozen = process::frozen_why(pid, st.state).map(str::to_string);
+            let oldest = match oldest.filter(|_| unanswered > 0) {
+                Some(oldest) => oldest,
+                // Stopped while it held nothing: stuck all the same.
+                None if frozen.is_some() => 0,
+                None => continue,
             };
             let parent_holds_listener = self.owners.contains(&st.parent);
             let parent_unable = parent_holds_listener
@@ -164,7 +175,9 @@ impl WebMonitor {
                 parent_holds_listener,
                 parent_unable,
                 is_master: stats.iter().any(|(_, s)| s.parent == pid),
-                frozen: process::frozen_why(pid, st.state).map(str::to_string),
+                frozen_ms: self.frozen_ms(pid, st.start, now),
+                frozen,
+                workers,
                 unanswered,
                 oldest_unanswered_ms: oldest,
                 last_sent_ms: last_sent,
@@ -176,4 +189,81 @@ impl WebMonitor {
         }
         out
     }
+
+    /// The stopped or frozen workers of a pre-fork server (several processes holding the
+    /// listener, none of them the only one stopped: that is the whole server, judged by the
+    /// hang rules), seen with nothing waiting: what `decide` names as a partial hang once one
+    /// has been stopped for FREEZE_CONFIRM.
+    fn stopped_workers(&mut self, now: Instant) -> Vec<WorkerView> {
+        if self.owners.len() < 2 {
+            self.frozen_since.clear();
+            return Vec::new();
+        }
+        let stats: Vec<(u32, process::Stat)> = self
+            .owners
+            .iter()
+            .filter_map(|&p| process::stat(p).map(|s| (p, s)))
+            .collect();
+        self.note_frozen(&stats, now);
+        let workers = worker_count(&stats);
+        let mut out = Vec::new();
+        for &(pid, st) in &stats {
+            let Some(frozen) = process::frozen_why(pid, st.state) else {
+                continue;
+            };
+            let parent_holds_listener = self.owners.contains(&st.parent);
+            let parent_unable = parent_holds_listener
+                .then(|| match process::stat(st.parent) {
+                    Some(ps) => process::frozen_why(st.parent, ps.state).map(str::to_string),
+                    None => Some("gone".into()),
+                })
+                .flatten();
+            out.push(WorkerView {
+                pid,
+                command: process::command(pid).unwrap_or_else(|| "?".into()),
+                parent: st.parent,
+                parent_holds_listener,
+                parent_unable,
+                is_master: stats.iter().any(|(_, s)| s.parent == pid),
+                frozen: Some(frozen.to_string()),
+                frozen_ms: self.frozen_ms(pid, st.start, now),
+                workers,
+                unanswered: 0,
+                oldest_unanswered_ms: 0,
+                last_sent_ms: None,
+                cpu_percent: None,
+                outbound_waiting: 0,
+                start: st.start,
+                listener: self.owners_inode,
+            });
+        }
+        out
+    }
+
+    /// Keeps when each process of `stats` was first seen stopped or frozen; forgets the others.
+    fn note_frozen(&mut self, stats: &[(u32, process::Stat)], now: Instant) {
+        let frozen: Vec<(u32, u64)> = stats
+            .iter()
+            .filter(|(pid, st)| process::frozen_why(*pid, st.state).is_some())
+            .map(|(pid, st)| (*pid, st.start))
+            .collect();
+        self.frozen_since.retain(|k, _| frozen.contains(k));
+        for k in frozen {
+            self.frozen_since.entry(k).or_insert(now);
+        }
+    }
+
+    fn frozen_ms(&self, pid: u32, start: u64, now: Instant) -> u64 {
+        self.frozen_since
+            .get(&(pid, start))
+            .map_or(0, |t| now.saturating_duration_since(*t).as_millis() as u64)
+    }
+}
+
+/// The processes of `stats` that are no master of the others: the workers.
+fn worker_count(stats: &[(u32, process::Stat)]) -> u32 {
+    stats
+        .iter()
+        .filter(|(pid, _)| !stats.iter().any(|(_, s)| s.parent == *pid))
+        .count() as u32
 }

@@ -82,6 +82,10 @@ pub(super) fn describe_stuck(w: &WorkerView, k: Option<&KernelEvidence>) -> Stri
         secs(Duration::from_millis(w.oldest_unanswered_ms))
     );
     let how = match &w.frozen {
+        Some(why) if w.unanswered == 0 => format!(
+            "{why} for {}, holding no request",
+            secs(Duration::from_millis(w.frozen_ms))
+        ),
         Some(why) => format!("{why}: holds {held}"),
         None => format!(
             "holds {held} and sent nothing for {}, {:.0}% CPU, no outbound request in flight",
@@ -104,8 +108,18 @@ pub(super) fn describe_stuck(w: &WorkerView, k: Option<&KernelEvidence>) -> Stri
     } else {
         format!("its parent {} (the master) holds the listener", w.parent)
     };
+    // Its share of the capacity, which the saturation still counts until it is replaced.
+    let share = if w.workers > 1 && !w.is_master {
+        format!(
+            "; 1 of {} workers: {:.0}% of the capacity gone",
+            w.workers,
+            100.0 / f64::from(w.workers)
+        )
+    } else {
+        String::new()
+    };
     format!(
-        "process {} ({}) {how}; {others}; {parent}",
+        "process {} ({}) {how}{share}; {others}; {parent}",
         w.pid, w.command
     )
 }

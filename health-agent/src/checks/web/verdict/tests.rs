@@ -493,6 +493,8 @@ fn worker(oldest: Duration, frozen: bool) -> WorkerView {
         parent_unable: None,
         is_master: false,
         frozen: frozen.then(|| "stopped".into()),
+        frozen_ms: 0,
+        workers: 2,
         unanswered: 2,
         oldest_unanswered_ms: oldest.as_millis() as u64,
         last_sent_ms: None,
@@ -540,6 +542,38 @@ fn one_stopped_worker_while_the_others_answer_is_a_partial_hang_naming_it() {
     assert_ne!(decide(&e, &cfg()).0, WebVerdict::PartialHang);
     let now = Instant::now();
     assert_eq!(next_look(&e, &cfg(), now).unwrap() - now, ms(202));
+}
+
+/// A worker stopped while it held nothing (its sibling takes every connection, nothing
+/// waits): stuck all the same once stopped for the freeze confirmation, its share of the
+/// capacity named; before that, not yet, and the next look lands on it.
+#[test]
+fn a_worker_stopped_holding_nothing_is_a_partial_hang_naming_its_share() {
+    let idle = |frozen_ms: u64| WorkerView {
+        unanswered: 0,
+        oldest_unanswered_ms: 0,
+        frozen_ms,
+        ..worker(ms(0), true)
+    };
+    let (v, why) = decide(&others_answering(ms(10), idle(700)), &cfg());
+    assert_eq!(v, WebVerdict::PartialHang, "{why}");
+    for part in [
+        "process 4242 (puma: cluster worker 1",
+        "stopped for 0.7s, holding no request",
+        "1 of 2 workers: 50% of the capacity gone",
+    ] {
+        assert!(why.contains(part), "{part:?} in {why}");
+    }
+    let e = others_answering(ms(10), idle(300));
+    assert_eq!(decide(&e, &cfg()).0, WebVerdict::Up);
+    let now = Instant::now();
+    assert_eq!(next_look(&e, &cfg(), now).unwrap() - now, ms(202));
+    // The kernel's last answer is older than the stop (its programs detached while all was
+    // well), the probe answered: the others answer. The probe unanswered too: not this rule's.
+    let mut stale = others_answering(ms(5000), idle(700));
+    assert_eq!(decide(&stale, &cfg()).0, WebVerdict::PartialHang);
+    stale.probe = Some(probe_timeout());
+    assert_ne!(decide(&stale, &cfg()).0, WebVerdict::PartialHang);
 }
 
 #[test]
