@@ -144,13 +144,17 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Check { json } => {
-            let cfg = Config::load(&path)?;
+            let loaded = Config::load_all(&path)?;
             let rt = runtime()?;
-            let snap = rt.block_on(oneshot::run(&cfg));
+            let snap = rt.block_on(oneshot::run(&loaded.config));
             if json {
                 println!("{}", oneshot::json(&snap));
+                for note in &loaded.from_env.notes {
+                    eprintln!("hint: {note}");
+                }
             } else {
                 print!("{}", oneshot::table(&snap.decision, &snap.report));
+                print!("{}", oneshot::environment_rows(&loaded.from_env));
             }
             Ok(ExitCode::from(if snap.decision.http >= 500 {
                 1
@@ -161,15 +165,21 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Alert {
             command: AlertCommand::Test,
         } => {
-            let cfg = Config::load(&path)?;
+            let loaded = Config::load_all(&path)?;
+            let cfg = &loaded.config;
             let rt = runtime()?;
             let results = rt.block_on(alerts::send_test(&cfg.alerts, &alerts::hostname()));
             if results.is_empty() {
-                eprintln!(
-                    "no alert destination configured: set slack_webhook_url, \
-                     pagerduty_routing_key, webhook_url or github_repo in [alerts]"
-                );
+                eprintln!("{}", alerts::none_configured(&cfg.alerts));
                 return Ok(ExitCode::from(2));
+            }
+            // Where each destination's secret came from, never the secret.
+            for source in &loaded.from_env.secrets {
+                let alerting =
+                    source.secret.starts_with("alerts.") || source.env_key.starts_with("alerts.");
+                if alerting && source.origin != config::Origin::Unset {
+                    println!("{}", source.describe());
+                }
             }
             for (destination, result) in &results {
                 match result {
@@ -201,6 +211,19 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 loaded.describe(),
                 health_agent::oneshot::tier_line(&loaded.config.web)
             );
+            let from_env: Vec<String> = loaded
+                .from_env
+                .secrets
+                .iter()
+                .filter(|s| s.origin != config::Origin::Unset)
+                .map(|s| s.describe())
+                .collect();
+            if !from_env.is_empty() {
+                tracing::info!("secrets: {}", from_env.join("; "));
+            }
+            for note in &loaded.from_env.notes {
+                tracing::warn!("{note}");
+            }
             let cfg = Arc::new(loaded.config);
             // The background checks are light and mostly waiting: one thread is plenty, and it
             // wakes fewer threads per tick than a work-stealing pool. HTTP has its own threads.

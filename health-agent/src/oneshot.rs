@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use crate::{
     checks::{disk::DiskReport, probe, ContainersReport, DatabaseReport, Report},
-    config::Config,
+    config::{Config, FromEnv, Origin},
     docker::DockerError,
     heal::HealLog,
     policy::{evaluate, Decision},
@@ -219,6 +219,23 @@ pub fn table(d: &Decision, r: &Report) -> String {
     }
     for reason in &d.reasons {
         row("reason", reason.clone());
+    }
+    out
+}
+
+/// The rows `check` prints after the table: where each secret in use comes from, and the
+/// hints on the environment (a variable named but unset, `DATABASE_URL` set but unread).
+/// Never a value.
+pub fn environment_rows(from_env: &FromEnv) -> String {
+    let mut out = String::new();
+    for s in &from_env.secrets {
+        // A key neither written nor in the environment is a destination not configured.
+        if !(s.is_key() && s.origin == Origin::Unset) {
+            out.push_str(&format!("{:<15} {}\n", "secret", s.describe()));
+        }
+    }
+    for note in &from_env.notes {
+        out.push_str(&format!("{:<15} {note}\n", "hint"));
     }
     out
 }

@@ -14,6 +14,17 @@ use serde_json::Value;
 
 use crate::{agent_binary, free_port, request_at, wait_until, Proc};
 
+/// The variables the agent takes secrets from by default, or that `check` reads
+/// (docs/configuration.md, "Secrets from the environment"). No agent of a test inherits them
+/// from the shell running the suite: a developer's own `SLACK_WEBHOOK_URL` would get the
+/// test's alerts, and tests reach only 127.0.0.0/8. A test that wants one passes it.
+pub const SECRET_VARS: [&str; 4] = [
+    "SLACK_WEBHOOK_URL",
+    "PAGERDUTY_ROUTING_KEY",
+    "HEALTH_AGENT_WEBHOOK_URL",
+    "DATABASE_URL",
+];
+
 /// The agent binary running `serve`. Dropping it stops it (SIGTERM).
 pub struct Agent {
     child: Proc,
@@ -112,6 +123,9 @@ impl Agent {
                 c
             }
         };
+        for var in SECRET_VARS {
+            command.env_remove(var);
+        }
         let started = Instant::now();
         let child = command
             .arg("--config")
@@ -273,7 +287,11 @@ pub fn check_json(toml: &str) -> (Option<i32>, Value) {
     let dir = tempfile::tempdir().expect("tempdir");
     let cfg = dir.path().join("check.toml");
     std::fs::write(&cfg, toml).expect("writing the config");
-    let out = std::process::Command::new(agent_binary())
+    let mut command = std::process::Command::new(agent_binary());
+    for var in SECRET_VARS {
+        command.env_remove(var);
+    }
+    let out = command
         .arg("--config")
         .arg(&cfg)
         .args(["check", "--json"])

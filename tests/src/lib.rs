@@ -56,7 +56,7 @@ pub mod story;
 pub mod tmpfs;
 pub mod wait;
 
-pub use agent::{check_json, merge_toml, Agent};
+pub use agent::{check_json, merge_toml, Agent, SECRET_VARS};
 pub use build::{agent_binary, binary, newest, target_dir, workspace};
 pub use caddy::Caddy;
 pub use certs::{Ca, Issued};

@@ -54,10 +54,24 @@ pub fn start_backend(bin: &Path, port: u16, pid_file: &Path) -> Result<Proc> {
     Ok(backend)
 }
 
+/// The variables the agent takes alert destinations and a database from when its config does
+/// not write them (docs/configuration.md, "Secrets from the environment"). The demo's and the
+/// bench's agents never inherit them from the developer's shell: a real `SLACK_WEBHOOK_URL`
+/// would get the demo's staged hang, and they reach only loopback.
+const SECRET_VARS: [&str; 4] = [
+    "SLACK_WEBHOOK_URL",
+    "PAGERDUTY_ROUTING_KEY",
+    "HEALTH_AGENT_WEBHOOK_URL",
+    "DATABASE_URL",
+];
+
 /// `bin --config config serve`, logging at `level` (`HEALTH_AGENT_LOG`) into `log`: add to it
 /// (environment, limits) and hand it to [`spawn_agent`].
 pub fn agent_command(bin: &Path, config: &Path, log: &Path, level: &str) -> Result<Command> {
     let mut cmd = Command::new(bin);
+    for var in SECRET_VARS {
+        cmd.env_remove(var);
+    }
     cmd.arg("--config")
         .arg(config)
         .arg("serve")

@@ -334,6 +334,32 @@ pub(crate) async fn send_test_tuned(
     results
 }
 
+/// What `alert test` says when no destination is configured: the variables it would read
+/// and the keys.
+pub fn none_configured(cfg: &AlertsConfig) -> String {
+    let vars: Vec<&str> = [
+        &cfg.slack_webhook_url_env,
+        &cfg.pagerduty_routing_key_env,
+        &cfg.webhook_url_env,
+    ]
+    .into_iter()
+    .map(|v| v.trim())
+    .filter(|v| !v.is_empty())
+    .collect();
+    let keys = "slack_webhook_url, pagerduty_routing_key, webhook_url or github_repo in [alerts]";
+    match vars.as_slice() {
+        [] => format!("no alert destination configured: set {keys}"),
+        [one] => format!(
+            "no alert destination configured: set {one} in the agent's environment, or {keys}"
+        ),
+        [first @ .., last] => format!(
+            "no alert destination configured: set {} or {last} in the agent's environment, or \
+             {keys}",
+            first.join(", ")
+        ),
+    }
+}
+
 /// This machine's name for alerts: `/proc/sys/kernel/hostname`, else gethostname(2).
 pub fn hostname() -> String {
     if let Ok(h) = std::fs::read_to_string("/proc/sys/kernel/hostname") {

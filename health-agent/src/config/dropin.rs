@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{secrets, world_readable_warning, Config, ConfigError, DEFAULT_PATH};
+use super::{secrets, world_readable_warning, Config, ConfigError, FromEnv, DEFAULT_PATH};
 
 /// The directory of drop-ins for the config file `path`: `conf.d` beside it.
 pub fn dropin_dir(path: &Path) -> PathBuf {
@@ -17,7 +17,13 @@ pub fn dropin_dir(path: &Path) -> PathBuf {
 /// A configuration as loaded, with the files it was made of.
 #[derive(Debug, Clone)]
 pub struct Loaded {
+    /// What the agent runs with: the files merged, the secrets they leave out taken from the
+    /// environment.
     pub config: Config,
+    /// The files merged, as written (`config --effective` prints it).
+    pub written: Config,
+    /// Where each secret came from, and notes on the variables (env.rs).
+    pub from_env: FromEnv,
     /// The main file as given; `main_found` is false when it is absent (the default path).
     pub main: PathBuf,
     pub main_found: bool,
@@ -100,7 +106,9 @@ pub(super) fn load(path: &Path) -> Result<Loaded, ConfigError> {
     let whole = format!("{}{}", path.display(), joined(&dropins));
     let config = merge(&sources, &whole)?;
     Ok(Loaded {
+        written: config.clone(),
         config,
+        from_env: FromEnv::default(),
         main: path.to_path_buf(),
         main_found,
         dropins,

@@ -30,19 +30,29 @@ impl Config {
 }
 
 impl Loaded {
-    /// The TOML `config --effective` prints: which files made it, then every key.
+    /// The TOML `config --effective` prints: which files made it, where each secret comes
+    /// from, then every key as the files set it (a secret taken from the environment stays
+    /// out: the file did not hold it, and its value is never shown).
     pub fn effective_toml(&self) -> Result<String, ConfigError> {
-        let body = toml::to_string(&self.config.redacted()?)
+        let body = toml::to_string(&self.written.redacted()?)
             .map_err(|e| ConfigError::Render(format!("writing TOML: {e}")))?;
         let order = if self.dropins.is_empty() {
             ""
         } else {
             " (later files win, key by key)"
         };
+        let mut sources = String::new();
+        for s in &self.from_env.secrets {
+            sources.push_str(&format!("#   {}\n", s.describe()));
+        }
+        for note in &self.from_env.notes {
+            sources.push_str(&format!("# Note: {note}\n"));
+        }
         Ok(format!(
             "# The configuration health-agent runs with: {}{order}.\n\
              # Secrets hidden: passwords taken out of URLs, webhook URLs cut to their host, keys\n\
-             # shown as \"{HIDDEN}\".\n\n{body}",
+             # shown as \"{HIDDEN}\". Where each secret comes from (a value written here wins over\n\
+             # the variable its _env key names):\n{sources}\n{body}",
             self.describe()
         ))
     }
@@ -79,8 +89,11 @@ mod tests {
     use super::*;
 
     fn loaded(text: &str) -> Loaded {
+        let config = Config::parse(text, "t.toml").unwrap();
         Loaded {
-            config: Config::parse(text, "t.toml").unwrap(),
+            written: config.clone(),
+            config,
+            from_env: Default::default(),
             main: PathBuf::from("/etc/health-agent/health-agent.toml"),
             main_found: true,
             dropins: vec![PathBuf::from("/etc/health-agent/conf.d/50-aws.toml")],
@@ -177,5 +190,40 @@ mod tests {
         expected.database.urls = back.database.urls.clone();
         expected.fleet.consul_addr = back.fleet.consul_addr.clone();
         assert_eq!(back, expected);
+    }
+
+    #[test]
+    fn effective_config_says_where_secrets_come_from_never_their_values() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("health-agent.toml");
+        std::fs::write(&path, "[database]\nurl_env = \"DATABASE_URL\"\n").unwrap();
+        let env = |var: &str| match var {
+            "SLACK_WEBHOOK_URL" => {
+                Some("https://hooks.slack.com/services/T0/B0/SlackS3cr3t".into())
+            }
+            "DATABASE_URL" => Some("postgres://app:DbS3cr3t@127.0.0.1:5432/app".into()),
+            _ => None,
+        };
+        let loaded = Config::load_all_with(&path, &env).unwrap();
+        assert!(loaded
+            .config
+            .alerts
+            .slack_webhook_url
+            .ends_with("SlackS3cr3t"));
+        assert!(loaded.config.database.url.contains("DbS3cr3t"));
+        let out = loaded.effective_toml().unwrap();
+        assert!(
+            !out.contains("S3cr3t") && !out.contains("127.0.0.1"),
+            "{out}"
+        );
+        for line in [
+            "alerts.slack_webhook_url: from the environment variable SLACK_WEBHOOK_URL",
+            "database.url: from the environment variable DATABASE_URL (database.url_env)",
+            "alerts.webhook_url: not set (HEALTH_AGENT_WEBHOOK_URL is unset or blank)",
+        ] {
+            assert!(out.contains(line), "{line}:\n{out}");
+        }
+        // The body is the files as written: it parses back to them, with no secret in it.
+        assert_eq!(Config::parse(&out, "effective").unwrap(), loaded.written);
     }
 }

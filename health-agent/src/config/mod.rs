@@ -4,8 +4,9 @@
 //! `Config::default()`.
 //!
 //! sections.rs holds the serde structs, bounds.rs the range of every number, validate.rs the
-//! cross-checks, secrets.rs what keeps secrets out of errors and warnings, dropin.rs the
-//! `conf.d/*.toml` files merged over the main file, effective.rs `config --effective`.
+//! cross-checks, secrets.rs what keeps secrets out of errors and warnings, env.rs the secrets
+//! taken from the environment, dropin.rs the `conf.d/*.toml` files merged over the main file,
+//! effective.rs `config --effective`.
 
 use std::path::Path;
 
@@ -15,6 +16,7 @@ mod bounds;
 mod cloudwatch;
 mod dropin;
 mod effective;
+mod env;
 mod loopback;
 mod secrets;
 mod sections;
@@ -23,6 +25,7 @@ mod tests;
 mod validate;
 
 pub use dropin::{dropin_dir, Loaded};
+pub use env::{FromEnv, Origin, Source};
 pub use secrets::world_readable_warning;
 pub use sections::{
     AcceptTracing, AlertsConfig, ChecksConfig, CloudWatchConfig, ContainersConfig, DatabaseConfig,
@@ -54,6 +57,18 @@ pub enum ConfigError {
         key: &'static str,
         message: String,
     },
+    /// A secret taken from the environment is not what its key accepts. Names the variable,
+    /// never its value.
+    #[error(
+        "the environment variable {var} ({env_key}, for {key}) {message}; fix it, or set \
+         {env_key} = \"\" to leave it unread"
+    )]
+    Env {
+        var: String,
+        env_key: &'static str,
+        key: &'static str,
+        message: String,
+    },
     /// `config --effective` could not show the configuration (its secrets stay hidden).
     #[error("cannot show the configuration: {0}")]
     Render(String),
@@ -76,15 +91,27 @@ pub struct Config {
 }
 
 impl Config {
-    /// Loads and validates a file and the drop-ins of `conf.d/` beside it. A missing file at
-    /// the default path is an empty config; a missing `conf.d/` is no drop-ins.
+    /// Loads and validates a file and the drop-ins of `conf.d/` beside it, then fills the
+    /// secrets not written from the environment (env.rs). A missing file at the default path
+    /// is an empty config; a missing `conf.d/` is no drop-ins.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         Ok(Self::load_all(path)?.config)
     }
 
-    /// Like `load`, with the files the configuration was made of.
+    /// Like `load`, with the files the configuration was made of and where its secrets came
+    /// from.
     pub fn load_all(path: &Path) -> Result<Loaded, ConfigError> {
-        dropin::load(path)
+        Self::load_all_with(path, &|var| std::env::var(var).ok())
+    }
+
+    /// Like `load_all`, the variables read through `env`.
+    pub fn load_all_with(
+        path: &Path,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Loaded, ConfigError> {
+        let mut loaded = dropin::load(path)?;
+        loaded.from_env = env::resolve(&mut loaded.config, env)?;
+        Ok(loaded)
     }
 
     /// Parses and validates one file's text; errors name `path`.

@@ -335,6 +335,12 @@ impl Default for ContainersConfig {
 pub struct DatabaseConfig {
     /// One database URL ("" = none); `urls` adds more. All of them are checked.
     pub url: String,
+    /// A variable holding the database URL when `url` is not written ("" = none).
+    pub url_env: String,
+    /// The variable `url` was taken from, when it was (set by config/env.rs, never read from a
+    /// file): messages about the URL name it instead of `database.url`.
+    #[serde(skip)]
+    pub url_from: Option<String>,
     pub urls: Vec<String>,
     #[serde(with = "dur")]
     pub interval: Duration,
@@ -368,12 +374,22 @@ impl DatabaseConfig {
         }
         out
     }
+
+    /// How messages name `url`: `database.url`, or the variable it was taken from.
+    pub fn url_shown_as(&self) -> String {
+        match &self.url_from {
+            Some(var) => format!("{var} (database.url_env)"),
+            None => "database.url".into(),
+        }
+    }
 }
 
 impl Default for DatabaseConfig {
     fn default() -> Self {
         Self {
             url: String::new(),
+            url_env: String::new(),
+            url_from: None,
             urls: Vec::new(),
             interval: Duration::from_secs(30),
             timeout: Duration::from_secs(5),
@@ -446,13 +462,18 @@ impl Default for HealConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AlertsConfig {
+    /// Each secret here, when not written, comes from the variable its `_env` key names
+    /// (config/env.rs).
     pub slack_webhook_url: String,
+    pub slack_webhook_url_env: String,
     pub pagerduty_routing_key: String,
+    pub pagerduty_routing_key_env: String,
     pub pagerduty_url: String,
     pub github_repo: String,
     pub github_token_env: String,
     pub github_api_url: String,
     pub webhook_url: String,
+    pub webhook_url_env: String,
     /// An incident resolves once its condition has been absent this long without a break.
     #[serde(with = "dur")]
     pub resolve_after: Duration,
@@ -469,12 +490,15 @@ impl Default for AlertsConfig {
     fn default() -> Self {
         Self {
             slack_webhook_url: String::new(),
+            slack_webhook_url_env: "SLACK_WEBHOOK_URL".into(),
             pagerduty_routing_key: String::new(),
+            pagerduty_routing_key_env: "PAGERDUTY_ROUTING_KEY".into(),
             pagerduty_url: "https://events.pagerduty.com/v2/enqueue".into(),
             github_repo: String::new(),
             github_token_env: "GITHUB_TOKEN".into(),
             github_api_url: "https://api.github.com".into(),
             webhook_url: String::new(),
+            webhook_url_env: "HEALTH_AGENT_WEBHOOK_URL".into(),
             resolve_after: Duration::from_secs(60),
             max_retries: 5,
             timeout: Duration::from_secs(10),

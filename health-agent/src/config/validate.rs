@@ -25,6 +25,7 @@ impl Config {
         self.web_and_fleet().map_err(bad)?;
         self.database_and_probe().map_err(bad)?;
         self.listeners_and_lists().map_err(bad)?;
+        super::env::check_names(self).map_err(bad)?;
         self.alerts_and_cloudwatch().map_err(bad)
     }
 
@@ -238,7 +239,7 @@ const PEERS_REFRESH_MAX: Duration = Duration::from_secs(3600);
 /// A URL that carries a secret (a webhook's path, a token or key sent with the request):
 /// https://, or http:// to a loopback host only, where nothing crosses a network. The message
 /// never shows the URL.
-fn secret_url(url: &str) -> Result<(), &'static str> {
+pub(super) fn secret_url(url: &str) -> Result<(), &'static str> {
     let Ok(u) = reqwest::Url::parse(url) else {
         return Err("must be an https:// URL (value not shown: it may be a secret)");
     };

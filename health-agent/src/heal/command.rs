@@ -29,9 +29,8 @@ pub enum CommandError {
 
 /// What a restart command may see of the agent's environment: the variables a shell and the
 /// usual restart tools (`systemctl`, `docker`, `service`) need, nothing else. An allowlist, not
-/// a denylist: the agent's secrets (`server.token_env`, `fleet.token_env`,
-/// `alerts.github_token_env`, `PGPASSWORD`, and whatever the unit file adds) have names only the
-/// operator knows, and a command that needs more can set it itself.
+/// a denylist: the agent's secrets (the variables every `_env` key of the config names,
+/// `PGPASSWORD`, and whatever the unit file adds) have names only the operator knows, and a command that needs more can set it itself.
 const ENV_ALLOWLIST: &[&str] = &[
     "PATH",
     "HOME",

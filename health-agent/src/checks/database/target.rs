@@ -19,7 +19,8 @@ pub(super) const ENVIRONMENT_FILE: &str = "/etc/health-agent/environment";
 #[derive(Clone, Debug)]
 pub(super) struct Target {
     url: DbUrl,
-    /// The config key the URL came from: `database.url` or `database.urls[i]`.
+    /// The config key the URL came from: `database.url` (or the variable `database.url_env`
+    /// names, when it came from there) or `database.urls[i]`.
     pub(super) key: String,
 }
 
@@ -36,6 +37,16 @@ impl Deref for Target {
 pub(super) fn targets(cfg: &DatabaseConfig) -> Result<Vec<Target>, DatabaseError> {
     cfg.all_urls()
         .into_iter()
+        .map(|(key, url)| {
+            (
+                if key == "database.url" {
+                    cfg.url_shown_as()
+                } else {
+                    key
+                },
+                url,
+            )
+        })
         .map(|(key, url)| match DbUrl::parse(url) {
             Ok(url) => Ok(Target { url, key }),
             Err(error) => Err(DatabaseError::Url { key, error }),
