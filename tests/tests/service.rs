@@ -397,3 +397,72 @@ fn the_agent_tells_systemd_it_is_ready_and_pings_the_watchdog_from_its_check_loo
     );
     println!("notify socket got: READY=1 and {pings} WATCHDOG=1 in 3 s");
 }
+
+/// Runs the agent binary (with the arguments after it) as `nobody` with no capability, the
+/// config it is given made readable to that user first.
+const AS_NOBODY: &[&str] = &[
+    "sh",
+    "-c",
+    "chmod 755 \"$(dirname \"$3\")\" && chmod 644 \"$3\" && exec setpriv --reuid=nobody \
+     --regid=nogroup --clear-groups --inh-caps=-all \"$@\"",
+    "sh",
+];
+
+#[test]
+fn without_privilege_every_place_says_no_privilege_not_tracefs() {
+    require_root();
+    let fixture = Fixture::start("normal");
+    let agent = Agent::start_under(
+        AS_NOBODY,
+        &format!("[web]\nport = {}\nprobe_path = \"/\"\n", fixture.port),
+        &[],
+    );
+    assert_eq!(
+        cap_mask(agent.pid(), "CapEff"),
+        0,
+        "runs without any capability"
+    );
+    let (_, body) = agent.wait_health(WAIT, "the kernel view's state", |_, b| {
+        b["details"]["web"]["kernel"]["state"].is_string()
+    });
+    let kernel = &body["details"]["web"]["kernel"];
+    println!(
+        "details.web.kernel: reason {}, missing {}",
+        kernel["reason"], kernel["missing"]
+    );
+    assert_eq!(kernel["tier"], "no_ebpf", "{kernel}");
+    for said in [&kernel["reason"], &kernel["missing"][0]] {
+        let said = said.as_str().unwrap_or_default();
+        assert!(said.contains("no privilege"), "{kernel}");
+        assert!(!said.contains("tracefs"), "tracefs is mounted: {kernel}");
+    }
+    let logs = agent.logs();
+    let first = logs.lines().next().unwrap_or_default();
+    println!("first log line: {first}");
+    assert!(first.contains("no privilege"), "{logs}");
+    assert!(!logs.contains("tracefs"), "tracefs is mounted:\n{logs}");
+
+    let config = agent.config_path();
+    let config = config.to_str().expect("a UTF-8 path");
+    for args in [&["check"][..], &["check", "--json"][..]] {
+        let out = Command::new(AS_NOBODY[0])
+            .args(&AS_NOBODY[1..])
+            .arg(health_agent_tests::agent_binary())
+            .args(["--config", config])
+            .args(args)
+            .output()
+            .expect("health-agent check as nobody");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let said = match serde_json::from_str::<serde_json::Value>(&text) {
+            Ok(v) => v["details"]["web"]["kernel"]["missing"].to_string(),
+            Err(_) => text
+                .lines()
+                .find(|l| l.contains("privilege"))
+                .unwrap_or("")
+                .into(),
+        };
+        println!("check {args:?}: {said}");
+        assert!(text.contains("no privilege"), "{text}");
+        assert!(!text.contains("tracefs"), "{text}");
+    }
+}

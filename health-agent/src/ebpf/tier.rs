@@ -27,8 +27,8 @@ pub fn offered(cfg: &WebConfig) -> Option<(KernelTier, Vec<String>)> {
         Ok(b) => b,
         Err(e) => return none(format!("no kernel BTF ({}: {e})", super::VMLINUX_BTF)),
     };
-    if !privileged(Path::new("/proc/self/status")) {
-        return none("no privilege (needs root, or CAP_BPF and CAP_PERFMON)".into());
+    if let Some(why) = no_privilege() {
+        return none(why.into());
     }
     if cfg.kernel_tier == KernelTier::SockDiag {
         return Some((
@@ -47,6 +47,13 @@ pub fn offered(cfg: &WebConfig) -> Option<(KernelTier, Vec<String>)> {
             ],
         ))
     }
+}
+
+/// Why this process cannot load eBPF programs (its effective capabilities lack them), or None.
+/// `check`, the first log line and `serve`'s kernel status all say this one reason.
+pub fn no_privilege() -> Option<&'static str> {
+    (!privileged(Path::new("/proc/self/status")))
+        .then_some("no privilege (needs root, or CAP_BPF and CAP_PERFMON)")
 }
 
 /// Whether the effective capabilities in a `/proc/PID/status` file load eBPF programs.
