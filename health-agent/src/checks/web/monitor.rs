@@ -281,7 +281,7 @@ pub fn load_kernel(cfg: &WebConfig) -> (Option<KernelView>, KernelStatus) {
                 );
             }
             if let Some(why) = k.answers_unavailable() {
-                missing.push(format!("the answers' status classes (erroring): {why}"));
+                missing.push(format!("{}: {why}", crate::ebpf::tier::ANSWERS_MISSING));
             }
             let following = (tier == KernelTier::Full).then(|| Following {
                 mode: cfg.socket_tracing,
