@@ -124,7 +124,10 @@ mod tests {
             lacks_net_admin(&p)
         };
         let bpf = (1 << CAP_BPF) | (1 << CAP_PERFMON);
-        assert!(lacks(bpf | (1 << 19)), "the sidecars' set: BPF, PERFMON, SYS_PTRACE");
+        assert!(
+            lacks(bpf | (1 << 19)),
+            "the sidecars' set: BPF, PERFMON, SYS_PTRACE"
+        );
         assert!(!lacks(bpf | (1 << CAP_NET_ADMIN)));
         assert!(!lacks(bpf | (1 << CAP_SYS_ADMIN)));
     }
