@@ -22,6 +22,13 @@ pub async fn run(cfg: &Config) -> Snapshot {
     }
     // What `serve` would run on this kernel, told at once.
     if let Some((tier, missing)) = crate::ebpf::tier::offered(&cfg.web) {
+        if cfg.web.kernel {
+            // Not "web.kernel = false" (the one-shot run's own setting): why serve would not
+            // see the answers' status, or that only serve reads it.
+            if let Some(answers) = report.web.answers.as_mut() {
+                answers.not_visible = Some(answers_not_visible(tier, &missing));
+            }
+        }
         report.web.kernel.tier = Some(tier);
         report.web.kernel.missing = missing;
     }
@@ -57,6 +64,22 @@ pub fn tier_line(web: &crate::config::WebConfig) -> String {
 pub fn json(snap: &Snapshot) -> String {
     String::from_utf8_lossy(snap.body(crate::snapshot::Rendering::Full)).into_owned()
 }
+
+/// What `check` says of the answers' status: what `serve` would lack on this kernel, or that
+/// only `serve` counts them.
+fn answers_not_visible(tier: crate::config::KernelTier, missing: &[String]) -> String {
+    let prefix = crate::ebpf::tier::ANSWERS_MISSING;
+    let lacking = missing.iter().find_map(|m| m.strip_prefix(prefix));
+    match (tier, lacking, missing.first()) {
+        (_, Some(why), _) => why.trim_start_matches(": ").to_string(),
+        (crate::config::KernelTier::NoEbpf, _, Some(why)) => why.clone(),
+        _ => ANSWERS_NOT_READ.into(),
+    }
+}
+
+/// Why `check` has no answers' status classes where `serve` would.
+pub const ANSWERS_NOT_READ: &str = "not counted by the one-shot check: health-agent serve \
+    counts the answers' status classes";
 
 /// Why `check` has no kernel view although `web.kernel = true`.
 pub const KERNEL_NOT_LOADED: &str = "not loaded by the one-shot check: the kernel view judges \

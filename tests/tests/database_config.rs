@@ -234,3 +234,139 @@ fn the_one_shot_check_names_the_missing_password_and_the_key() {
         "no warning at start on stderr:\n{stderr}"
     );
 }
+
+/// A resolver of the test's own for the agent: it runs in a mount namespace where
+/// `/etc/resolv.conf` names 127.0.0.1 (nothing answers there: a name not in the hosts file
+/// fails at once, and no query leaves the machine) and `/etc/hosts` is a file the test edits.
+struct OwnResolver {
+    dir: tempfile::TempDir,
+}
+
+impl OwnResolver {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("resolv.conf"), "nameserver 127.0.0.1\n").expect("resolv");
+        let me = Self { dir };
+        me.hosts("");
+        me
+    }
+
+    /// Rewrites the agent's hosts file in place (it is bind-mounted: a new file would not show).
+    fn hosts(&self, lines: &str) {
+        std::fs::write(
+            self.dir.path().join("hosts"),
+            format!("127.0.0.1 localhost\n{lines}"),
+        )
+        .expect("hosts");
+    }
+
+    /// The wrapper that runs a command (its arguments after it) with this resolver.
+    fn wrapper(&self) -> Vec<String> {
+        let d = self.dir.path().display();
+        vec![
+            "unshare".into(),
+            "--mount".into(),
+            "sh".into(),
+            "-c".into(),
+            format!(
+                "mount --bind {d}/resolv.conf /etc/resolv.conf && \
+                 mount --bind {d}/hosts /etc/hosts && exec \"$@\""
+            ),
+            "sh".into(),
+        ]
+    }
+}
+
+/// A database host that does not resolve (a typo in an RDS endpoint): `misconfigured` from the
+/// first round, `stable`, the reason naming the host and the resolver's error — not a shared
+/// outage (`infrastructure_issue`, "database unreachable"). In `serve` and in `check`.
+#[test]
+fn a_database_host_that_never_resolved_is_misconfigured_naming_the_host() {
+    require_root();
+    let resolver = OwnResolver::new();
+    let wrapper = resolver.wrapper();
+    let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+    let url = "postgres://app@db.invalid:5432/app";
+    let config = format!("[database]\nurl = \"{url}\"\ninterval = \"1s\"\nfail_after = 1\n");
+    let agent = health_agent_tests::Agent::start_under(&wrapper, &config, &[]);
+    let (code, body) = agent.wait_health(Duration::from_secs(20), "the database judged", |_, b| {
+        b["checks"]["database"] != "unknown"
+    });
+    println!(
+        "{code} {} {} {}: {}",
+        body["status"], body["recommendation"], body["checks"]["database"], body["reasons"]
+    );
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["checks"]["database"], "misconfigured", "{body}");
+    assert_eq!(body["recommendation"], "stable", "{body}");
+    let reasons = body["reasons"].to_string();
+    assert!(
+        reasons.contains(&format!(
+            "database.url {url}: the host db.invalid does not resolve ("
+        )) && reasons.contains("fix the host name in database.url"),
+        "{reasons}"
+    );
+    assert!(!reasons.contains("unreachable"), "{reasons}");
+
+    let out = Command::new(wrapper[0])
+        .args(&wrapper[1..])
+        .arg(agent_binary())
+        .arg("--config")
+        .arg(agent.config_path())
+        .arg("check")
+        .output()
+        .expect("health-agent check");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let row = text.lines().find(|l| l.starts_with("reason")).unwrap_or("");
+    println!("check: {row}");
+    assert!(
+        row.contains("database check misconfigured")
+            && row.contains("the host db.invalid does not resolve"),
+        "{text}"
+    );
+}
+
+/// A host that resolved and then stops (the record deleted, DNS down): an outage as before —
+/// `unreachable` after `fail_after` rounds, `infrastructure_issue` — its reason naming the host.
+#[test]
+fn a_database_host_that_resolved_and_then_fails_is_an_outage() {
+    require_root();
+    let pg = Postgres::start();
+    let resolver = OwnResolver::new();
+    let name = "db-causes.test";
+    resolver.hosts(&format!("127.0.0.1 {name}\n"));
+    let wrapper = resolver.wrapper();
+    let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+    let url = pg.url().replace("127.0.0.1", name);
+    assert!(url.contains(name), "harness: {url} names 127.0.0.1");
+    let config = format!(
+        "[database]\nurl = \"{url}\"\ninterval = \"1s\"\nfail_after = 2\nrecover_after = 1\n"
+    );
+    let agent = health_agent_tests::Agent::start_under(
+        &wrapper,
+        &config,
+        &[("PGPASSWORD", pg.password.as_str())],
+    );
+    let (_, body) = agent.wait_health(Duration::from_secs(20), "connected by name", |_, b| {
+        b["checks"]["database"] == "connected"
+    });
+    println!("resolved: {}", body["checks"]["database"]);
+    resolver.hosts("");
+    let (code, body) = agent.wait_health(Duration::from_secs(20), "unreachable", |_, b| {
+        b["checks"]["database"] == "unreachable"
+    });
+    println!(
+        "{code} {} {}: {}",
+        body["status"], body["recommendation"], body["reasons"]
+    );
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["recommendation"], "infrastructure_issue", "{body}");
+    let detail = body["details"]["database"]["reason"].to_string();
+    println!("details.database.reason: {detail}");
+    assert!(
+        detail.contains(&format!(
+            "unreachable: the host {name} no longer resolves ("
+        )),
+        "{detail}"
+    );
+}

@@ -397,3 +397,208 @@ fn the_agent_tells_systemd_it_is_ready_and_pings_the_watchdog_from_its_check_loo
     );
     println!("notify socket got: READY=1 and {pings} WATCHDOG=1 in 3 s");
 }
+
+/// Runs the agent binary (with the arguments after it) as `nobody` with no capability, the
+/// config it is given made readable to that user first.
+const AS_NOBODY: &[&str] = &[
+    "sh",
+    "-c",
+    "chmod 755 \"$(dirname \"$3\")\" && chmod 644 \"$3\" && exec setpriv --reuid=nobody \
+     --regid=nogroup --clear-groups --inh-caps=-all \"$@\"",
+    "sh",
+];
+
+#[test]
+fn without_privilege_every_place_says_no_privilege_not_tracefs() {
+    require_root();
+    let fixture = Fixture::start("normal");
+    let agent = Agent::start_under(
+        AS_NOBODY,
+        &format!("[web]\nport = {}\nprobe_path = \"/\"\n", fixture.port),
+        &[],
+    );
+    assert_eq!(
+        cap_mask(agent.pid(), "CapEff"),
+        0,
+        "runs without any capability"
+    );
+    let (_, body) = agent.wait_health(WAIT, "the kernel view's state", |_, b| {
+        b["details"]["web"]["kernel"]["state"].is_string()
+    });
+    let kernel = &body["details"]["web"]["kernel"];
+    println!(
+        "details.web.kernel: reason {}, missing {}",
+        kernel["reason"], kernel["missing"]
+    );
+    assert_eq!(kernel["tier"], "no_ebpf", "{kernel}");
+    for said in [&kernel["reason"], &kernel["missing"][0]] {
+        let said = said.as_str().unwrap_or_default();
+        assert!(said.contains("no privilege"), "{kernel}");
+        assert!(!said.contains("tracefs"), "tracefs is mounted: {kernel}");
+    }
+    let logs = agent.logs();
+    let first = logs.lines().next().unwrap_or_default();
+    println!("first log line: {first}");
+    assert!(first.contains("no privilege"), "{logs}");
+    assert!(!logs.contains("tracefs"), "tracefs is mounted:\n{logs}");
+
+    let config = agent.config_path();
+    let config = config.to_str().expect("a UTF-8 path");
+    for args in [&["check"][..], &["check", "--json"][..]] {
+        let out = Command::new(AS_NOBODY[0])
+            .args(&AS_NOBODY[1..])
+            .arg(health_agent_tests::agent_binary())
+            .args(["--config", config])
+            .args(args)
+            .output()
+            .expect("health-agent check as nobody");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let said = match serde_json::from_str::<serde_json::Value>(&text) {
+            Ok(v) => v["details"]["web"]["kernel"]["missing"].to_string(),
+            Err(_) => text
+                .lines()
+                .find(|l| l.contains("privilege"))
+                .unwrap_or("")
+                .into(),
+        };
+        println!("check {args:?}: {said}");
+        assert!(text.contains("no privilege"), "{text}");
+        assert!(!text.contains("tracefs"), "{text}");
+    }
+}
+
+/// The set the Kubernetes sidecars use, and the unit's once CAP_SYS_ADMIN is dropped: the
+/// kernel view loads, the answer programs (cgroup-skb) cannot attach.
+const WITHOUT_NET_ADMIN: &str = "-all,+bpf,+perfmon,+sys_ptrace";
+
+/// `health-agent check` under `setpriv --bounding-set <bounding>` as uid 0: (table, JSON).
+fn check_under(bounding: &str, config: &Path) -> (String, serde_json::Value) {
+    let run = |json: bool| {
+        let mut c = Command::new("setpriv");
+        c.args(["--bounding-set", bounding, "--inh-caps", "-all", "--"])
+            .arg(health_agent_tests::agent_binary())
+            .arg("--config")
+            .arg(config)
+            .arg("check");
+        if json {
+            c.arg("--json");
+        }
+        String::from_utf8_lossy(&c.output().expect("health-agent check").stdout).into_owned()
+    };
+    let json = run(true);
+    let json = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {json}"));
+    (run(false), json)
+}
+
+#[test]
+fn without_cap_net_admin_every_place_names_it_and_what_it_costs() {
+    require_root();
+    let fixture = Fixture::start("normal");
+    let agent = Agent::start_under(
+        &[
+            "setpriv",
+            "--bounding-set",
+            WITHOUT_NET_ADMIN,
+            "--inh-caps",
+            "-all",
+            "--",
+        ],
+        &format!(
+            "[web]\nport = {}\nprobe_path = \"/\"\nsocket_tracing = \"on_suspicion\"\n",
+            fixture.port
+        ),
+        &[],
+    );
+    let eff = cap_mask(agent.pid(), "CapEff");
+    assert_eq!(eff & (1 << cap_number("CAP_NET_ADMIN")), 0, "{eff:016x}");
+    assert_eq!(eff & (1 << cap_number("CAP_SYS_ADMIN")), 0, "{eff:016x}");
+    let (_, body) = agent.wait_health(WAIT, "the kernel view active", |_, b| {
+        let _ = get(fixture.port, "/");
+        b["details"]["web"]["kernel"]["state"] == "active"
+    });
+    let web = &body["details"]["web"];
+    println!(
+        "details.web.kernel: tier {}, missing {}",
+        web["kernel"]["tier"], web["kernel"]["missing"]
+    );
+    let named = |said: &str| said.contains("no CAP_NET_ADMIN") && said.contains("erroring");
+    assert!(
+        web["kernel"]["missing"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|m| named(m.as_str().unwrap_or_default()))),
+        "{}",
+        web["kernel"]
+    );
+    assert_eq!(
+        web["answers"]["status_visible"], false,
+        "{}",
+        web["answers"]
+    );
+    let logs = agent.logs();
+    let first = logs.lines().next().unwrap_or_default();
+    println!("first log line: {first}");
+    assert!(named(first), "{logs}");
+
+    let (table, json) = check_under(WITHOUT_NET_ADMIN, &agent.config_path());
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("kernel tier"))
+        .unwrap_or("");
+    println!("check: {row}");
+    assert!(named(row), "{table}");
+    let web = &json["details"]["web"];
+    println!(
+        "check --json: not_visible {}",
+        web["answers"]["not_visible"]
+    );
+    assert!(
+        named(web["answers"]["not_visible"].as_str().unwrap_or_default()),
+        "{web}"
+    );
+    assert!(
+        !web["answers"]["not_visible"]
+            .to_string()
+            .contains("web.kernel = false"),
+        "{web}"
+    );
+
+    // The unit's comment: CAP_NET_ADMIN in CAP_SYS_ADMIN's place attaches them.
+    let with = format!("{WITHOUT_NET_ADMIN},+net_admin");
+    let (table, json) = check_under(&with, &agent.config_path());
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("kernel tier"))
+        .unwrap_or("");
+    assert!(!row.contains("CAP_NET_ADMIN"), "{table}");
+    assert!(
+        json["details"]["web"]["kernel"]["missing"].is_null(),
+        "{json}"
+    );
+    drop(agent);
+    let agent = Agent::start_under(
+        &[
+            "setpriv",
+            "--bounding-set",
+            &with,
+            "--inh-caps",
+            "-all",
+            "--",
+        ],
+        &format!(
+            "[web]\nport = {}\nprobe_path = \"/\"\nsocket_tracing = \"always\"\n",
+            fixture.port
+        ),
+        &[],
+    );
+    let (_, body) = agent.wait_health(WAIT, "the answers' status visible", |_, b| {
+        // Not the probe's path: its answers are counted apart.
+        let _ = get(fixture.port, "/real");
+        b["details"]["web"]["answers"]["status_visible"] == true
+            && b["details"]["web"]["answers"]["total_by_class"]["2xx"].as_u64() > Some(0)
+    });
+    println!(
+        "with CAP_NET_ADMIN: missing {}, answers {}",
+        body["details"]["web"]["kernel"]["missing"],
+        body["details"]["web"]["answers"]["total_by_class"]
+    );
+}

@@ -29,6 +29,12 @@ pub enum AnswersError {
     Object(String),
     #[error("reading {}: {detail}", path.display())]
     Mountinfo { path: PathBuf, detail: String },
+    #[error(
+        "no CAP_NET_ADMIN: the answer programs (cgroup-skb) attach only with CAP_NET_ADMIN or \
+         CAP_SYS_ADMIN, so the status of the backend's answers is not seen and it is never \
+         `erroring`: add CAP_NET_ADMIN to the agent's capabilities"
+    )]
+    NoNetAdmin,
     #[error("no cgroup v2 hierarchy is mounted (cgroup2 at its root)")]
     NoCgroup2,
     #[error(
@@ -93,6 +99,10 @@ impl Answers {
     /// Loads the programs and attaches them to the root cgroup (or, `attach` false, leaves
     /// them ready to), or says why not.
     pub fn load(ebpf: &mut Ebpf, attach: bool) -> Result<Self, AnswersError> {
+        // They would load, and every attach would fail with EPERM: say what is missing.
+        if super::tier::no_net_admin() {
+            return Err(AnswersError::NoNetAdmin);
+        }
         let counters = super::take(ebpf, maps::ANSWERS)?;
         let probe = super::take(ebpf, maps::ANSWER_PROBE)?;
         let root = host_cgroup_root()?;

@@ -6,6 +6,7 @@ use std::path::Path;
 use crate::config::{KernelTier, WebConfig};
 
 /// Linux capability numbers (`linux/capability.h`).
+const CAP_NET_ADMIN: u32 = 12;
 const CAP_SYS_ADMIN: u32 = 21;
 const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
@@ -27,37 +28,68 @@ pub fn offered(cfg: &WebConfig) -> Option<(KernelTier, Vec<String>)> {
         Ok(b) => b,
         Err(e) => return none(format!("no kernel BTF ({}: {e})", super::VMLINUX_BTF)),
     };
-    if !privileged(Path::new("/proc/self/status")) {
-        return none("no privilege (needs root, or CAP_BPF and CAP_PERFMON)".into());
+    if let Some(why) = no_privilege() {
+        return none(why.into());
     }
-    if cfg.kernel_tier == KernelTier::SockDiag {
-        return Some((
+    let (tier, mut missing) = if cfg.kernel_tier == KernelTier::SockDiag {
+        (
             KernelTier::SockDiag,
             vec!["the socket-call tracepoints: web.kernel_tier = \"sock_diag\"".into()],
-        ));
-    }
+        )
     // A raw tracepoint shows in the kernel's BTF as the typedef `btf_trace_<name>`.
-    if contains(&btf, b"btf_trace_sock_send_length\0") {
-        Some((KernelTier::Full, Vec::new()))
+    } else if contains(&btf, b"btf_trace_sock_send_length\0") {
+        (KernelTier::Full, Vec::new())
     } else {
-        Some((
+        (
             KernelTier::SockDiag,
             vec![
                 "the socket-call tracepoints: no sock_send_length (it arrived in Linux 6.3)".into(),
             ],
-        ))
+        )
+    };
+    if no_net_admin() {
+        missing.push(format!(
+            "{ANSWERS_MISSING}: {}",
+            super::answers::AnswersError::NoNetAdmin
+        ));
     }
+    Some((tier, missing))
+}
+
+/// How `details.web.kernel.missing` names the answers' status classes when it lacks them.
+pub const ANSWERS_MISSING: &str = "the answers' status classes (erroring)";
+
+/// Whether this process lacks what attaches the answer programs (cgroup-skb): CAP_NET_ADMIN
+/// or CAP_SYS_ADMIN. They load without it, and then fail at every attach.
+pub fn no_net_admin() -> bool {
+    lacks_net_admin(Path::new("/proc/self/status"))
+}
+
+fn lacks_net_admin(status: &Path) -> bool {
+    effective(status).is_some_and(|e| e & ((1 << CAP_NET_ADMIN) | (1 << CAP_SYS_ADMIN)) == 0)
+}
+
+/// Why this process cannot load eBPF programs (its effective capabilities lack them), or None.
+/// `check`, the first log line and `serve`'s kernel status all say this one reason.
+pub fn no_privilege() -> Option<&'static str> {
+    (!privileged(Path::new("/proc/self/status")))
+        .then_some("no privilege (needs root, or CAP_BPF and CAP_PERFMON)")
 }
 
 /// Whether the effective capabilities in a `/proc/PID/status` file load eBPF programs.
 fn privileged(status: &Path) -> bool {
-    let eff = std::fs::read_to_string(status).ok().and_then(|s| {
+    let has = |eff: u64, cap: u32| eff & (1 << cap) != 0;
+    effective(status)
+        .is_some_and(|e| has(e, CAP_SYS_ADMIN) || (has(e, CAP_BPF) && has(e, CAP_PERFMON)))
+}
+
+/// The effective capabilities in a `/proc/PID/status` file.
+fn effective(status: &Path) -> Option<u64> {
+    std::fs::read_to_string(status).ok().and_then(|s| {
         s.lines()
             .find_map(|l| l.strip_prefix("CapEff:"))
             .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
-    });
-    let has = |eff: u64, cap: u32| eff & (1 << cap) != 0;
-    eff.is_some_and(|e| has(e, CAP_SYS_ADMIN) || (has(e, CAP_BPF) && has(e, CAP_PERFMON)))
+    })
 }
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
@@ -81,6 +113,23 @@ mod tests {
         assert!(!at(1 << CAP_BPF));
         assert!(!at(0));
         assert!(!privileged(&dir.path().join("missing")));
+    }
+
+    #[test]
+    fn the_answer_programs_need_net_admin_or_sys_admin() {
+        let dir = tempfile::tempdir().unwrap();
+        let lacks = |eff: u64| {
+            let p = dir.path().join(format!("s{eff:x}"));
+            std::fs::write(&p, format!("Name:\tx\nCapEff:\t{eff:016x}\n")).unwrap();
+            lacks_net_admin(&p)
+        };
+        let bpf = (1 << CAP_BPF) | (1 << CAP_PERFMON);
+        assert!(
+            lacks(bpf | (1 << 19)),
+            "the sidecars' set: BPF, PERFMON, SYS_PTRACE"
+        );
+        assert!(!lacks(bpf | (1 << CAP_NET_ADMIN)));
+        assert!(!lacks(bpf | (1 << CAP_SYS_ADMIN)));
     }
 
     #[test]

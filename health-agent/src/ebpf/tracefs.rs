@@ -12,12 +12,19 @@ const CANDIDATES: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing
 
 /// Returns the tracefs root, mounting it at /sys/kernel/tracing when nothing is mounted.
 pub fn ensure_mounted() -> Result<PathBuf, KernelError> {
-    if let Some(root) = CANDIDATES
-        .iter()
-        .map(Path::new)
-        .find(|p| p.join("events").is_dir())
-    {
-        return Ok(root.to_path_buf());
+    for root in CANDIDATES.iter().map(Path::new) {
+        match std::fs::metadata(root.join("events")) {
+            Ok(m) if m.is_dir() => return Ok(root.to_path_buf()),
+            // Mounted, and root's alone (mode 0700): mounting again cannot help.
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                return Err(KernelError::Tracefs(format!(
+                    "no privilege: tracefs at {} is mounted but not readable ({e}); run as \
+                     root, or with CAP_BPF and CAP_PERFMON as uid 0",
+                    root.display()
+                )));
+            }
+            _ => {}
+        }
     }
     let target = c"/sys/kernel/tracing";
     // SAFETY: plain mount(2) with static NUL-terminated strings.

@@ -25,9 +25,10 @@
 //!
 //! Mistakes of the agent's own configuration are `misconfigured` from the first round, never an
 //! outage: a server that asks for a password none is set for, a password file or a certificate
-//! file that cannot be read. Each says what to change, naming the key (`database.url`,
-//! `database.urls[i]`, `database.password_file`) or where the password came from; what can be
-//! seen before connecting is also logged at start.
+//! file that cannot be read, a host name that has not resolved once since the agent started
+//! (one that resolved and then fails is an outage). Each says what to change, naming the key
+//! (`database.url`, `database.urls[i]`, `database.password_file`) or where the password came
+//! from; what can be seen before connecting is also logged at start.
 //!
 //! Here: the monitor, its report and the round of checks. `target` (what to connect to, with
 //! which password; URLs are parsed by the leaf `crate::dburl`), `damper` (fail_after /
@@ -101,7 +102,20 @@ pub struct DatabaseEntry {
 #[derive(Debug, Clone)]
 struct Outcome {
     result: Result<Good, Failure>,
+    /// What the lookup of the host said; a failed one is judged with what earlier rounds saw.
+    lookup: Lookup,
     at: SystemTime,
+}
+
+/// The lookup of a target's host this round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Lookup {
+    /// The round stopped before it (a password file that cannot be read, the deadline).
+    NotAsked,
+    /// An address, a socket path, or a name that gave addresses.
+    Known,
+    /// A name that gave none: the resolver's words.
+    Failed(String),
 }
 
 /// Why a round trip failed: the database did not answer (an outage, damped), or it answered
@@ -142,6 +156,10 @@ pub(super) struct Good {
 struct Track {
     damper: Damper,
     last: Option<Outcome>,
+    /// The host has resolved in some round since the agent started: a lookup failing now is
+    /// an outage (DNS, a deleted record). Until then a name that does not resolve is a
+    /// mistake in the URL (a typo in an RDS endpoint), which no restart or outage alert fixes.
+    resolved_once: bool,
 }
 
 /// Checks every configured database, one round trip each per `check()`, and keeps their damped
@@ -189,6 +207,7 @@ impl DatabaseMonitor {
             .map(|_| Track {
                 damper: Damper::new(cfg.fail_after, cfg.recover_after),
                 last: None,
+                resolved_once: false,
             })
             .collect();
         Ok(Some(Self {
@@ -208,12 +227,17 @@ impl DatabaseMonitor {
             let login = passwords.for_target(t);
             let timeout = self.timeout;
             async move {
-                let result = match login {
-                    Ok(login) => round_trip(t, &login, timeout).await,
-                    Err(f) => Err(f),
+                let (result, lookup) = match login {
+                    Ok(login) => match look_up(t, timeout).await {
+                        Ok(()) => (round_trip(t, &login, timeout).await, Lookup::Known),
+                        // Judged in `record`, which knows whether the name ever resolved.
+                        Err(e) => (Err(Failure::Outage(e.clone())), Lookup::Failed(e)),
+                    },
+                    Err(f) => (Err(f), Lookup::NotAsked),
                 };
                 Outcome {
                     result,
+                    lookup,
                     at: SystemTime::now(),
                 }
             }
@@ -243,6 +267,7 @@ impl DatabaseMonitor {
                     .iter()
                     .map(|_| Outcome {
                         result: Err(Failure::Outage(error.clone())),
+                        lookup: Lookup::NotAsked,
                         at: now,
                     })
                     .collect(),
@@ -252,7 +277,11 @@ impl DatabaseMonitor {
 
     fn record(&self, outcomes: Vec<Outcome>) -> DatabaseReport {
         let mut tracks = self.tracks.lock().unwrap_or_else(|e| e.into_inner());
-        for (track, outcome) in tracks.iter_mut().zip(outcomes) {
+        for ((track, mut outcome), t) in tracks.iter_mut().zip(outcomes).zip(self.targets.iter()) {
+            track.resolved_once |= outcome.lookup == Lookup::Known;
+            if let Lookup::Failed(e) = &outcome.lookup {
+                outcome.result = Err(unresolved(t, e, track.resolved_once));
+            }
             let r = match &outcome.result {
                 Err(Failure::Outage(_)) => RoundTrip::Failed,
                 Err(Failure::Refused(_)) => RoundTrip::Refused,
@@ -322,6 +351,23 @@ impl DatabaseMonitor {
     }
 }
 
+/// A host name that gave no address: a mistake in `t`'s URL while it never has since the agent
+/// started, an outage once it did.
+fn unresolved(t: &Target, error: &str, resolved_once: bool) -> Failure {
+    let host = &t.host;
+    if resolved_once {
+        Failure::Outage(format!(
+            "the host {host} no longer resolves ({error}); it did earlier"
+        ))
+    } else {
+        Failure::Refused(format!(
+            "the host {host} does not resolve ({error}) and has not since the agent started: \
+             fix the host name in {}",
+            t.key
+        ))
+    }
+}
+
 /// A misconfigured database in words: the key, the URL (redacted) and the cause, which says
 /// what to change.
 fn misconfigured(d: &DatabaseEntry) -> String {
@@ -380,6 +426,31 @@ fn no_answer(what: &str, timeout: Duration) -> Failure {
         "{what}: no answer within {}",
         humantime::format_duration(timeout)
     ))
+}
+
+/// Looks up `t`'s host name, bounded by `timeout`: Err is the resolver's words. An address
+/// literal or a socket directory needs no lookup, nor does a Postgres URL with `hostaddr` or
+/// several hosts (tokio-postgres tries each, and one that does not resolve may be a standby's).
+async fn look_up(t: &Target, timeout: Duration) -> Result<(), String> {
+    let host = t.host.trim_start_matches('[').trim_end_matches(']');
+    let several = t
+        .postgres
+        .as_ref()
+        .is_some_and(|c| c.get_hosts().len() > 1 || !c.get_hostaddrs().is_empty());
+    if host.starts_with('/') || host.parse::<std::net::IpAddr>().is_ok() || several {
+        return Ok(());
+    }
+    match tokio::time::timeout(timeout, tokio::net::lookup_host((host, t.port))).await {
+        Err(_) => Err(format!(
+            "no answer from the resolver within {}",
+            humantime::format_duration(timeout)
+        )),
+        Ok(Err(e)) => Err(e.to_string()),
+        Ok(Ok(mut addrs)) => match addrs.next() {
+            Some(_) => Ok(()),
+            None => Err("no address".into()),
+        },
+    }
 }
 
 /// The TCP connection Redis and MySQL talk over (tokio-postgres makes its own).

@@ -46,6 +46,7 @@ fn worst_database_decides_and_reason_names_it() {
             latency: Duration::from_millis(ms),
             detail: None,
         }),
+        lookup: Lookup::Known,
         at: SystemTime::now(),
     };
     let r = m.record(vec![good(3), good(2)]);
@@ -60,6 +61,7 @@ fn worst_database_decides_and_reason_names_it() {
         .starts_with("mysql://127.0.0.1:2 slow"));
     let failed = Outcome {
         result: Err(Failure::Outage("connect: refused".into())),
+        lookup: Lookup::Known,
         at: SystemTime::now(),
     };
     let r = m.record(vec![failed, good(1500)]);
@@ -75,6 +77,74 @@ fn worst_database_decides_and_reason_names_it() {
     );
     assert_no_secret(&r, &["Sekr1t"]);
     assert_eq!(r.summary(), "unreachable");
+}
+
+#[test]
+fn a_name_that_never_resolved_is_misconfigured_and_one_that_did_is_an_outage() {
+    let m = monitor(&DatabaseConfig {
+        fail_after: 2,
+        ..cfg(&["postgres://app:Sekr1t@db.example.invalid:5432/app"])
+    });
+    let at = SystemTime::now();
+    let failed = |e: &str| Outcome {
+        result: Err(Failure::Outage(e.into())),
+        lookup: Lookup::Failed(e.into()),
+        at,
+    };
+    let nxdomain = "failed to lookup address information: Name or service not known";
+    // Never resolved: a mistake in the URL, said at once, naming the host and the resolver.
+    let r = m.record(vec![failed(nxdomain)]);
+    assert_eq!(r.state, DbState::Misconfigured);
+    let why = r.misconfigured_reason().unwrap();
+    assert!(
+        why.starts_with(
+            "database.urls[0] postgres://app@db.example.invalid:5432/app: the host \
+             db.example.invalid does not resolve (failed to lookup address information: Name \
+             or service not known)"
+        ),
+        "{why}"
+    );
+    assert!(
+        why.contains("fix the host name in database.urls[0]"),
+        "{why}"
+    );
+    // The record is fixed and the database answers...
+    let r = m.record(vec![Outcome {
+        result: Ok(Good {
+            latency: Duration::from_millis(3),
+            detail: None,
+        }),
+        lookup: Lookup::Known,
+        at,
+    }]);
+    assert_eq!(r.state, DbState::Connected);
+    // ... then the name stops resolving: an outage now, damped, naming the host and the error.
+    let r = m.record(vec![failed(nxdomain)]);
+    assert_eq!(r.state, DbState::Connected, "damped: 1 of fail_after 2");
+    let r = m.record(vec![failed("Temporary failure in name resolution")]);
+    assert_eq!(r.state, DbState::Unreachable);
+    let reason = r.reason.clone().unwrap();
+    assert!(
+        reason.contains(
+            "unreachable: the host db.example.invalid no longer resolves (Temporary failure \
+             in name resolution); it did earlier"
+        ),
+        "{reason}"
+    );
+    assert_no_secret(&r, &["Sekr1t"]);
+}
+
+#[tokio::test]
+async fn addresses_and_socket_paths_are_not_looked_up() {
+    let m = monitor(&cfg(&[
+        "postgres://app@127.0.0.1:5432/app",
+        "redis://[::1]:6379",
+        "postgres://app@/app?host=/run/postgresql",
+        "postgres://app@db1.invalid,db2.invalid/app",
+    ]));
+    for t in m.targets.iter() {
+        assert_eq!(look_up(t, Duration::from_secs(1)).await, Ok(()), "{t:?}");
+    }
 }
 
 #[test]

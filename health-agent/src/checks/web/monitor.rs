@@ -249,6 +249,12 @@ pub fn load_kernel(cfg: &WebConfig) -> (Option<KernelView>, KernelStatus) {
             "web.kernel_tier = \"no_ebpf\"".into(),
         );
     }
+    // Said before loading: without privilege the first step that fails is reading tracefs
+    // (root's alone), which would blame tracefs rather than the privilege.
+    if let Some(why) = crate::ebpf::tier::no_privilege() {
+        tracing::warn!("kernel view unavailable: {why}; tier no_ebpf");
+        return no_ebpf(KernelState::Unavailable, why.into());
+    }
     let always = cfg.accept_tracing == AcceptTracing::Always;
     let follow = cfg.socket_tracing == SocketTracing::Always;
     let socket_calls = cfg.kernel_tier != KernelTier::SockDiag;
@@ -277,7 +283,7 @@ pub fn load_kernel(cfg: &WebConfig) -> (Option<KernelView>, KernelStatus) {
                 );
             }
             if let Some(why) = k.answers_unavailable() {
-                missing.push(format!("the answers' status classes (erroring): {why}"));
+                missing.push(format!("{}: {why}", crate::ebpf::tier::ANSWERS_MISSING));
             }
             let following = (tier == KernelTier::Full).then(|| Following {
                 mode: cfg.socket_tracing,

@@ -327,6 +327,9 @@ impl WebMonitor {
             Ok(()) => {}
             Err(e) => {
                 tracing::warn!("the answer programs: {e}; the answers' status is not sampled");
+                self.kernel_status
+                    .missing
+                    .push(format!("{}: {e}", crate::ebpf::tier::ANSWERS_MISSING));
                 self.answers_attach_failed = Some(e.to_string());
             }
         }
