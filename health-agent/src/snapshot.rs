@@ -425,14 +425,14 @@ fn ietf(decision: &Decision, report: &Report, time: &str, details: bool) -> Valu
         .collect();
     checks.insert("disk:utilization".into(), Value::Array(disks));
     if let Some(s) = &report.system {
-        let high = s.pressure == crate::status::Pressure::High;
+        // Each by its own threshold: a busy CPU is no warning about memory.
         checks.insert(
             "cpu:utilization".into(),
-            json!([{"componentType": "system", "observedValue": s.cpu_avg_percent, "observedUnit": "percent", "status": level(false, high), "time": time}]),
+            json!([{"componentType": "system", "observedValue": s.cpu_avg_percent, "observedUnit": "percent", "status": level(false, s.cpu_high), "time": time}]),
         );
         checks.insert(
             "memory:utilization".into(),
-            json!([{"componentType": "system", "observedValue": s.memory_avg_percent, "observedUnit": "percent", "status": level(false, high), "time": time}]),
+            json!([{"componentType": "system", "observedValue": s.memory_avg_percent, "observedUnit": "percent", "status": level(false, s.memory_high), "time": time}]),
         );
     }
     ietf_database(&mut checks, &report.database, time);
