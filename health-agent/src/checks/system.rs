@@ -18,17 +18,24 @@ const HYSTERESIS: f64 = 5.0;
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct SystemReport {
     /// Latest sample.
+    #[serde(serialize_with = "crate::text::shown::percent")]
     pub cpu_percent: f64,
+    #[serde(serialize_with = "crate::text::shown::percent")]
     pub memory_percent: f64,
     /// Averages over the window (what decides pressure).
+    #[serde(serialize_with = "crate::text::shown::percent")]
     pub cpu_avg_percent: f64,
+    #[serde(serialize_with = "crate::text::shown::percent")]
     pub memory_avg_percent: f64,
     /// Each resource against its own threshold (`scaling.cpu_high_percent`,
     /// `scaling.memory_high_percent`), sustained: busy CPU is no reason to call memory high.
     pub cpu_high: bool,
     pub memory_high: bool,
+    #[serde(serialize_with = "crate::text::shown::hundredths")]
     pub window_seconds: f64,
+    #[serde(serialize_with = "crate::text::shown::hundredths")]
     pub load1: f64,
+    #[serde(serialize_with = "crate::text::shown::hundredths")]
     pub load5: f64,
     pub cpus: usize,
     pub memory_total_bytes: u64,
