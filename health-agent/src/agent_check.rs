@@ -220,6 +220,8 @@ mod tests {
                 memory_percent: 20.0,
                 cpu_avg_percent: cpu,
                 memory_avg_percent: 20.0,
+                cpu_high: false,
+                memory_high: false,
                 window_seconds: 60.0,
                 load1: 0.0,
                 load5: 0.0,

@@ -22,10 +22,22 @@ struct Out {
     reg: Registry,
 }
 
+/// A gauge's value as it is written out, rounded by the unit its name ends with (the
+/// OpenMetrics convention): seconds to 10 µs (`0.036934805` s of probe latency is
+/// `0.03693`), anything else (ratios, rates, counts) to 4 decimals, so a percentage over 100
+/// keeps its 0.1 point and `0.16399999999999999` is `0.164`. Still a number for Prometheus.
+fn shown(name: &str, v: f64) -> f64 {
+    if name.ends_with("_seconds") {
+        crate::text::round_to(v, 5)
+    } else {
+        crate::text::round_to(v, 4)
+    }
+}
+
 impl Out {
     fn gauge(&mut self, name: &str, help: &str, v: f64) {
         let g = FGauge::default();
-        g.set(v);
+        g.set(shown(name, v));
         self.reg.register(name, help, g);
     }
 
@@ -46,7 +58,7 @@ impl Out {
     fn labeled(&mut self, name: &str, help: &str, values: Vec<(Labels, f64)>) {
         let f = Family::<Labels, FGauge>::default();
         for (labels, v) in values {
-            f.get_or_create(&labels).set(v);
+            f.get_or_create(&labels).set(shown(name, v));
         }
         self.reg.register(name, help, f);
     }
@@ -528,6 +540,54 @@ mod tests {
         policy::evaluate,
         status::DbState,
     };
+
+    #[test]
+    fn figures_are_written_out_rounded_and_numeric() {
+        let mut report = Report {
+            web: crate::checks::web::WebReport::not_configured(),
+            disk: crate::checks::disk::DiskReport {
+                level: crate::status::DiskLevel::Ok,
+                mounts: vec![crate::checks::disk::MountUsage {
+                    path: "/".into(),
+                    used_percent: 16.4,
+                    total_bytes: 100,
+                    available_bytes: 84,
+                    level: crate::status::DiskLevel::Ok,
+                    error: None,
+                }],
+            },
+            system: None,
+            containers: ContainersReport::not_configured(),
+            database: DatabaseReport::not_configured(),
+        };
+        report.web.probe = Some(crate::checks::probe::ProbeResult {
+            ok: true,
+            status: Some(200),
+            latency_ms: 5.3812809999999995,
+            error: None,
+            timed_out: false,
+            refused: false,
+            agent_error: false,
+            target: "127.0.0.1:9000".into(),
+        });
+        let decision = evaluate(&crate::policy::PolicyInput::of(&report, false));
+        let snap = Snapshot::new(decision, report, HealLog::default(), 1, 1);
+        let text = render(&snap, true);
+        for line in [
+            "health_agent_disk_used_ratio_max 0.164\n",
+            "health_agent_disk_used_ratio{path=\"/\"} 0.164\n",
+            "health_agent_web_probe_latency_seconds 0.00538\n",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in:\n{text}");
+        }
+        let noisy = text
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.rsplit(' ').next())
+            .filter(|v| v.split_once('.').is_some_and(|(_, d)| d.len() > 5))
+            .collect::<Vec<_>>();
+        assert!(noisy.is_empty(), "long decimals {noisy:?} in:\n{text}");
+    }
 
     #[test]
     fn every_database_gets_latency_and_state_series() {

@@ -145,6 +145,7 @@ pub struct Capacity {
     pub basis: Basis,
     /// Cores the backend's processes can use: what they used when they ran full (learned),
     /// else the host's.
+    #[serde(serialize_with = "crate::text::shown::hundredths")]
     pub cores: f64,
     pub cores_basis: Basis,
 }
@@ -154,16 +155,21 @@ pub struct Capacity {
 pub struct WebLoad {
     /// Requests arriving per second; None when none of the span was counted (the programs
     /// detached while nothing looked wrong).
+    #[serde(serialize_with = "crate::text::shown::hundredths_opt")]
     pub arrivals_per_second: Option<f64>,
     /// Requests answered per second; None likewise.
+    #[serde(serialize_with = "crate::text::shown::hundredths_opt")]
     pub answered_per_second: Option<f64>,
     /// Worker time per answered request (E[S]), when the worker count is known.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(serialize_with = "crate::text::shown::ms_opt")]
     pub service_ms: Option<f64>,
     /// Requests read and unanswered, averaged (in service plus queued inside the server).
+    #[serde(serialize_with = "crate::text::shown::hundredths")]
     pub in_server: f64,
     /// The backend's processes' CPU, in cores.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(serialize_with = "crate::text::shown::hundredths_opt")]
     pub backend_cpu_cores: Option<f64>,
 }
 

@@ -218,7 +218,7 @@ impl Snapshot {
                         "saturation:utilization".into(),
                         json!([{
                             "componentType": "system",
-                            "observedValue": ratio,
+                            "observedValue": crate::text::ratio(ratio),
                             "observedUnit": "ratio",
                             "status": "pass",
                             "time": self.generated_at,
@@ -339,7 +339,7 @@ fn ietf_database(checks: &mut serde_json::Map<String, Value>, db: &DatabaseRepor
                     json!({
                         "componentId": d.name,
                         "componentType": "datastore",
-                        "observedValue": ms,
+                        "observedValue": crate::text::ms(ms),
                         "observedUnit": "ms",
                         "status": level(false, d.state == DbState::Slow),
                         "time": d.last_checked.as_deref().unwrap_or(time),
@@ -400,7 +400,7 @@ fn ietf(decision: &Decision, report: &Report, time: &str, details: bool) -> Valu
             json!([{
                 "componentId": format!("port {}", web.port),
                 "componentType": "component",
-                "observedValue": p99,
+                "observedValue": crate::text::ms(p99),
                 "observedUnit": "ms",
                 "status": level(false, web.verdict == crate::status::WebVerdict::Slow),
                 "time": time,
@@ -415,7 +415,7 @@ fn ietf(decision: &Decision, report: &Report, time: &str, details: bool) -> Valu
             json!({
                 "componentId": m.path,
                 "componentType": "system",
-                "observedValue": m.used_percent,
+                "observedValue": crate::text::percent(m.used_percent),
                 "observedUnit": "percent",
                 "status": level(m.level == DiskLevel::Fail, m.level != DiskLevel::Ok),
                 "time": time,
@@ -425,14 +425,14 @@ fn ietf(decision: &Decision, report: &Report, time: &str, details: bool) -> Valu
         .collect();
     checks.insert("disk:utilization".into(), Value::Array(disks));
     if let Some(s) = &report.system {
-        let high = s.pressure == crate::status::Pressure::High;
+        // Each by its own threshold: a busy CPU is no warning about memory.
         checks.insert(
             "cpu:utilization".into(),
-            json!([{"componentType": "system", "observedValue": s.cpu_avg_percent, "observedUnit": "percent", "status": level(false, high), "time": time}]),
+            json!([{"componentType": "system", "observedValue": crate::text::percent(s.cpu_avg_percent), "observedUnit": "percent", "status": level(false, s.cpu_high), "time": time}]),
         );
         checks.insert(
             "memory:utilization".into(),
-            json!([{"componentType": "system", "observedValue": s.memory_avg_percent, "observedUnit": "percent", "status": level(false, high), "time": time}]),
+            json!([{"componentType": "system", "observedValue": crate::text::percent(s.memory_avg_percent), "observedUnit": "percent", "status": level(false, s.memory_high), "time": time}]),
         );
     }
     ietf_database(&mut checks, &report.database, time);

@@ -18,8 +18,9 @@ use std::{
 };
 
 use health_agent_tests::{
-    free_port, get, require_root, tail, timeline, wait_until, web_config, Agent, Ca, HealthPoller,
-    HealthSample, Load, Nginx, NginxOptions, Puma, PumaOptions, Receiver, Watch, Watched,
+    agent_binary, free_port, get, request_at, require_root, tail, timeline, wait_until, web_config,
+    Agent, Ca, HealthPoller, HealthSample, Load, Nginx, NginxOptions, Puma, PumaOptions, Receiver,
+    Watch, Watched,
 };
 
 /// Agent start to a first verdict.
@@ -536,4 +537,108 @@ fn tls_backend_status_not_visible_and_never_erroring() {
         body["status"], body["checks"]["webserver"]
     );
     println!("{}", timeline(&samples));
+}
+
+/// Whether `v` has at most `decimals` decimal places (as the nearest double has them).
+fn rounded(v: f64, decimals: i32) -> bool {
+    let scale = 10f64.powi(decimals);
+    (v * scale).round() / scale == v
+}
+
+/// The numbers in `v` with more than `most` decimals, each with its path: the noise of a
+/// figure never rounded (`latency_ms: 5.3812809999999995`).
+fn long_decimals(v: &serde_json::Value, path: &str, most: i32, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Number(n)
+            if n.is_f64() && !n.as_f64().is_some_and(|x| rounded(x, most)) =>
+        {
+            out.push(format!("{path} = {n}"));
+        }
+        serde_json::Value::Array(a) => {
+            for (i, x) in a.iter().enumerate() {
+                long_decimals(x, &format!("{path}[{i}]"), most, out);
+            }
+        }
+        serde_json::Value::Object(m) => {
+            for (k, x) in m {
+                long_decimals(x, &format!("{path}.{k}"), most, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Every figure a user reads is rounded to what it means, in every format: `/health` with its
+/// details, the health+json format, `check --json` (at most 3 decimals: a ratio's 0.1 %), and
+/// `/metrics` (at most 5: seconds to 10 µs), while real traffic gives the latency, rate and
+/// share figures something to show.
+#[test]
+fn every_figure_is_written_out_rounded_in_every_format() {
+    require_root();
+    let w = Watched::new(Puma::start(PumaOptions::default()), |puma| {
+        web_config(puma.port, "[web]\nsocket_tracing = \"always\"\n")
+    });
+    let load = Load::keep_alive(w.puma.port, "/orders", 2, Duration::from_secs(5));
+    w.wait_healthy();
+    std::thread::sleep(Duration::from_secs(4));
+    let parse = |what: &str, body: &str| -> serde_json::Value {
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("{what} is not JSON ({e}): {body}"))
+    };
+    let (_, health) = w.agent.get("/health").expect("GET /health");
+    let (_, _, ietf) = request_at(
+        w.agent.addr,
+        "GET",
+        "/health",
+        &[("Accept", "application/health+json")],
+        Duration::from_secs(5),
+    )
+    .expect("GET /health as health+json");
+    let metrics = w.agent.metrics();
+    let check = Command::new(agent_binary())
+        .arg("--config")
+        .arg(w.agent.config_path())
+        .args(["check", "--json"])
+        .output()
+        .expect("health-agent check --json");
+    let check = String::from_utf8_lossy(&check.stdout).into_owned();
+    let stats = load.stop();
+    assert!(stats.answers() > 20, "the load got answers: {stats}");
+
+    let mut noisy = Vec::new();
+    for (what, body) in [
+        ("/health", &health),
+        ("health+json", &ietf),
+        ("check --json", &check),
+    ] {
+        let v = parse(what, body);
+        long_decimals(&v, what, 3, &mut noisy);
+    }
+    // What has figures to show did show them: the rounding was tried on real values.
+    let v = parse("/health", &health);
+    assert!(
+        v["details"]["web"]["probe"]["latency_ms"].is_f64(),
+        "{health}"
+    );
+    assert!(v["details"]["system"]["load1"].is_number(), "{health}");
+    for line in metrics
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+    {
+        let value = line.rsplit(' ').next().unwrap_or_default();
+        let value: f64 = value
+            .parse()
+            .unwrap_or_else(|e| panic!("not a number ({e}): {line}"));
+        if !rounded(value, 5) {
+            noisy.push(format!("/metrics {line}"));
+        }
+    }
+    assert!(
+        noisy.is_empty(),
+        "figures written out unrounded:\n{}\n/health: {health}",
+        noisy.join("\n")
+    );
+    println!(
+        "probe latency {} ms",
+        v["details"]["web"]["probe"]["latency_ms"]
+    );
 }

@@ -228,6 +228,62 @@ fn connect_from_127_0_0_2(port: u16) -> std::io::Result<TcpStream> {
     Ok(stream)
 }
 
+/// A balancer that never looks at /health: a new connection every 50 ms from 127.0.0.2, until
+/// stopped (or dropped).
+struct IgnoringSender {
+    stop: Arc<AtomicBool>,
+    answered: Arc<Mutex<u32>>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl IgnoringSender {
+    fn start(port: u16) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let answered = Arc::new(Mutex::new(0u32));
+        let thread = {
+            let (stop, answered) = (stop.clone(), answered.clone());
+            thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok(mut s) = connect_from_127_0_0_2(port) {
+                        let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+                        let _ =
+                            s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+                        let mut buf = Vec::new();
+                        if s.read_to_end(&mut buf).is_ok() && buf.starts_with(b"HTTP/1.1 200") {
+                            *answered.lock().unwrap() += 1;
+                        }
+                    }
+                    thread::sleep(Duration::from_millis(50));
+                }
+            })
+        };
+        Self {
+            stop,
+            answered,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops it; how many of its requests were answered 200.
+    fn stop(mut self) -> u32 {
+        self.halt();
+        *self.answered.lock().unwrap()
+    }
+
+    fn halt(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for IgnoringSender {
+    fn drop(&mut self) {
+        self.halt();
+    }
+}
+
 #[test]
 fn a_sender_that_ignores_the_503_makes_drain_fail_naming_it() {
     ignored_drain_names_the_sender("auto");
@@ -246,32 +302,13 @@ fn ignored_drain_names_the_sender(tier: &str) {
         dir.path(),
         &format!("kernel_tier = \"{tier}\"\n"),
     );
-    // A balancer that never looks at /health: a new connection every 50 ms from 127.0.0.2.
-    let stop = Arc::new(AtomicBool::new(false));
-    let answered = Arc::new(Mutex::new(0u32));
-    let sender = {
-        let (stop, answered, port) = (stop.clone(), answered.clone(), puma.port);
-        thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                if let Ok(mut s) = connect_from_127_0_0_2(port) {
-                    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-                    let _ = s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-                    let mut buf = Vec::new();
-                    if s.read_to_end(&mut buf).is_ok() && buf.starts_with(b"HTTP/1.1 200") {
-                        *answered.lock().unwrap() += 1;
-                    }
-                }
-                thread::sleep(Duration::from_millis(50));
-            }
-        })
-    };
+    let sender = IgnoringSender::start(puma.port);
     let started = Instant::now();
     let out = command(&agent, &["drain", "--quiet", "2s", "--timeout", "5s"], None)
         .output()
         .expect("drain");
     let took = started.elapsed();
-    stop.store(true, Ordering::Relaxed);
-    sender.join().unwrap();
+    let answered = sender.stop();
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let line = last_line(&out);
     assert!(
@@ -283,10 +320,7 @@ fn ignored_drain_names_the_sender(tier: &str) {
         took < Duration::from_secs(7),
         "exit 1 at the timeout, not later: {took:?}"
     );
-    assert!(
-        *answered.lock().unwrap() > 20,
-        "the sender was served meanwhile"
-    );
+    assert!(answered > 20, "the sender was served meanwhile");
     println!("{tier}: ignored drain: {line} ({took:?})");
     // Still drained: the 503 holds until undrain, and details.drain says how it ended.
     let (code, body) =
@@ -304,6 +338,99 @@ fn ignored_drain_names_the_sender(tier: &str) {
             .is_some_and(|r| r.contains("127.0.0.2")),
         "{body}"
     );
+    undrain(&agent);
+}
+
+/// The seconds a progress line counts (`draining 3.0s: ...`).
+fn progress_seconds(line: &str) -> Option<f64> {
+    line.strip_prefix("draining ")?
+        .split_once("s:")?
+        .0
+        .parse()
+        .ok()
+}
+
+/// What `drain` prints is what `details.drain` says the moment it returns (no wait): `drained`
+/// with its line, then, for a second `drain` while drained that times out under a sender that
+/// ignores the 503, `timed_out` with its line. Every line counts on one clock, the drain's:
+/// the progress lines and the final line agree, and the final line says when this command's own
+/// `--timeout` ran out. A sender the kernel counted but no read saw is explained the first time
+/// a line names it.
+#[test]
+fn drain_again_while_drained_speaks_one_clock_and_details_follow_the_command() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let (puma, agent) = watched(PumaOptions::default(), dir.path(), "");
+    let out = command(
+        &agent,
+        &["drain", "--quiet", "500ms", "--timeout", "10s"],
+        None,
+    )
+    .output()
+    .expect("drain");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let printed = last_line(&out);
+    let (code, body) = agent.health();
+    let drain = &body["details"]["drain"];
+    assert_eq!(code, 503, "{body}");
+    assert_eq!(
+        (drain["state"].as_str(), drain["result"].as_str()),
+        (Some("drained"), Some(printed.as_str())),
+        "right after `drain` printed {printed:?}: {body}"
+    );
+    thread::sleep(Duration::from_secs(2));
+
+    let sender = IgnoringSender::start(puma.port);
+    let out = command(&agent, &["drain", "--quiet", "2s", "--timeout", "3s"], None)
+        .output()
+        .expect("drain again");
+    let (code, body) = agent.health();
+    sender.stop();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lines: Vec<&str> = stdout.lines().collect();
+    let last = last_line(&out);
+    let drain = &body["details"]["drain"];
+    assert_eq!(code, 503, "{body}");
+    assert_eq!(
+        (drain["state"].as_str(), drain["result"].as_str()),
+        (Some("timed_out"), Some(last.as_str())),
+        "right after `drain` printed {last:?}: {body}"
+    );
+    // One clock: the drain began more than 2 s before this command, and the last line counts
+    // from there, past every progress line, naming this command's own 3 s.
+    let total: f64 = last
+        .strip_prefix("not drained after ")
+        .and_then(|r| r.split_once(" s"))
+        .and_then(|(n, _)| n.parse().ok())
+        .unwrap_or_else(|| panic!("{}", text(&out)));
+    let progress: Vec<f64> = lines.iter().filter_map(|l| progress_seconds(l)).collect();
+    assert!(!progress.is_empty(), "{}", text(&out));
+    assert!(
+        progress.iter().all(|&p| p > 2.0 && p <= total) && total >= 5.0,
+        "progress {progress:?} and the last line ({total} s) on one clock: {}",
+        text(&out)
+    );
+    assert!(
+        last.contains("(timed out 3.") && last.contains("after this command asked)"),
+        "{}",
+        text(&out)
+    );
+    assert!(last.contains("from 127.0.0.2 ("), "{}", text(&out));
+    // `unseen`, when a progress line names it, is explained there the first time only.
+    let naming: Vec<&&str> = lines
+        .iter()
+        .filter(|l| progress_seconds(l).is_some() && l.contains("unseen ("))
+        .collect();
+    if let Some((first, rest)) = naming.split_first() {
+        assert!(first.contains("so their sender is not known"), "{stdout}");
+        assert!(
+            rest.iter()
+                .all(|l| !l.contains("so their sender is not known")),
+            "{stdout}"
+        );
+    }
+    println!("{stdout}");
     undrain(&agent);
 }
 

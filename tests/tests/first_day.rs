@@ -615,7 +615,7 @@ fn without_host_load_reasons(mut answer: Value) -> Value {
     let of_host = |r: &Value| {
         let r = r.as_str().unwrap_or("");
         (r.starts_with("saturation ") && r.contains("at or above scaling.up_at"))
-            || r == "sustained high CPU or memory"
+            || r.starts_with("sustained high ")
     };
     if let Some(reasons) = answer["reasons"].as_array_mut() {
         let before = reasons.len();

@@ -63,17 +63,20 @@ fn the_package_installs_its_unit_verifies_and_its_default_config_validates() {
                 debian.display()
             )
         });
-    let unit_mtime = std::fs::metadata(workspace().join(UNIT))
-        .and_then(|m| m.modified())
-        .expect("the unit file");
     let deb_mtime = std::fs::metadata(&deb)
         .and_then(|m| m.modified())
         .expect("the .deb");
-    assert!(
-        deb_mtime >= unit_mtime,
-        "{} is older than {UNIT}: run `cargo xtask package`",
-        deb.display()
-    );
+    // What the package is made of: a .deb older than either was made without the change.
+    for source in [UNIT, "xtask/src/package.rs"] {
+        let mtime = std::fs::metadata(workspace().join(source))
+            .and_then(|m| m.modified())
+            .unwrap_or_else(|e| panic!("{source}: {e}"));
+        assert!(
+            deb_mtime >= mtime,
+            "{} is older than {source}: run `cargo xtask package`",
+            deb.display()
+        );
+    }
     if let Some(v) = installed_version() {
         panic!("health-agent is already installed ({v}): this test would replace and purge it");
     }
@@ -87,6 +90,22 @@ fn the_package_installs_its_unit_verifies_and_its_default_config_validates() {
     ] {
         assert!(Path::new(path).is_file(), "{path} not installed");
     }
+    // The README's links lead somewhere on the box: the manual lands beside it.
+    let doc = Path::new("/usr/share/doc/health-agent");
+    let readme = std::fs::read_to_string(doc.join("README.md")).expect("the packaged README");
+    let targets = readme_links(&readme);
+    assert!(
+        targets.iter().any(|t| t == "docs/verdicts.md"),
+        "the README links docs/verdicts.md: {targets:?}"
+    );
+    for target in &targets {
+        assert!(
+            doc.join(target).is_file(),
+            "the README links {target}, but the package has no {}",
+            doc.join(target).display()
+        );
+    }
+    println!("the packaged README's {} links resolve", targets.len());
     let conffiles =
         succeed(Command::new("dpkg-query").args(["-W", "-f=${Conffiles}", "health-agent"]));
     let conffiles = String::from_utf8_lossy(&conffiles.stdout);
@@ -120,6 +139,23 @@ fn the_package_installs_its_unit_verifies_and_its_default_config_validates() {
     succeed(Command::new("dpkg").args(["--purge", "health-agent"]));
     assert!(!Path::new("/usr/bin/health-agent").exists());
     assert!(!Path::new("/etc/health-agent/health-agent.toml").exists());
+}
+
+/// The README's relative link targets (`docs/drain.md`), anchors dropped: what a reader of
+/// the installed copy follows.
+fn readme_links(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("](") {
+        rest = &rest[i + 2..];
+        let Some(end) = rest.find(')') else { break };
+        let target = rest[..end].split('#').next().unwrap_or_default();
+        if !target.is_empty() && !target.contains("://") && !out.iter().any(|t| t == target) {
+            out.push(target.to_string());
+        }
+        rest = &rest[end..];
+    }
+    out
 }
 
 /// Capability numbers (linux/capability.h) of the candidates the issue names.

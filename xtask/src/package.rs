@@ -2,7 +2,9 @@
 //! laid out by hand and built with `dpkg-deb --root-owner-group` (what cargo-deb does, without
 //! another tool to install): the release binary in /usr/bin, the systemd unit from
 //! deploy/systemd, the default config from `health-agent config --dump` as a conffile, and the
-//! empty drop-in directory /etc/health-agent/conf.d/ beside it (tools add their files there).
+//! empty drop-in directory /etc/health-agent/conf.d/ beside it (tools add their files there), and
+//! the README with the manual (docs/*.md) in /usr/share/doc/health-agent, laid out as in the
+//! repository so the README's links resolve on the box.
 
 use std::{
     fs,
@@ -54,11 +56,17 @@ pub fn run() -> Result<PathBuf> {
     fs::create_dir_all(&dropins)
         .and_then(|()| fs::set_permissions(&dropins, fs::Permissions::from_mode(0o755)))
         .with_context(|| format!("cannot create {}", dropins.display()))?;
+    let doc = root.join("usr/share/doc").join(NAME);
     install(
         &cmd::root().join("README.md"),
-        &root.join("usr/share/doc").join(NAME).join("README.md"),
+        &doc.join("README.md"),
         0o644,
     )?;
+    // The manual beside it, where the README's relative links (docs/verdicts.md) lead.
+    for page in manual_pages(&cmd::root().join("docs"))? {
+        let name = page.file_name().context("a page in docs/ has no name")?;
+        install(&page, &doc.join("docs").join(name), 0o644)?;
+    }
     write(
         &root.join("usr/share/doc").join(NAME).join("copyright"),
         "health-agent\nLicense: MIT OR Apache-2.0\n",
@@ -119,6 +127,19 @@ if [ -d /run/systemd/system ] && [ \"$1\" = remove ]; then\n\
     systemctl stop health-agent || true\n    systemctl disable health-agent || true\nfi\n";
 const POSTRM: &str = "#!/bin/sh\nset -e\n\
 if [ -d /run/systemd/system ]; then systemctl daemon-reload || true; fi\n";
+
+/// The manual's pages: every `*.md` in `dir`, in name order.
+fn manual_pages(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut pages = Vec::new();
+    for entry in fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|x| x == "md") && path.is_file() {
+            pages.push(path);
+        }
+    }
+    pages.sort();
+    Ok(pages)
+}
 
 fn install(from: &Path, to: &Path, mode: u32) -> Result<()> {
     let bytes = fs::read(from).with_context(|| format!("cannot read {}", from.display()))?;

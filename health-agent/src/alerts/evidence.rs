@@ -18,6 +18,7 @@ pub const TOP: usize = 10;
 pub struct ProcRow {
     pub pid: u32,
     pub name: String,
+    #[serde(serialize_with = "crate::text::shown::percent")]
     pub cpu_percent: f64,
     pub rss_bytes: u64,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -55,10 +55,12 @@ pub struct ContainerInfo {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(serialize_with = "crate::text::shown::percent_opt")]
     pub cpu_percent: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory_bytes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(serialize_with = "crate::text::shown::percent_opt")]
     pub memory_percent: Option<f64>,
     /// A one-shot job that finished: found by label (not named), exited 0, and not meant to
     /// be restarted (restart policy other than `always` / `unless-stopped`). Not a fault,

@@ -8,6 +8,7 @@ use crate::{config::DiskConfig, status::DiskLevel};
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct MountUsage {
     pub path: String,
+    #[serde(serialize_with = "crate::text::shown::percent")]
     pub used_percent: f64,
     pub total_bytes: u64,
     pub available_bytes: u64,

@@ -37,6 +37,7 @@ pub struct ProbeResult {
     pub ok: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub status: Option<u16>,
+    #[serde(serialize_with = "crate::text::shown::ms")]
     pub latency_ms: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,

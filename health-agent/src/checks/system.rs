@@ -1,5 +1,6 @@
-//! CPU, memory and load, averaged over `scaling.window`, turned into a `Pressure` with a little
-//! hysteresis so the recommendation does not flap around a threshold.
+//! CPU, memory and load, averaged over `scaling.window`, each judged against its own
+//! threshold with a little hysteresis (so the recommendation does not flap around one), and
+//! turned into a `Pressure`.
 
 use std::{
     collections::VecDeque,
@@ -17,13 +18,24 @@ const HYSTERESIS: f64 = 5.0;
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct SystemReport {
     /// Latest sample.
+    #[serde(serialize_with = "crate::text::shown::percent")]
     pub cpu_percent: f64,
+    #[serde(serialize_with = "crate::text::shown::percent")]
     pub memory_percent: f64,
     /// Averages over the window (what decides pressure).
+    #[serde(serialize_with = "crate::text::shown::percent")]
     pub cpu_avg_percent: f64,
+    #[serde(serialize_with = "crate::text::shown::percent")]
     pub memory_avg_percent: f64,
+    /// Each resource against its own threshold (`scaling.cpu_high_percent`,
+    /// `scaling.memory_high_percent`), sustained: busy CPU is no reason to call memory high.
+    pub cpu_high: bool,
+    pub memory_high: bool,
+    #[serde(serialize_with = "crate::text::shown::hundredths")]
     pub window_seconds: f64,
+    #[serde(serialize_with = "crate::text::shown::hundredths")]
     pub load1: f64,
+    #[serde(serialize_with = "crate::text::shown::hundredths")]
     pub load5: f64,
     pub cpus: usize,
     pub memory_total_bytes: u64,
@@ -35,7 +47,24 @@ pub struct SystemMonitor {
     sys: Option<System>,
     samples: VecDeque<(Instant, f64, f64)>,
     cfg: ScalingConfig,
+    levels: Levels,
+}
+
+/// Where CPU and memory stand against their thresholds: each resource on its own, and the
+/// pressure they make together (the previous round's, for the hysteresis).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Levels {
+    cpu_high: bool,
+    memory_high: bool,
     pressure: Pressure,
+}
+
+impl Levels {
+    const NORMAL: Self = Self {
+        cpu_high: false,
+        memory_high: false,
+        pressure: Pressure::Normal,
+    };
 }
 
 impl SystemMonitor {
@@ -50,7 +79,7 @@ impl SystemMonitor {
             sys,
             samples: VecDeque::new(),
             cfg,
-            pressure: Pressure::Normal,
+            levels: Levels::NORMAL,
         }
     }
 
@@ -82,47 +111,53 @@ impl SystemMonitor {
         let span = self.samples.front().map_or(Duration::ZERO, |(t, _, _)| {
             now.saturating_duration_since(*t)
         });
-        self.pressure = next_pressure(self.pressure, cpu_avg, mem_avg, span, &self.cfg);
+        self.levels = next_levels(self.levels, cpu_avg, mem_avg, span, &self.cfg);
         let (load1, load5) = System::load_average().map_or((0.0, 0.0), |l| (l.one, l.five));
         Some(SystemReport {
             cpu_percent: round1(cpu),
             memory_percent: round1(mem),
             cpu_avg_percent: round1(cpu_avg),
             memory_avg_percent: round1(mem_avg),
+            cpu_high: self.levels.cpu_high,
+            memory_high: self.levels.memory_high,
             window_seconds: span.as_secs_f64().round(),
             load1,
             load5,
             cpus,
             memory_total_bytes: total,
             memory_available_bytes: avail,
-            pressure: self.pressure,
+            pressure: self.levels.pressure,
         })
     }
 }
 
-/// Sustained means: averaged over at least half the window. Before that, Normal.
-fn next_pressure(
-    prev: Pressure,
-    cpu: f64,
-    mem: f64,
-    span: Duration,
-    cfg: &ScalingConfig,
-) -> Pressure {
+/// Whether one resource is high: at or above its threshold, or still within HYSTERESIS of it
+/// once it was.
+fn high(was: bool, avg: f64, threshold: f64) -> bool {
+    avg >= threshold || (was && avg >= threshold - HYSTERESIS)
+}
+
+/// Sustained means: averaged over at least half the window. Before that, Normal. High when
+/// either resource is high on its own; Low only when both are low.
+fn next_levels(prev: Levels, cpu: f64, mem: f64, span: Duration, cfg: &ScalingConfig) -> Levels {
     if span < cfg.window / 2 {
-        return Pressure::Normal;
+        return Levels::NORMAL;
     }
-    let high = cpu >= cfg.cpu_high_percent || mem >= cfg.memory_high_percent;
-    let still_high =
-        cpu >= cfg.cpu_high_percent - HYSTERESIS || mem >= cfg.memory_high_percent - HYSTERESIS;
+    let cpu_high = high(prev.cpu_high, cpu, cfg.cpu_high_percent);
+    let memory_high = high(prev.memory_high, mem, cfg.memory_high_percent);
     let low = cpu <= cfg.cpu_low_percent && mem <= cfg.memory_low_percent;
     let still_low =
         cpu <= cfg.cpu_low_percent + HYSTERESIS && mem <= cfg.memory_low_percent + HYSTERESIS;
-    match prev {
-        _ if high => Pressure::High,
-        Pressure::High if still_high => Pressure::High,
+    let pressure = match prev.pressure {
+        _ if cpu_high || memory_high => Pressure::High,
         _ if low => Pressure::Low,
         Pressure::Low if still_low => Pressure::Low,
         _ => Pressure::Normal,
+    };
+    Levels {
+        cpu_high,
+        memory_high,
+        pressure,
     }
 }
 
@@ -130,11 +165,22 @@ fn next_pressure(
 mod tests {
     use super::*;
 
+    /// The pressure after `prev` (its resources high as it says), for averages of `cpu` and
+    /// `mem` over `span`.
+    fn pressure(prev: Pressure, cpu: f64, mem: f64, span: Duration) -> Pressure {
+        let cfg = ScalingConfig::default();
+        let was = Levels {
+            cpu_high: prev == Pressure::High,
+            memory_high: false,
+            pressure: prev,
+        };
+        next_levels(was, cpu, mem, span, &cfg).pressure
+    }
+
     #[test]
     fn pressure_needs_a_sustained_window_and_has_hysteresis() {
-        let cfg = ScalingConfig::default();
-        let full = cfg.window;
-        let p = |prev, cpu, mem, span| next_pressure(prev, cpu, mem, span, &cfg);
+        let full = ScalingConfig::default().window;
+        let p = pressure;
         assert_eq!(
             p(Pressure::Normal, 99.0, 50.0, Duration::from_secs(1)),
             Pressure::Normal
@@ -148,6 +194,37 @@ mod tests {
         assert_eq!(p(Pressure::Low, 12.0, 20.0, full), Pressure::Low);
         assert_eq!(p(Pressure::Normal, 12.0, 20.0, full), Pressure::Normal);
         assert_eq!(p(Pressure::Low, 40.0, 20.0, full), Pressure::Normal);
+    }
+
+    #[test]
+    fn cpu_and_memory_are_each_judged_by_their_own_threshold() {
+        let cfg = ScalingConfig::default();
+        let full = cfg.window;
+        let step = |prev, cpu, mem| next_levels(prev, cpu, mem, full, &cfg);
+        // Busy CPU, 4 % memory: only the CPU is high.
+        let busy = step(Levels::NORMAL, 95.0, 4.0);
+        assert_eq!(
+            (busy.cpu_high, busy.memory_high, busy.pressure),
+            (true, false, Pressure::High)
+        );
+        // Memory high, CPU idle: only the memory.
+        let full_mem = step(Levels::NORMAL, 3.0, 92.0);
+        assert_eq!(
+            (full_mem.cpu_high, full_mem.memory_high, full_mem.pressure),
+            (false, true, Pressure::High)
+        );
+        // Each keeps its own hysteresis: memory just under its threshold (90 - 3) after the
+        // CPU was high is not high memory, and the CPU leaves High by its own figure.
+        let after = step(busy, 50.0, 87.0);
+        assert_eq!(
+            (after.cpu_high, after.memory_high, after.pressure),
+            (false, false, Pressure::Normal)
+        );
+        let held = step(full_mem, 50.0, 87.0);
+        assert_eq!(
+            (held.cpu_high, held.memory_high, held.pressure),
+            (false, true, Pressure::High)
+        );
     }
 
     #[test]

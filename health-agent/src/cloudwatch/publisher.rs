@@ -70,6 +70,7 @@ pub struct Status {
     pub interval_seconds: u64,
     /// When the last PutMetricData was accepted, and the last value it carried (percent).
     pub last_success: Option<String>,
+    #[serde(serialize_with = "crate::text::shown::percent_opt")]
     pub last_value_percent: Option<f64>,
     pub last_error: Option<String>,
     pub last_error_at: Option<String>,

@@ -18,7 +18,7 @@ use tokio::{
 };
 use tokio_util::sync::CancellationToken;
 
-use super::{progress_line, By, Drain, Judgement};
+use super::{By, Drain, Judgement, ProgressLines};
 
 /// A request line longer than this is refused.
 const MAX_REQUEST: usize = 1024;
@@ -26,6 +26,9 @@ const MAX_REQUEST: usize = 1024;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often a waiting command's drain is judged.
 const JUDGE_EVERY: Duration = Duration::from_millis(100);
+/// The longest a final line waits for `/health` to serve it (a snapshot comes every
+/// `web.eval_interval` while draining).
+const SHOWN_WITHIN: Duration = Duration::from_secs(2);
 
 /// What a command asks.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -220,6 +223,7 @@ async fn wait(
 ) {
     let since = Instant::now();
     let mut next_progress = since + Duration::from_secs(1);
+    let mut lines = ProgressLines::default();
     loop {
         let (kind, message) = match drain.judge(quiet, timeout, since) {
             // Not drained: a script must not go on to stop the app as if it were.
@@ -234,7 +238,7 @@ async fn wait(
                 if now >= next_progress {
                     next_progress += Duration::from_secs(1);
                     if let Some((p, started)) = drain.progress() {
-                        if !send(w, ReplyKind::Progress, progress_line(&p, started, now)).await {
+                        if !send(w, ReplyKind::Progress, lines.next(&p, started, now)).await {
                             return;
                         }
                     }
@@ -248,6 +252,10 @@ async fn wait(
                 }
             }
         };
+        if kind != ReplyKind::Error {
+            // What the command prints last, `details.drain` says at the same moment.
+            drain.until_shown(SHOWN_WITHIN).await;
+        }
         send(w, kind, message).await;
         return;
     }

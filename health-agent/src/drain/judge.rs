@@ -46,6 +46,9 @@ pub struct DrainReport {
     pub result: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Which judgement `result` is (see `Drain::until_shown`); not shown.
+    #[serde(skip)]
+    pub judged: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -62,6 +65,15 @@ pub fn peer_name(peer: Option<IpAddr>) -> String {
 
 /// Arrivals the kernel counted whose connection no read saw.
 pub const UNSEEN: &str = "unseen";
+
+/// What `unseen` means, said where it first shows: docs/drain.md is not at hand on a console.
+pub fn unseen_means() -> String {
+    format!(
+        "{UNSEEN} = new requests the kernel counted on connections that opened and closed between \
+         two of the agent's looks at the port (every {} ms), so their sender is not known",
+        super::watch::READ_EVERY.as_millis()
+    )
+}
 
 pub(super) fn round1(x: f64) -> f64 {
     (x * 10.0).round() / 10.0
@@ -123,7 +135,18 @@ pub fn judge(
     }
     let recent = p.peers_within(now, RECENT);
     let arrivals: u32 = recent.iter().map(|(_, n)| n).sum();
-    let mut why = format!("not drained after {:.1} s: ", waited.as_secs_f64());
+    // One clock, the drain's, as the progress lines count: a command that asked later (a
+    // second `drain` while drained) says when its own timeout ran out.
+    let total = format!(
+        "{:.1}",
+        now.saturating_duration_since(started_at).as_secs_f64()
+    );
+    let own = format!("{:.1}", waited.as_secs_f64());
+    let mut why = format!("not drained after {total} s");
+    if own != total {
+        why.push_str(&format!(" (timed out {own} s after this command asked)"));
+    }
+    why.push_str(": ");
     if let Some(e) = &p.error {
         why.push_str(&format!("the backend's connections cannot be read ({e})"));
     } else if arrivals > 0 {
@@ -139,11 +162,35 @@ pub fn judge(
         ));
     }
     why.push_str(&format!("; {} in flight", p.in_flight));
+    if p.error.is_none() && recent.iter().any(|(a, _)| a.is_none()) {
+        why.push_str(&format!(" ({})", unseen_means()));
+    }
     Judgement::TimedOut(why)
 }
 
-/// A progress line for the command, once a second.
-pub fn progress_line(p: &Progress, started_at: Instant, now: Instant) -> String {
+/// The command's progress lines, one a second: the first that names `unseen` senders says
+/// what they are.
+#[derive(Debug, Default)]
+pub struct ProgressLines {
+    unseen_told: bool,
+}
+
+impl ProgressLines {
+    pub fn next(&mut self, p: &Progress, started_at: Instant, now: Instant) -> String {
+        let (line, names_unseen) = progress_line(p, started_at, now, !self.unseen_told);
+        self.unseen_told |= names_unseen;
+        line
+    }
+}
+
+/// A progress line, on the drain's clock, and whether it names `unseen` senders (explained
+/// when `explain_unseen`).
+pub fn progress_line(
+    p: &Progress,
+    started_at: Instant,
+    now: Instant,
+    explain_unseen: bool,
+) -> (String, bool) {
     let peers = p.peers_within(now, Duration::from_secs(1));
     let new: u32 = peers.iter().map(|(_, n)| n).sum();
     let mut line = format!(
@@ -164,5 +211,9 @@ pub fn progress_line(p: &Progress, started_at: Instant, now: Instant) -> String 
     if let Some(e) = &p.error {
         line.push_str(&format!(" (cannot read the connections: {e})"));
     }
-    line
+    let names_unseen = peers.iter().any(|(a, _)| a.is_none());
+    if names_unseen && explain_unseen {
+        line.push_str(&format!(" ({})", unseen_means()));
+    }
+    (line, names_unseen)
 }

@@ -28,7 +28,7 @@ use tokio::sync::Notify;
 use self::judge::round1;
 pub use self::{
     judge::{
-        judge, peer_list, peer_name, progress_line, DrainReport, Judgement, PeerCount, UNSEEN,
+        judge, peer_list, peer_name, DrainReport, Judgement, PeerCount, ProgressLines, UNSEEN,
     },
     watch::{spawn_watch, Progress},
 };
@@ -78,7 +78,30 @@ struct Draining {
     /// Resumed from the state file at start.
     resumed: bool,
     /// The last judgement a waiting command or hook reached.
-    result: Option<String>,
+    result: Option<Outcome>,
+}
+
+/// A waiting command's or hook's final judgement, kept for `details.drain` until undrain or
+/// another drain command watches again.
+#[derive(Debug, Clone, PartialEq)]
+enum Outcome {
+    Drained(String),
+    TimedOut(String),
+}
+
+impl Outcome {
+    fn state(&self) -> &'static str {
+        match self {
+            Self::Drained(_) => "drained",
+            Self::TimedOut(_) => "timed_out",
+        }
+    }
+
+    fn message(&self) -> &str {
+        match self {
+            Self::Drained(m) | Self::TimedOut(m) => m,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -96,6 +119,9 @@ struct Inner {
     phase: Phase,
     progress: Progress,
     kernel: KernelCount,
+    /// Counts the judgements kept (`Draining::result` changed), so a command can wait until
+    /// `/health` serves the one it prints.
+    judged: u64,
 }
 
 /// The kernel's arrival counter between two notes, the agent's probes taken off.
@@ -124,6 +150,8 @@ pub struct Drain {
     /// After undrain, how long a backend that is not listening yet (a restart under way) is
     /// not restarted by self-healing: `checks.boot_grace`.
     boot_grace: Duration,
+    /// The latest `Inner::judged` a published snapshot carries in `details.drain`.
+    shown: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 /// Could not start or end a drain.
@@ -177,11 +205,13 @@ impl Drain {
                 phase,
                 progress: Progress::default(),
                 kernel: KernelCount::default(),
+                judged: 0,
             })),
             wake: Arc::new(Notify::new()),
             state_file,
             watched,
             boot_grace,
+            shown: Arc::new(tokio::sync::watch::channel(0).0),
         }
     }
 
@@ -310,11 +340,34 @@ impl Drain {
             timeout,
             self.watched,
         );
-        match &j {
-            Judgement::Drained(m) | Judgement::TimedOut(m) => d.result = Some(m.clone()),
-            Judgement::Draining => {}
+        let outcome = match &j {
+            Judgement::Drained(m) => Some(Outcome::Drained(m.clone())),
+            Judgement::TimedOut(m) => Some(Outcome::TimedOut(m.clone())),
+            Judgement::Draining => None,
+        };
+        if outcome.is_some() && d.result != outcome {
+            d.result = outcome;
+            g.judged += 1;
         }
         Some(j)
+    }
+
+    /// The runner's note once a snapshot is published: the judgement its `details.drain`
+    /// carries (`DrainReport::judged`) is what `/health` now serves.
+    pub fn published(&self, judged: u64) {
+        self.shown.send_if_modified(|v| {
+            let newer = judged > *v;
+            *v = (*v).max(judged);
+            newer
+        });
+    }
+
+    /// Waits, at most `limit`, until a published snapshot carries the latest judgement: the
+    /// command prints its last line only once `details.drain` says the same (state and result).
+    pub async fn until_shown(&self, limit: Duration) {
+        let want = self.lock().judged;
+        let mut shown = self.shown.subscribe();
+        let _ = tokio::time::timeout(limit, shown.wait_for(|v| *v >= want)).await;
     }
 
     /// Whether self-healing may act on this round's verdict: a backend that is not listening
@@ -406,16 +459,13 @@ impl Drain {
                     now.saturating_duration_since(*since).as_secs_f64()
                 )),
                 error: None,
+                judged: g.judged,
             }),
             Phase::Draining(d) => {
                 let p = &g.progress;
                 let peers = p.peers_within(now, Duration::from_secs(1));
                 Some(DrainReport {
-                    state: match &d.result {
-                        Some(r) if r.starts_with("drained") => "drained",
-                        Some(_) => "timed_out",
-                        None => "draining",
-                    },
+                    state: d.result.as_ref().map_or("draining", Outcome::state),
                     by: Some(d.by.as_str()),
                     started: Some(rfc3339(d.started)),
                     persisted: Some(d.persisted),
@@ -432,8 +482,9 @@ impl Drain {
                         .last_new
                         .map(|t| round1(now.saturating_duration_since(t).as_secs_f64())),
                     in_flight_at_start: p.in_flight_at_start,
-                    result: d.result.clone(),
+                    result: d.result.as_ref().map(|r| r.message().to_string()),
                     error: p.error.clone(),
+                    judged: g.judged,
                 })
             }
         }

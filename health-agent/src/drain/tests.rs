@@ -92,10 +92,118 @@ fn a_timeout_names_the_senders() {
         Judgement::TimedOut(m) => assert_eq!(
             m,
             "not drained after 10.0 s: 32 new requests in the last 10 s from 127.0.0.2 (30), \
-             127.0.0.3 (1), unseen (1); 1 in flight"
+             127.0.0.3 (1), unseen (1); 1 in flight (unseen = new requests the kernel counted \
+             on connections that opened and closed between two of the agent's looks at the \
+             port (every 100 ms), so their sender is not known)"
         ),
         other => panic!("{other:?}"),
     }
+}
+
+#[test]
+fn a_second_command_times_out_on_the_drains_clock() {
+    // Drained 24 s ago; a second `drain --timeout 5s` while a sender keeps coming.
+    let t0 = Instant::now();
+    let asked = t0 + Duration::from_secs(24);
+    let now = asked + Duration::from_secs(5);
+    let a: IpAddr = "127.0.0.2".parse().unwrap();
+    let mut p = progress(290, 0, Some(now), now);
+    p.add(now, Some(a), 3);
+    let (line, _) = judge::progress_line(&p, t0, now - Duration::from_millis(900), false);
+    assert!(line.starts_with("draining 28.1s: "), "{line}");
+    let timeout = Duration::from_secs(5);
+    match judge(&p, t0, asked, now, QUIET, timeout, true) {
+        Judgement::TimedOut(m) => assert_eq!(
+            m,
+            "not drained after 29.0 s (timed out 5.0 s after this command asked): 3 new \
+             requests in the last 10 s from 127.0.0.2 (3); 0 in flight"
+        ),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn the_first_progress_line_naming_unseen_senders_says_what_they_are() {
+    let t0 = Instant::now();
+    let a: IpAddr = "127.0.0.2".parse().unwrap();
+    let mut lines = ProgressLines::default();
+    let mut p = progress(10, 0, None, t0);
+    let at = |s| t0 + Duration::from_secs(s);
+    // Named senders only: nothing to explain.
+    p.add(at(1), Some(a), 2);
+    let first = lines.next(&p, t0, at(1));
+    assert_eq!(
+        first,
+        "draining 1.0s: 0 in flight, 2 new in the last second from 127.0.0.2 (2), last new \
+         request 0.0s ago"
+    );
+    // The first unseen: explained in the line itself.
+    p.add(at(3), None, 4);
+    let second = lines.next(&p, t0, at(3));
+    assert!(
+        second.starts_with("draining 3.0s: 0 in flight, 4 new in the last second from unseen (4)")
+            && second.ends_with(&format!("({})", judge::unseen_means())),
+        "{second}"
+    );
+    // Then named only.
+    p.add(at(5), None, 1);
+    let third = lines.next(&p, t0, at(5));
+    assert!(
+        third.contains("unseen (1)") && !third.contains("not known"),
+        "{third}"
+    );
+}
+
+#[test]
+fn details_say_drained_with_the_result_once_judged() {
+    let drain = Drain::new(None, true, Duration::ZERO);
+    drain.start(By::Command).unwrap();
+    let report = drain.report(Instant::now()).unwrap();
+    assert_eq!((report.state, report.result.as_deref()), ("draining", None));
+    let started = drain.progress().unwrap().1;
+    // The watcher has read the port, and nothing came: the command judges it drained.
+    {
+        let mut g = drain.lock();
+        g.progress = progress(5, 0, None, Instant::now());
+    }
+    let since = started;
+    let j = drain.judge(Duration::ZERO, TIMEOUT, since).unwrap();
+    let Judgement::Drained(printed) = j else {
+        panic!("{j:?}")
+    };
+    let report = drain.report(Instant::now()).unwrap();
+    assert_eq!(report.state, "drained");
+    assert_eq!(report.result.as_deref(), Some(printed.as_str()));
+    // A second command watches again: draining, no result, until it judges.
+    drain.start(By::Command).unwrap();
+    let again = drain.report(Instant::now()).unwrap();
+    assert_eq!((again.state, again.result.as_deref()), ("draining", None));
+    assert!(again.judged > 0);
+}
+
+#[tokio::test]
+async fn a_command_waits_until_the_result_is_published() {
+    let drain = Drain::new(None, false, Duration::ZERO);
+    drain.start(By::Command).unwrap();
+    let since = Instant::now() - QUIET;
+    assert!(matches!(
+        drain.judge(QUIET, TIMEOUT, since),
+        Some(Judgement::Drained(_))
+    ));
+    let judged = drain.report(Instant::now()).unwrap().judged;
+    // Not published yet: the wait runs to its limit.
+    let t = Instant::now();
+    drain.until_shown(Duration::from_millis(200)).await;
+    assert!(t.elapsed() >= Duration::from_millis(200));
+    // Published (by another task, as the runner does): the wait ends at once.
+    let publisher = drain.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        publisher.published(judged);
+    });
+    let t = Instant::now();
+    drain.until_shown(Duration::from_secs(10)).await;
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
 }
 
 #[test]

@@ -140,6 +140,7 @@ pub struct PeerAnswers {
     /// Whether their status can be read (plaintext HTTP/1.x).
     pub visible: bool,
     pub answers: u64,
+    #[serde(serialize_with = "crate::text::shown::ratio_opt")]
     pub share_5xx: Option<f64>,
 }
 
@@ -321,6 +322,7 @@ pub struct FleetReport {
     pub round_age_ms: Option<u64>,
     /// How long the latest round took.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(serialize_with = "crate::text::shown::ms_opt")]
     pub round_ms: Option<f64>,
     /// Only the classes this instance has now.
     pub judgements: Vec<Judgement>,

@@ -71,6 +71,9 @@ pub struct PolicyInput {
     pub database: DbState,
     pub containers: ContainersState,
     pub pressure: Pressure,
+    /// Which resource makes the pressure high, as the reason names it ("CPU", "memory", "CPU
+    /// and memory").
+    pub high: &'static str,
     pub in_boot_grace: bool,
     /// Some check has not reported its first result yet (named in the booting reason).
     pub warming_up: bool,
@@ -111,6 +114,7 @@ impl Default for PolicyInput {
             database: DbState::NotConfigured,
             containers: ContainersState::NotConfigured,
             pressure: Pressure::Normal,
+            high: "CPU or memory",
             in_boot_grace: false,
             warming_up: false,
             boot_status: 503,
@@ -169,6 +173,12 @@ impl PolicyInput {
                 .system
                 .as_ref()
                 .map_or(Pressure::Normal, |s| s.pressure),
+            high: match report.system.as_ref().map(|s| (s.cpu_high, s.memory_high)) {
+                Some((true, true)) => "CPU and memory",
+                Some((true, false)) => "CPU",
+                Some((false, true)) => "memory",
+                _ => "CPU or memory",
+            },
             in_boot_grace,
             web_config_error: report.web.config_error.clone(),
             database_reason: report.database.misconfigured_reason(),
@@ -463,7 +473,7 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
     if i.pressure == Pressure::High {
         degraded = true;
         scale_up = true;
-        reasons.push("sustained high CPU or memory".into());
+        reasons.push(format!("sustained high {}", i.high));
     }
     // Busy is not unwell: a high saturation asks for capacity without degrading the status.
     if let Some(s) = i.saturation.filter(|&s| s >= i.up_at) {

@@ -162,6 +162,7 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
     let out = publisher.shared.clone();
     let loop_publisher = publisher.clone();
     let loop_shutdown = shutdown.clone();
+    let loop_drain = drain.clone();
     let composer = tokio::spawn(async move {
         let publisher = loop_publisher;
         // Pinged once per completed round below: a loop stuck in a round stops the pings.
@@ -181,7 +182,13 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
             }
             composer.observe(now);
             if composer.due(now) {
-                publisher.publish(composer.compose(now));
+                let snap = composer.compose(now);
+                let judged = snap.drain.as_ref().map(|d| d.judged);
+                publisher.publish(snap);
+                // A waiting `drain` prints its result once /health serves it.
+                if let Some(judged) = judged {
+                    loop_drain.published(judged);
+                }
             }
         }
         // Dropping the composer detaches the kernel programs.

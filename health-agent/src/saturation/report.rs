@@ -11,13 +11,17 @@ use super::{round2, Basis, Capacity, Estimate, WebLoad, INSTANT};
 #[derive(Debug, Clone, PartialEq, Serialize, Default)]
 pub struct Parts {
     /// The web backend's workers: λ·E[S]/c.
+    #[serde(serialize_with = "crate::text::shown::ratio_opt")]
     pub web: Option<f64>,
     /// The web backend's processes' CPU over the cores they can use.
+    #[serde(serialize_with = "crate::text::shown::ratio_opt")]
     pub backend_cpu: Option<f64>,
     /// The host's CPU, averaged over the window (busy fraction of every core).
+    #[serde(serialize_with = "crate::text::shown::ratio_opt")]
     pub cpu: Option<f64>,
     /// The host's memory between `scaling.memory_low_percent` (0) and
     /// `scaling.memory_high_percent` (1.0): memory in use is no load until it nears the limit.
+    #[serde(serialize_with = "crate::text::shown::ratio_opt")]
     pub memory: Option<f64>,
 }
 
@@ -59,9 +63,11 @@ impl Parts {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SaturationReport {
     /// S averaged over the window; None while withheld or unknown.
+    #[serde(serialize_with = "crate::text::shown::ratio_opt")]
     pub ratio: Option<f64>,
     /// S over the latest few seconds (shown while withheld too: what the blocked work looks
     /// like).
+    #[serde(serialize_with = "crate::text::shown::ratio_opt")]
     pub instant: Option<f64>,
     /// The part S is, by name.
     pub largest: Option<&'static str>,
@@ -69,6 +75,7 @@ pub struct SaturationReport {
     pub capacity: Capacity,
     /// Why S is not published now (a dependency fault holds), or null.
     pub withheld: Option<String>,
+    #[serde(serialize_with = "crate::text::shown::hundredths")]
     pub window_seconds: f64,
     /// The web backend's load as the kernel saw it over the window.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -515,3 +515,56 @@ async fn the_body_has_the_seed_fields_first_and_generated_at() {
         assert_eq!(text.contains("\"details\""), details == Details::Always);
     }
 }
+
+#[tokio::test]
+async fn cpu_and_memory_each_have_their_own_status_in_the_health_json_format() {
+    // A busy CPU (95 %, sustained) and 4 % memory: the CPU warns, the memory passes.
+    let mut r = report(DiskLevel::Ok);
+    r.system = Some(crate::checks::system::SystemReport {
+        cpu_percent: 95.0,
+        memory_percent: 4.0,
+        cpu_avg_percent: 95.0,
+        memory_avg_percent: 4.0,
+        cpu_high: true,
+        memory_high: false,
+        window_seconds: 60.0,
+        load1: 2.0,
+        load5: 2.0,
+        cpus: 2,
+        memory_total_bytes: 1 << 30,
+        memory_available_bytes: 1 << 29,
+        pressure: crate::status::Pressure::High,
+    });
+    let d = evaluate(&crate::policy::PolicyInput::of(&r, false));
+    assert!(
+        d.reasons.iter().any(|r| r == "sustained high CPU"),
+        "{:?}",
+        d.reasons
+    );
+    let a = App {
+        snapshot: Arc::new(ArcSwap::from_pointee(Snapshot::new(
+            d,
+            r,
+            HealLog::default(),
+            100,
+            5,
+        ))),
+        ..Arc::into_inner(app(DiskLevel::Ok, Details::Always)).unwrap()
+    };
+    let (_, _, body) = get(
+        Arc::new(a),
+        req("/health")
+            .header(header::ACCEPT, HEALTH_JSON)
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        body["checks"]["cpu:utilization"][0]["status"], "warn",
+        "{body}"
+    );
+    assert_eq!(
+        body["checks"]["memory:utilization"][0]["status"], "pass",
+        "{body}"
+    );
+}

@@ -86,6 +86,7 @@ pub struct DatabaseEntry {
     /// The damped state.
     pub state: DbState,
     /// The last good round trip's duration (connect included); null after a failed one.
+    #[serde(serialize_with = "crate::text::shown::ms_opt")]
     pub latency_ms: Option<f64>,
     /// Why the last round trip failed, if it did.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -43,13 +43,16 @@ pub struct AnswersReport {
     /// Real answers in the window, every class.
     pub answers: u64,
     /// Their 5xx share (None: no real answer in the window).
+    #[serde(serialize_with = "crate::text::shown::ratio_opt")]
     pub share_5xx: Option<f64>,
     /// The probe path's answers in the window, left out of the figures above.
     pub probe_answers: u64,
     /// How much time the window covers (less than `errors_window` after a start or a
     /// restart).
+    #[serde(serialize_with = "crate::text::shown::hundredths")]
     pub window_seconds: f64,
     /// `web.error_share` and `web.error_min_answers`, the threshold the share is judged by.
+    #[serde(serialize_with = "crate::text::shown::ratio")]
     pub error_share: f64,
     pub min_answers: u32,
     /// Whether the share is judged `erroring` now.

@@ -106,18 +106,23 @@ pub struct FiguresReport {
     pub basis: &'static str,
     /// Spans the figures come from, and how long they counted in all.
     pub windows: usize,
+    #[serde(serialize_with = "crate::text::shown::hundredths")]
     pub counted_seconds: f64,
     /// Age of the newest span's end.
+    #[serde(serialize_with = "crate::text::shown::hundredths_opt")]
     pub age_seconds: Option<f64>,
     /// The time the spans are taken from (`web.latency_window`).
+    #[serde(serialize_with = "crate::text::shown::hundredths")]
     pub over_seconds: f64,
     /// Requests counted (the agent's probes left out): the estimates' precision.
     pub requests_counted: u64,
     /// Requests arriving per second; None before any span. (Not answers per second: a short
     /// window closes with the answers of its latest requests still to come.)
+    #[serde(serialize_with = "crate::text::shown::hundredths_opt")]
     pub requests_per_second: Option<f64>,
     /// Real answers per second by status class (the probe path's left out); None while the
     /// status is not visible or no span had the answer programs attached.
+    #[serde(serialize_with = "crate::text::shown::hundredths_map_opt")]
     pub answers_per_second: Option<BTreeMap<&'static str, f64>>,
     /// Server latency (request read → first response byte) over the spans' requests.
     pub latency: Option<LatencySummary>,

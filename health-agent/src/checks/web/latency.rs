@@ -12,8 +12,11 @@ use serde::Serialize;
 #[derive(Debug, Clone, Serialize, PartialEq, Default)]
 pub struct LatencySummary {
     pub samples: u64,
+    #[serde(serialize_with = "crate::text::shown::ms")]
     pub p50_ms: f64,
+    #[serde(serialize_with = "crate::text::shown::ms")]
     pub p95_ms: f64,
+    #[serde(serialize_with = "crate::text::shown::ms")]
     pub p99_ms: f64,
 }
 

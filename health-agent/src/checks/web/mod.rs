@@ -138,6 +138,7 @@ pub struct ProcessView {
     pub frozen: Option<String>,
     /// Percent of one core over the last second.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(serialize_with = "crate::text::shown::percent_opt")]
     pub cpu_percent: Option<f64>,
     /// Set when the outbound connections could not be read (the verdict then has no
     /// dependency evidence, and says nothing either way).

@@ -339,6 +339,7 @@ pub struct WorkerView {
     pub last_sent_ms: Option<u64>,
     /// Percent of one core over the last second (None until a second of samples).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(serialize_with = "crate::text::shown::percent_opt")]
     pub cpu_percent: Option<f64>,
     /// Its own outbound requests waiting for an answer.
     pub outbound_waiting: u32,
