@@ -159,10 +159,7 @@ impl WebMonitor {
             };
             let parent_holds_listener = self.owners.contains(&st.parent);
             let parent_unable = parent_holds_listener
-                .then(|| match process::stat(st.parent) {
-                    Some(ps) => process::frozen_why(st.parent, ps.state).map(str::to_string),
-                    None => Some("gone".into()),
-                })
+                .then(|| parent_unable(st.parent))
                 .flatten();
             let outbound_waiting = process::dependency_waits(&[pid], conns, web_port, None)
                 .iter()
@@ -213,10 +210,7 @@ impl WebMonitor {
             };
             let parent_holds_listener = self.owners.contains(&st.parent);
             let parent_unable = parent_holds_listener
-                .then(|| match process::stat(st.parent) {
-                    Some(ps) => process::frozen_why(st.parent, ps.state).map(str::to_string),
-                    None => Some("gone".into()),
-                })
+                .then(|| parent_unable(st.parent))
                 .flatten();
             out.push(WorkerView {
                 pid,
@@ -266,4 +260,12 @@ fn worker_count(stats: &[(u32, process::Stat)]) -> u32 {
         .iter()
         .filter(|(pid, _)| !stats.iter().any(|(_, s)| s.parent == *pid))
         .count() as u32
+}
+
+/// Why a worker's parent (its master) cannot replace it: stopped, frozen, gone.
+fn parent_unable(parent: u32) -> Option<String> {
+    match process::stat(parent) {
+        Some(ps) => process::frozen_why(parent, ps.state).map(str::to_string),
+        None => Some("gone".into()),
+    }
 }
