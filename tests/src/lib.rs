@@ -79,7 +79,7 @@ pub use postgres::Postgres;
 pub(crate) use process::kill_and_wait;
 pub use process::{is_root, require_root, stdout_of, succeed, Logged, Proc};
 pub use puma::{Puma, PumaOptions, TcpProxy};
-pub use receiver::{Receiver, Recorded};
+pub use receiver::{AlertReceivers, Receiver, Recorded};
 pub use redis::Redis;
 pub use story::{
     assert_200_before, assert_answered, assert_contract, database_behind_proxy, heal_attempts,

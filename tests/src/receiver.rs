@@ -169,3 +169,59 @@ fn serve_receiver(
         }
     }
 }
+
+/// Slack, PagerDuty (202 `Event processed`), GitHub's issues API for `acme/shop` and a
+/// webhook, each a [`Receiver`] on loopback: every alert destination of one agent.
+pub struct AlertReceivers {
+    pub slack: Receiver,
+    pub pagerduty: Receiver,
+    pub github: Receiver,
+    pub webhook: Receiver,
+}
+
+impl AlertReceivers {
+    pub fn start() -> Self {
+        Self {
+            slack: Receiver::ok(),
+            pagerduty: Receiver::start(|_, _| {
+                (
+                    202,
+                    serde_json::json!({"status": "success", "message": "Event processed"})
+                        .to_string(),
+                )
+            }),
+            github: Receiver::github_issues("acme/shop"),
+            webhook: Receiver::ok(),
+        }
+    }
+
+    /// The `[alerts]` section that sends to all four, with `extra` lines of its own
+    /// (`resolve_after = "3s"`).
+    pub fn config(&self, extra: &str) -> String {
+        format!(
+            "[alerts]\nslack_webhook_url = \"{}\"\npagerduty_routing_key = \"R0UT1NGKEY0123456789abcdefABCDEF\"\n\
+             pagerduty_url = \"{}\"\ngithub_repo = \"acme/shop\"\ngithub_api_url = \"{}\"\nwebhook_url = \"{}\"\n{extra}",
+            self.slack.url("/services/T000/B000/XXXXSECRET"),
+            self.pagerduty.url("/v2/enqueue"),
+            self.github.url(""),
+            self.webhook.url("/hook"),
+        )
+    }
+
+    /// Once each destination has been posted to (within `within`): what each received, the
+    /// bodies as sent, in the order slack, pagerduty, github, webhook.
+    pub fn wait_all(&self, within: std::time::Duration) -> [String; 4] {
+        [&self.slack, &self.pagerduty, &self.github, &self.webhook].map(|r| {
+            crate::wait_until(within, "an alert at each destination", || {
+                let posts = r.posts();
+                (!posts.is_empty()).then(|| {
+                    posts
+                        .iter()
+                        .map(|p| String::from_utf8_lossy(&p.raw).into_owned())
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                })
+            })
+        })
+    }
+}

@@ -4,49 +4,9 @@
 
 use std::time::Duration;
 
-use health_agent_tests::{require_root, Agent, Fixture, Postgres, Receiver, Tmpfs};
-use serde_json::json;
+use health_agent_tests::{require_root, Agent, AlertReceivers, Fixture, Postgres, Tmpfs};
 
 const WAIT: Duration = Duration::from_secs(40);
-
-/// GitHub's issues API for `acme/shop`, statefully ([`Receiver::github_issues`]).
-fn github() -> Receiver {
-    Receiver::github_issues("acme/shop")
-}
-
-struct Receivers {
-    slack: Receiver,
-    pagerduty: Receiver,
-    github: Receiver,
-    webhook: Receiver,
-}
-
-impl Receivers {
-    fn start() -> Self {
-        Self {
-            slack: Receiver::ok(),
-            pagerduty: Receiver::start(|_, _| {
-                (
-                    202,
-                    json!({"status": "success", "message": "Event processed"}).to_string(),
-                )
-            }),
-            github: github(),
-            webhook: Receiver::ok(),
-        }
-    }
-
-    fn config(&self, resolve_after: &str) -> String {
-        format!(
-            "[alerts]\nslack_webhook_url = \"{}\"\npagerduty_routing_key = \"R0UT1NGKEY0123456789abcdefABCDEF\"\npagerduty_url = \"{}\"\n\
-             github_repo = \"acme/shop\"\ngithub_api_url = \"{}\"\nwebhook_url = \"{}\"\nresolve_after = \"{resolve_after}\"\n",
-            self.slack.url("/services/T000/B000/XXXXSECRET"),
-            self.pagerduty.url("/v2/enqueue"),
-            self.github.url(""),
-            self.webhook.url("/hook"),
-        )
-    }
-}
 
 fn wait_for<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
     health_agent_tests::wait_until(WAIT, what, f)
@@ -56,7 +16,7 @@ fn wait_for<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
 fn database_down_is_200_degraded_with_one_alert_each_then_resolved() {
     require_root();
     let pg = Postgres::start();
-    let rx = Receivers::start();
+    let rx = AlertReceivers::start();
     // A watched backend: with nothing watched (no web port, no containers) the agent never
     // says `healthy`.
     let backend = Fixture::start("normal");
@@ -65,7 +25,7 @@ fn database_down_is_200_degraded_with_one_alert_each_then_resolved() {
             "[checks]\ninterval = \"500ms\"\n[web]\nport = {}\n[database]\nurl = \"{}\"\ninterval = \"1s\"\ntimeout = \"1s\"\nfail_after = 2\n{}",
             backend.port,
             pg.url(),
-            rx.config("3s")
+            rx.config("resolve_after = \"3s\"\n")
         ),
         &[("PGPASSWORD", pg.password.as_str()), ("GITHUB_TOKEN", "ghp_testtoken123")],
     );
@@ -257,12 +217,12 @@ fn hung_backend_while_database_down_is_200_infrastructure_issue_without_restart(
 fn ten_flaps_in_a_minute_are_one_incident() {
     require_root();
     let fs = Tmpfs::mount("4m");
-    let rx = Receivers::start();
+    let rx = AlertReceivers::start();
     let agent = Agent::start_with_env(
         &format!(
             "[checks]\ninterval = \"100ms\"\nrecover_after = \"0s\"\n[disk]\npaths = [{:?}]\n{}",
             fs.path.display().to_string(),
-            rx.config("5s")
+            rx.config("resolve_after = \"5s\"\n")
         ),
         &[("GITHUB_TOKEN", "ghp_testtoken123")],
     );

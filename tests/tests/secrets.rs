@@ -13,7 +13,7 @@
 
 use std::{process::Command, time::Duration};
 
-use health_agent_tests::{agent_binary, require_root, Agent, Postgres, Receiver};
+use health_agent_tests::{agent_binary, require_root, Agent, AlertReceivers, Postgres};
 
 /// The passwords tried: the shortest, a digit, common words, words of the message ("password",
 /// "for"), the user name, non-ASCII.
@@ -180,7 +180,7 @@ fn no_surface_of_the_running_agent_reveals_the_password() {
     let mut runs = Vec::new();
     for via in [Via::Env, Via::Url] {
         for secret in SECRETS {
-            let rx = Receivers::start();
+            let rx = AlertReceivers::start();
             let env = Setup::env(via, secret);
             let mut env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
             env.push(("GITHUB_TOKEN", "ghp_testtoken4711"));
@@ -189,7 +189,7 @@ fn no_surface_of_the_running_agent_reveals_the_password() {
                     "[checks]\ninterval = \"500ms\"\n[database]\nurl = \"{}\"\ninterval = \"2s\"\n\
                      timeout = \"20s\"\n{}",
                     setup.url(via, secret),
-                    rx.config()
+                    rx.config("")
                 ),
                 &env,
             );
@@ -203,7 +203,7 @@ fn no_surface_of_the_running_agent_reveals_the_password() {
                     .as_str()
                     .is_some_and(|r| r.contains("password authentication failed"))
         });
-        let posts = rx.wait_all();
+        let posts = rx.wait_all(WAIT);
         let surfaces = [
             ("/health", body.to_string()),
             ("/metrics", agent.metrics()),
@@ -222,57 +222,5 @@ fn no_surface_of_the_running_agent_reveals_the_password() {
                 "{via:?} {surface}, secret {secret:?}: the refusal is not readable:\n{text}"
             );
         }
-    }
-}
-
-/// Slack, PagerDuty, GitHub (issues) and a webhook, on loopback.
-struct Receivers {
-    slack: Receiver,
-    pagerduty: Receiver,
-    github: Receiver,
-    webhook: Receiver,
-}
-
-impl Receivers {
-    fn start() -> Self {
-        Self {
-            slack: Receiver::ok(),
-            pagerduty: Receiver::start(|_, _| {
-                (
-                    202,
-                    serde_json::json!({"status": "success", "message": "Event processed"})
-                        .to_string(),
-                )
-            }),
-            github: Receiver::github_issues("acme/shop"),
-            webhook: Receiver::ok(),
-        }
-    }
-
-    fn config(&self) -> String {
-        format!(
-            "[alerts]\nslack_webhook_url = \"{}\"\npagerduty_routing_key = \"R0UT1NGKEY0123456789abcdefABCDEF\"\n\
-             pagerduty_url = \"{}\"\ngithub_repo = \"acme/shop\"\ngithub_api_url = \"{}\"\nwebhook_url = \"{}\"\n",
-            self.slack.url("/services/T000/B000/XXXXSECRET"),
-            self.pagerduty.url("/v2/enqueue"),
-            self.github.url(""),
-            self.webhook.url("/hook"),
-        )
-    }
-
-    /// Once each destination has its trigger: what each received (POST bodies, as sent).
-    fn wait_all(&self) -> [String; 4] {
-        [&self.slack, &self.pagerduty, &self.github, &self.webhook].map(|r| {
-            health_agent_tests::wait_until(WAIT, "an alert at each destination", || {
-                let posts = r.posts();
-                (!posts.is_empty()).then(|| {
-                    posts
-                        .iter()
-                        .map(|p| String::from_utf8_lossy(&p.raw).into_owned())
-                        .collect::<Vec<_>>()
-                        .join("\n")
-                })
-            })
-        })
     }
 }

@@ -147,15 +147,16 @@ fn until_worker_stuck(w: &WorkerView, cfg: &WebConfig) -> Option<Duration> {
 }
 
 /// Whether someone else answers while `w` is stuck: a response byte went out on the port
-/// since `w`'s oldest request came in (without the kernel view: the probe was answered). A
-/// worker stopped while it held nothing leaves nothing waiting: there the probe answered is
-/// the others answering too (the kernel's last answer is old news while its programs are
-/// detached because all looked well).
+/// since `w`'s oldest request came in (without the kernel view: the probe was answered). For a
+/// worker stopped while it held nothing, with nothing waiting on the port, the probe answered
+/// is the others answering too (the kernel's last answer is old news while its programs are
+/// detached because all looked well). Work waiting that nobody answers is the hang rules'.
 fn others_answer(e: &Evidence, w: &WorkerView) -> bool {
     let probe_ok = e.probe.as_ref().is_some_and(|p| p.ok);
     match &e.kernel {
         Some(k) if w.unanswered == 0 && w.frozen.is_some() => {
-            k.answered_within(Duration::from_millis(w.frozen_ms)) || probe_ok
+            let waiting = e.queue > 0 || k.oldest_pending.is_some();
+            k.answered_within(Duration::from_millis(w.frozen_ms)) || (probe_ok && !waiting)
         }
         Some(k) => k.answered_within(Duration::from_millis(w.oldest_unanswered_ms)),
         None => probe_ok,

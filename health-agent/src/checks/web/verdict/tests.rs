@@ -571,7 +571,15 @@ fn a_worker_stopped_holding_nothing_is_a_partial_hang_naming_its_share() {
     // The kernel's last answer is older than the stop (its programs detached while all was
     // well), the probe answered: the others answer. The probe unanswered too: not this rule's.
     let mut stale = others_answering(ms(5000), idle(700));
+    if let Some(k) = stale.kernel.as_mut() {
+        k.oldest_pending = None;
+    }
     assert_eq!(decide(&stale, &cfg()).0, WebVerdict::PartialHang);
+    // Connections wait that nobody answers (every worker stopped, the probe's last answer
+    // from before): the hang rules', never a partial hang on a stale probe.
+    let mut queued = stale.clone();
+    queued.queue = 3;
+    assert_ne!(decide(&queued, &cfg()).0, WebVerdict::PartialHang);
     stale.probe = Some(probe_timeout());
     assert_ne!(decide(&stale, &cfg()).0, WebVerdict::PartialHang);
 }
