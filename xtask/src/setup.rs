@@ -61,6 +61,12 @@ const PACKAGES: &[&str] = &[
     // the guest's /bin/sh (the agent's restart_command runs under it).
     "qemu-system-x86",
     "busybox-static",
+    // cargo xtask dist: the aarch64 static build's C parts (ring) and its linker, and the
+    // package checks (rpmbuild, rpmlint, lintian).
+    "gcc-aarch64-linux-gnu",
+    "rpm",
+    "rpmlint",
+    "lintian",
 ];
 /// The deploy-file validators that come from PyPI, by the command each installs.
 /// (command, PyPI requirement): the deploy validators, and moto (a CloudWatch API server for
@@ -74,6 +80,9 @@ const TRACEFS: &str = "/sys/kernel/tracing";
 /// The static target `cargo xtask image` builds for: it needs no libc from the image; rustup's
 /// target, musl-tools for the C parts (ring).
 pub const TARGET: &str = "x86_64-unknown-linux-musl";
+/// Every static target a release publishes (`cargo xtask dist`); the aarch64 one links with
+/// Debian's cross gcc (.cargo/config.toml), against the musl that rustup ships self-contained.
+pub const STATIC_TARGETS: &[&str] = &[TARGET, "aarch64-unknown-linux-musl"];
 
 pub fn run(args: &Args) -> Result<()> {
     step("setup", "rust-src (nightly)", rust_src)?;
@@ -81,7 +90,11 @@ pub fn run(args: &Args) -> Result<()> {
         bpf_linker(args.bpf_linker_root.as_deref())
     })?;
     step("setup", "debian packages", packages)?;
-    step("setup", "rust target (musl, for the image)", musl_target)?;
+    step(
+        "setup",
+        "rust targets (musl, x86_64 and aarch64)",
+        musl_target,
+    )?;
     step("setup", "tracefs", tracefs)?;
     step("setup", "deploy validators and moto (PyPI)", pip_tools)?;
     step("setup", "crates (cargo fetch)", fetch_crates)?;
@@ -134,11 +147,25 @@ fn test_roots() -> Result<Outcome> {
 fn musl_target() -> Result<Outcome> {
     let installed = cmd::stdout(Command::new("rustup").args(["target", "list", "--installed"]))
         .context("rustup target list failed")?;
-    if installed.lines().any(|line| line.trim() == TARGET) {
+    let missing: Vec<&str> = STATIC_TARGETS
+        .iter()
+        .copied()
+        .filter(|target| !installed.lines().any(|line| line.trim() == *target))
+        .collect();
+    if missing.is_empty() {
         return Ok(Outcome::Ok("already present"));
     }
-    cmd::run(Command::new("rustup").args(["target", "add", TARGET]))
-        .context("could not add the musl target (about 40 MB download) — check the network")?;
+    cmd::run(
+        Command::new("rustup")
+            .args(["target", "add"])
+            .args(&missing),
+    )
+    .with_context(|| {
+        format!(
+            "could not add {} (about 40 MB each) — check the network",
+            missing.join(", ")
+        )
+    })?;
     Ok(Outcome::Done("installed"))
 }
 
