@@ -86,11 +86,10 @@ pub enum HealOutcome {
     Failed,
 }
 
-/// The round's decision with self-healing applied: what `policy::evaluate` answers with
-/// `PolicyInput::heal = phase` for the same input outside boot grace (the healer does not act
-/// within it). A fault self-healing covers answers 200 `recovering` while a restart is under
-/// way; any other fault stays 503 and says where healing stands. Without a fault the phase
-/// changes nothing.
+/// The round's decision with self-healing applied: the one place the heal phase changes an
+/// answer (`policy::evaluate` knows nothing of it; the healer does not act within boot grace).
+/// A fault self-healing covers answers 200 `recovering` while a restart is under way; any other
+/// fault stays 503 and says where healing stands. Without a fault the phase changes nothing.
 pub fn applied(mut decision: Decision, phase: HealPhase) -> Decision {
     if decision.faults.is_empty() {
         return decision;
@@ -643,63 +642,6 @@ mod tests {
             h.step(d, &[], Instant::now());
         }
         h.step(d, &[], Instant::now())
-    }
-
-    /// `applied` after one evaluation answers what evaluating again with the phase answered
-    /// (the composer's flow before healing became a pure step).
-    #[test]
-    fn applied_matches_evaluating_with_the_phase() {
-        use crate::status::{ContainersState, DbState, DiskLevel};
-        let inputs = [
-            PolicyInput::default(),
-            PolicyInput {
-                web: WebVerdict::Hung,
-                web_detail: "no answer for 9s".into(),
-                ..PolicyInput::default()
-            },
-            PolicyInput {
-                web: WebVerdict::Down,
-                ..PolicyInput::default()
-            },
-            PolicyInput {
-                containers: ContainersState::Faulty,
-                ..PolicyInput::default()
-            },
-            PolicyInput {
-                web: WebVerdict::Hung,
-                disk: DiskLevel::Fail,
-                ..PolicyInput::default()
-            },
-            PolicyInput {
-                web: WebVerdict::Hung,
-                database: DbState::Unreachable,
-                ..PolicyInput::default()
-            },
-            PolicyInput {
-                web: WebVerdict::Unresponsive,
-                web_served: false,
-                ..PolicyInput::default()
-            },
-            PolicyInput {
-                web: WebVerdict::Slow,
-                disk: DiskLevel::Warn,
-                ..PolicyInput::default()
-            },
-        ];
-        for input in inputs {
-            let raw = evaluate(&input);
-            for phase in [HealPhase::Idle, HealPhase::Recovering, HealPhase::Exhausted] {
-                let with_phase = PolicyInput {
-                    heal: phase,
-                    ..input.clone()
-                };
-                assert_eq!(
-                    applied(raw.clone(), phase),
-                    evaluate(&with_phase),
-                    "{input:?} {phase:?}"
-                );
-            }
-        }
     }
 
     /// Steps every 20 ms with `signs` until `done` says so or `limit` passes; returns the

@@ -15,8 +15,8 @@ mod flap;
 mod tests;
 
 use crate::status::{
-    ContainersState, DbState, DiskLevel, FaultClass, HealPhase, Pressure, Recommendation, Scope,
-    Status, WebVerdict,
+    ContainersState, DbState, DiskLevel, FaultClass, Pressure, Recommendation, Scope, Status,
+    WebVerdict,
 };
 pub use flap::FlapGuard;
 
@@ -81,7 +81,6 @@ pub struct PolicyInput {
     /// balancer sends nothing, the scaling group's grace period keeps the instance) or 200
     /// for scaling groups without a grace period (`checks.boot_status`).
     pub boot_status: u16,
-    pub heal: HealPhase,
     /// The peers' judgement of this instance's faults (empty: judged alone).
     pub fleet: Vec<Judgement>,
     /// Faults the peers are still being asked about (their word predates the fault): held at
@@ -118,7 +117,6 @@ impl Default for PolicyInput {
             in_boot_grace: false,
             warming_up: false,
             boot_status: 503,
-            heal: HealPhase::Idle,
             fleet: Vec::new(),
             fleet_asking: Vec::new(),
             web_config_error: None,
@@ -371,29 +369,7 @@ pub fn evaluate(i: &PolicyInput) -> Decision {
         reasons.push("disk usage at or above the fail threshold".into());
     }
 
-    if erroring_alone && faults.len() == 1 && i.heal == HealPhase::Exhausted {
-        // The restart did not help: kept in rotation, degraded (see `Decision::erroring_alone`).
-        faults.clear();
-        reasons.push("a restart did not help: not taking the instance out".into());
-    }
     if !faults.is_empty() {
-        let only_healable = faults.iter().all(|f| f.healable());
-        if i.heal == HealPhase::Recovering && only_healable {
-            reasons.push("self-heal in progress".into());
-            return decided(
-                Status::Recovering,
-                200,
-                Recommendation::Stable,
-                reasons,
-                faults,
-                shared_dependency,
-            );
-        }
-        match i.heal {
-            HealPhase::Recovering => reasons.push("self-heal in progress".into()),
-            HealPhase::Exhausted => reasons.push("self-heal failed or its budget is spent".into()),
-            HealPhase::Idle => {}
-        }
         if i.in_boot_grace {
             reasons.push("within the boot grace period: no restart".into());
         }
