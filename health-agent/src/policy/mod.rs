@@ -153,9 +153,51 @@ impl Decision {
     }
 }
 
+/// What the runner knows of a round beyond the checks' report: boot, the peers' word, the
+/// saturation and its thresholds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoundFacts {
+    pub in_boot_grace: bool,
+    pub web_served: bool,
+    pub warming_up: bool,
+    pub boot_status: u16,
+    pub fleet: Vec<Judgement>,
+    pub fleet_asking: Vec<FaultClass>,
+    pub saturation: Option<f64>,
+    pub up_at: f64,
+    pub down_at: f64,
+}
+
 impl PolicyInput {
-    /// The policy's input from one round of the checks. Boot tracking (`web_served`, `warming_up`) is the
-    /// runner's to fill in: a one-shot check has no boot.
+    /// The policy's input for one round of the runner: the checks' report and what the runner
+    /// knows of the round.
+    pub fn of_round(report: &Report, round: RoundFacts) -> Self {
+        let RoundFacts {
+            in_boot_grace,
+            web_served,
+            warming_up,
+            boot_status,
+            fleet,
+            fleet_asking,
+            saturation,
+            up_at,
+            down_at,
+        } = round;
+        Self {
+            web_served,
+            warming_up,
+            boot_status,
+            fleet,
+            fleet_asking,
+            saturation,
+            up_at,
+            down_at,
+            ..Self::of(report, in_boot_grace)
+        }
+    }
+
+    /// The policy's input from the checks' report alone (a one-shot check: no boot to track,
+    /// no peers, no saturation).
     pub fn of(report: &Report, in_boot_grace: bool) -> Self {
         Self {
             web: report.web.verdict,
