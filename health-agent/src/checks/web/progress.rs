@@ -131,6 +131,12 @@ impl Progress {
         self.stalled = false;
     }
 
+    /// An answer went out at `at` that the counters and sock_diag may not show: the probe's
+    /// (its connection opens and closes between two reads).
+    pub fn answered(&mut self, at: Instant) {
+        self.answer_at = self.answer_at.max(Some(at));
+    }
+
     /// The tick that last saw an answer go out.
     pub fn answer_at(&self) -> Option<Instant> {
         self.answer_at
