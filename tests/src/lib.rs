@@ -83,7 +83,8 @@ pub use receiver::{AlertReceivers, Receiver, Recorded};
 pub use redis::Redis;
 pub use story::{
     assert_200_before, assert_answered, assert_contract, database_behind_proxy, heal_attempts,
-    pretty, since, steady_load, tail, watched_fixture, web_config, Restarts, Watch, Watched,
+    pretty, since, steady_load, tail, unanswered_reason, watched_fixture, web_config, Restarts,
+    Watch, Watched,
 };
 pub use tmpfs::Tmpfs;
 pub use wait::{health_at, wait_health_at, wait_hung_at, wait_until};

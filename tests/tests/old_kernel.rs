@@ -11,13 +11,14 @@
 //! - the same with a restart command that replaces it: healed without a 503;
 //! - under traffic, a backend that reads requests and never answers (`unresponsive`), and one
 //!   that keeps its port and never accepts (`hung`), at the product's thresholds: 503, then 200
-//!   once it serves again.
+//!   once it serves again; before the 503 the unanswered requests are `slow`, named, never
+//!   `healthy` or `unknown`.
 //!
 //! Every `/health` answer of each scenario is asserted.
 
 use std::time::Duration;
 
-use health_agent_tests::{qemu, require_root};
+use health_agent_tests::{qemu, require_root, unanswered_reason};
 use serde_json::Value;
 
 fn t(v: &Value) -> f64 {
@@ -102,6 +103,42 @@ fn assert_tier(r: &Value, ctx: &str) {
         first.contains("kernel tier sock_diag"),
         "the agent's first log line does not name the tier: {first:?}{ctx}"
     );
+}
+
+/// Issue 47 item 2d: while requests are read and left unanswered, every answer from the
+/// moment the first one is `web.slow_after` (1 s) old until the 503 is 200 `degraded`,
+/// webserver `slow`, its reason naming how many requests wait and since when nothing was
+/// answered — never `healthy`, `up` or `unknown`. The emulated machine gets 2 s to say so (a
+/// tick, the snapshot, 100 ms polls, TCG). Returns how many answers were asserted.
+fn assert_slow_until_503(samples: &[Value], switched: f64, first_503: f64, c: &str) -> usize {
+    let from = switched + 1.0 + 2.0;
+    let between: Vec<&Value> = samples
+        .iter()
+        .filter(|s| t(s) >= from && t(s) < first_503)
+        .collect();
+    assert!(
+        between.len() >= 30,
+        "only {} answers between the first slow request and the 503{c}",
+        between.len()
+    );
+    for s in &between {
+        assert!(
+            s["code"] == 200 && s["status"] == "degraded" && s["webserver"] == "slow",
+            "requests wait unanswered, yet {s}{c}"
+        );
+        let (n, quiet) = unanswered_reason(&s["reasons"]).unwrap_or_else(|| {
+            panic!("the reason does not say how many requests wait and for how long: {s}{c}")
+        });
+        // Nothing answered since the switch: the clock the reason names runs with the
+        // fault's, to within the snapshot's age and sock_diag's reads.
+        let since = t(s) - switched;
+        assert!(
+            n >= 1 && quiet >= since - 1.5 && quiet <= since + 2.5,
+            "{n} requests unanswered, nothing answered for {quiet} s, {since:.2} s after the \
+             switch: {s}{c}"
+        );
+    }
+    between.len()
 }
 
 #[test]
@@ -267,6 +304,10 @@ fn on_debian_12s_6_1_kernel_a_frozen_backend_is_503_within_2s_and_a_busy_pool_ne
             took <= within,
             "503 came {took:.2} s after the fault (≤ {within} s){c}"
         );
+        if name == "unresponsive" {
+            let named = assert_slow_until_503(&samples, switched, t(first), &c);
+            println!("{named} answers between the first slow request and the 503: 200 slow, named");
+        }
         assert!(
             samples.iter().any(|s| t(s) >= mended && s["code"] == 200),
             "no 200 once the backend served again{c}"

@@ -53,6 +53,20 @@ pub(super) fn last_answer(k: Option<&KernelEvidence>) -> String {
     }
 }
 
+/// Work waits and nothing goes out: "2 requests unanswered (oldest 3.1s); nothing answered
+/// for 4.3s, 0% CPU: unresponsive (503) once …", `then` saying what the hang rules wait for.
+pub(super) fn unanswered(e: &Evidence, then: &str) -> String {
+    let quiet = match e.kernel.as_ref().map(|k| k.since_answer) {
+        Some(Some(d)) => format!("nothing answered for {}", secs(d)),
+        Some(None) => "nothing answered since the agent started".into(),
+        None => "no answer seen (kernel view unavailable)".into(),
+    };
+    let cpu = e
+        .cpu_percent
+        .map_or(String::new(), |p| format!(", {p:.0}% CPU"));
+    format!("{}; {quiet}{cpu}: {then}", work(e))
+}
+
 pub(super) fn waiting_on(d: &DependencyWait) -> String {
     let mut s = format!("waiting on {}", d.endpoint);
     if d.waiting_ms > 0 {
