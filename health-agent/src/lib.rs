@@ -14,6 +14,7 @@
 //! - `docker`: the Docker Engine API client;
 //! - `netns`: network namespaces, where the web backend's sockets live;
 //! - `sd_notify`: systemd readiness and watchdog;
+//! - `logging`: the log lines (text or JSON; the journal's priority prefixes);
 //! - `config`: the TOML file (`sections`, `bounds`, `validate`, `secrets`, `default.toml`);
 //! - `ebpf`: the kernel programs' loader and map reads (`btf`: the BTF reader; `tracefs`);
 //! - `net`: listen sockets and connections without eBPF (sock_diag, /proc);
@@ -57,6 +58,7 @@ pub(crate) mod fleet;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 pub(crate) mod heal;
+pub mod logging;
 pub(crate) mod metrics;
 pub(crate) mod net;
 pub(crate) mod netns;
