@@ -67,6 +67,26 @@ impl Agent {
         Self::launch(&[], addr, extra, env)
     }
 
+    /// [`Agent::start_at`] in a UTS namespace of its own whose host name is `hostname`: one
+    /// host of a fleet, as its alerts name it (`unshare --uts`, then `hostname`).
+    pub fn start_named(
+        addr: SocketAddr,
+        hostname: &str,
+        extra: &str,
+        env: &[(&str, &str)],
+    ) -> Self {
+        let wrapper = [
+            "unshare",
+            "--uts",
+            "--",
+            "sh",
+            "-c",
+            "hostname \"$0\" && exec \"$@\"",
+            hostname,
+        ];
+        Self::launch(&wrapper, addr, extra, env)
+    }
+
     /// Like [`Agent::start_with_env`], with `$JOURNAL_STREAM` naming the agent's stderr (its
     /// log file) as systemd names the journal stream it connects: `"<dev>:<ino>"`.
     pub fn start_journaled(extra: &str, env: &[(&str, &str)]) -> Self {
@@ -285,6 +305,11 @@ impl Agent {
         self.wait_health(timeout, what, |c, b| {
             c == 200 && b["checks"]["webserver"] == "up"
         })
+    }
+
+    /// SIGKILL: the agent dies on the spot, as in a crash or a lost host (nothing flushed).
+    pub fn kill(&self) {
+        self.child.signal(libc::SIGKILL);
     }
 
     /// Sends SIGTERM and returns the exit status.

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     http::Tuning,
-    incident::{fingerprint, Condition, Event, Kind, Transition},
+    incident::{fingerprint, Condition, Event, Kind, Scope, Transition},
     report, send_test_tuned, AlertError, Alerts,
 };
 use crate::{
@@ -135,6 +135,7 @@ pub(crate) fn event(kind: Kind, incident: u64) -> Arc<Event> {
     let t = Transition {
         kind,
         condition: Condition::Unhealthy,
+        scope: Scope::Host,
         incident,
         opened_at: SystemTime::now(),
     };
@@ -182,6 +183,7 @@ fn a_misconfigured_database_alerts_config_error_naming_the_cause() {
     let t = Transition {
         kind: Kind::Trigger,
         condition: Condition::ConfigError,
+        scope: Scope::Host,
         incident: 1,
         opened_at: SystemTime::now(),
     };
