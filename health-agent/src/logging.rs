@@ -2,7 +2,8 @@
 //! `HEALTH_AGENT_LOG_FORMAT=json` (for log shippers: Vector, Fluent Bit, CloudWatch Logs), and
 //! under systemd's journal each line starts with its syslog priority (`<4>` for a warning, the
 //! sd-daemon(3) convention), which journald takes off and files the line under, so that
-//! `journalctl -p warning` shows the agent's warnings.
+//! `journalctl -p warning` shows the agent's warnings (every line of a message of several
+//! lines, since the journal files each line on its own).
 //!
 //! The journal is recognised as the documentation of `$JOURNAL_STREAM` says: the variable holds
 //! the device and inode of the stream systemd connected, and a prefix is written only while
@@ -114,12 +115,23 @@ where
         mut w: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
-        if self.priority {
-            write!(w, "<{}>", priority(event.metadata().level()))?;
-        }
-        match self.format {
-            Format::Text => self.text.format_event(ctx, w, event),
-            Format::Json => {
+        let prefix = self.priority.then(|| priority(event.metadata().level()));
+        match (self.format, prefix) {
+            (Format::Text, None) => self.text.format_event(ctx, w, event),
+            // The journal reads each line of a message as an entry of its own: every line
+            // gets the prefix, or the second line of a warning is filed as info.
+            (Format::Text, Some(p)) => {
+                let mut text = String::new();
+                self.text.format_event(ctx, Writer::new(&mut text), event)?;
+                for line in text.split_inclusive('\n') {
+                    write!(w, "<{p}>{line}")?;
+                }
+                Ok(())
+            }
+            (Format::Json, _) => {
+                if let Some(p) = prefix {
+                    write!(w, "<{p}>")?;
+                }
                 let spans: Vec<&str> = ctx
                     .event_scope()
                     .into_iter()
@@ -267,6 +279,13 @@ mod tests {
         let prefixes: Vec<&str> = out.lines().map(|l| &l[..3]).collect();
         assert_eq!(prefixes, ["<3>", "<4>", "<6>", "<7>"], "{out}");
         assert!(out.lines().nth(1).unwrap().contains("WARN"), "{out}");
+        let two = written(Format::Text, true, || tracing::warn!("first\nsecond"));
+        let lines: Vec<&str> = two.lines().collect();
+        assert_eq!(lines.len(), 2, "{two}");
+        assert!(
+            lines[0].starts_with("<4>") && lines[1] == "<4>second",
+            "{two}"
+        );
         let plain = written(Format::Text, false, || tracing::warn!("w"));
         assert!(!plain.starts_with('<') && plain.contains("WARN"), "{plain}");
     }
