@@ -7,7 +7,7 @@ use clap::{ArgGroup, Parser, Subcommand};
 use health_agent::{
     agent_check, alerts,
     config::{self, Config},
-    drain, oneshot, runner, sd_notify, server,
+    drain, logging, oneshot, runner, sd_notify, server,
 };
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
@@ -87,14 +87,25 @@ enum AlertCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let (format, bad_format) =
+        match logging::Format::parse(std::env::var(logging::FORMAT_VAR).ok().as_deref()) {
+            Ok(f) => (f, None),
+            Err(e) => (logging::Format::Text, Some(e)),
+        };
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_env("HEALTH_AGENT_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
         // Colour only for a person at a terminal: the journal and log files get plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_ansi(
+            format == logging::Format::Text && std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        )
+        .event_format(logging::Lines::new(format, logging::stderr_is_journal()))
         .init();
+    if let Some(e) = bad_format {
+        tracing::error!("{e}");
+    }
     match run(cli) {
         Ok(code) => code,
         Err(e) => {

@@ -2,7 +2,8 @@
 //! database password, given as `PGPASSWORD` or in the URL, for passwords of one to three
 //! characters, a digit, a common word, a word of the message itself, the user name and
 //! non-ASCII; every surface is then read: `check` (table and JSON), `/health`, `/metrics`, the
-//! log, and what Slack, PagerDuty, GitHub (the incident issue) and a webhook received.
+//! log (as text, and as JSON lines when the password is in the URL), and what Slack,
+//! PagerDuty, GitHub (the incident issue) and a webhook received.
 //!
 //! Two properties, for every secret and surface: nothing shown depends on the secret (`check`
 //! with the secret and with another one print the same, digits aside), so no secret can be
@@ -184,6 +185,10 @@ fn no_surface_of_the_running_agent_reveals_the_password() {
             let env = Setup::env(via, secret);
             let mut env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
             env.push(("GITHUB_TOKEN", "ghp_testtoken4711"));
+            // The password in the URL, logged as JSON: a log shipper indexes each field.
+            if let Via::Url = via {
+                env.push(("HEALTH_AGENT_LOG_FORMAT", "json"));
+            }
             let agent = Agent::start_with_env(
                 &format!(
                     "[checks]\ninterval = \"500ms\"\n[database]\nurl = \"{}\"\ninterval = \"2s\"\n\
@@ -215,6 +220,13 @@ fn no_surface_of_the_running_agent_reveals_the_password() {
         ];
         for (surface, text) in &surfaces {
             assert_nothing_reveals(&format!("{via:?} {surface}"), text, secret);
+        }
+        if let Via::Url = via {
+            for line in surfaces[2].1.lines() {
+                let v: serde_json::Value = serde_json::from_str(line)
+                    .unwrap_or_else(|e| panic!("a log line that is not JSON ({e}): {line}"));
+                assert!(v["message"].is_string(), "{line}");
+            }
         }
         for (surface, text) in [&surfaces[0], &surfaces[4], &surfaces[5]] {
             assert!(

@@ -13,6 +13,9 @@ use super::dur;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FleetConfig {
+    /// The fleet's name in its shared incidents' keys (`alerts::fleet::name`): the same on
+    /// every agent of the fleet.
+    pub name: String,
     /// Peer agents, `host:port` (their health port).
     pub peers: Vec<String>,
     /// A DNS name whose A/AAAA records are the peers, `name` or `name:port` (the port defaults
@@ -49,6 +52,7 @@ pub struct FleetConfig {
 impl Default for FleetConfig {
     fn default() -> Self {
         Self {
+            name: String::new(),
             peers: Vec::new(),
             peers_dns: String::new(),
             consul_addr: String::new(),
