@@ -112,14 +112,15 @@ fn table_command(distribution: &str, arch: &str) -> String {
             l.starts_with(&format!("| {distribution} |")) && l.contains(&format!("| {arch} |"))
         })
         .unwrap_or_else(|| panic!("docs/install.md has no row for {distribution} on {arch}"));
+    // Outside and inside code spans alternate, outside first and last: the last span is the
+    // one before the row's end.
     let spans: Vec<&str> = row.split('`').collect();
     spans
-        .iter()
-        .skip(1)
-        .step_by(2)
-        .last()
+        .len()
+        .checked_sub(2)
+        .filter(|i| i % 2 == 1)
+        .map(|i| spans[i].to_string())
         .unwrap_or_else(|| panic!("no command in {row}"))
-        .to_string()
 }
 
 /// `script` run by sh in `dir` inside the machine: exit code and what it printed.
