@@ -232,11 +232,6 @@ fn asg_access_denied_no_role_and_throttling_are_fleet_notes_not_503s() {
     );
 }
 
-/// The shipped template deployed in moto as stack `name` (`health_agent_tests::stack`).
-fn deploy_template(moto: &Moto, name: &str, params: &[(&str, &str)]) -> Result<Stack, String> {
-    stack::deploy(moto, REGION, name, params)
-}
-
 /// The parameters a real deployment turns: AppWorkers asked for; the balancer's subnets, the
 /// subnet's own public-address setting, a hop limit of 1 and no Parameter Store grant unless
 /// told; private subnets, an explicit public address, another health port and a hop limit of 2
@@ -246,15 +241,32 @@ fn the_cloudformation_template_asks_for_workers_and_deploys_in_private_subnets()
     require_root();
     let moto = Moto::start();
 
-    let refused = deploy_template(&moto, "no-workers", &[]).err();
+    let private_params = [
+        ("AppWorkers", "10"),
+        ("InstanceSubnets", "spare"),
+        ("AssociatePublicIpAddress", "false"),
+        ("HealthPort", "9090"),
+        ("MetadataHopLimit", "2"),
+    ];
+    let [no_workers, plain, private]: [Result<Stack, String>; 3] = stack::deploy_each(
+        &moto,
+        REGION,
+        &[
+            ("no-workers", &[]),
+            ("plain", &[("AppWorkers", "10")]),
+            ("private", &private_params),
+        ],
+    )
+    .try_into()
+    .unwrap_or_else(|v: Vec<_>| panic!("{} answers for 3 stacks", v.len()));
+    let refused = no_workers.err();
     println!("without AppWorkers: {refused:?}");
     assert!(
         refused.as_deref().is_some_and(|e| e.contains("AppWorkers")),
         "a stack without AppWorkers is refused: {refused:?}"
     );
 
-    let plain = deploy_template(&moto, "plain", &[("AppWorkers", "10")])
-        .unwrap_or_else(|e| panic!("the stack was refused: {e}"));
+    let plain = plain.unwrap_or_else(|e| panic!("the stack was refused: {e}"));
     println!("defaults: launch template {}", plain.launch);
     assert_eq!(plain.group_subnets, plain.balancer_subnets);
     assert_eq!(
@@ -290,18 +302,7 @@ fn the_cloudformation_template_asks_for_workers_and_deploys_in_private_subnets()
         plain.outputs
     );
 
-    let private = deploy_template(
-        &moto,
-        "private",
-        &[
-            ("AppWorkers", "10"),
-            ("InstanceSubnets", "spare"),
-            ("AssociatePublicIpAddress", "false"),
-            ("HealthPort", "9090"),
-            ("MetadataHopLimit", "2"),
-        ],
-    )
-    .unwrap_or_else(|e| panic!("the stack was refused: {e}"));
+    let private = private.unwrap_or_else(|e| panic!("the stack was refused: {e}"));
     println!("private subnets: launch template {}", private.launch);
     assert_eq!(private.group_subnets, private.spare_subnets);
     assert_eq!(
