@@ -15,7 +15,8 @@
 //! - `netns`: network namespaces, where the web backend's sockets live;
 //! - `sd_notify`: systemd readiness and watchdog;
 //! - `config`: the TOML file (`sections`, `bounds`, `validate`, `secrets`, `default.toml`);
-//! - `ebpf`: the kernel programs' loader and map reads (`btf`: the BTF reader; `tracefs`);
+//! - `ebpf`: the kernel programs' loader and map reads (`load`, `attach`, `read`; `btf`: the BTF
+//!   reader; `tracefs`);
 //! - `net`: listen sockets and connections without eBPF (sock_diag, /proc);
 //! - `suspicious`: miner and /tmp-executable detection for incident reports;
 //! - `checks`: one module per check (`web`, `database`, `containers`, `disk`, `system`,
@@ -24,7 +25,8 @@
 //!   through `verdict`, whose `describe` words the detail);
 //! - `saturation`: the scaling signal S, how full this instance is (the estimator; `report`:
 //!   its parts and what is shown);
-//! - `policy`: the status table, pure (`flap`: holding a change of HTTP code back);
+//! - `policy`: the status table, pure (`rules`: its steps; `flap`: holding a change of HTTP code
+//!   back);
 //! - `fuzzing`: the parser fuzz targets (tests and the `fuzzing` feature only);
 //! - `fleet`: fleet-aware verdicts, each fault compared with the peers' (`exchange`; `asg`: the
 //!   auto-scaling group's members as peers);

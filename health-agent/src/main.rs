@@ -272,109 +272,14 @@ async fn serve(cfg: Arc<Config>) -> anyhow::Result<()> {
     };
     // Before anything opens a file: a flood on the health port must not leave the checks
     // without descriptors.
-    let open_files = match server::raise_open_files_limit() {
-        Ok(n) => n,
-        Err(e) => {
-            tracing::warn!("cannot read or raise the open-files limit: {e}");
-            1024
-        }
-    };
-    let max_connections = server::connection_cap(cfg.server.max_connections, open_files);
-    if max_connections < cfg.server.max_connections {
-        tracing::warn!(
-            "server.max_connections lowered from {} to {max_connections}: the open-files limit \
-             is {open_files} and {} stay reserved for the checks (raise LimitNOFILE)",
-            cfg.server.max_connections,
-            server::RESERVED_FDS
-        );
-    }
-    let listeners = server::bind(cfg.server.listen, threads).with_context(|| {
-        format!(
-            "binding {} failed — is another process using the port? Change server.listen",
-            cfg.server.listen
-        )
-    })?;
-    let agent_check_listener = cfg
-        .server
-        .agent_check_addr()
-        .map(|addr| {
-            agent_check::bind(addr).with_context(|| {
-                format!(
-                    "binding the agent check on {addr} failed — is another process using the \
-                     port? Change server.agent_check_listen"
-                )
-            })
-        })
-        .transpose()?;
-    let token = match cfg.server.details {
-        config::Details::Token => {
-            let t = std::env::var(&cfg.server.token_env)
-                .ok()
-                .filter(|t| !t.is_empty());
-            if t.is_none() {
-                tracing::warn!(
-                    "server.details = \"token\" but {} is empty: nobody gets full diagnostics",
-                    cfg.server.token_env
-                );
-            }
-            t
-        }
-        _ => None,
-    };
-    let fleet_token = if !cfg.fleet.enabled() {
-        server::FleetToken::NotConfigured
-    } else if cfg.fleet.token_env.is_empty() {
-        server::FleetToken::Open
-    } else {
-        match std::env::var(&cfg.fleet.token_env)
-            .ok()
-            .filter(|t| !t.is_empty())
-        {
-            Some(t) => server::FleetToken::Required(t),
-            None => {
-                tracing::warn!(
-                    "fleet.token_env names {}, which is empty: the peer view is closed and peers are asked without a token",
-                    cfg.fleet.token_env
-                );
-                server::FleetToken::Unset(cfg.fleet.token_env.clone())
-            }
-        }
-    };
-    if cfg.web.port == 0 && cfg.containers.names.is_empty() && cfg.containers.labels.is_empty() {
-        tracing::warn!(
-            "web.port is 0 and no containers are configured: nothing this instance serves is \
-             watched, so /health answers 200 degraded, never healthy; set web.port to the \
-             backend's listen port (in the config file or a conf.d/ drop-in)"
-        );
-    } else if cfg.web.port == 0 {
-        tracing::warn!(
-            "web.port is 0: no web backend is watched, so /health vouches only for disk, \
-             containers, database and load; set web.port to the backend's listen port"
-        );
-    }
+    let max_connections = connection_cap(&cfg);
+    let (listeners, agent_check_listener) = bind_ports(&cfg, threads)?;
+    let token = details_token(&cfg);
+    let fleet_token = fleet_token(&cfg);
+    warn_when_nothing_is_watched(&cfg);
     let agent = runner::start(cfg.clone(), shutdown.clone()).await;
     let _lifecycle = drain::lifecycle::spawn(&cfg.drain, agent.drain.clone(), shutdown.clone());
-    // The drain's control socket: /health does not depend on it, so a socket that cannot be
-    // bound is an error in the log, not a reason to stop serving.
-    let control_path = cfg.drain.control_socket.clone();
-    let control = match drain::control::bind(&control_path) {
-        Ok(listener) => drain::control::spawn(
-            listener,
-            control_path.clone(),
-            agent.drain.clone(),
-            shutdown.clone(),
-        )
-        .map_err(|e| tracing::error!("the drain control socket: {e}"))
-        .ok(),
-        Err(e) => {
-            tracing::error!(
-                "cannot bind the drain control socket {}: {e}; `health-agent drain` will not \
-                 reach this agent (set [drain] control_socket)",
-                control_path.display()
-            );
-            None
-        }
-    };
+    let control = spawn_control_socket(&cfg, &agent.drain, &shutdown);
     let app = Arc::new(server::App {
         snapshot: agent.snapshot.clone(),
         details: cfg.server.details,
@@ -426,6 +331,139 @@ async fn serve(cfg: Arc<Config>) -> anyhow::Result<()> {
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Raises the open-files limit and returns `server.max_connections`, lowered (with a warning)
+/// to what that limit leaves once the checks' descriptors are reserved.
+fn connection_cap(cfg: &Config) -> usize {
+    let open_files = match server::raise_open_files_limit() {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!("cannot read or raise the open-files limit: {e}");
+            1024
+        }
+    };
+    let max_connections = server::connection_cap(cfg.server.max_connections, open_files);
+    if max_connections < cfg.server.max_connections {
+        tracing::warn!(
+            "server.max_connections lowered from {} to {max_connections}: the open-files limit \
+             is {open_files} and {} stay reserved for the checks (raise LimitNOFILE)",
+            cfg.server.max_connections,
+            server::RESERVED_FDS
+        );
+    }
+    max_connections
+}
+
+/// The health port (one listener per thread) and, when configured, the HAProxy agent check's.
+fn bind_ports(
+    cfg: &Config,
+    threads: usize,
+) -> anyhow::Result<(Vec<std::net::TcpListener>, Option<std::net::TcpListener>)> {
+    let listeners = server::bind(cfg.server.listen, threads).with_context(|| {
+        format!(
+            "binding {} failed — is another process using the port? Change server.listen",
+            cfg.server.listen
+        )
+    })?;
+    let agent_check_listener = cfg
+        .server
+        .agent_check_addr()
+        .map(|addr| {
+            agent_check::bind(addr).with_context(|| {
+                format!(
+                    "binding the agent check on {addr} failed — is another process using the \
+                     port? Change server.agent_check_listen"
+                )
+            })
+        })
+        .transpose()?;
+    Ok((listeners, agent_check_listener))
+}
+
+/// The token that opens full diagnostics (`server.details = "token"`), if one is set.
+fn details_token(cfg: &Config) -> Option<String> {
+    match cfg.server.details {
+        config::Details::Token => {
+            let t = std::env::var(&cfg.server.token_env)
+                .ok()
+                .filter(|t| !t.is_empty());
+            if t.is_none() {
+                tracing::warn!(
+                    "server.details = \"token\" but {} is empty: nobody gets full diagnostics",
+                    cfg.server.token_env
+                );
+            }
+            t
+        }
+        _ => None,
+    }
+}
+
+/// Who may read the peer view, from `[fleet]` and its token's environment variable.
+fn fleet_token(cfg: &Config) -> server::FleetToken {
+    if !cfg.fleet.enabled() {
+        server::FleetToken::NotConfigured
+    } else if cfg.fleet.token_env.is_empty() {
+        server::FleetToken::Open
+    } else {
+        match std::env::var(&cfg.fleet.token_env)
+            .ok()
+            .filter(|t| !t.is_empty())
+        {
+            Some(t) => server::FleetToken::Required(t),
+            None => {
+                tracing::warn!(
+                    "fleet.token_env names {}, which is empty: the peer view is closed and peers are asked without a token",
+                    cfg.fleet.token_env
+                );
+                server::FleetToken::Unset(cfg.fleet.token_env.clone())
+            }
+        }
+    }
+}
+
+fn warn_when_nothing_is_watched(cfg: &Config) {
+    if cfg.web.port == 0 && cfg.containers.names.is_empty() && cfg.containers.labels.is_empty() {
+        tracing::warn!(
+            "web.port is 0 and no containers are configured: nothing this instance serves is \
+             watched, so /health answers 200 degraded, never healthy; set web.port to the \
+             backend's listen port (in the config file or a conf.d/ drop-in)"
+        );
+    } else if cfg.web.port == 0 {
+        tracing::warn!(
+            "web.port is 0: no web backend is watched, so /health vouches only for disk, \
+             containers, database and load; set web.port to the backend's listen port"
+        );
+    }
+}
+
+/// The drain's control socket: /health does not depend on it, so a socket that cannot be
+/// bound is an error in the log, not a reason to stop serving.
+fn spawn_control_socket(
+    cfg: &Config,
+    drain: &drain::Drain,
+    shutdown: &CancellationToken,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let control_path = cfg.drain.control_socket.clone();
+    match drain::control::bind(&control_path) {
+        Ok(listener) => drain::control::spawn(
+            listener,
+            control_path.clone(),
+            drain.clone(),
+            shutdown.clone(),
+        )
+        .map_err(|e| tracing::error!("the drain control socket: {e}"))
+        .ok(),
+        Err(e) => {
+            tracing::error!(
+                "cannot bind the drain control socket {}: {e}; `health-agent drain` will not \
+                 reach this agent (set [drain] control_socket)",
+                control_path.display()
+            );
+            None
+        }
+    }
 }
 
 fn spawn_signal_handler(token: CancellationToken) -> anyhow::Result<()> {

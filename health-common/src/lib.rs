@@ -2,6 +2,8 @@
 //! (`health-agent`). Everything here is `#[repr(C)]` plain data: both sides read the same bytes
 //! out of the same maps, so a field added here is added for both at once.
 #![no_std]
+// The one unsafe here: the `aya::Pod` impls (`mod pod`).
+#![deny(unsafe_code)]
 
 /// Map names, spelled once for both sides.
 pub mod maps {
@@ -415,6 +417,7 @@ pub struct TracepointOffsets {
 }
 
 #[cfg(feature = "user")]
+#[allow(unsafe_code)]
 mod pod {
     // SAFETY: all of these are repr(C) structs of integers with no padding holes.
     unsafe impl aya::Pod for super::PortCounters {}

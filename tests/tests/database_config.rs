@@ -236,17 +236,38 @@ fn the_one_shot_check_names_the_missing_password_and_the_key() {
 }
 
 /// A resolver of the test's own for the agent: it runs in a mount namespace where
-/// `/etc/resolv.conf` names 127.0.0.1 (nothing answers there: a name not in the hosts file
-/// fails at once, and no query leaves the machine) and `/etc/hosts` is a file the test edits.
+/// `/etc/hosts` is a file the test edits and `/etc/resolv.conf` names a loopback address of the
+/// test's own, where a DNS server answers every query "no such name" (NXDOMAIN), as a real
+/// resolver does for a typo — or, `silent`, where nothing answers (a resolver that is down). No
+/// query leaves the machine.
 struct OwnResolver {
     dir: tempfile::TempDir,
+    _server: Option<Nxdomain>,
 }
 
 impl OwnResolver {
     fn new() -> Self {
+        Self::with(true)
+    }
+
+    /// A resolver that never answers: its address has no server.
+    fn silent() -> Self {
+        Self::with(false)
+    }
+
+    fn with(answering: bool) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::write(dir.path().join("resolv.conf"), "nameserver 127.0.0.1\n").expect("resolv");
-        let me = Self { dir };
+        let addr = own_loopback();
+        let server = answering.then(|| Nxdomain::start(addr));
+        std::fs::write(
+            dir.path().join("resolv.conf"),
+            format!("nameserver {addr}\noptions timeout:1 attempts:1\n"),
+        )
+        .expect("resolv");
+        let me = Self {
+            dir,
+            _server: server,
+        };
         me.hosts("");
         me
     }
@@ -275,6 +296,81 @@ impl OwnResolver {
             "sh".into(),
         ]
     }
+}
+
+/// A loopback address no other test in this process uses (127.53.x.y).
+fn own_loopback() -> std::net::Ipv4Addr {
+    static NEXT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(1);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let pid = std::process::id();
+    std::net::Ipv4Addr::new(127, 53, (pid % 250) as u8 + 1, (n % 250) as u8 + 1)
+}
+
+/// A DNS server on UDP port 53 of a loopback address that answers every query with its own
+/// question and RCODE 3 (NXDOMAIN): the name does not exist.
+struct Nxdomain {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Nxdomain {
+    fn start(addr: std::net::Ipv4Addr) -> Self {
+        let socket = std::net::UdpSocket::bind((addr, 53)).expect("bind the test's DNS server");
+        socket
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .expect("timeout");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut buf = [0u8; 512];
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                let Ok((n, from)) = socket.recv_from(&mut buf) else {
+                    continue;
+                };
+                if let Some(answer) = nxdomain(&buf[..n]) {
+                    let _ = socket.send_to(&answer, from);
+                }
+            }
+        });
+        Self {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Nxdomain {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The answer to one query: its ID and question, QR and RA set, RD kept, RCODE 3; `None` for
+/// a packet that is not a one-question query.
+fn nxdomain(query: &[u8]) -> Option<Vec<u8>> {
+    if query.len() < 12 || query[2] & 0x80 != 0 || query[4..6] != [0, 1] {
+        return None;
+    }
+    // The question: labels up to the root's zero length, then QTYPE and QCLASS.
+    let mut at = 12;
+    loop {
+        let len = usize::from(*query.get(at)?);
+        at += 1 + len;
+        if len == 0 {
+            break;
+        }
+    }
+    let question = query.get(12..at + 4)?;
+    let mut answer = Vec::with_capacity(12 + question.len());
+    answer.extend_from_slice(&query[..2]);
+    answer.push(0x80 | (query[2] & 0x01));
+    answer.push(0x80 | 3);
+    answer.extend_from_slice(&[0, 1, 0, 0, 0, 0, 0, 0]);
+    answer.extend_from_slice(question);
+    Some(answer)
 }
 
 /// A database host that does not resolve (a typo in an RDS endpoint): `misconfigured` from the
@@ -367,6 +463,47 @@ fn a_database_host_that_resolved_and_then_fails_is_an_outage() {
         detail.contains(&format!(
             "unreachable: the host {name} no longer resolves ("
         )),
+        "{detail}"
+    );
+}
+
+/// A resolver that does not answer when the agent starts (the VPC resolver unreachable, a
+/// broken resolv.conf) says nothing about the host name: the database is `unreachable` after
+/// `fail_after` rounds, `infrastructure_issue`, the reason naming the resolver — never
+/// `misconfigured` with "fix the host name".
+#[test]
+fn a_resolver_that_does_not_answer_at_boot_is_an_outage_not_a_wrong_host_name() {
+    require_root();
+    let resolver = OwnResolver::silent();
+    let wrapper = resolver.wrapper();
+    let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+    let url = "postgres://app@db.example.internal:5432/app";
+    let config = format!("[database]\nurl = \"{url}\"\ninterval = \"1s\"\nfail_after = 2\n");
+    let agent = health_agent_tests::Agent::start_under(&wrapper, &config, &[]);
+    let seen = std::sync::Mutex::new(Vec::new());
+    let (code, body) = agent.wait_health(Duration::from_secs(30), "unreachable", |_, b| {
+        seen.lock()
+            .unwrap()
+            .push(b["checks"]["database"].to_string());
+        b["checks"]["database"] == "unreachable"
+    });
+    let seen = seen.into_inner().unwrap();
+    println!(
+        "{code} {} {}: {}",
+        body["status"], body["recommendation"], body["details"]["database"]["reason"]
+    );
+    assert!(
+        !seen.iter().any(|s| s.contains("misconfigured")),
+        "never misconfigured: {seen:?}"
+    );
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["recommendation"], "infrastructure_issue", "{body}");
+    let detail = body["details"]["database"]["reason"].to_string();
+    assert!(
+        detail.contains(
+            "the resolver did not answer for the host db.example.internal (failed to lookup \
+             address information: Temporary failure in name resolution)"
+        ) && !detail.contains("fix the host name"),
         "{detail}"
     );
 }

@@ -1086,6 +1086,10 @@ struct Setup {
     pages: bool,
     /// Each agent restarts its Puma for real (`Puma::restart_script`).
     restart: bool,
+    /// Each agent's restart command is `true`: it returns at once and changes nothing.
+    futile_restart: bool,
+    /// `web.socket_tracing`, when not the default.
+    socket_tracing: Option<&'static str>,
 }
 
 /// `n` instances of one app, each agent peering with the others.
@@ -1140,6 +1144,12 @@ impl Fleet {
                             puma.restart_script().display()
                         ),
                     );
+                }
+                if setup.futile_restart {
+                    extra = merge_toml(&extra, "[web]\nrestart_command = \"true\"\n");
+                }
+                if let Some(mode) = setup.socket_tracing {
+                    extra = merge_toml(&extra, &format!("[web]\nsocket_tracing = \"{mode}\"\n"));
                 }
                 let agent = Agent::start_at(*me, &web_config(puma.port, &extra), &[]);
                 let poller = HealthPoller::every(*me, Duration::from_millis(100));
@@ -1394,15 +1404,17 @@ fn one_stopped_of_two_is_503_and_its_peer_stays_200() {
 /// answers, as in a fleet that has served for a while: a 5xx share then crosses the threshold
 /// only some seconds after the errors begin. Returns each poller's clock at that point.
 fn serving_pages() -> (Fleet, Vec<Duration>) {
+    serving_pages_with(Setup {
+        pages: true,
+        restart: true,
+        ..Setup::default()
+    })
+}
+
+/// [`serving_pages`] with another setup (a restart that changes nothing, a tracing mode).
+fn serving_pages_with(setup: Setup) -> (Fleet, Vec<Duration>) {
     require_root();
-    let group = Fleet::start_with(
-        3,
-        Setup {
-            pages: true,
-            restart: true,
-            ..Setup::default()
-        },
-    );
+    let group = Fleet::start_with(3, setup);
     group.wait_serving(WAIT, "at start");
     std::thread::sleep(Duration::from_secs(10));
     let at = group.members.iter().map(|m| m.poller.elapsed()).collect();
@@ -1487,6 +1499,75 @@ fn one_erroring_of_three_is_503_after_its_restart_and_its_peers_stay_200() {
         "mended → healthy in {:.2}s ({healthy})",
         healthy.after(mended)
     );
+}
+
+/// Issue 53 item 6: one instance of three answers 500 to its real pages, and its restart
+/// command (`true`) returns at once and changes nothing: the answers after it are still 5xx.
+/// The restart is judged on those fresh answers, not at `heal.timeout` (30 s): that instance
+/// is 503 at most 15 s after the errors began, its peers 200 throughout. In `socket_tracing`
+/// mode `mode` (None: the default).
+fn futile_restart_of_an_erroring_instance(mode: Option<&'static str>) {
+    let (group, at) = serving_pages_with(Setup {
+        pages: true,
+        futile_restart: true,
+        socket_tracing: mode,
+        ..Setup::default()
+    });
+    let one = &group.members[0];
+    let first = one.puma.pid();
+    one.break_pages();
+    let down = group.wait_member(
+        0,
+        at[0],
+        Duration::from_secs(40),
+        "503 on the erroring instance",
+        |s| s.code == 503,
+    );
+    let took = down.after(at[0]);
+    let samples = since(&one.poller.samples(), at[0]);
+    let ctx = format!("\n{}{}", timeline(&samples), group.explain());
+    println!(
+        "socket_tracing {}: errors began → 503 in {took:.2}s ({down})\n{}",
+        mode.unwrap_or("(default)"),
+        timeline(&samples)
+    );
+    assert!(
+        took <= 15.0,
+        "503 came {took:.2}s after the errors began (at most 15 s){ctx}"
+    );
+    assert_eq!(down.webserver, "erroring", "{down}{ctx}");
+    assert_eq!(
+        one.puma.current_pid(),
+        first,
+        "`true` replaced nothing{ctx}"
+    );
+    let heal = &down.body["details"]["heal"];
+    assert_eq!(heal["total_attempts"], 1, "one restart{ctx}");
+    let why = heal["attempts"][0]["why"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("changed nothing") && why.contains("real answers since were 5xx"),
+        "the attempt is judged on the answers after it: {why}{ctx}"
+    );
+    for (i, m) in group.members.iter().enumerate().skip(1) {
+        let samples = since(&m.poller.samples(), at[i]);
+        if let Some(s) = samples.iter().find(|s| s.code != 200) {
+            panic!(
+                "instance {i}, whose backend serves, left 200: {s}\n{}{}",
+                timeline(&samples),
+                group.explain()
+            );
+        }
+    }
+}
+
+#[test]
+fn a_futile_restart_of_an_erroring_instance_is_judged_on_fresh_answers() {
+    futile_restart_of_an_erroring_instance(None);
+}
+
+#[test]
+fn a_futile_restart_of_an_erroring_instance_is_judged_on_fresh_answers_always() {
+    futile_restart_of_an_erroring_instance(Some("always"));
 }
 
 /// Every instance answers 500 to its real pages (a bad deploy): no agent ever answers 503, none

@@ -144,6 +144,7 @@ fn balanced_traffic(
     })
 }
 
+#[allow(unsafe_code)]
 fn signal_backend(pid_file: &Path, sig: i32) -> Result<()> {
     let pid: i32 = fs::read_to_string(pid_file)?.trim().parse()?;
     // SAFETY: signalling the backend this demo started.

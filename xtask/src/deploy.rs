@@ -430,6 +430,7 @@ mod tests {
         assert!(err.contains("caddy failed"), "{err}");
     }
 
+    #[allow(unsafe_code)]
     fn nix_is_root() -> bool {
         // SAFETY: geteuid has no preconditions and cannot fail.
         unsafe { libc::geteuid() == 0 }

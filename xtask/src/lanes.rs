@@ -3,17 +3,15 @@
 //! second, so a binary that fails beside others runs again alone: a failure that holds alone
 //! fails the stage, one that does not is printed as the contention's doing.
 //!
-//! Why it can pay: measured over one sequential `cargo xtask test` (2026-12-03, 2 cores), the
-//! machine was 21.5 % busy on average during the test stage, under 30 % in 178 of 216
-//! five-second samples: most tests wait for verdicts, not for CPU. The qemu boot, which loads a
-//! core, has lane 0; the others are spread over the lanes by their last measured time, longest
-//! first. The two that measure figures against a known load (socket tracing, saturation: within
-//! 15 %) run after the lanes, as the quiet pair: side by side with each other only. Beside the
-//! lanes (both cores 40–99 % busy) their latency percentiles moved by a third; each alone keeps
-//! under a fifth of a core busy (3–20 % in 5 s samples), so together they stay on a quiet
-//! machine, and the stage saves the shorter one's two minutes. The library's later runs
-//! (`test-kernel`, `fuzz-smoke` on one thread) are lane jobs too ([`LibRun`]): they were two
-//! stages after this one.
+//! Why it can pay: most tests wait for verdicts, not for CPU, so the machine is mostly idle
+//! during a sequential test stage (the figures are in docs/architecture.md). The qemu boot,
+//! which loads a core, has lane 0; the others are spread over the lanes by their measured time,
+//! longest first. The two that measure figures against a known load (socket tracing,
+//! saturation: within 15 %) run after the lanes, as the quiet pair: side by side with each
+//! other only, since beside the busy lanes their latency percentiles move, while each alone
+//! keeps a small part of a core busy, so together they stay on a quiet machine. The library's
+//! kernel tests and fuzz smoke (`test-kernel`, `fuzz-smoke` on one thread) are lane jobs too
+//! ([`LibRun`]).
 
 use std::{
     collections::BTreeMap,
@@ -33,8 +31,8 @@ const HEAVY: &[&str] = &["old_kernel"];
 /// other only (the quiet pair).
 const QUIET: &[&str] = &["socket_tracing", "saturation"];
 
-/// Seconds each binary took in its lane in a clean clone's CI run (2026-12-03, 3 lanes): the
-/// lane plan's weights; a binary not listed weighs DEFAULT_SECS.
+/// Seconds each binary took in its lane in a clean clone's CI run with 3 lanes: the lane
+/// plan's weights; a binary not listed weighs DEFAULT_SECS.
 const MEASURED: &[(&str, u64)] = &[
     ("old_kernel", 148),
     ("verdicts", 118),

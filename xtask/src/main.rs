@@ -12,6 +12,8 @@
 //! - `bench/`: one file per section, `report` writing docs/BENCHMARKS.md; servers and guards
 //!   from the `tests` harness;
 //! - `fuzz`: cargo-fuzz over the parsers.
+// Unsafe only in the few libc calls marked `#[allow(unsafe_code)]`.
+#![deny(unsafe_code)]
 
 mod bench;
 mod cmd;

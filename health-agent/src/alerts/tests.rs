@@ -81,15 +81,18 @@ fn report(disk: DiskLevel, db: DbState, web: WebVerdict) -> Report {
 }
 
 fn snapshot(r: Report, heal: Option<HealPhase>) -> Snapshot {
-    let mut input = crate::policy::PolicyInput::of(&r, false);
-    input.heal = heal.unwrap_or(HealPhase::Idle);
+    let raw = evaluate(&crate::policy::PolicyInput::of(&r, false));
+    let decision = match heal {
+        Some(phase) => crate::heal::applied(raw, phase),
+        None => raw,
+    };
     let log = HealLog {
         enabled: true,
         phase: heal,
         max_restarts: 3,
         ..HealLog::default()
     };
-    Snapshot::new(evaluate(&input), r, log, 100, 5)
+    Snapshot::new(decision, r, log, 100, 5)
 }
 
 /// Disk over the fail threshold: 503.

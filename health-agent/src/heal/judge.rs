@@ -30,6 +30,10 @@ pub struct WebSigns {
     /// runs (the answers' window starts over at a restart), to tell errors after a restart
     /// from the ones before it.
     pub erroring_since: Option<std::time::Instant>,
+    /// Real answers by class (1xx–5xx at 1–5) since the answer programs loaded, without the
+    /// agent's probe: those counted after a restart returned judge it, whether or not the
+    /// processes changed (a restart command that does nothing leaves the same ones).
+    pub answered: Option<[u64; 6]>,
 }
 
 impl WebSigns {
@@ -44,6 +48,7 @@ impl WebSigns {
                 .as_ref()
                 .map(|c| c.answered.saturating_add(c.sent)),
             erroring_since: None,
+            answered: None,
         }
     }
 
@@ -51,8 +56,39 @@ impl WebSigns {
     pub fn with_answers(mut self, answers: &crate::checks::web::answers::AnswerWindow) -> Self {
         let enough = answers.stats().answers > 0 && answers.erroring() && answers.judged();
         self.erroring_since = enough.then(|| answers.since()).flatten();
+        self.answered = answers.answered_by_class();
         self
     }
+}
+
+/// What the real answers counted since a restart returned say about it: `Failed` once at
+/// least `min` of them came and `share` or more were 5xx; None while there are too few, they
+/// are mostly fine, or the counts are not comparable (not visible, or counted afresh).
+pub fn answers_after_return(
+    at_return: Option<[u64; 6]>,
+    now: Option<[u64; 6]>,
+    since_return: Duration,
+    min: u32,
+    share: f64,
+) -> Option<Judgement> {
+    let (before, now) = (at_return?, now?);
+    if now.iter().zip(&before).any(|(n, b)| n < b) {
+        return None;
+    }
+    let answers: u64 = (1..6).map(|i| now[i] - before[i]).sum();
+    let errors = now[5] - before[5];
+    if answers < u64::from(min.max(1)) {
+        return None;
+    }
+    let ratio = errors as f64 / answers as f64;
+    (ratio >= share).then(|| {
+        Judgement::Failed(format!(
+            "the restart returned {} ago and changed nothing: {errors} of the {answers} real \
+             answers since were 5xx ({:.0} %)",
+            secs(since_return),
+            ratio * 100.0
+        ))
+    })
 }
 
 /// What the fresh evidence says about an attempt whose action has returned and whose fault
@@ -177,6 +213,7 @@ mod tests {
             frozen: frozen.then(|| "server processes 7 stopped".to_string()),
             progress,
             erroring_since: None,
+            answered: None,
         }
     }
 

@@ -86,11 +86,10 @@ pub enum HealOutcome {
     Failed,
 }
 
-/// The round's decision with self-healing applied: what `policy::evaluate` answers with
-/// `PolicyInput::heal = phase` for the same input outside boot grace (the healer does not act
-/// within it). A fault self-healing covers answers 200 `recovering` while a restart is under
-/// way; any other fault stays 503 and says where healing stands. Without a fault the phase
-/// changes nothing.
+/// The round's decision with self-healing applied: the one place the heal phase changes an
+/// answer (`policy::evaluate` knows nothing of it; the healer does not act within boot grace).
+/// A fault self-healing covers answers 200 `recovering` while a restart is under way; any other
+/// fault stays 503 and says where healing stands. Without a fault the phase changes nothing.
 pub fn applied(mut decision: Decision, phase: HealPhase) -> Decision {
     if decision.faults.is_empty() {
         return decision;
@@ -200,6 +199,8 @@ enum State {
         returned: Instant,
         /// The progress counter at the first look after the return.
         at_return: Option<u64>,
+        /// The real answers by class at the first look after the return.
+        answered_at_return: Option<[u64; 6]>,
     },
     /// This incident's attempt failed and no other could start (budget spent, no action).
     Failed,
@@ -338,6 +339,7 @@ impl Healer {
                     });
                     self.state = State::Judging {
                         at_return: self.signs.progress,
+                        answered_at_return: self.signs.answered,
                         attempt,
                         returned: now,
                     };
@@ -354,6 +356,7 @@ impl Healer {
             attempt,
             returned,
             at_return,
+            answered_at_return,
         } = &self.state
         else {
             // Idle or failed (a running action was finished above): the next attempt, if any.
@@ -373,7 +376,19 @@ impl Healer {
             return HealPhase::Recovering;
         }
         if fault == Fault::Web(WebVerdict::Erroring) {
-            // Judged by the answers after the restart, and only by them.
+            // Judged by the answers after the restart, and only by them: those counted since it
+            // returned (the same processes or new ones), or a window started over by new
+            // processes that judges erroring again.
+            if let Some(judge::Judgement::Failed(why)) = judge::answers_after_return(
+                *answered_at_return,
+                self.signs.answered,
+                since_return,
+                self.web.error_min_answers,
+                self.web.error_share,
+            ) {
+                self.fail(HealError::DidNotTake(why), started, now);
+                return self.try_start(fault, decision, faulty_containers, now);
+            }
             if self.signs.erroring_since.is_some_and(|t| t >= started) {
                 let why = format!(
                     "the answers since the restart are still mostly 5xx ({})",
@@ -629,63 +644,6 @@ mod tests {
         h.step(d, &[], Instant::now())
     }
 
-    /// `applied` after one evaluation answers what evaluating again with the phase answered
-    /// (the composer's flow before healing became a pure step).
-    #[test]
-    fn applied_matches_evaluating_with_the_phase() {
-        use crate::status::{ContainersState, DbState, DiskLevel};
-        let inputs = [
-            PolicyInput::default(),
-            PolicyInput {
-                web: WebVerdict::Hung,
-                web_detail: "no answer for 9s".into(),
-                ..PolicyInput::default()
-            },
-            PolicyInput {
-                web: WebVerdict::Down,
-                ..PolicyInput::default()
-            },
-            PolicyInput {
-                containers: ContainersState::Faulty,
-                ..PolicyInput::default()
-            },
-            PolicyInput {
-                web: WebVerdict::Hung,
-                disk: DiskLevel::Fail,
-                ..PolicyInput::default()
-            },
-            PolicyInput {
-                web: WebVerdict::Hung,
-                database: DbState::Unreachable,
-                ..PolicyInput::default()
-            },
-            PolicyInput {
-                web: WebVerdict::Unresponsive,
-                web_served: false,
-                ..PolicyInput::default()
-            },
-            PolicyInput {
-                web: WebVerdict::Slow,
-                disk: DiskLevel::Warn,
-                ..PolicyInput::default()
-            },
-        ];
-        for input in inputs {
-            let raw = evaluate(&input);
-            for phase in [HealPhase::Idle, HealPhase::Recovering, HealPhase::Exhausted] {
-                let with_phase = PolicyInput {
-                    heal: phase,
-                    ..input.clone()
-                };
-                assert_eq!(
-                    applied(raw.clone(), phase),
-                    evaluate(&with_phase),
-                    "{input:?} {phase:?}"
-                );
-            }
-        }
-    }
-
     /// Steps every 20 ms with `signs` until `done` says so or `limit` passes; returns the
     /// phases seen, in order, without repeats.
     async fn drive(
@@ -718,6 +676,7 @@ mod tests {
             frozen: Some(format!("server processes {pids:?} stopped")),
             progress: Some(progress),
             erroring_since: None,
+            answered: None,
         }
     }
 
@@ -801,6 +760,82 @@ mod tests {
         assert_eq!(h.log().total_attempts, 3);
     }
 
+    fn erroring() -> Decision {
+        evaluate(&PolicyInput {
+            web: WebVerdict::Erroring,
+            ..PolicyInput::default()
+        })
+    }
+
+    /// Steps an erroring incident every 20 ms while the same running processes answer
+    /// `per_step` more real answers by class each step; returns the phase and when it became
+    /// `Exhausted` (None: it did not within `limit`).
+    async fn drive_answers(
+        h: &mut Healer,
+        per_step: [u64; 6],
+        limit: Duration,
+    ) -> (HealPhase, Option<Duration>) {
+        let t0 = Instant::now();
+        let mut answered = [0u64; 6];
+        let mut phase = HealPhase::Idle;
+        while t0.elapsed() < limit {
+            for (a, n) in answered.iter_mut().zip(per_step) {
+                *a += n;
+            }
+            h.see(WebSigns {
+                verdict: Some(WebVerdict::Erroring),
+                listening: true,
+                pids: vec![4242],
+                progress: Some(answered.iter().sum()),
+                answered: Some(answered),
+                ..WebSigns::default()
+            });
+            phase = h.step(&erroring(), &[], Instant::now());
+            if phase == HealPhase::Exhausted {
+                return (phase, Some(t0.elapsed()));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        (phase, None)
+    }
+
+    /// Issue 53 item 6: a restart that changes nothing (`true`: the same processes, the same
+    /// 5xx) is judged on the real answers counted since it returned, in well under a second at
+    /// this rate — not at `heal.timeout` (30 s here), which a window kept by the same
+    /// processes never started over for. One restart per erroring incident, then 503.
+    #[tokio::test]
+    async fn a_futile_restart_of_an_erroring_server_fails_on_the_answers_since_it_returned() {
+        let mut h = healer("true", 3);
+        h.cfg.timeout = Duration::from_secs(30);
+        let (phase, after) =
+            drive_answers(&mut h, [0, 0, 1, 0, 0, 4], Duration::from_secs(5)).await;
+        let after = after.unwrap_or_else(|| panic!("still {phase:?} after 5 s: {:?}", h.log()));
+        assert!(after < Duration::from_secs(2), "{after:?}");
+        let log = h.log();
+        assert_eq!((log.total_attempts, log.total_failed), (1, 1), "{log:?}");
+        let why = log.attempts[0].why.clone().unwrap_or_default();
+        assert!(
+            why.contains("changed nothing") && why.contains("were 5xx (80 %)"),
+            "{why}"
+        );
+        let d = applied(erroring(), phase);
+        assert_eq!(d.http, 200, "no peers: erroring alone is not 503: {d:?}");
+
+        // Answers since the return that are mostly fine: the restart worked, the window only
+        // still holds the errors from before it; recovering, never failed for it.
+        let mut h = healer("true", 3);
+        h.cfg.timeout = Duration::from_secs(30);
+        let (phase, after) =
+            drive_answers(&mut h, [0, 0, 9, 0, 0, 1], Duration::from_millis(1500)).await;
+        assert_eq!(
+            (phase, after),
+            (HealPhase::Recovering, None),
+            "{:?}",
+            h.log()
+        );
+        assert_eq!(h.log().total_failed, 0);
+    }
+
     /// A restart under way: the listener goes away, new processes bind it and serve. No
     /// failure meanwhile, and the attempt says why it was judged recovered.
     #[tokio::test]
@@ -829,6 +864,7 @@ mod tests {
             frozen: None,
             progress: Some(17),
             erroring_since: None,
+            answered: None,
         };
         let phases = drive(
             &mut h,

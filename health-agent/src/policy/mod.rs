@@ -1,8 +1,8 @@
 //! The status policy (the table in docs/verdicts.md) as one pure function: check results in,
 //! (`status`, HTTP code, `recommendation`, reasons) out. 503 only
 //! for what a new instance or a restart would fix; a shared dependency (the database) never
-//! takes the fleet out. `FlapGuard` (flap.rs) holds a change of HTTP code back until the new
-//! condition has lasted its configured time.
+//! takes the fleet out. `evaluate` (rules.rs) takes one step per concern; `FlapGuard` (flap.rs)
+//! holds a change of HTTP code back until the new condition has lasted its configured time.
 //!
 //! The states it reads and answers with live in `crate::status`, a leaf; import them from there.
 
@@ -11,14 +11,16 @@ use serde::Serialize;
 use crate::checks::Report;
 
 mod flap;
+mod rules;
 #[cfg(test)]
 mod tests;
 
 use crate::status::{
-    ContainersState, DbState, DiskLevel, FaultClass, HealPhase, Pressure, Recommendation, Scope,
-    Status, WebVerdict,
+    ContainersState, DbState, DiskLevel, FaultClass, Pressure, Recommendation, Scope, Status,
+    WebVerdict,
 };
 pub use flap::FlapGuard;
+pub use rules::evaluate;
 
 /// The peers' judgement of one kind of fault of this instance.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -81,7 +83,6 @@ pub struct PolicyInput {
     /// balancer sends nothing, the scaling group's grace period keeps the instance) or 200
     /// for scaling groups without a grace period (`checks.boot_status`).
     pub boot_status: u16,
-    pub heal: HealPhase,
     /// The peers' judgement of this instance's faults (empty: judged alone).
     pub fleet: Vec<Judgement>,
     /// Faults the peers are still being asked about (their word predates the fault): held at
@@ -118,7 +119,6 @@ impl Default for PolicyInput {
             in_boot_grace: false,
             warming_up: false,
             boot_status: 503,
-            heal: HealPhase::Idle,
             fleet: Vec::new(),
             fleet_asking: Vec::new(),
             web_config_error: None,
@@ -153,9 +153,51 @@ impl Decision {
     }
 }
 
+/// What the runner knows of a round beyond the checks' report: boot, the peers' word, the
+/// saturation and its thresholds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoundFacts {
+    pub in_boot_grace: bool,
+    pub web_served: bool,
+    pub warming_up: bool,
+    pub boot_status: u16,
+    pub fleet: Vec<Judgement>,
+    pub fleet_asking: Vec<FaultClass>,
+    pub saturation: Option<f64>,
+    pub up_at: f64,
+    pub down_at: f64,
+}
+
 impl PolicyInput {
-    /// The policy's input from one round of the checks. Boot tracking (`web_served`, `warming_up`) is the
-    /// runner's to fill in: a one-shot check has no boot.
+    /// The policy's input for one round of the runner: the checks' report and what the runner
+    /// knows of the round.
+    pub fn of_round(report: &Report, round: RoundFacts) -> Self {
+        let RoundFacts {
+            in_boot_grace,
+            web_served,
+            warming_up,
+            boot_status,
+            fleet,
+            fleet_asking,
+            saturation,
+            up_at,
+            down_at,
+        } = round;
+        Self {
+            web_served,
+            warming_up,
+            boot_status,
+            fleet,
+            fleet_asking,
+            saturation,
+            up_at,
+            down_at,
+            ..Self::of(report, in_boot_grace)
+        }
+    }
+
+    /// The policy's input from the checks' report alone (a one-shot check: no boot to track,
+    /// no peers, no saturation).
     pub fn of(report: &Report, in_boot_grace: bool) -> Self {
         Self {
             web: report.web.verdict,
@@ -187,362 +229,6 @@ impl PolicyInput {
     }
 }
 
-pub fn evaluate(i: &PolicyInput) -> Decision {
-    let mut reasons = Vec::new();
-    let mut faults = Vec::new();
-    let dependency_down = matches!(i.database, DbState::Unreachable | DbState::Slow);
-    let mut shared_dependency = false;
-    let fleet = |class: FaultClass| i.fleet.iter().find(|j| j.class == class);
-    let asking = |class: FaultClass| i.fleet_asking.contains(&class);
-    // A fault held while the peers are asked: degraded, never a 503 or a restart yet.
-    let mut held = false;
-    let web = |what: &str| {
-        if i.web_detail.is_empty() {
-            format!("web backend {what}")
-        } else {
-            format!("web backend {what}: {}", i.web_detail)
-        }
-    };
-
-    // Erroring with no peers to compare: a restart is worth one try, no more.
-    let mut erroring_alone = false;
-    let decided = |status, http, recommendation, reasons, faults, shared_dependency| Decision {
-        status,
-        http,
-        recommendation,
-        reasons,
-        faults,
-        shared_dependency,
-        erroring_alone: false,
-    };
-
-    // The agent cannot look (its own error): whether the backend serves is not known, and
-    // the agent's trouble is no evidence against it — never a 503 for that, booting or not.
-    let agent_blind = i.web == WebVerdict::Unknown && i.web_agent_error;
-    // Not ready until the backend has served once: a 200 would put it into rotation. A web
-    // config error means the agent cannot tell (it cannot find the backend): never a 503.
-    let never_served = i.web != WebVerdict::NotConfigured
-        && !i.web_served
-        && !agent_blind
-        && i.web_config_error.is_none();
-    if never_served && i.in_boot_grace {
-        return decided(
-            Status::Booting,
-            i.boot_status,
-            Recommendation::Stable,
-            vec![format!(
-                "booting: the web backend has not been seen serving yet ({})",
-                web(i.web.as_str())
-            )],
-            Vec::new(),
-            false,
-        );
-    }
-    if never_served {
-        // It never was in rotation, so taking it out cannot take the fleet out, whatever the
-        // database says: no shared-dependency guard, and no `recovering` 200 while a restart
-        // runs.
-        faults.push(Fault::NeverServed);
-        reasons.push(format!(
-            "boot grace is over and the web backend was never seen serving ({})",
-            web(i.web.as_str())
-        ));
-        if i.web.is_fault() || i.web == WebVerdict::Waiting {
-            faults.push(Fault::Web(i.web));
-        }
-    } else if i.web == WebVerdict::Waiting {
-        match fleet(FaultClass::Dependency) {
-            Some(j) if j.scope == Scope::Local => {
-                // Only this instance cannot reach it: a restart, or a new instance, may.
-                faults.push(Fault::Web(i.web));
-                reasons.push(format!("{}; {}", web("waiting on a dependency"), j.reason));
-            }
-            j => {
-                shared_dependency = true;
-                reasons.push(web("waiting on a dependency, not replacing the instance"));
-                reasons.extend(j.map(|j| j.reason.clone()));
-            }
-        }
-    } else if i.web == WebVerdict::Erroring {
-        match fleet(FaultClass::Errors) {
-            Some(j) if j.scope == Scope::Shared => {
-                // A bad deploy or a shared dependency: a rollback is a person's call, and a
-                // fleet-wide 503 would take every instance out.
-                shared_dependency = true;
-                reasons.push(format!(
-                    "{}; {}: a bad deploy or a shared dependency, not replacing the instance",
-                    web("erroring"),
-                    j.reason
-                ));
-            }
-            Some(j) => {
-                faults.push(Fault::Web(i.web));
-                reasons.push(format!("{}; {}", web("erroring"), j.reason));
-            }
-            None if asking(FaultClass::Errors) => {
-                held = true;
-                reasons.push(format!(
-                    "{}; asking the peers whether they err too: no 503 before they answer",
-                    web("erroring")
-                ));
-            }
-            None => {
-                erroring_alone = true;
-                faults.push(Fault::Web(i.web));
-                reasons.push(format!(
-                    "{}; no peers to compare: one restart, and if the errors stay, 200 \
-                     degraded (alone it cannot know a new instance would do better)",
-                    web("erroring")
-                ));
-            }
-        }
-    } else if i.web.is_fault() {
-        if let Some(j) = fleet(FaultClass::Web) {
-            // The peers settle it: most of them hung too (a bad deploy) is the fleet's fault,
-            // replacing instances fixes nothing; most of them fine makes it ours, database or not.
-            if j.scope == Scope::Shared {
-                shared_dependency = true;
-                reasons.push(format!(
-                    "{}; {}: not replacing the instance",
-                    web(i.web.as_str()),
-                    j.reason
-                ));
-            } else {
-                faults.push(Fault::Web(i.web));
-                reasons.push(format!("{}; {}", web(i.web.as_str()), j.reason));
-            }
-        } else if asking(FaultClass::Web) {
-            // The peers' word predates this fault: they may have the same one and not have
-            // seen it yet. A 503 now could take the whole fleet out.
-            held = true;
-            reasons.push(format!(
-                "{}; asking the peers whether they have it too: no 503 before they answer",
-                web(i.web.as_str())
-            ));
-        } else if dependency_down && !i.web_stopped {
-            // Fleet-safety guard: every instance shares this database, so every instance
-            // would look the same and replacing them fixes nothing. A stopped or frozen
-            // server is not explained by any database: that stays a local fault.
-            shared_dependency = true;
-            reasons.push(format!(
-                "{} while the database is {}: shared dependency, not replacing the instance",
-                web(i.web.as_str()),
-                db_word(i.database)
-            ));
-        } else {
-            faults.push(Fault::Web(i.web));
-            reasons.push(web(i.web.as_str()));
-        }
-    }
-    let mut dependency_shared = dependency_down;
-    if dependency_down && !never_served {
-        if let Some(j) = fleet(FaultClass::Dependency).filter(|j| j.scope == Scope::Local) {
-            // Most peers reach their database: this instance alone cannot.
-            dependency_shared = false;
-            faults.push(Fault::Dependency);
-            reasons.push(format!("database {}; {}", db_word(i.database), j.reason));
-        }
-    }
-    if i.containers == ContainersState::Faulty {
-        match fleet(FaultClass::Containers) {
-            Some(j) if j.scope == Scope::Shared => {
-                shared_dependency = true;
-                reasons.push(format!(
-                    "expected container not running; {}: not replacing the instance",
-                    j.reason
-                ));
-            }
-            None if asking(FaultClass::Containers) => {
-                held = true;
-                reasons.push(
-                    "expected container not running; asking the peers whether they have it too: \
-                     no 503 before they answer"
-                        .into(),
-                );
-            }
-            _ => {
-                faults.push(Fault::Containers);
-                reasons.push("expected container not running".into());
-            }
-        }
-    }
-    if i.disk == DiskLevel::Fail {
-        faults.push(Fault::DiskFull);
-        reasons.push("disk usage at or above the fail threshold".into());
-    }
-
-    if erroring_alone && faults.len() == 1 && i.heal == HealPhase::Exhausted {
-        // The restart did not help: kept in rotation, degraded (see `Decision::erroring_alone`).
-        faults.clear();
-        reasons.push("a restart did not help: not taking the instance out".into());
-    }
-    if !faults.is_empty() {
-        let only_healable = faults.iter().all(|f| f.healable());
-        if i.heal == HealPhase::Recovering && only_healable {
-            reasons.push("self-heal in progress".into());
-            return decided(
-                Status::Recovering,
-                200,
-                Recommendation::Stable,
-                reasons,
-                faults,
-                shared_dependency,
-            );
-        }
-        match i.heal {
-            HealPhase::Recovering => reasons.push("self-heal in progress".into()),
-            HealPhase::Exhausted => reasons.push("self-heal failed or its budget is spent".into()),
-            HealPhase::Idle => {}
-        }
-        if i.in_boot_grace {
-            reasons.push("within the boot grace period: no restart".into());
-        }
-        let mut d = decided(
-            Status::Unhealthy,
-            503,
-            Recommendation::Stable,
-            reasons,
-            faults,
-            shared_dependency,
-        );
-        d.erroring_alone = erroring_alone && d.faults.len() == 1;
-        return d;
-    }
-
-    let mut degraded = shared_dependency || held || erroring_alone;
-    let mut infrastructure = shared_dependency;
-    let mut scale_up = false;
-    if dependency_shared {
-        degraded = true;
-        infrastructure = true;
-        reasons.push(format!("database {}", db_word(i.database)));
-        reasons.extend(
-            fleet(FaultClass::Dependency)
-                .filter(|j| j.scope == Scope::Shared)
-                .map(|j| j.reason.clone()),
-        );
-    }
-    if agent_blind {
-        degraded = true;
-        reasons.push(web("not checked: the agent's own error, not the backend's"));
-    }
-    if i.database == DbState::Misconfigured {
-        degraded = true;
-        reasons.push(match &i.database_reason {
-            Some(why) => format!("database check misconfigured: {why}"),
-            None => "database check misconfigured (credentials, database name or TLS)".into(),
-        });
-    }
-    if let Some(e) = &i.web_config_error {
-        degraded = true;
-        reasons.push(format!("web check misconfigured: {e}"));
-    }
-    if i.web == WebVerdict::NotConfigured {
-        if i.containers == ContainersState::NotConfigured {
-            // Nothing this instance serves is watched (the packaged config as installed): a
-            // "healthy" would vouch for what nobody looked at, and the balancer reads only
-            // that word. Degraded, never 503: nothing is known to be wrong either.
-            degraded = true;
-            reasons.push(NOTHING_WATCHED.into());
-        } else {
-            // Not degraded (a host may serve only through its containers), but never a
-            // silent "healthy".
-            reasons.push(NO_WEB_PORT.into());
-        }
-    }
-    match i.disk {
-        DiskLevel::Warn => {
-            degraded = true;
-            reasons.push("disk usage at or above the warn threshold".into());
-        }
-        DiskLevel::Unknown => {
-            degraded = true;
-            reasons.push("disk usage could not be read".into());
-        }
-        DiskLevel::Ok | DiskLevel::Fail => {}
-    }
-    if i.containers == ContainersState::Unknown {
-        degraded = true;
-        reasons.push("container state unknown: Docker did not answer".into());
-    }
-    if i.web == WebVerdict::Slow {
-        degraded = true;
-        scale_up = true;
-        reasons.push(web("slow"));
-    }
-    if i.pressure == Pressure::High {
-        degraded = true;
-        scale_up = true;
-        reasons.push(format!("sustained high {}", i.high));
-    }
-    // Busy is not unwell: a high saturation asks for capacity without degrading the status.
-    if let Some(s) = i.saturation.filter(|&s| s >= i.up_at) {
-        scale_up = true;
-        reasons.push(format!(
-            "saturation {:.0}% at or above scaling.up_at ({:.0}%)",
-            s * 100.0,
-            i.up_at * 100.0
-        ));
-    }
-    if i.web == WebVerdict::PartialHang {
-        // Half capacity that replacing one worker restores: neither a new instance nor more
-        // instances, whatever the CPU of the workers left says meanwhile.
-        degraded = true;
-        scale_up = false;
-        reasons.push(web("partially hung (one process stuck, the others answer)"));
-    }
-    let quiet = match i.saturation {
-        Some(s) => s <= i.down_at,
-        None => i.pressure == Pressure::Low,
-    };
-
-    let recommendation = if infrastructure {
-        Recommendation::InfrastructureIssue
-    } else if scale_up {
-        Recommendation::ScaleUp
-    } else if !degraded && quiet {
-        Recommendation::ScaleDown
-    } else {
-        Recommendation::Stable
-    };
-    if i.in_boot_grace {
-        // Ready (it serves), still in its grace: no restarts, and whatever is degraded now
-        // may be warming up.
-        reasons.insert(
-            0,
-            if agent_blind && !i.web_served {
-                "booting: whether the web backend serves is unknown (the agent cannot check it)"
-            } else if i.warming_up {
-                "booting: the web backend serves, other checks are warming up"
-            } else {
-                "booting: the web backend serves, within checks.boot_grace"
-            }
-            .into(),
-        );
-        return decided(
-            Status::Booting,
-            200,
-            Recommendation::Stable,
-            reasons,
-            Vec::new(),
-            shared_dependency,
-        );
-    }
-    let status = if degraded {
-        Status::Degraded
-    } else {
-        Status::Healthy
-    };
-    decided(
-        status,
-        200,
-        recommendation,
-        reasons,
-        Vec::new(),
-        shared_dependency,
-    )
-}
-
 /// The reason when `web.port` is 0 and containers are watched.
 pub const NO_WEB_PORT: &str =
     "web.port is 0: no web backend is watched; set web.port to the backend's listen port";
@@ -551,10 +237,3 @@ pub const NO_WEB_PORT: &str =
 pub const NOTHING_WATCHED: &str =
     "web.port is 0 and no containers are configured: nothing this instance serves is watched; \
      set web.port to the backend's listen port";
-
-fn db_word(d: DbState) -> &'static str {
-    match d {
-        DbState::Slow => "slow",
-        _ => "unreachable",
-    }
-}

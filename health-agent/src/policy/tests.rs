@@ -1,8 +1,55 @@
 //! The status table and the flap guard, one row per case.
 
+use std::ops::{Deref, DerefMut};
 use std::time::{Duration, Instant};
 
 use super::*;
+use crate::status::HealPhase;
+
+/// A case as the runner judges it: the policy's decision, then the heal phase the case names
+/// applied the way the runner applies it (`heal::applied`); without one, the policy's decision
+/// as it is.
+struct Round {
+    input: PolicyInput,
+    heal: Option<HealPhase>,
+}
+
+impl Round {
+    fn decide(&self) -> Decision {
+        let raw = evaluate(&self.input);
+        match self.heal {
+            Some(phase) => crate::heal::applied(raw, phase),
+            None => raw,
+        }
+    }
+}
+
+impl From<PolicyInput> for Round {
+    fn from(input: PolicyInput) -> Self {
+        Self { input, heal: None }
+    }
+}
+
+impl Deref for Round {
+    type Target = PolicyInput;
+    fn deref(&self) -> &PolicyInput {
+        &self.input
+    }
+}
+
+impl DerefMut for Round {
+    fn deref_mut(&mut self) -> &mut PolicyInput {
+        &mut self.input
+    }
+}
+
+/// `input` judged with the heal phase `phase`.
+fn healing(phase: HealPhase, input: PolicyInput) -> Round {
+    Round {
+        input,
+        heal: Some(phase),
+    }
+}
 
 fn input() -> PolicyInput {
     PolicyInput {
@@ -18,13 +65,7 @@ fn input() -> PolicyInput {
 fn status_table() {
     use Recommendation::*;
     use Status::*;
-    type Case = (
-        &'static str,
-        fn(&mut PolicyInput),
-        Status,
-        u16,
-        Recommendation,
-    );
+    type Case = (&'static str, fn(&mut Round), Status, u16, Recommendation);
     let cases: &[Case] = &[
         ("all fine", |_| {}, Healthy, 200, Stable),
         (
@@ -72,7 +113,7 @@ fn status_table() {
             "web down, heal failed",
             |i| {
                 i.web = WebVerdict::Down;
-                i.heal = HealPhase::Exhausted;
+                i.heal = Some(HealPhase::Exhausted);
             },
             Unhealthy,
             503,
@@ -89,7 +130,7 @@ fn status_table() {
             "web hung after heal failed",
             |i| {
                 i.web = WebVerdict::Hung;
-                i.heal = HealPhase::Exhausted;
+                i.heal = Some(HealPhase::Exhausted);
             },
             Unhealthy,
             503,
@@ -99,7 +140,7 @@ fn status_table() {
             "web unresponsive after heal failed",
             |i| {
                 i.web = WebVerdict::Unresponsive;
-                i.heal = HealPhase::Exhausted;
+                i.heal = Some(HealPhase::Exhausted);
             },
             Unhealthy,
             503,
@@ -117,7 +158,7 @@ fn status_table() {
             |i| {
                 i.disk = DiskLevel::Fail;
                 i.web = WebVerdict::Hung;
-                i.heal = HealPhase::Recovering;
+                i.heal = Some(HealPhase::Recovering);
             },
             Unhealthy,
             503,
@@ -313,7 +354,7 @@ fn status_table() {
                 i.web = WebVerdict::Hung;
                 i.web_stopped = true;
                 i.database = DbState::Unreachable;
-                i.heal = HealPhase::Exhausted;
+                i.heal = Some(HealPhase::Exhausted);
             },
             Unhealthy,
             503,
@@ -331,7 +372,7 @@ fn status_table() {
             |i| {
                 i.database = DbState::Misconfigured;
                 i.web = WebVerdict::Hung;
-                i.heal = HealPhase::Exhausted;
+                i.heal = Some(HealPhase::Exhausted);
             },
             Unhealthy,
             503,
@@ -341,7 +382,7 @@ fn status_table() {
             "self-heal in progress",
             |i| {
                 i.web = WebVerdict::Hung;
-                i.heal = HealPhase::Recovering;
+                i.heal = Some(HealPhase::Recovering);
             },
             Recovering,
             200,
@@ -384,9 +425,9 @@ fn status_table() {
         ),
     ];
     for (name, set, status, http, rec) in cases {
-        let mut i = input();
+        let mut i = Round::from(input());
         set(&mut i);
-        let d = evaluate(&i);
+        let d = i.decide();
         assert_eq!(
             (d.status, d.http, d.recommendation),
             (*status, *http, *rec),
@@ -409,15 +450,17 @@ fn the_peers_decide_local_or_shared() {
         peers_answered: 2,
         reason: format!("{scope:?} by 2 peers"),
     };
-    let cases: &[(&str, PolicyInput, Status, u16, Recommendation)] = &[
+    let cases: &[(&str, Round, Status, u16, Recommendation)] = &[
         (
             "waiting on a dependency only this instance cannot reach: 503 after heal",
-            PolicyInput {
-                web: WebVerdict::Waiting,
-                heal: HealPhase::Exhausted,
-                fleet: vec![judged(FaultClass::Dependency, Scope::Local)],
-                ..input()
-            },
+            healing(
+                HealPhase::Exhausted,
+                PolicyInput {
+                    web: WebVerdict::Waiting,
+                    fleet: vec![judged(FaultClass::Dependency, Scope::Local)],
+                    ..input()
+                },
+            ),
             Unhealthy,
             503,
             Stable,
@@ -428,7 +471,8 @@ fn the_peers_decide_local_or_shared() {
                 web: WebVerdict::Waiting,
                 fleet: vec![judged(FaultClass::Dependency, Scope::Shared)],
                 ..input()
-            },
+            }
+            .into(),
             Degraded,
             200,
             InfrastructureIssue,
@@ -439,7 +483,8 @@ fn the_peers_decide_local_or_shared() {
                 database: DbState::Unreachable,
                 fleet: vec![judged(FaultClass::Dependency, Scope::Local)],
                 ..input()
-            },
+            }
+            .into(),
             Unhealthy,
             503,
             Stable,
@@ -450,7 +495,8 @@ fn the_peers_decide_local_or_shared() {
                 database: DbState::Unreachable,
                 fleet: vec![judged(FaultClass::Dependency, Scope::Shared)],
                 ..input()
-            },
+            }
+            .into(),
             Degraded,
             200,
             InfrastructureIssue,
@@ -461,23 +507,26 @@ fn the_peers_decide_local_or_shared() {
                 web: WebVerdict::Hung,
                 fleet: vec![judged(FaultClass::Web, Scope::Shared)],
                 ..input()
-            },
+            }
+            .into(),
             Degraded,
             200,
             InfrastructureIssue,
         ),
         (
             "hung here alone while the database is down everywhere: ours",
-            PolicyInput {
-                web: WebVerdict::Hung,
-                database: DbState::Unreachable,
-                heal: HealPhase::Exhausted,
-                fleet: vec![
-                    judged(FaultClass::Web, Scope::Local),
-                    judged(FaultClass::Dependency, Scope::Shared),
-                ],
-                ..input()
-            },
+            healing(
+                HealPhase::Exhausted,
+                PolicyInput {
+                    web: WebVerdict::Hung,
+                    database: DbState::Unreachable,
+                    fleet: vec![
+                        judged(FaultClass::Web, Scope::Local),
+                        judged(FaultClass::Dependency, Scope::Shared),
+                    ],
+                    ..input()
+                },
+            ),
             Unhealthy,
             503,
             Stable,
@@ -488,14 +537,15 @@ fn the_peers_decide_local_or_shared() {
                 containers: ContainersState::Faulty,
                 fleet: vec![judged(FaultClass::Containers, Scope::Shared)],
                 ..input()
-            },
+            }
+            .into(),
             Degraded,
             200,
             InfrastructureIssue,
         ),
     ];
     for (name, i, status, http, rec) in cases {
-        let d = evaluate(i);
+        let d = i.decide();
         assert_eq!(
             (d.status, d.http, d.recommendation),
             (*status, *http, *rec),
@@ -517,12 +567,14 @@ fn a_fault_the_peers_are_still_asked_about_is_held_at_200_without_a_restart() {
     for (name, i) in [
         (
             "hung, the peers' word older than the hang",
-            PolicyInput {
-                web: WebVerdict::Hung,
-                heal: HealPhase::Exhausted,
-                fleet_asking: vec![FaultClass::Web],
-                ..input()
-            },
+            healing(
+                HealPhase::Exhausted,
+                PolicyInput {
+                    web: WebVerdict::Hung,
+                    fleet_asking: vec![FaultClass::Web],
+                    ..input()
+                },
+            ),
         ),
         (
             "frozen: still asked, a whole fleet can freeze at once",
@@ -531,7 +583,8 @@ fn a_fault_the_peers_are_still_asked_about_is_held_at_200_without_a_restart() {
                 web_stopped: true,
                 fleet_asking: vec![FaultClass::Web],
                 ..input()
-            },
+            }
+            .into(),
         ),
         (
             "an expected container down, the peers not yet answered",
@@ -539,10 +592,11 @@ fn a_fault_the_peers_are_still_asked_about_is_held_at_200_without_a_restart() {
                 containers: ContainersState::Faulty,
                 fleet_asking: vec![FaultClass::Containers],
                 ..input()
-            },
+            }
+            .into(),
         ),
     ] {
-        let d = evaluate(&i);
+        let d = i.decide();
         assert_eq!(
             (d.status, d.http, d.recommendation),
             (Status::Degraded, 200, Recommendation::Stable),
@@ -579,12 +633,15 @@ fn reasons_carry_the_web_evidence() {
         "{:?}",
         d.reasons
     );
-    let d = evaluate(&PolicyInput {
-        web_served: false,
-        web: WebVerdict::Hung,
-        heal: HealPhase::Recovering,
-        ..input()
-    });
+    let d = healing(
+        HealPhase::Recovering,
+        PolicyInput {
+            web_served: false,
+            web: WebVerdict::Hung,
+            ..input()
+        },
+    )
+    .decide();
     assert_eq!(d.faults, [Fault::NeverServed, Fault::Web(WebVerdict::Hung)]);
     assert_eq!(d.healable_fault(), Some(Fault::Web(WebVerdict::Hung)));
     assert_eq!(
@@ -1057,21 +1114,21 @@ fn erroring_is_503_only_when_the_peers_serve() {
             reason: format!("{scope:?} by 2 peers"),
         }
     }
-    let erroring = |f: fn(&mut PolicyInput)| {
-        let mut i = PolicyInput {
+    let erroring = |f: fn(&mut Round)| {
+        let mut i = Round::from(PolicyInput {
             web: WebVerdict::Erroring,
             web_detail: "100% of 40 real answers 5xx in 10s".into(),
             ..input()
-        };
+        });
         f(&mut i);
         i
     };
-    let cases: &[(&str, PolicyInput, Status, u16, Recommendation)] = &[
+    let cases: &[(&str, Round, Status, u16, Recommendation)] = &[
         (
             "only this instance errs, its restart did not help: 503",
             erroring(|i| {
                 i.fleet = vec![judged(Scope::Local)];
-                i.heal = HealPhase::Exhausted;
+                i.heal = Some(HealPhase::Exhausted);
             }),
             Unhealthy,
             503,
@@ -1081,7 +1138,7 @@ fn erroring_is_503_only_when_the_peers_serve() {
             "only this instance errs, restarting: 200 recovering",
             erroring(|i| {
                 i.fleet = vec![judged(Scope::Local)];
-                i.heal = HealPhase::Recovering;
+                i.heal = Some(HealPhase::Recovering);
             }),
             Recovering,
             200,
@@ -1114,14 +1171,14 @@ fn erroring_is_503_only_when_the_peers_serve() {
         ),
         (
             "no peers, the one restart did not help: 200 degraded",
-            erroring(|i| i.heal = HealPhase::Exhausted),
+            erroring(|i| i.heal = Some(HealPhase::Exhausted)),
             Degraded,
             200,
             Stable,
         ),
     ];
     for (name, i, status, http, rec) in cases {
-        let d = evaluate(i);
+        let d = i.decide();
         assert_eq!(
             (d.status, d.http, d.recommendation),
             (*status, *http, *rec),

@@ -18,7 +18,7 @@ use crate::{
     config::Config,
     fleet::{classes_of, Judge, Witness},
     heal::{self, Healer},
-    policy::{evaluate, FlapGuard},
+    policy::{evaluate, FlapGuard, PolicyInput, RoundFacts},
     saturation::{assess, Context, HostLoad, Meter, SaturationReport},
     snapshot::Snapshot,
     status::{DiskLevel, HealPhase},
@@ -45,8 +45,9 @@ pub(super) struct Composer {
     last_answer: Option<Answer>,
     /// The saturation estimator, fed every tick.
     meter: Meter,
-    /// A fault most peers share was judged in the last round: S stays withheld.
-    shared: bool,
+    /// The last round's decision held a fault most peers share: this round's S is withheld
+    /// (S is read before the policy decides, so the round's own decision comes too late for it).
+    last_shared_dependency: bool,
     /// When this instance last had evidence against each kind of fault: the peer view's
     /// live cell, written every tick.
     witness: Witness,
@@ -91,7 +92,7 @@ impl Composer {
             last_recheck: None,
             last_answer: None,
             meter,
-            shared: false,
+            last_shared_dependency: false,
             witness: Witness::default(),
             asking: false,
             last_ask: None,
@@ -136,8 +137,8 @@ impl Composer {
     fn saturation(&mut self, report: &Report, now: Instant) -> SaturationReport {
         let withheld = withheld(report)
             .or_else(|| {
-                self.shared
-                    .then(|| "a fault most peers share (a dependency)".to_string())
+                self.last_shared_dependency
+                    .then(|| SHARED_FAULT.to_string())
             })
             // Out of the balancer on purpose: its idle load is not the fleet's, and published
             // it would pull a target-tracking average down in the middle of a deploy.
@@ -334,10 +335,6 @@ impl Composer {
         // Until the first evidence is in, every instance is still booting, grace or not.
         let in_grace = now.saturating_duration_since(self.started) < self.cfg.checks.boot_grace
             || (!served && warming_up);
-        let mut input = crate::policy::PolicyInput::of(&report, in_grace);
-        input.web_served = served;
-        input.warming_up = warming_up;
-        input.boot_status = self.cfg.checks.boot_status;
         self.note_evidence(&report);
         let fleet = self.slots.fleet.as_ref().map(|slot| {
             let own = classes_of(
@@ -350,21 +347,32 @@ impl Composer {
                 .judge(&own, round.as_ref().map(|t| &t.value), now)
         });
         self.ask_fleet_again(fleet.as_ref(), now);
-        input.fleet_asking = fleet.as_ref().map(|f| f.asking.clone()).unwrap_or_default();
-        input.fleet = fleet
-            .as_ref()
-            .map(|f| f.judgements.clone())
-            .unwrap_or_default();
-        let mut saturation = self.saturation(&report, now);
-        input.saturation = saturation.ratio;
-        input.up_at = self.cfg.scaling.up_at;
-        input.down_at = self.cfg.scaling.down_at;
-        let raw = evaluate(&input);
-        if raw.shared_dependency && saturation.withheld.is_none() {
-            saturation.withheld = Some("a fault most peers share (a dependency)".into());
-            saturation.ratio = None;
-        }
-        self.shared = raw.shared_dependency;
+        let saturation = self.saturation(&report, now);
+        let raw = evaluate(&PolicyInput::of_round(
+            &report,
+            RoundFacts {
+                in_boot_grace: in_grace,
+                web_served: served,
+                warming_up,
+                boot_status: self.cfg.checks.boot_status,
+                fleet: fleet
+                    .as_ref()
+                    .map(|f| f.judgements.clone())
+                    .unwrap_or_default(),
+                fleet_asking: fleet.as_ref().map(|f| f.asking.clone()).unwrap_or_default(),
+                saturation: saturation.ratio,
+                up_at: self.cfg.scaling.up_at,
+                down_at: self.cfg.scaling.down_at,
+            },
+        ));
+        // A fault the fleet shares withholds S from this round's snapshot, and from the next
+        // round's reading.
+        let saturation = if raw.shared_dependency {
+            saturation.withheld_for(SHARED_FAULT)
+        } else {
+            saturation
+        };
+        self.last_shared_dependency = raw.shared_dependency;
         // No restarts within boot grace: an app may take its time to come up.
         // A backend stopped while drained (a deploy restarting it) is no fault to heal.
         let phase = if in_grace || !self.drain.heal_allowed(report.web.verdict, now) {
@@ -581,6 +589,8 @@ fn confirm_within(cfg: &Config) -> Duration {
     seen.max(MIN_CONFIRM_WITHIN)
 }
 
+/// Why S is withheld while a fault most peers share holds.
+const SHARED_FAULT: &str = "a fault most peers share (a dependency)";
 const MIN_CONFIRM_WITHIN: Duration = Duration::from_secs(5);
 /// How often the peers are asked again while a fault waits for their word.
 const ASK_AGAIN: Duration = Duration::from_millis(250);

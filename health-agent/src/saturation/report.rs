@@ -183,6 +183,18 @@ impl SaturationReport {
         )
     }
 
+    /// This report with S withheld for `why`, unless it already is (the first reason stands).
+    pub fn withheld_for(self, why: &str) -> Self {
+        if self.withheld.is_some() {
+            return self;
+        }
+        Self {
+            withheld: Some(why.into()),
+            ratio: None,
+            ..self
+        }
+    }
+
     /// `checks.saturation`: "42%", "withheld" or "unknown".
     pub fn summary(&self) -> String {
         match (self.ratio, &self.withheld) {

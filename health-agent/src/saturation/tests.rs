@@ -330,6 +330,30 @@ fn withheld_publishes_nothing_and_says_why() {
     assert_eq!(v["capacity"]["basis"], "configured");
 }
 
+/// A fault the policy puts on the fleet withholds S after the fact; a reason already given
+/// stands.
+#[test]
+fn withheld_after_the_decision_keeps_the_first_reason() {
+    let cap = Meter::new(WINDOW, 4, 2).capacity();
+    let measured = |withheld| {
+        assess(
+            Some(&estimate(0.6)),
+            Some(&estimate(3.0)),
+            cap.clone(),
+            &cx(None, withheld),
+        )
+    };
+    assert_eq!(measured(None).ratio, Some(0.6));
+    let r = measured(None).withheld_for("a fault most peers share");
+    assert_eq!(
+        (r.ratio, r.withheld.as_deref(), r.summary().as_str()),
+        (None, Some("a fault most peers share"), "withheld")
+    );
+    assert_eq!(r.instant, Some(3.0), "the blocked work still shows");
+    let r = measured(Some("database unreachable")).withheld_for("a fault most peers share");
+    assert_eq!(r.withheld.as_deref(), Some("database unreachable"));
+}
+
 #[test]
 fn nothing_measured_is_unknown_not_zero() {
     let r = SaturationReport::unknown(WINDOW);

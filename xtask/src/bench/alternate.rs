@@ -49,6 +49,7 @@ fn links(pid: u32) -> usize {
 }
 
 /// Keeps `pid` (one thread: an nginx worker is one) on CPU `cpu`.
+#[allow(unsafe_code)]
 fn pin(pid: u32, cpu: usize) -> Result<()> {
     // SAFETY: a zeroed cpu_set_t is the empty set, CPU_SET writes inside it, and
     // sched_setaffinity reads it for its size.

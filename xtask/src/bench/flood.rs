@@ -120,6 +120,7 @@ pub fn run(agent_bin: &Path, baseline: Option<&Path>, dir: &Path, quick: bool) -
 }
 
 /// The bench holds ~1600 sockets of its own.
+#[allow(unsafe_code)]
 pub(super) fn raise_own_nofile() {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
@@ -208,6 +209,7 @@ fn flood(bin: &Path, dir: &Path, secs: u64) -> Result<Seen> {
 }
 
 /// The agent with an open-files limit of NOFILE, soft and hard.
+#[allow(unsafe_code)]
 fn start_limited(bin: &Path, cfg: &Path, log: &Path, port: u16) -> Result<Proc> {
     let mut cmd = agent_command(bin, cfg, log, "warn")?;
     // SAFETY: only async-signal-safe calls (getrlimit, setrlimit) between fork and exec.

@@ -298,6 +298,7 @@ fn wait_code(port: u16, want: u16, timeout: Duration) -> Result<Duration> {
     }
 }
 
+#[allow(unsafe_code)]
 fn kill(pid: u32, sig: i32) {
     // SAFETY: signalling processes this bench started.
     unsafe { libc::kill(pid as i32, sig) };

@@ -115,8 +115,44 @@ enum Lookup {
     NotAsked,
     /// An address, a socket path, or a name that gave addresses.
     Known,
-    /// A name that gave none: the resolver's words.
-    Failed(String),
+    /// A name that gave none.
+    Failed(NoAddress),
+}
+
+/// Why a host name gave no address: the resolver said it has none, or the resolver could not
+/// be asked (which says nothing about the name).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum NoAddress {
+    /// No such name (a typo, a deleted record): the resolver's words.
+    Unknown(String),
+    /// The resolver did not answer (unreachable, timed out, failing): its words.
+    NoResolver(String),
+}
+
+impl NoAddress {
+    /// From the error of a lookup. The standard library words a resolver's failure as
+    /// "failed to lookup address information: " and the C library's `gai_strerror`, which glibc
+    /// and musl word alike for the two codes that mean "ask again later" (EAI_AGAIN) and "the
+    /// resolver failed" (EAI_FAIL); a system error (EAI_SYSTEM: resolv.conf unreadable, no
+    /// socket) comes as the OS error itself.
+    fn of(e: &std::io::Error) -> Self {
+        const NO_RESOLVER: [&str; 2] = [
+            "Temporary failure in name resolution",
+            "Non-recoverable failure in name resolution",
+        ];
+        let text = e.to_string();
+        if e.raw_os_error().is_some() || NO_RESOLVER.iter().any(|w| text.ends_with(w)) {
+            Self::NoResolver(text)
+        } else {
+            Self::Unknown(text)
+        }
+    }
+
+    fn text(&self) -> &str {
+        match self {
+            Self::Unknown(t) | Self::NoResolver(t) => t,
+        }
+    }
 }
 
 /// Why a round trip failed: the database did not answer (an outage, damped), or it answered
@@ -232,7 +268,7 @@ impl DatabaseMonitor {
                     Ok(login) => match look_up(t, timeout).await {
                         Ok(()) => (round_trip(t, &login, timeout).await, Lookup::Known),
                         // Judged in `record`, which knows whether the name ever resolved.
-                        Err(e) => (Err(Failure::Outage(e.clone())), Lookup::Failed(e)),
+                        Err(e) => (Err(Failure::Outage(e.text().to_owned())), Lookup::Failed(e)),
                     },
                     Err(f) => (Err(f), Lookup::NotAsked),
                 };
@@ -352,20 +388,24 @@ impl DatabaseMonitor {
     }
 }
 
-/// A host name that gave no address: a mistake in `t`'s URL while it never has since the agent
-/// started, an outage once it did.
-fn unresolved(t: &Target, error: &str, resolved_once: bool) -> Failure {
+/// A host name that gave no address: a mistake in `t`'s URL when the resolver says the name
+/// does not exist and it never has since the agent started; an outage once it did, or when the
+/// resolver itself did not answer.
+fn unresolved(t: &Target, why: &NoAddress, resolved_once: bool) -> Failure {
     let host = &t.host;
-    if resolved_once {
-        Failure::Outage(format!(
+    match why {
+        NoAddress::NoResolver(error) => Failure::Outage(format!(
+            "the resolver did not answer for the host {host} ({error}): DNS is unreachable or \
+             failing from this instance"
+        )),
+        NoAddress::Unknown(error) if resolved_once => Failure::Outage(format!(
             "the host {host} no longer resolves ({error}); it did earlier"
-        ))
-    } else {
-        Failure::Refused(format!(
+        )),
+        NoAddress::Unknown(error) => Failure::Refused(format!(
             "the host {host} does not resolve ({error}) and has not since the agent started: \
              fix the host name in {}",
             t.key
-        ))
+        )),
     }
 }
 
@@ -429,10 +469,10 @@ fn no_answer(what: &str, timeout: Duration) -> Failure {
     ))
 }
 
-/// Looks up `t`'s host name, bounded by `timeout`: Err is the resolver's words. An address
+/// Looks up `t`'s host name, bounded by `timeout`: Err says why it gave no address. An address
 /// literal or a socket directory needs no lookup, nor does a Postgres URL with `hostaddr` or
 /// several hosts (tokio-postgres tries each, and one that does not resolve may be a standby's).
-async fn look_up(t: &Target, timeout: Duration) -> Result<(), String> {
+async fn look_up(t: &Target, timeout: Duration) -> Result<(), NoAddress> {
     let host = t.host.trim_start_matches('[').trim_end_matches(']');
     let several = t
         .postgres
@@ -442,14 +482,14 @@ async fn look_up(t: &Target, timeout: Duration) -> Result<(), String> {
         return Ok(());
     }
     match tokio::time::timeout(timeout, tokio::net::lookup_host((host, t.port))).await {
-        Err(_) => Err(format!(
+        Err(_) => Err(NoAddress::NoResolver(format!(
             "no answer from the resolver within {}",
             humantime::format_duration(timeout)
-        )),
-        Ok(Err(e)) => Err(e.to_string()),
+        ))),
+        Ok(Err(e)) => Err(NoAddress::of(&e)),
         Ok(Ok(mut addrs)) => match addrs.next() {
             Some(_) => Ok(()),
-            None => Err("no address".into()),
+            None => Err(NoAddress::Unknown("no address".into())),
         },
     }
 }

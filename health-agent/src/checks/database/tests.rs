@@ -86,10 +86,13 @@ fn a_name_that_never_resolved_is_misconfigured_and_one_that_did_is_an_outage() {
         ..cfg(&["postgres://app:Sekr1t@db.example.invalid:5432/app"])
     });
     let at = SystemTime::now();
-    let failed = |e: &str| Outcome {
-        result: Err(Failure::Outage(e.into())),
-        lookup: Lookup::Failed(e.into()),
-        at,
+    let failed = |e: &str| {
+        let why = NoAddress::of(&std::io::Error::other(e));
+        Outcome {
+            result: Err(Failure::Outage(e.into())),
+            lookup: Lookup::Failed(why),
+            at,
+        }
     };
     let nxdomain = "failed to lookup address information: Name or service not known";
     // Never resolved: a mistake in the URL, said at once, naming the host and the resolver.
@@ -121,13 +124,13 @@ fn a_name_that_never_resolved_is_misconfigured_and_one_that_did_is_an_outage() {
     // ... then the name stops resolving: an outage now, damped, naming the host and the error.
     let r = m.record(vec![failed(nxdomain)]);
     assert_eq!(r.state, DbState::Connected, "damped: 1 of fail_after 2");
-    let r = m.record(vec![failed("Temporary failure in name resolution")]);
+    let r = m.record(vec![failed(nxdomain)]);
     assert_eq!(r.state, DbState::Unreachable);
     let reason = r.reason.clone().unwrap();
     assert!(
         reason.contains(
-            "unreachable: the host db.example.invalid no longer resolves (Temporary failure \
-             in name resolution); it did earlier"
+            "unreachable: the host db.example.invalid no longer resolves (failed to lookup \
+             address information: Name or service not known); it did earlier"
         ),
         "{reason}"
     );
@@ -825,4 +828,51 @@ fn what_can_be_seen_before_connecting_is_said_at_start() {
         warnings("postgres://app@db/app", Some(&pw)),
         Vec::<String>::new()
     );
+}
+
+/// A resolver that did not answer (EAI_AGAIN, EAI_FAIL, a system error, a timeout) says nothing
+/// of the name: an outage, damped, from the first round — never "fix the host name".
+#[test]
+fn a_resolver_that_does_not_answer_is_an_outage_even_before_the_name_ever_resolved() {
+    let m = monitor(&DatabaseConfig {
+        fail_after: 2,
+        ..cfg(&["postgres://app@db.example.internal:5432/app"])
+    });
+    let at = SystemTime::now();
+    let gai = |w: &str| std::io::Error::other(format!("failed to lookup address information: {w}"));
+    for (error, no_resolver) in [
+        (gai("Temporary failure in name resolution"), true),
+        (gai("Non-recoverable failure in name resolution"), true),
+        (std::io::Error::from_raw_os_error(libc::ENOENT), true),
+        (gai("Name or service not known"), false),
+        (gai("Name does not resolve"), false),
+        (gai("No address associated with hostname"), false),
+    ] {
+        let why = NoAddress::of(&error);
+        assert_eq!(
+            matches!(why, NoAddress::NoResolver(_)),
+            no_resolver,
+            "{error}"
+        );
+    }
+    let down = || Outcome {
+        result: Err(Failure::Outage(String::new())),
+        lookup: Lookup::Failed(NoAddress::of(&gai("Temporary failure in name resolution"))),
+        at,
+    };
+    let r = m.record(vec![down()]);
+    assert_eq!(r.state, DbState::Unknown, "damped: 1 of fail_after 2");
+    assert_eq!(r.misconfigured_reason(), None);
+    let r = m.record(vec![down()]);
+    assert_eq!(r.state, DbState::Unreachable);
+    let reason = r.reason.unwrap();
+    assert!(
+        reason.contains(
+            "the resolver did not answer for the host db.example.internal (failed to lookup \
+             address information: Temporary failure in name resolution): DNS is unreachable or \
+             failing from this instance"
+        ),
+        "{reason}"
+    );
+    assert!(!reason.contains("fix the host name"), "{reason}");
 }

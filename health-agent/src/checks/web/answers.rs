@@ -311,6 +311,12 @@ impl AnswerWindow {
         self.judged
     }
 
+    /// Real answers by class (index 1–5: 1xx–5xx) since the programs loaded, the probe's taken
+    /// off; None while the status is not visible. Monotonic while the same programs count.
+    pub fn answered_by_class(&self) -> Option<[u64; 6]> {
+        (self.unavailable.is_none() && !self.samples.is_empty()).then(|| self.totals())
+    }
+
     /// Since when the evidence behind the judgement runs (the latest start over).
     pub fn since(&self) -> Option<Instant> {
         self.since
