@@ -23,6 +23,8 @@
 //! | `certs` | a CA and the certificates it signs, made with the openssl CLI |
 //! | `netns` | network namespaces reached over a veth pair |
 //! | `nspawn` | a Debian system booted with `systemd-nspawn -b` (the shipped unit under real systemd) |
+//! | `stack` | the CloudFormation template deployed in moto; the AWS CLI stand-in its UserData runs against on a booted root |
+//! | `release` | the release artifacts that UserData installs: `cargo xtask dist`'s, or stand-ins built from the static agent |
 //! | `qemu` | Debian's Linux 6.1 booted under qemu, running scenarios inside (`bin/vm-init/`) |
 //! | `fleet` | stub servers, `/etc/hosts` lines, `/metrics` gauges for the fleet tests |
 
@@ -52,12 +54,14 @@ pub mod puma;
 pub mod qemu;
 pub mod receiver;
 pub mod redis;
+pub mod release;
+pub mod stack;
 pub mod story;
 pub mod tmpfs;
 pub mod wait;
 
 pub use agent::{check_json, merge_toml, Agent, SECRET_VARS};
-pub use build::{agent_binary, binary, newest, target_dir, workspace};
+pub use build::{agent_binary, binary, newest, static_agent, target_dir, workspace};
 pub use caddy::Caddy;
 pub use certs::{Ca, Issued};
 pub use docker::{docker, fixture_image, BridgeContainer, Container};

@@ -35,6 +35,9 @@ use crate::{stdout_of, succeed};
 /// Debian's packages inside the root file system, beyond `--variant=minbase`: systemd as init,
 /// and D-Bus, which logind and `systemctl` on a booted system expect.
 pub const PACKAGES: &[&str] = &["systemd", "systemd-sysv", "dbus"];
+/// Beyond [`PACKAGES`], for a root that installs an .rpm as Amazon Linux does: dnf, and rpm
+/// under it (Debian packages both). Its rpm database starts empty.
+pub const DNF_PACKAGES: &[&str] = &["dnf", "rpm"];
 const SUITE: &str = "bookworm";
 /// The unit the .deb ships, in the workspace.
 pub const UNIT: &str = "deploy/systemd/health-agent.service";
@@ -51,8 +54,14 @@ fn fnv1a(text: &str) -> u64 {
     })
 }
 
-/// The host's apt sources for mmdebstrap, and where the root file system they make is cached.
-fn rootfs_dir() -> (String, PathBuf) {
+/// [`PACKAGES`] and `extra`: what mmdebstrap includes.
+fn packages<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    PACKAGES.iter().chain(extra).copied().collect()
+}
+
+/// The host's apt sources for mmdebstrap, and where the root file system they make with
+/// [`PACKAGES`] and `extra` is cached.
+fn rootfs_dir(extra: &[&str]) -> (String, PathBuf) {
     let sources = if Path::new(SOURCES).exists() {
         SOURCES.to_owned()
     } else {
@@ -60,23 +69,37 @@ fn rootfs_dir() -> (String, PathBuf) {
     };
     let key = format!(
         "{SUITE} minbase {} {}",
-        PACKAGES.join(","),
+        packages(extra).join(","),
         fs::read_to_string(&sources).unwrap_or_else(|_| sources.clone())
     );
     let dir = PathBuf::from(CACHE).join(format!("rootfs-{:016x}", fnv1a(&key)));
     (sources, dir)
 }
 
-/// Whether [`rootfs`] has the root file system already (it then downloads nothing).
+/// Whether [`rootfs`] and [`dnf_rootfs`] have their root file systems already (they then
+/// download nothing).
 pub fn rootfs_cached() -> bool {
-    rootfs_dir().1.join("usr/lib/os-release").exists()
+    [&[][..], DNF_PACKAGES]
+        .iter()
+        .all(|extra| rootfs_dir(extra).1.join("usr/lib/os-release").exists())
 }
 
 /// The cached root file system for [`PACKAGES`], made by mmdebstrap from the host's Debian
 /// mirror when it is missing (`cargo xtask setup` makes it, so the test stage reaches no
-/// mirror). Concurrent callers each build into their own directory; the first rename wins.
+/// mirror).
 pub fn rootfs() -> PathBuf {
-    let (sources, dir) = rootfs_dir();
+    rootfs_with(&[])
+}
+
+/// The cached root file system for [`PACKAGES`] and [`DNF_PACKAGES`], as [`rootfs`].
+pub fn dnf_rootfs() -> PathBuf {
+    rootfs_with(DNF_PACKAGES)
+}
+
+/// The cached root file system for [`PACKAGES`] and `extra`, made when it is missing.
+/// Concurrent callers each build into their own directory; the first rename wins.
+fn rootfs_with(extra: &[&str]) -> PathBuf {
+    let (sources, dir) = rootfs_dir(extra);
     // A run killed mid-mmdebstrap leaves its half tree behind: drop those of dead processes.
     for e in fs::read_dir(CACHE).into_iter().flatten().flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
@@ -97,7 +120,7 @@ pub fn rootfs() -> PathBuf {
     succeed(
         Command::new("mmdebstrap")
             .args(["--variant=minbase", "--mode=root", "--quiet"])
-            .arg(format!("--include={}", PACKAGES.join(",")))
+            .arg(format!("--include={}", packages(extra).join(",")))
             .arg(SUITE)
             .arg(&tmp)
             .arg(&sources),

@@ -1,21 +1,18 @@
 //! The fleet's peers from the auto-scaling group (`fleet.peers_from = "asg"`), against moto (a
 //! real implementation of the Auto Scaling and EC2 APIs) with the instance's metadata from an
-//! IMDSv2 stub; the shipped CloudFormation template's UserData run on the installed .deb under
-//! real systemd (`the_cloudformation_user_data_*`); and its parameters, deployed in moto
-//! (`the_cloudformation_template_*`).
+//! IMDSv2 stub; and the shipped CloudFormation template's parameters, deployed in moto
+//! (`the_cloudformation_template_*`). Its UserData runs for real in `aws_user_data.rs`.
 //!
 //! moto's instances live in a subnet of 127.0.0.0/16, so the private addresses the agent finds
 //! and asks are loopback ones: nothing leaves this host.
 
-use std::{
-    path::Path,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use health_agent_tests::{
-    free_port, get,
     moto::{imds_stub, instance_env, Metadata, Role},
-    require_root, wait_until, Agent, Machine, Moto, Receiver,
+    require_root,
+    stack::{self, Stack},
+    wait_until, Agent, Moto, Receiver,
 };
 use serde_json::Value;
 
@@ -235,393 +232,6 @@ fn asg_access_denied_no_role_and_throttling_are_fleet_notes_not_503s() {
     );
 }
 
-/// The shipped template, deployed in moto: its group's InService members, the UserData of its
-/// launch template as CloudFormation substituted it, the rest of that launch template, the
-/// group's subnets, what the instances' security group lets in on the health port, every grant
-/// of the instance role, and the stack's outputs.
-struct Stack {
-    group: String,
-    members: Vec<(String, String)>,
-    user_data: String,
-    /// The launch template's data without its UserData.
-    launch: Value,
-    /// The VPC's subnets: the two given as `Subnets`, the two others (`"spare"` in a
-    /// parameter's value names them).
-    balancer_subnets: Vec<String>,
-    spare_subnets: Vec<String>,
-    group_subnets: Vec<String>,
-    security_group: String,
-    /// The target group's HealthCheckPort.
-    health_check_port: String,
-    balancer_reaches_health_port: bool,
-    peers_reach_health_port: bool,
-    role: String,
-    /// (action, resource) for every statement of the role's policies.
-    role_grants: Vec<(String, String)>,
-    outputs: Value,
-}
-
-impl Stack {
-    fn may(&self, action: &str) -> bool {
-        self.role_grants.iter().any(|(a, _)| a == action)
-    }
-}
-
-/// Deploys the template as stack `name` with `params` besides the VPC, its subnets and the
-/// image; the error CloudFormation (moto) answered if it refused.
-fn deploy_template(moto: &Moto, name: &str, params: &[(&str, &str)]) -> Result<Stack, String> {
-    let template = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/aws/cloudformation.yaml");
-    let script = r#"
-import ast, base64, json, sys, boto3
-endpoint, region, template, name, given = sys.argv[1:6]
-given = json.loads(given)
-kw = dict(endpoint_url=endpoint, region_name=region,
-          aws_access_key_id="setup", aws_secret_access_key="setup")
-ec2, cfn = boto3.client("ec2", **kw), boto3.client("cloudformation", **kw)
-asg, iam = boto3.client("autoscaling", **kw), boto3.client("iam", **kw)
-elb = boto3.client("elbv2", **kw)
-vpc = ec2.create_vpc(CidrBlock="127.0.0.0/16")["Vpc"]["VpcId"]
-subnets = [ec2.create_subnet(VpcId=vpc, CidrBlock=f"127.0.{n}.0/24",
-                             AvailabilityZone=region + az)["Subnet"]["SubnetId"]
-           for n, az in ((3, "a"), (4, "b"), (5, "a"), (6, "b"))]
-balancer, spare = subnets[:2], subnets[2:]
-params = {"VpcId": vpc, "Subnets": ",".join(balancer), "ImageId": "ami-12c6146b"}
-params.update({k: ",".join(spare) if v == "spare" else v for k, v in given.items()})
-try:
-    cfn.create_stack(StackName=name, TemplateBody=open(template).read(),
-                     Capabilities=["CAPABILITY_IAM"],
-                     Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in params.items()])
-except Exception as e:
-    print(json.dumps({"refused": str(e)}))
-    sys.exit(0)
-stack = cfn.describe_stacks(StackName=name)["Stacks"][0]
-assert stack["StackStatus"] == "CREATE_COMPLETE", stack
-outputs = {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
-res = {r["LogicalResourceId"]: r["PhysicalResourceId"]
-       for r in cfn.list_stack_resources(StackName=name)["StackResourceSummaries"]}
-group = res["AutoScalingGroup"]
-# Three instances rather than the template's two: two peers for the one the agent plays.
-asg.set_desired_capacity(AutoScalingGroupName=group, DesiredCapacity=3)
-described = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[group])["AutoScalingGroups"][0]
-members = [i["InstanceId"] for i in described["Instances"] if i["LifecycleState"] == "InService"]
-found = ec2.describe_instances(InstanceIds=members)["Reservations"]
-ip = {i["InstanceId"]: i["PrivateIpAddress"] for r in found for i in r["Instances"]}
-data = ec2.describe_launch_template_versions(LaunchTemplateId=res["LaunchTemplate"])
-launch = data["LaunchTemplateVersions"][0]["LaunchTemplateData"]
-user_data = base64.b64decode(launch.pop("UserData")).decode()
-health_port = int(params.get("HealthPort", 8080))
-sg, lb_sg = res["InstanceSecurityGroup"], res["LoadBalancerSecurityGroup"]
-rules = ec2.describe_security_groups(GroupIds=[sg])["SecurityGroups"][0]["IpPermissions"]
-def reaches(source):
-    return any(r["IpProtocol"] == "tcp" and r["FromPort"] <= health_port <= r["ToPort"]
-               and any(p["GroupId"] == source for p in r["UserIdGroupPairs"]) for r in rules)
-target_group = elb.describe_target_groups(TargetGroupArns=[res["TargetGroup"]])["TargetGroups"][0]
-role = res["InstanceRole"]
-grants = []
-for policy in iam.list_role_policies(RoleName=role)["PolicyNames"]:
-    doc = iam.get_role_policy(RoleName=role, PolicyName=policy)["PolicyDocument"]
-    if isinstance(doc, str):
-        # moto hands back the document as CloudFormation's Python repr, not JSON.
-        doc = ast.literal_eval(doc)
-    for st in doc["Statement"]:
-        listed = lambda v: v if isinstance(v, list) else [v]
-        grants += [[a, r] for a in listed(st["Action"]) for r in listed(st["Resource"])]
-print(json.dumps({"group": group, "members": [[m, ip[m]] for m in members],
-                  "user_data": user_data, "launch": launch,
-                  "balancer_subnets": balancer, "spare_subnets": spare,
-                  "group_subnets": described["VPCZoneIdentifier"].split(","),
-                  "security_group": sg, "health_check_port": target_group["HealthCheckPort"],
-                  "balancer_reaches": reaches(lb_sg), "peers_reach": reaches(sg),
-                  "role": role, "grants": grants, "outputs": outputs}))
-"#;
-    let params: serde_json::Map<String, Value> = params
-        .iter()
-        .map(|(k, v)| (k.to_string(), Value::from(*v)))
-        .collect();
-    let v = moto.boto3(
-        script,
-        &[
-            REGION,
-            template.to_str().expect("a UTF-8 path"),
-            name,
-            &Value::Object(params).to_string(),
-        ],
-    );
-    if let Some(refused) = v["refused"].as_str() {
-        return Err(refused.into());
-    }
-    let strings = |v: &Value| -> Vec<String> {
-        v.as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|s| s.as_str().map(String::from))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    Ok(Stack {
-        group: v["group"].as_str().expect("group").into(),
-        members: serde_json::from_value(v["members"].clone()).expect("members"),
-        user_data: v["user_data"].as_str().expect("UserData").into(),
-        launch: v["launch"].clone(),
-        balancer_subnets: strings(&v["balancer_subnets"]),
-        spare_subnets: strings(&v["spare_subnets"]),
-        group_subnets: strings(&v["group_subnets"]),
-        security_group: v["security_group"].as_str().expect("security group").into(),
-        health_check_port: v["health_check_port"].as_str().expect("port").into(),
-        balancer_reaches_health_port: v["balancer_reaches"] == true,
-        peers_reach_health_port: v["peers_reach"] == true,
-        role: v["role"].as_str().expect("role").into(),
-        role_grants: serde_json::from_value(v["grants"].clone()).expect("grants"),
-        outputs: v["outputs"].clone(),
-    })
-}
-
-/// `/health` from the host (the container shares its network namespace).
-fn health_at(port: u16) -> Option<(u16, Value)> {
-    let (code, body) = get(port, "/health").ok()?;
-    Some((code, serde_json::from_str(&body).ok()?))
-}
-
-/// What the template grants: the role may publish and list the group, the balancer reaches the
-/// health port, and so do the group's members each other's.
-fn assert_peers_may_list_and_reach_each_other(stack: &Stack) {
-    assert!(
-        stack.balancer_reaches_health_port,
-        "the instances' security group lets the balancer reach the health port"
-    );
-    assert!(
-        stack.peers_reach_health_port,
-        "the instances' security group lets the group reach the health port"
-    );
-    for action in [
-        "cloudwatch:PutMetricData",
-        "autoscaling:DescribeAutoScalingGroups",
-        "ec2:DescribeInstances",
-    ] {
-        assert!(
-            stack.may(action),
-            "the instance role may {action}: {:?}",
-            stack.role_grants
-        );
-    }
-    assert_eq!(stack.members.len(), 3, "{:?}", stack.members);
-}
-
-/// The instance as the AMI would have it before UserData runs: the application on `app`, and
-/// what it has that this host lacks, AWS. The metadata service's address in the unit's
-/// environment file; a drop-in after the template's naming moto as the endpoint, and keeping
-/// the agent on loopback (the template's 0.0.0.0 would also answer the addresses moto gave
-/// the group's other members, all of them this host's); and an AWS CLI that answers
-/// `get-parameter` with `password` and keeps its arguments in /var/lib/aws-args.
-fn prepare_instance(
-    machine: &Machine,
-    app: u16,
-    listen: u16,
-    imds: &Receiver,
-    moto: &Moto,
-    password: &str,
-) {
-    machine.start_fixture("app", app, free_port(), &[]);
-    machine.write(
-        "/etc/health-agent/environment",
-        &format!("AWS_EC2_METADATA_SERVICE_ENDPOINT={}\n", imds.url("")),
-    );
-    machine.run(&["mkdir", "-p", "/etc/health-agent/conf.d"]);
-    machine.write(
-        "/etc/health-agent/conf.d/90-test-aws-endpoints.toml",
-        &format!(
-            "[server]\nlisten = \"127.0.0.1:{listen}\"\n\
-             [scaling.cloudwatch]\nendpoint = \"{moto}\"\ninterval = \"10s\"\nhigh_resolution = true\n\
-             [fleet]\naws_endpoint = \"{moto}\"\n",
-            moto = moto.endpoint()
-        ),
-    );
-    machine.write(
-        "/usr/local/bin/aws",
-        &format!(
-            "#!/bin/sh\nprintf '%s\\n' \"$*\" > /var/lib/aws-args\ncat <<'END'\n{password}\nEND\n"
-        ),
-    );
-    machine.run(&["chmod", "755", "/usr/local/bin/aws"]);
-}
-
-#[test]
-fn the_cloudformation_user_data_configures_the_packaged_agent_under_systemd() {
-    require_root();
-    let started = Instant::now();
-    let moto = Moto::start();
-    let (app, listen) = (free_port(), free_port());
-    let workers = 16;
-    let parameter = "/web/db/password";
-    // Every character systemd's environment file treats specially, and a space.
-    let password = r#"pa$s"w`o\r'd #1  x"#;
-    let stack = deploy_template(
-        &moto,
-        "web",
-        &[
-            ("AppPort", &app.to_string()),
-            ("AppWorkers", &workers.to_string()),
-            ("HealthPort", &listen.to_string()),
-            ("DatabasePasswordParameter", parameter),
-        ],
-    )
-    .unwrap_or_else(|e| panic!("the stack was refused: {e}"));
-    assert_peers_may_list_and_reach_each_other(&stack);
-    assert_eq!(stack.health_check_port, listen.to_string());
-    let arn = format!("arn:aws:ssm:{REGION}:123456789012:parameter{parameter}");
-    assert!(
-        stack
-            .role_grants
-            .contains(&("ssm:GetParameter".into(), arn.clone())),
-        "the instance role may read {arn}: {:?}",
-        stack.role_grants
-    );
-    // The agent plays the group's first instance: its metadata as EC2 would serve it (the
-    // template turns instance metadata tags on).
-    let (own_id, _) = stack.members[0].clone();
-    let imds = imds_stub(Metadata {
-        token: "TOKEN-stack",
-        instance_id: own_id.clone(),
-        region: REGION.into(),
-        group_tag: Some(stack.group.clone()),
-        role: Some(Role {
-            name: stack.role.clone(),
-            ..role()
-        }),
-        // The template sets a lifecycle hook: the instance is in service, as AWS says then.
-        lifecycle_state: Some(std::sync::Arc::new(std::sync::Mutex::new(
-            "InService".into(),
-        ))),
-    });
-
-    let machine = Machine::with_package();
-    let packaged = machine.run(&["cat", "/etc/health-agent/health-agent.toml"]);
-    prepare_instance(&machine, app, listen, &imds, &moto, password);
-
-    // The UserData, as cloud-init runs it: as root, once.
-    machine.write("/var/lib/user-data", &stack.user_data);
-    machine.run(&["sh", "-e", "/var/lib/user-data"]);
-    assert_eq!(
-        machine.unit_property("health-agent.service", "ActiveState"),
-        "active",
-        "{}",
-        journal(&machine)
-    );
-    assert_eq!(
-        machine.run(&["cat", "/etc/health-agent/health-agent.toml"]),
-        packaged,
-        "the UserData leaves the packaged config as dpkg installed it"
-    );
-    let drop_in: toml_edit::DocumentMut = machine
-        .run(&["cat", "/etc/health-agent/conf.d/50-aws.toml"])
-        .parse()
-        .expect("the stack's drop-in is TOML");
-    assert_eq!(
-        drop_in["server"]["listen"].as_str(),
-        Some(format!("0.0.0.0:{listen}").as_str()),
-        "the agent listens on HealthPort"
-    );
-    let effective = machine.run(&["health-agent", "config", "--effective"]);
-    let doc: toml_edit::DocumentMut = effective.parse().expect("config --effective is TOML");
-    println!(
-        "stack: group {} of {:?}; config --effective: web.port {}, web.workers {}, \
-         scaling.cloudwatch.enabled {}, fleet.peers_from {}",
-        stack.group,
-        stack.members,
-        doc["web"]["port"],
-        doc["web"]["workers"],
-        doc["scaling"]["cloudwatch"]["enabled"],
-        doc["fleet"]["peers_from"]
-    );
-    assert_eq!(doc["web"]["port"].as_integer(), Some(i64::from(app)));
-    assert_eq!(doc["web"]["workers"].as_integer(), Some(i64::from(workers)));
-    assert_eq!(
-        doc["scaling"]["cloudwatch"]["enabled"].as_bool(),
-        Some(true)
-    );
-    assert_eq!(doc["fleet"]["peers_from"].as_str(), Some("asg"));
-
-    // The password: read from Parameter Store in this region, written beside the file's other
-    // lines, mode 600, and in the agent's environment exactly as stored.
-    assert_eq!(
-        machine.run(&["cat", "/var/lib/aws-args"]),
-        format!(
-            "ssm get-parameter --region {REGION} --name {parameter} --with-decryption \
-             --query Parameter.Value --output text"
-        )
-    );
-    assert_eq!(
-        machine.run(&["stat", "-c", "%a", "/etc/health-agent/environment"]),
-        "600"
-    );
-    assert!(
-        machine
-            .run(&["cat", "/etc/health-agent/environment"])
-            .starts_with("AWS_EC2_METADATA_SERVICE_ENDPOINT="),
-        "the environment file keeps its other lines"
-    );
-    let pid = machine.unit_property("health-agent.service", "MainPID");
-    let environ = machine.run(&["cat", &format!("/proc/{pid}/environ")]);
-    assert!(
-        environ
-            .split('\0')
-            .any(|v| v.strip_prefix("PGPASSWORD=") == Some(password)),
-        "the agent's PGPASSWORD is not the stored password"
-    );
-
-    // Some traffic for the agent to see.
-    for _ in 0..5 {
-        let _ = get(app, "/");
-    }
-    let mut want: Vec<String> = stack.members[1..]
-        .iter()
-        .map(|(_, ip)| format!("{ip}:{listen}"))
-        .collect();
-    want.sort();
-    let body = wait_until(
-        Duration::from_secs(60),
-        "a published interval and the group's peers",
-        || {
-            let (_, b) = health_at(listen)?;
-            let published = b["details"]["scaling"]["cloudwatch"]["published_data"].as_u64();
-            (published >= Some(1) && asked(&b["details"]["fleet"]) == want).then_some(b)
-        },
-    );
-    let cw = &body["details"]["scaling"]["cloudwatch"];
-    println!(
-        "agent: /health {} {}; cloudwatch {}; fleet {}",
-        body["status"], body["checks"]["webserver"], cw, body["details"]["fleet"]
-    );
-    assert_eq!(cw["auto_scaling_group"], stack.group.as_str());
-    assert_eq!(cw["credentials"], "instance role (IMDSv2)");
-    let capacity = &body["details"]["saturation"]["capacity"];
-    assert!(
-        capacity["workers"] == workers && capacity["basis"] == "configured",
-        "saturation is measured against AppWorkers: {}",
-        body["details"]["saturation"]
-    );
-    let back = moto.read_back(REGION, "HealthAgent");
-    assert_eq!(
-        back["metrics"][0]["MetricName"], "Saturation",
-        "moto received the metric: {back}"
-    );
-    assert_eq!(
-        back["metrics"][0]["Dimensions"][0]["Value"],
-        stack.group.as_str(),
-        "{back}"
-    );
-    let log = journal(&machine);
-    for s in [ROLE_SECRET, SESSION, password] {
-        assert!(!log.contains(s), "the journal shows a credential:\n{log}");
-    }
-    println!(
-        "moto: {}; {} in all",
-        back["datapoints"],
-        format_args!("{:.1} s", started.elapsed().as_secs_f64())
-    );
-}
-
 /// The parameters a real deployment turns: AppWorkers asked for; the balancer's subnets, the
 /// subnet's own public-address setting, a hop limit of 1 and no Parameter Store grant unless
 /// told; private subnets, an explicit public address, another health port and a hop limit of 2
@@ -631,15 +241,32 @@ fn the_cloudformation_template_asks_for_workers_and_deploys_in_private_subnets()
     require_root();
     let moto = Moto::start();
 
-    let refused = deploy_template(&moto, "no-workers", &[]).err();
+    let private_params = [
+        ("AppWorkers", "10"),
+        ("InstanceSubnets", "spare"),
+        ("AssociatePublicIpAddress", "false"),
+        ("HealthPort", "9090"),
+        ("MetadataHopLimit", "2"),
+    ];
+    let [no_workers, plain, private]: [Result<Stack, String>; 3] = stack::deploy_each(
+        &moto,
+        REGION,
+        &[
+            ("no-workers", &[]),
+            ("plain", &[("AppWorkers", "10")]),
+            ("private", &private_params),
+        ],
+    )
+    .try_into()
+    .unwrap_or_else(|v: Vec<_>| panic!("{} answers for 3 stacks", v.len()));
+    let refused = no_workers.err();
     println!("without AppWorkers: {refused:?}");
     assert!(
         refused.as_deref().is_some_and(|e| e.contains("AppWorkers")),
         "a stack without AppWorkers is refused: {refused:?}"
     );
 
-    let plain = deploy_template(&moto, "plain", &[("AppWorkers", "10")])
-        .unwrap_or_else(|e| panic!("the stack was refused: {e}"));
+    let plain = plain.unwrap_or_else(|e| panic!("the stack was refused: {e}"));
     println!("defaults: launch template {}", plain.launch);
     assert_eq!(plain.group_subnets, plain.balancer_subnets);
     assert_eq!(
@@ -675,18 +302,7 @@ fn the_cloudformation_template_asks_for_workers_and_deploys_in_private_subnets()
         plain.outputs
     );
 
-    let private = deploy_template(
-        &moto,
-        "private",
-        &[
-            ("AppWorkers", "10"),
-            ("InstanceSubnets", "spare"),
-            ("AssociatePublicIpAddress", "false"),
-            ("HealthPort", "9090"),
-            ("MetadataHopLimit", "2"),
-        ],
-    )
-    .unwrap_or_else(|e| panic!("the stack was refused: {e}"));
+    let private = private.unwrap_or_else(|e| panic!("the stack was refused: {e}"));
     println!("private subnets: launch template {}", private.launch);
     assert_eq!(private.group_subnets, private.spare_subnets);
     assert_eq!(
@@ -712,13 +328,130 @@ fn the_cloudformation_template_asks_for_workers_and_deploys_in_private_subnets()
     assert!(private.user_data.contains("listen = \"0.0.0.0:9090\""));
 }
 
-fn journal(machine: &Machine) -> String {
-    machine.run(&[
-        "journalctl",
-        "-u",
-        "health-agent.service",
-        "--no-pager",
-        "-o",
-        "cat",
-    ])
+/// The instances boot the stock Amazon Linux 2023 of their type's architecture (AWS's public
+/// SSM parameter, as moto has it), the Architecture output names it, and the names `cargo xtask
+/// dist` gives each architecture's .rpm and .tar.gz are accepted as the artifact. Graviton
+/// families have a g after their generation; the x86 GPU families start with one; a1 and g5g
+/// are the exceptions.
+#[test]
+fn the_cloudformation_template_boots_amazon_linux_2023_of_the_instance_types_architecture() {
+    require_root();
+    let moto = Moto::start();
+    let rpm = |arch: &str| format!("health-agent-0.1.0-1.{arch}.rpm");
+    let tar = |arch: &str| format!("health-agent-0.1.0-{arch}.tar.gz");
+    let cases = [
+        ("t3.small", "x86_64", rpm("x86_64")),
+        ("m7i-flex.large", "x86_64", tar("x86_64")),
+        ("g4dn.xlarge", "x86_64", rpm("x86_64")),
+        ("g6e.xlarge", "x86_64", tar("x86_64")),
+        ("t4g.small", "aarch64", rpm("aarch64")),
+        ("m7g.large", "aarch64", tar("aarch64")),
+        ("c6gn.large", "aarch64", rpm("aarch64")),
+        ("r8gd.xlarge", "aarch64", tar("aarch64")),
+        ("im4gn.large", "aarch64", rpm("aarch64")),
+        ("a1.large", "aarch64", tar("aarch64")),
+        ("g5g.xlarge", "aarch64", rpm("aarch64")),
+    ];
+    let sha256 = "4f".repeat(32);
+    let urls: Vec<String> = cases.iter().map(|c| stack::artifact_url(&c.2)).collect();
+    let names: Vec<String> = (0..cases.len()).map(|n| format!("arch-{n}")).collect();
+    let params: Vec<[(&str, &str); 4]> = cases
+        .iter()
+        .zip(&urls)
+        .map(|((instance_type, _, _), url)| {
+            [
+                ("AppWorkers", "10"),
+                ("InstanceType", *instance_type),
+                ("AgentArtifactUrl", url.as_str()),
+                ("AgentArtifactSha256", sha256.as_str()),
+            ]
+        })
+        .collect();
+    let stacks: Vec<(&str, &[(&str, &str)])> = names
+        .iter()
+        .zip(&params)
+        .map(|(n, p)| (n.as_str(), &p[..]))
+        .collect();
+    let deployed = stack::deploy_each(&moto, REGION, &stacks);
+    for (((instance_type, arch, artifact), url), stack) in cases.iter().zip(&urls).zip(deployed) {
+        let stack =
+            stack.unwrap_or_else(|e| panic!("{instance_type} with {artifact}: refused: {e}"));
+        let ami_arch = if *arch == "aarch64" {
+            "arm64"
+        } else {
+            "x86_64"
+        };
+        println!(
+            "{instance_type}: {} (Amazon Linux 2023 {ami_arch}: {}), Architecture {}",
+            stack.launch["ImageId"], stack.al2023[ami_arch], stack.outputs["Architecture"]
+        );
+        assert_eq!(stack.launch["InstanceType"], *instance_type);
+        assert_eq!(
+            stack.launch["ImageId"], stack.al2023[ami_arch],
+            "{instance_type}: not the {ami_arch} AMI"
+        );
+        assert_eq!(stack.outputs["Architecture"], *arch, "{instance_type}");
+        assert!(
+            stack.user_data.contains(&format!("artifact='{url}'")),
+            "{}",
+            stack.user_data
+        );
+    }
+    assert_ne!(cases[0].1, cases[4].1);
+}
+
+/// The artifact's parameters are required, and refused unless they name what UserData can
+/// install: an S3 URL of an .rpm or a .tar.gz whose key needs no quoting and is no wildcard,
+/// and a SHA-256 as SHA256SUMS prints it. Each refusal names the parameter.
+#[test]
+fn the_cloudformation_template_refuses_an_artifact_it_cannot_install() {
+    require_root();
+    let moto = Moto::start();
+    let good_url = stack::artifact_url("health-agent-0.1.0-1.x86_64.rpm");
+    let sha256 = "4f".repeat(32);
+    let bad: [(&str, &str); 10] = [
+        ("AgentArtifactUrl", "absent"),
+        ("AgentArtifactSha256", "absent"),
+        (
+            "AgentArtifactUrl",
+            "s3://releases/health-agent_0.1.0_amd64.deb",
+        ),
+        (
+            "AgentArtifactUrl",
+            "https://releases.example.com/health-agent-0.1.0-1.x86_64.rpm",
+        ),
+        ("AgentArtifactUrl", "s3://releases/health-agent-0.1.0.zip"),
+        ("AgentArtifactUrl", "s3://releases/*.rpm"),
+        ("AgentArtifactUrl", "s3://releases/a'$(reboot)'.rpm"),
+        ("AgentArtifactSha256", &"4F".repeat(32)),
+        ("AgentArtifactSha256", &sha256[1..]),
+        ("InstanceType", "t3small"),
+    ];
+    let names: Vec<String> = (0..bad.len()).map(|n| format!("bad-{n}")).collect();
+    let params: Vec<Vec<(&str, &str)>> = bad
+        .iter()
+        .map(|(param, value)| {
+            let mut params = vec![
+                ("AppWorkers", "10"),
+                ("AgentArtifactUrl", good_url.as_str()),
+                ("AgentArtifactSha256", sha256.as_str()),
+            ];
+            params.retain(|(k, _)| k != param);
+            params.push((param, value));
+            params
+        })
+        .collect();
+    let stacks: Vec<(&str, &[(&str, &str)])> = names
+        .iter()
+        .zip(&params)
+        .map(|(n, p)| (n.as_str(), &p[..]))
+        .collect();
+    for ((param, value), answer) in bad.iter().zip(stack::deploy_each(&moto, REGION, &stacks)) {
+        let refused = answer.err();
+        println!("{param} = {value:?}: {refused:?}");
+        assert!(
+            refused.as_deref().is_some_and(|e| e.contains(param)),
+            "{param} = {value:?} is not refused: {refused:?}"
+        );
+    }
 }

@@ -100,7 +100,7 @@ pub fn run(args: &Args) -> Result<()> {
     step("setup", "crates (cargo fetch)", fetch_crates)?;
     step(
         "setup",
-        "test roots (Debian's 6.1 kernel, nspawn root)",
+        "test roots (Debian's 6.1 kernel, nspawn roots)",
         test_roots,
     )?;
     services::run("setup")
@@ -126,6 +126,7 @@ fn test_roots() -> Result<Outcome> {
         let cached = qemu::kernel_cached() && nspawn::rootfs_cached();
         qemu::kernel();
         nspawn::rootfs();
+        nspawn::dnf_rootfs();
         cached
     })
     .map_err(|panic| {
