@@ -245,7 +245,11 @@ fn query_deb(root: &Root) -> Result<String> {
 fn installed_unit_paths(root: &Root, unit_dir: &str) -> Result<Vec<String>> {
     let unit = root.read(&format!("{unit_dir}/{UNIT}"))?;
     let shipped = fs::read_to_string(cmd::root().join(payload::UNIT))?;
-    ensure!(unit == shipped, "the installed unit is not {}", payload::UNIT);
+    ensure!(
+        unit == shipped,
+        "the installed unit is not {}",
+        payload::UNIT
+    );
     let paths = roots::unit_paths(&unit);
     ensure!(
         paths.iter().any(|p| p == BIN) && paths.iter().any(|p| p == CONFIG),
@@ -263,14 +267,21 @@ fn edit_config(root: &Root) -> Result<String> {
         "listen = \"0.0.0.0:9090\"  # edited by the operator",
         1,
     );
-    ensure!(edited != text, "the default config has no `listen = \"0.0.0.0:8080\"`");
+    ensure!(
+        edited != text,
+        "the default config has no `listen = \"0.0.0.0:8080\"`"
+    );
     fs::write(root.at(CONFIG), &edited)?;
     Ok(edited)
 }
 
 /// The .rpm in a scratch root with an empty rpm database: install, upgrade, removal, presets.
 fn rpm_install(a: &Artifacts, host: &ArchArtifacts) -> Result<()> {
-    let requires = cmd::stdout(Command::new("rpm").args(["-qp", "--requires"]).arg(&host.rpm))?;
+    let requires = cmd::stdout(
+        Command::new("rpm")
+            .args(["-qp", "--requires"])
+            .arg(&host.rpm),
+    )?;
     // A static binary: nothing but the scriptlets' shell and rpm's own features.
     if let Some(other) = requires
         .lines()
@@ -375,7 +386,11 @@ fn rpm_foreign(host: &ArchArtifacts, arm: &ArchArtifacts) -> Result<()> {
             .args(["-qp", "--queryformat", "%{ARCH}"])
             .arg(&arm.rpm),
     )?;
-    ensure!(arch == arm.arch.rpm, "{} says arch {arch}", arm.rpm.display());
+    ensure!(
+        arch == arm.arch.rpm,
+        "{} says arch {arch}",
+        arm.rpm.display()
+    );
     let list = |rpm: &std::path::Path| cmd::stdout(Command::new("rpm").arg("-qpl").arg(rpm));
     ensure!(
         list(&arm.rpm)? == list(&host.rpm)?,
@@ -401,8 +416,10 @@ fn rpm_foreign(host: &ArchArtifacts, arm: &ArchArtifacts) -> Result<()> {
 }
 
 pub fn file_name(path: &std::path::Path) -> String {
-    path.file_name()
-        .map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into())
+    path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into(),
+    )
 }
 
 fn indent(text: &str) -> String {

@@ -54,7 +54,11 @@ pub fn build(p: &Payload, release: &Release, out: &Path) -> Result<PathBuf> {
     let size = payload::size_kib(&root)?;
     let debian = root.join("DEBIAN");
     payload::write(&debian.join("md5sums"), md5sums(&root)?.as_bytes(), 0o644)?;
-    payload::write(&debian.join("conffiles"), format!("{CONFIG}\n").as_bytes(), 0o644)?;
+    payload::write(
+        &debian.join("conffiles"),
+        format!("{CONFIG}\n").as_bytes(),
+        0o644,
+    )?;
     payload::write(
         &debian.join("control"),
         control(release, p.arch.deb, size).as_bytes(),
@@ -111,10 +115,7 @@ fn changelog(release: &Release) -> String {
             text.push_str(&wrap(change, 78, "  * ", "    "));
             text.push('\n');
         }
-        text.push_str(&format!(
-            "\n -- {MAINTAINER}  {}\n\n",
-            entry.date.rfc2822()
-        ));
+        text.push_str(&format!("\n -- {MAINTAINER}  {}\n\n", entry.date.rfc2822()));
     }
     text.truncate(text.trim_end().len() + 1);
     text

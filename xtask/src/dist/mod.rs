@@ -42,6 +42,8 @@ pub use payload::Payload;
 pub use release::Release;
 
 pub const NAME: &str = "health-agent";
+/// The static build's memory allocator (health-agent/src/main.rs), as the bench names it.
+pub const STATIC_ALLOCATOR: &str = "mimalloc, purge_delay 0, arena_eager_commit 0";
 
 /// One architecture a release is built for, by the name each format gives it.
 #[derive(Debug)]

@@ -39,8 +39,8 @@ impl Release {
     /// The workspace's version with CHANGELOG.md's entries; its newest must be that version.
     pub fn current() -> Result<Self> {
         let path = cmd::root().join("CHANGELOG.md");
-        let text = fs::read_to_string(&path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
+        let text =
+            fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
         let entries = parse(&text).context("CHANGELOG.md")?;
         let version = env!("CARGO_PKG_VERSION");
         ensure!(
@@ -306,13 +306,19 @@ mod tests {
         let next = release.next_patch().unwrap();
         assert_ne!(next.version, release.version);
         assert_eq!(next.entries.len(), release.entries.len() + 1);
-        assert_eq!(next.entries[0].date.days(), release.entries[0].date.days() + 1);
+        assert_eq!(
+            next.entries[0].date.days(),
+            release.entries[0].date.days() + 1
+        );
     }
 
     #[test]
     fn long_changes_wrap_under_their_indent() {
         let text = "aaaa bbbb cccc dddd";
-        assert_eq!(wrap(text, 12, "  * ", "    "), "  * aaaa\n    bbbb\n    cccc\n    dddd");
+        assert_eq!(
+            wrap(text, 12, "  * ", "    "),
+            "  * aaaa\n    bbbb\n    cccc\n    dddd"
+        );
         assert_eq!(wrap(text, 80, "- ", "  "), "- aaaa bbbb cccc dddd");
     }
 }

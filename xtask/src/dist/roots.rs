@@ -21,10 +21,8 @@ impl Root {
     /// The cached Debian root under a fresh overlay; `name` tells scratch directories apart.
     pub fn debian(name: &str) -> Result<Self> {
         let lower = health_agent_tests::nspawn::rootfs();
-        let scratch = std::env::temp_dir().join(format!(
-            "health-agent-dist-{name}-{}",
-            std::process::id()
-        ));
+        let scratch =
+            std::env::temp_dir().join(format!("health-agent-dist-{name}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&scratch);
         fs::create_dir_all(&scratch)?;
         // The upper layer in memory: an overlay's upper directory cannot be on an overlay.
@@ -59,7 +57,12 @@ impl Root {
     /// ship (`99-default-disable.preset`) plus `presets` before it.
     pub fn rpm(name: &str, presets: &str) -> Result<Self> {
         let root = Self::debian(name)?;
-        cmd::run(Command::new("rpm").arg("--root").arg(&root.path).arg("--initdb"))?;
+        cmd::run(
+            Command::new("rpm")
+                .arg("--root")
+                .arg(&root.path)
+                .arg("--initdb"),
+        )?;
         let dir = root.path.join("usr/lib/systemd/system-preset");
         fs::create_dir_all(&dir)?;
         fs::write(dir.join("99-default-disable.preset"), "disable *\n")?;
@@ -81,9 +84,11 @@ impl Root {
 
     /// Whether `unit` is enabled for multi-user.target (its `WantedBy=`).
     pub fn enabled(&self, unit: &str) -> bool {
-        self.at(&format!("/etc/systemd/system/multi-user.target.wants/{unit}"))
-            .symlink_metadata()
-            .is_ok()
+        self.at(&format!(
+            "/etc/systemd/system/multi-user.target.wants/{unit}"
+        ))
+        .symlink_metadata()
+        .is_ok()
     }
 
     /// `systemd-analyze verify` of the installed unit, as on the installed system: every
@@ -103,7 +108,9 @@ impl Root {
                 out.status
             );
         }
-        Ok(format!("systemd-analyze --root=ROOT verify {unit_path}: ok"))
+        Ok(format!(
+            "systemd-analyze --root=ROOT verify {unit_path}: ok"
+        ))
     }
 }
 
@@ -178,10 +185,7 @@ pub fn exists(root: &Root, path: &str) -> bool {
 
 /// The directory a check writes its second release's packages to.
 pub fn scratch_dir(name: &str) -> Result<PathBuf> {
-    let dir = std::env::temp_dir().join(format!(
-        "health-agent-dist-{name}-{}",
-        std::process::id()
-    ));
+    let dir = std::env::temp_dir().join(format!("health-agent-dist-{name}-{}", std::process::id()));
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir)?;
     Ok(dir)
@@ -196,10 +200,7 @@ mod tests {
         let unit = "[Service]\nExecStartPre=/usr/bin/a config --validate /etc/a/a.toml\n\
                     ExecStart=/usr/bin/a --config /etc/a/a.toml serve\n\
                     ExecStop=-+/bin/sh -c 'x'\nUser=root\n";
-        assert_eq!(
-            unit_paths(unit),
-            ["/bin/sh", "/etc/a/a.toml", "/usr/bin/a"]
-        );
+        assert_eq!(unit_paths(unit), ["/bin/sh", "/etc/a/a.toml", "/usr/bin/a"]);
     }
 
     #[test]

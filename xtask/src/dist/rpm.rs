@@ -52,8 +52,7 @@ pub fn build(p: &Payload, release: &Release, out: &Path) -> Result<PathBuf> {
     let name = format!("{NAME}-{}.{}.rpm", release.full(), p.arch.rpm);
     let built = top.join("RPMS").join(p.arch.rpm).join(&name);
     let rpm = out.join(&name);
-    fs::rename(&built, &rpm)
-        .with_context(|| format!("rpmbuild left no {}", built.display()))?;
+    fs::rename(&built, &rpm).with_context(|| format!("rpmbuild left no {}", built.display()))?;
     fs::remove_dir_all(&top)?;
     Ok(rpm)
 }

@@ -36,18 +36,22 @@ pub fn build(p: &Payload, release: &Release, out: &std::path::Path) -> Result<Pa
             what: What::Dir,
             mode: 0o755,
         },
+        file(&format!("systemd/{NAME}.service"), root.join(UNIT), 0o644),
         file(
-            &format!("systemd/{NAME}.service"),
-            root.join(UNIT),
+            "systemd/drain-before-stop.conf",
+            root.join(DRAIN_DROPIN),
             0o644,
         ),
-        file("systemd/drain-before-stop.conf", root.join(DRAIN_DROPIN), 0o644),
         file("README.md", root.join("README.md"), 0o644),
         file("CHANGELOG.md", root.join("CHANGELOG.md"), 0o644),
     ];
     for page in payload::manual_pages(&root.join("docs"))? {
         let name = page.file_name().context("a page in docs/ has no name")?;
-        items.push(file(&format!("docs/{}", name.to_string_lossy()), page, 0o644));
+        items.push(file(
+            &format!("docs/{}", name.to_string_lossy()),
+            page,
+            0o644,
+        ));
     }
     payload::write_items(&items, &stage)?;
     let tarball = out.join(format!("{top}.tar.gz"));
