@@ -61,9 +61,12 @@ const PACKAGES: &[&str] = &[
     // the guest's /bin/sh (the agent's restart_command runs under it).
     "qemu-system-x86",
     "busybox-static",
-    // cargo xtask dist: the aarch64 static build's C parts (ring) and its linker, and the
-    // package checks (rpmbuild, rpmlint, lintian).
+    // cargo xtask dist: the aarch64 static build's C parts (ring, the allocator) and its
+    // linker, musl's headers for aarch64 with the `aarch64-linux-musl-gcc` wrapper over that gcc
+    // (a foreign-architecture package: setup adds arm64 to dpkg first), and the package checks
+    // (rpmbuild, rpmlint, lintian).
     "gcc-aarch64-linux-gnu",
+    "musl-dev:arm64",
     "rpm",
     "rpmlint",
     "lintian",
@@ -456,6 +459,15 @@ fn packages() -> Result<Outcome> {
         apt.env("DEBIAN_FRONTEND", "noninteractive");
         apt
     };
+    for arch in missing
+        .iter()
+        .filter_map(|p| p.split_once(':').map(|(_, arch)| arch))
+    {
+        let foreign = cmd::stdout(Command::new("dpkg").arg("--print-foreign-architectures"))?;
+        if !foreign.lines().any(|a| a.trim() == arch) {
+            cmd::run(Command::new("dpkg").args(["--add-architecture", arch]))?;
+        }
+    }
     cmd::run(apt_get().arg("update"))
         .context("apt-get update failed — check the network and /etc/apt/sources.list*")?;
     cmd::run(apt_get().args(["install", "-y"]).args(&missing))
