@@ -23,7 +23,7 @@
 //! | `certs` | a CA and the certificates it signs, made with the openssl CLI |
 //! | `netns` | network namespaces reached over a veth pair |
 //! | `nspawn` | a Debian system booted with `systemd-nspawn -b` (the shipped unit under real systemd) |
-//! | `qemu` | Debian's Linux 6.1 booted under qemu, running scenarios inside (`bin/vm-init/`) |
+//! | `qemu` | Debian's Linux 6.1, x86_64 or arm64, booted under qemu, running scenarios inside (`bin/vm-init/`); what the VM tests assert on them (`qemu::verdicts`) |
 //! | `fleet` | stub servers, `/etc/hosts` lines, `/metrics` gauges for the fleet tests |
 
 pub mod agent;
