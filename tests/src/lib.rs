@@ -25,7 +25,7 @@
 //! | `nspawn` | a Debian system booted with `systemd-nspawn -b` (the shipped unit under real systemd) |
 //! | `stack` | the CloudFormation template deployed in moto; the AWS CLI stand-in its UserData runs against on a booted root |
 //! | `release` | the release artifacts that UserData installs: `cargo xtask dist`'s, or stand-ins built from the static agent |
-//! | `qemu` | Debian's Linux 6.1 booted under qemu, running scenarios inside (`bin/vm-init/`) |
+//! | `qemu` | Debian's Linux 6.1, x86_64 or arm64, booted under qemu, running scenarios inside (`bin/vm-init/`); what the VM tests assert on them (`qemu::verdicts`) |
 //! | `fleet` | stub servers, `/etc/hosts` lines, `/metrics` gauges for the fleet tests |
 
 pub mod agent;
