@@ -368,7 +368,8 @@ print(json.dumps({"admin": keys(admin), "user": keys(user), "role_arn": role, "r
     pub fn enforce_auth(&self, admin: &Keys) {
         let script = "import sys, urllib.request\n\
             print(urllib.request.urlopen(urllib.request.Request(sys.argv[1] + \
-            '/moto-api/reset-auth', data=b'0', method='POST')).read().decode())";
+            '/moto-api/reset-auth', data=b'0', method='POST', \
+            headers={'Content-Type': 'text/plain'})).read().decode())";
         succeed(
             Command::new(&self.python)
                 .args(["-c", script, &self.endpoint()])

@@ -311,6 +311,14 @@ fn every_source_signs_put_metric_data_and_describe_auto_scaling_groups_that_moto
         ("AWS_REGION", REGION.to_string()),
     ]);
     let unknown = Agent::start_with_env(&config("Src-unknown"), &pairs(&unknown_env));
+    // The user's key id with another secret: the signature does not match.
+    let mut forged_env = unknown_env.clone();
+    forged_env.retain(|(k, _)| !k.starts_with("AWS_ACCESS_KEY_ID") && *k != "AWS_SECRET_ACCESS_KEY");
+    forged_env.extend([
+        ("AWS_ACCESS_KEY_ID", iam.user.id.clone()),
+        ("AWS_SECRET_ACCESS_KEY", "not-the-users-secret".to_string()),
+    ]);
+    let forged = Agent::start_with_env(&config("Src-forged"), &pairs(&forged_env));
 
     let started = Instant::now();
     let agents: Vec<(&Case, Agent)> = cases
@@ -372,19 +380,22 @@ fn every_source_signs_put_metric_data_and_describe_auto_scaling_groups_that_moto
         "{asked_container:?}"
     );
 
-    let cw = wait_until(Duration::from_secs(40), "unknown keys refused", || {
-        let (_, body) = unknown.health();
-        let cw = body["details"]["scaling"]["cloudwatch"].clone();
-        cw["last_error"].as_str().is_some().then_some(cw)
-    });
-    println!("unknown keys: {}", cw["last_error"]);
-    assert!(
-        cw["last_error"]
-            .as_str()
-            .is_some_and(|e| e.contains("InvalidClientTokenId")),
-        "{cw}"
-    );
-    assert_eq!(cw["published_data"], 0, "{cw}");
+    for (agent, what, code) in [
+        (&unknown, "unknown keys", "InvalidClientTokenId"),
+        (&forged, "a wrong secret", "SignatureDoesNotMatch"),
+    ] {
+        let cw = wait_until(Duration::from_secs(40), what, || {
+            let (_, body) = agent.health();
+            let cw = body["details"]["scaling"]["cloudwatch"].clone();
+            cw["last_error"].as_str().is_some().then_some(cw)
+        });
+        println!("{what}: {}", cw["last_error"]);
+        assert!(
+            cw["last_error"].as_str().is_some_and(|e| e.contains(code)),
+            "{what}: {cw}"
+        );
+        assert_eq!(cw["published_data"], 0, "{cw}");
+    }
 }
 
 /// Keys the container endpoint says expire just past the renewal margin (10 min) are fetched
