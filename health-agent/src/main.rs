@@ -191,6 +191,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             } else {
                 print!("{}", oneshot::table(&snap.decision, &snap.report));
                 print!("{}", oneshot::environment_rows(&loaded.from_env));
+                print!("{}", rt.block_on(oneshot::aws_rows(&loaded.config)));
             }
             Ok(ExitCode::from(if snap.decision.http >= 500 {
                 1

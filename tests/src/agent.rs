@@ -170,6 +170,17 @@ impl Agent {
             let meta = log_file.metadata().expect("the log file's inode");
             command.env("JOURNAL_STREAM", format!("{}:{}", meta.dev(), meta.ino()));
         }
+        // Nor the AWS credential chain of the machine running the suite: no AWS_* variable, no
+        // ~/.aws files (a test that wants them passes them).
+        for (var, _) in std::env::vars_os() {
+            if var.to_string_lossy().starts_with("AWS_") {
+                command.env_remove(var);
+            }
+        }
+        let no_file = dir.path().join("no-aws-file");
+        command
+            .env("AWS_CONFIG_FILE", &no_file)
+            .env("AWS_SHARED_CREDENTIALS_FILE", &no_file);
         let started = Instant::now();
         let child = command
             .arg("--config")
