@@ -139,16 +139,20 @@ pub fn assert_contract(samples: &[HealthSample], ctx: &str) {
 /// once …", or, while the last answer is as recent as the wait, "…; the last answer went out
 /// 1.8s ago". None when no reason says so.
 pub fn unanswered_reason(reasons: &Value) -> Option<(u64, f64)> {
-    reasons.as_array()?.iter().filter_map(Value::as_str).find_map(|r| {
-        let r = r.strip_prefix("web backend slow: ")?;
-        let (head, _) = r.split_once(" requests unanswered (oldest ")?;
-        let n = head.rsplit(' ').next()?.parse().ok()?;
-        let quiet = match r.split_once("; nothing answered for ") {
-            Some((_, q)) if r.contains(": unresponsive (503) once") => q,
-            _ => r.split_once("; the last answer went out ")?.1,
-        };
-        Some((n, quiet.split_once('s')?.0.parse().ok()?))
-    })
+    reasons
+        .as_array()?
+        .iter()
+        .filter_map(Value::as_str)
+        .find_map(|r| {
+            let r = r.strip_prefix("web backend slow: ")?;
+            let (head, _) = r.split_once(" requests unanswered (oldest ")?;
+            let n = head.rsplit(' ').next()?.parse().ok()?;
+            let quiet = match r.split_once("; nothing answered for ") {
+                Some((_, q)) if r.contains(": unresponsive (503) once") => q,
+                _ => r.split_once("; the last answer went out ")?.1,
+            };
+            Some((n, quiet.split_once('s')?.0.parse().ok()?))
+        })
 }
 
 /// `details.heal.total_attempts` of an answer (0 when absent).

@@ -132,9 +132,15 @@ fn unanswered(tier: &str, tracing: &str, give_up: Duration) {
     let took = down.after(switched);
     let last_slow = samples
         .iter()
-        .filter(|s| s.at < down.at)
-        .last()
-        .map(|s| format!("{:+.2}s {} {}", s.after(switched), s.code, s.body["reasons"]))
+        .rfind(|s| s.at < down.at)
+        .map(|s| {
+            format!(
+                "{:+.2}s {} {}",
+                s.after(switched),
+                s.code,
+                s.body["reasons"]
+            )
+        })
         .unwrap_or_default();
     println!(
         "{tier} tier, socket_tracing = {tracing:?}: no-respond → 503 {} in {took:.2} s, \
@@ -145,7 +151,10 @@ fn unanswered(tier: &str, tracing: &str, give_up: Duration) {
         back.after(mended)
     );
     assert_eq!(
-        samples.iter().find(|s| s.error.is_none()).map(|s| s.body["details"]["web"]["kernel"]["tier"].clone()),
+        samples
+            .iter()
+            .find(|s| s.error.is_none())
+            .map(|s| s.body["details"]["web"]["kernel"]["tier"].clone()),
         Some(serde_json::json!(tier)),
         "not the tier asked for{ctx}"
     );
@@ -212,10 +221,7 @@ fn unanswered(tier: &str, tracing: &str, give_up: Duration) {
         "200 only {:.2} s after it answered again{ctx}",
         served.after(mended)
     );
-    if let Some(s) = samples
-        .iter()
-        .find(|s| s.at >= served.at && s.code != 200)
-    {
+    if let Some(s) = samples.iter().find(|s| s.at >= served.at && s.code != 200) {
         panic!("{} after it served again: {s}{ctx}", s.code);
     }
     assert_contract(&samples, &ctx);

@@ -564,13 +564,21 @@ pub fn next_look(e: &Evidence, cfg: &WebConfig, now: Instant) -> Option<Instant>
         .filter(|w| !w.is_zero())
         .min();
     // Ages are whole milliseconds, read a moment after `now`: aim a little past the edge.
-    [frozen, slow, waiting, hung, unresponsive, unanswered, worker]
-        .into_iter()
-        .flatten()
-        .filter(|w| !w.is_zero())
-        .min()
-        // Checked: a limit past the end of time (a hand-built config) means no early look.
-        .and_then(|w| now.checked_add(w.saturating_add(Duration::from_millis(2))))
+    [
+        frozen,
+        slow,
+        waiting,
+        hung,
+        unresponsive,
+        unanswered,
+        worker,
+    ]
+    .into_iter()
+    .flatten()
+    .filter(|w| !w.is_zero())
+    .min()
+    // Checked: a limit past the end of time (a hand-built config) means no early look.
+    .and_then(|w| now.checked_add(w.saturating_add(Duration::from_millis(2))))
 }
 
 /// How the probe and the kernel view differ, if they do.
