@@ -52,7 +52,7 @@ pub fn run(a: &Artifacts) -> Result<()> {
             "rpmlint",
             Command::new("rpmlint")
                 .arg("--rpmlintrc")
-                .arg(rpmlintrc(a)?)
+                .arg(rpmlintrc()?)
                 .arg(&arch.rpm),
         )?;
     }
@@ -113,7 +113,7 @@ fn tarball(arch: &ArchArtifacts) -> Result<()> {
     Ok(())
 }
 
-/// Runs a linter, shows all it said, and fails on its non-zero exit (an error).
+/// Runs a linter, shows all it said, and fails on an error it reports.
 fn lint(name: &str, linter: &mut Command) -> Result<()> {
     let line = cmd::display(linter);
     let out = linter
@@ -125,21 +125,26 @@ fn lint(name: &str, linter: &mut Command) -> Result<()> {
         String::from_utf8_lossy(&out.stderr)
     );
     println!("check: {line}\n{}", indent(said.trim()));
-    if !out.status.success() {
-        bail!("{name} found errors ({})", out.status);
+    // Both tag an error `E:` (lintian at the line's start, rpmlint after the package name).
+    let errors = said
+        .lines()
+        .filter(|l| l.starts_with("E: ") || l.contains(": E: "))
+        .count();
+    if errors > 0 || !out.status.success() {
+        bail!("{name} found {errors} errors ({})", out.status);
     }
     Ok(())
 }
 
 /// rpmlint's filters, each with its reason.
-fn rpmlintrc(a: &Artifacts) -> Result<std::path::PathBuf> {
+fn rpmlintrc() -> Result<std::path::PathBuf> {
     let path = roots::scratch_dir("rpmlintrc")?.join("rpmlintrc");
     fs::write(
         &path,
-        "# Static on purpose: one binary for every distribution, with no library from the host.\n\
-         addFilter(\"statically-linked-binary\")\n",
+        "# Unsigned: signing needs the publisher's key, which a build machine does not hold;\n\
+         # SHA256SUMS carries each file's checksum.\n\
+         addFilter(\"no-signature\")\n",
     )?;
-    let _ = a;
     Ok(path)
 }
 

@@ -34,20 +34,23 @@ pub fn build(p: &Payload, release: &Release, out: &Path) -> Result<PathBuf> {
     }
     payload::write_items(&payload::installed(p, UNIT_DIR)?, &root)?;
     let doc = root.join(DOC.trim_start_matches('/'));
+    // Debian's name for the upstream changelog, compressed.
+    let upstream = doc.join("CHANGELOG.md");
+    payload::write(
+        &doc.join("changelog.gz"),
+        &payload::gzip(&fs::read(&upstream)?)?,
+        0o644,
+    )?;
+    fs::remove_file(&upstream)?;
     payload::write(
         &doc.join("copyright"),
-        b"health-agent\n\nCopyright: the health-agent maintainers\nLicense: MIT or Apache-2.0\n \
+        b"health-agent\n\nCopyright 2026 the health-agent maintainers\nLicense: MIT or Apache-2.0\n \
           On Debian systems the Apache License 2.0 is in /usr/share/common-licenses/Apache-2.0.\n",
         0o644,
     )?;
     payload::write(
         &doc.join("changelog.Debian.gz"),
         &payload::gzip(changelog(release).as_bytes())?,
-        0o644,
-    )?;
-    payload::write(
-        &root.join("usr/share/lintian/overrides").join(NAME),
-        LINTIAN_OVERRIDES.as_bytes(),
         0o644,
     )?;
 
@@ -134,12 +137,6 @@ fn md5sums(root: &Path) -> Result<String> {
     cmd::stdout(Command::new("md5sum").current_dir(root).args(&names)).context("md5sum failed")
 }
 
-/// What lintian would flag and the package means.
-const LINTIAN_OVERRIDES: &str = "\
-# Static on purpose: one binary for every distribution, with no library from the host.
-health-agent: statically-linked-binary [usr/bin/health-agent]
-";
-
 // Each script keys on its first argument as dpkg passes it (deb-postinst(5) and friends).
 // deb-systemd-helper keeps the enablement state dpkg-side: a unit the administrator disabled
 // stays disabled through upgrades, and purge removes only the links it made.
@@ -179,11 +176,11 @@ set -e
 if [ \"$1\" = remove ] && [ -d /run/systemd/system ]; then
     systemctl --system daemon-reload >/dev/null || true
 fi
-if [ \"$1\" = remove ] && [ -x /usr/bin/deb-systemd-helper ]; then
+if [ \"$1\" = remove ] && command -v deb-systemd-helper >/dev/null; then
     deb-systemd-helper mask health-agent.service >/dev/null || true
 fi
 if [ \"$1\" = purge ]; then
-    if [ -x /usr/bin/deb-systemd-helper ]; then
+    if command -v deb-systemd-helper >/dev/null; then
         deb-systemd-helper purge health-agent.service >/dev/null || true
         deb-systemd-helper unmask health-agent.service >/dev/null || true
     fi

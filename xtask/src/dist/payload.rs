@@ -40,7 +40,12 @@ impl Payload {
     pub fn stage(arch: &'static Arch, built: &Path, config: &str, dir: &Path) -> Result<Self> {
         fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let bin = dir.join(NAME);
-        cmd::run(Command::new(arch.strip).arg("-o").arg(&bin).arg(built)).with_context(|| {
+        let mut strip = Command::new(arch.strip);
+        strip
+            .args(["--remove-section=.comment", "-o"])
+            .arg(&bin)
+            .arg(built);
+        cmd::run(&mut strip).with_context(|| {
             format!(
                 "{} failed — binutils (and gcc-aarch64-linux-gnu for aarch64)",
                 arch.strip
@@ -234,12 +239,17 @@ pub fn gzip(bytes: &[u8]) -> Result<Vec<u8>> {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .context("cannot start gzip")?;
-    child
-        .stdin
-        .take()
-        .context("gzip's stdin")?
-        .write_all(bytes)?;
-    let out = child.wait_with_output()?;
+    let mut stdin = child.stdin.take().context("gzip's stdin")?;
+    // Fed from a thread: gzip writes while it reads, and a full stdout pipe would stop it.
+    let out = std::thread::scope(|s| {
+        let feeder = s.spawn(move || stdin.write_all(bytes));
+        let out = child.wait_with_output();
+        let fed = feeder
+            .join()
+            .map_err(|_| anyhow::anyhow!("gzip's feeder panicked"))?;
+        fed.context("writing to gzip")?;
+        out.context("gzip")
+    })?;
     anyhow::ensure!(out.status.success(), "gzip failed ({})", out.status);
     Ok(out.stdout)
 }

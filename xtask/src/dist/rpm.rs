@@ -91,11 +91,15 @@ Version: {version}
 Release: {revision}
 Summary: Honest GET /health for load balancers, from eBPF and local checks
 License: MIT OR Apache-2.0
+Group: System Environment/Daemons
 Packager: {MAINTAINER}
 
 # Prebuilt, already stripped: no debuginfo package, no brp scripts (Debian's strip cannot read
 # the other architecture), no build-id links. xz payload: Amazon Linux 2's rpm 4.11 reads it,
 # not zstd.
+# No automatic requires: the binary is static (rpm would read `rtld(GNU_HASH)` off its hash
+# section, a glibc loader's feature it never asks for).
+AutoReq: no
 %global debug_package %{{nil}}
 %global __os_install_post %{{nil}}
 %global _build_id_links none
