@@ -69,7 +69,10 @@ fn config(namespace: &str) -> String {
 fn container(keys: Vec<Keys>, expires_in: u64) -> Receiver {
     Receiver::start(move |req, before| {
         if req.header("authorization") != Some(AUTH_TOKEN) {
-            return (401, "{\"Code\":\"Unauthorized\",\"Message\":\"bad token\"}".into());
+            return (
+                401,
+                "{\"Code\":\"Unauthorized\",\"Message\":\"bad token\"}".into(),
+            );
         }
         let k = &keys[before.len() % keys.len()];
         let body = serde_json::json!({
@@ -129,7 +132,10 @@ fn cases(moto: &Moto, iam: &Iam, group: &Group, dir: &Path, stand_in: &Receiver)
     let token_file = file(dir, "web-identity-token", WEB_IDENTITY_TOKEN);
     let mut env = vec![
         ("AWS_EC2_METADATA_SERVICE_ENDPOINT", i.url("")),
-        ("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{}", free_port())),
+        (
+            "AWS_ENDPOINT_URL",
+            format!("http://127.0.0.1:{}", free_port()),
+        ),
         ("AWS_WEB_IDENTITY_TOKEN_FILE", token_file),
         ("AWS_ROLE_ARN", iam.role_arn.clone()),
         ("AWS_ROLE_SESSION_NAME", "irsa-test".into()),
@@ -198,7 +204,10 @@ fn cases(moto: &Moto, iam: &Iam, group: &Group, dir: &Path, stand_in: &Receiver)
     let i = none();
     let mut env = base_env(&i, moto);
     env.extend([
-        ("AWS_CONTAINER_CREDENTIALS_FULL_URI", stand_in.url("/v1/credentials")),
+        (
+            "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+            stand_in.url("/v1/credentials"),
+        ),
         (
             "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
             file(dir, "container-token", AUTH_TOKEN),
@@ -208,7 +217,10 @@ fn cases(moto: &Moto, iam: &Iam, group: &Group, dir: &Path, stand_in: &Receiver)
     out.push(Case {
         name: "container",
         env,
-        says: format!("container credentials ({})", stand_in.url("/v1/credentials")),
+        says: format!(
+            "container credentials ({})",
+            stand_in.url("/v1/credentials")
+        ),
         _imds: i,
     });
 
@@ -266,7 +278,11 @@ fn credentials_row(table: &str) -> String {
 fn asked(fleet: &Value) -> Vec<String> {
     let mut v: Vec<String> = fleet["peers_asked"]
         .as_array()
-        .map(|a| a.iter().filter_map(|p| p.as_str().map(String::from)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|p| p.as_str().map(String::from))
+                .collect()
+        })
         .unwrap_or_default();
     v.sort();
     v
@@ -298,7 +314,11 @@ fn every_source_signs_put_metric_data_and_describe_auto_scaling_groups_that_moto
             case.name
         );
         for s in &secrets {
-            assert!(!table.contains(s.as_str()), "{}: a secret in\n{table}", case.name);
+            assert!(
+                !table.contains(s.as_str()),
+                "{}: a secret in\n{table}",
+                case.name
+            );
         }
     }
 
@@ -313,7 +333,8 @@ fn every_source_signs_put_metric_data_and_describe_auto_scaling_groups_that_moto
     let unknown = Agent::start_with_env(&config("Src-unknown"), &pairs(&unknown_env));
     // The user's key id with another secret: the signature does not match.
     let mut forged_env = unknown_env.clone();
-    forged_env.retain(|(k, _)| !k.starts_with("AWS_ACCESS_KEY_ID") && *k != "AWS_SECRET_ACCESS_KEY");
+    forged_env
+        .retain(|(k, _)| !k.starts_with("AWS_ACCESS_KEY_ID") && *k != "AWS_SECRET_ACCESS_KEY");
     forged_env.extend([
         ("AWS_ACCESS_KEY_ID", iam.user.id.clone()),
         ("AWS_SECRET_ACCESS_KEY", "not-the-users-secret".to_string()),
@@ -325,7 +346,10 @@ fn every_source_signs_put_metric_data_and_describe_auto_scaling_groups_that_moto
         .iter()
         .map(|c| {
             let namespace = format!("Src-{}", c.name);
-            (c, Agent::start_with_env(&config(&namespace), &pairs(&c.env)))
+            (
+                c,
+                Agent::start_with_env(&config(&namespace), &pairs(&c.env)),
+            )
         })
         .collect();
     for (case, agent) in &agents {
@@ -365,7 +389,10 @@ fn every_source_signs_put_metric_data_and_describe_auto_scaling_groups_that_moto
 
     // moto's STS took the token from the file, for the role, under the session name.
     let calls = moto.web_identity_calls();
-    assert!(!calls.is_empty(), "no AssumeRoleWithWebIdentity reached moto");
+    assert!(
+        !calls.is_empty(),
+        "no AssumeRoleWithWebIdentity reached moto"
+    );
     for c in &calls {
         assert_eq!(c["token"], WEB_IDENTITY_TOKEN, "{c}");
         assert_eq!(c["role"], iam.role_arn.as_str(), "{c}");
@@ -445,7 +472,11 @@ fn temporary_keys_are_fetched_again_before_they_expire() {
         fetched >= 3 && fetched + 1 >= requests,
         "fetched again before each use past the margin: {fetched} fetches, {cw}"
     );
-    assert_eq!(cw["last_error"], Value::Null, "every set of keys signed: {cw}");
+    assert_eq!(
+        cw["last_error"],
+        Value::Null,
+        "every set of keys signed: {cw}"
+    );
     assert!(
         back["datapoints"][0]["SampleCount"].as_f64() >= Some(10.0),
         "{back}"
@@ -496,9 +527,7 @@ fn a_failing_source_is_named_in_check() {
                 ("AWS_ROLE_ARN", role.into()),
                 metadata_off.clone(),
             ],
-            format!(
-                "credentials from web identity (role {role}): token file /nonexistent/token:"
-            ),
+            format!("credentials from web identity (role {role}): token file /nonexistent/token:"),
         ),
         (
             vec![
@@ -514,7 +543,10 @@ fn a_failing_source_is_named_in_check() {
         (
             // Not a host the SDKs send keys to over plain HTTP: refused before any request.
             vec![
-                ("AWS_CONTAINER_CREDENTIALS_FULL_URI", "http://192.0.2.7/creds".into()),
+                (
+                    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                    "http://192.0.2.7/creds".into(),
+                ),
                 metadata_off.clone(),
             ],
             "credentials from container credentials: AWS_CONTAINER_CREDENTIALS_FULL_URI: http:// \

@@ -298,8 +298,14 @@ fn no_aws_credential_source_reveals_its_secrets() {
             Box::new(|s: &str| {
                 *served.lock().unwrap() = s.to_string();
                 vec![
-                    ("AWS_CONTAINER_CREDENTIALS_FULL_URI", container.url("/creds")),
-                    ("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", write("auth", &format!("auth-{s}"))),
+                    (
+                        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                        container.url("/creds"),
+                    ),
+                    (
+                        "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
+                        write("auth", &format!("auth-{s}")),
+                    ),
                 ]
             }),
         ),
@@ -309,7 +315,10 @@ fn no_aws_credential_source_reveals_its_secrets() {
             Box::new(|_: &str| {
                 vec![
                     ("AWS_WEB_IDENTITY_TOKEN_FILE", web_token.clone()),
-                    ("AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/agent".into()),
+                    (
+                        "AWS_ROLE_ARN",
+                        "arn:aws:iam::123456789012:role/agent".into(),
+                    ),
                     ("AWS_ENDPOINT_URL_STS", moto.endpoint()),
                 ]
             }),
@@ -351,7 +360,11 @@ fn no_aws_credential_source_reveals_its_secrets() {
         for secret in AWS_SECRETS {
             let env = env_of(secret);
             let out = check(&env);
-            for s in [secret.to_string(), format!("token-{secret}"), WEB_IDENTITY_TOKEN.into()] {
+            for s in [
+                secret.to_string(),
+                format!("token-{secret}"),
+                WEB_IDENTITY_TOKEN.into(),
+            ] {
                 assert!(!out.contains(&s), "{source}: `check` shows {s:?}:\n{out}");
             }
             assert_eq!(out, reference, "{source}: `check` depends on the secret");

@@ -67,9 +67,13 @@ pub fn resolve(
         })?;
         return Ok((url, "config"));
     }
-    let var = |k: &str| env(k).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
-    let ignored = var("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS")
-        .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    let var = |k: &str| {
+        env(k)
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+    };
+    let ignored =
+        var("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS").is_some_and(|v| v.eq_ignore_ascii_case("true"));
     if !ignored {
         for name in [service.env_var(), "AWS_ENDPOINT_URL"] {
             if let Some(v) = var(name) {
@@ -136,18 +140,30 @@ mod tests {
     fn config_then_service_variable_then_global_variable_then_region() {
         let env = env_of(&[
             ("AWS_ENDPOINT_URL", "http://127.0.0.1:4566"),
-            ("AWS_ENDPOINT_URL_AUTO_SCALING", "https://autoscaling.vpce.example.com"),
+            (
+                "AWS_ENDPOINT_URL_AUTO_SCALING",
+                "https://autoscaling.vpce.example.com",
+            ),
         ]);
         let r = |s, c: &str| resolve(s, c, "eu-west-1", &env).unwrap();
         let (u, from) = r(Service::CloudWatch, "https://monitoring.example.com");
-        assert_eq!((u.as_str(), from), ("https://monitoring.example.com/", "config"));
+        assert_eq!(
+            (u.as_str(), from),
+            ("https://monitoring.example.com/", "config")
+        );
         let (u, from) = r(Service::AutoScaling, "");
         assert_eq!(
             (u.as_str(), from),
-            ("https://autoscaling.vpce.example.com/", "AWS_ENDPOINT_URL_AUTO_SCALING")
+            (
+                "https://autoscaling.vpce.example.com/",
+                "AWS_ENDPOINT_URL_AUTO_SCALING"
+            )
         );
         let (u, from) = r(Service::Ec2, "");
-        assert_eq!((u.as_str(), from), ("http://127.0.0.1:4566/", "AWS_ENDPOINT_URL"));
+        assert_eq!(
+            (u.as_str(), from),
+            ("http://127.0.0.1:4566/", "AWS_ENDPOINT_URL")
+        );
 
         let none = |_: &str| None;
         let (u, from) = resolve(Service::Sts, "", "cn-north-1", &none).unwrap();

@@ -32,7 +32,11 @@ pub struct Files {
 
 impl Files {
     pub fn from_env(env: &dyn Fn(&str) -> Option<String>) -> Self {
-        let var = |k: &str| env(k).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+        let var = |k: &str| {
+            env(k)
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+        };
         let home = var("HOME");
         let path = |var_name: &str, default: &str| -> Option<PathBuf> {
             match var(var_name) {
@@ -63,7 +67,11 @@ impl Files {
 /// The profile to use: `AWS_PROFILE` (or the CLI's older `AWS_DEFAULT_PROFILE`), else
 /// `default`; true when a variable named it.
 pub fn selected(env: &dyn Fn(&str) -> Option<String>) -> (String, bool) {
-    let var = |k: &str| env(k).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+    let var = |k: &str| {
+        env(k)
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+    };
     match var("AWS_PROFILE").or_else(|| var("AWS_DEFAULT_PROFILE")) {
         Some(p) => (p, true),
         None => ("default".into(), false),
@@ -147,7 +155,9 @@ impl Profiles {
                 continue;
             }
             if let Some(inner) = line.strip_prefix('[') {
-                let end = inner.find(']').ok_or(err(n, "a section header without ']'"))?;
+                let end = inner
+                    .find(']')
+                    .ok_or(err(n, "a section header without ']'"))?;
                 let rest = inner[end + 1..].trim();
                 if !(rest.is_empty() || rest.starts_with('#') || rest.starts_with(';')) {
                     return Err(err(n, "text after a section header"));
@@ -267,7 +277,11 @@ aws_access_key_id = AKIDODD
         let p = profiles();
         let d = p.get("default").unwrap();
         assert_eq!(d.get("aws_access_key_id"), Some("AKIDDEFAULT"));
-        assert_eq!(d.get("region"), Some("us-west-2"), "the credentials file wins");
+        assert_eq!(
+            d.get("region"),
+            Some("us-west-2"),
+            "the credentials file wins"
+        );
         assert_eq!(
             d.file_of("aws_access_key_id"),
             Some(Path::new("/h/.aws/credentials"))
@@ -275,14 +289,21 @@ aws_access_key_id = AKIDODD
         let prod = p.get("prod").unwrap();
         assert_eq!(prod.get("region"), Some("us-east-2"));
         assert_eq!(prod.get("source_profile"), Some("base"));
-        assert_eq!(prod.get("max_concurrent_requests"), None, "nested, not used");
+        assert_eq!(
+            prod.get("max_concurrent_requests"),
+            None,
+            "nested, not used"
+        );
         assert_eq!(
             p.get("base").unwrap().get("aws_secret_access_key"),
             Some("se;cret#with/marks"),
             "a mark without white space before it is part of the value"
         );
         assert_eq!(p.get("spaced").unwrap().get("region"), Some("ap-south-1"));
-        assert!(p.get("notaprofile").is_none(), "config sections need `profile `");
+        assert!(
+            p.get("notaprofile").is_none(),
+            "config sections need `profile `"
+        );
         assert!(p.get("corp").is_none(), "sso-session is not a profile");
         assert_eq!(
             p.get("profile odd").unwrap().get("aws_access_key_id"),

@@ -434,12 +434,13 @@ impl Lister {
         params: &[(String, String)],
     ) -> Result<Element, AsgError> {
         let (service, version) = api.service();
-        let (endpoint, _) =
-            endpoint::resolve(service, &self.endpoint, &own.region, &|k| std::env::var(k).ok())
-                .map_err(|e| AsgError::Answer {
-                    action,
-                    reason: format!("endpoint: {e}"),
-                })?;
+        let (endpoint, _) = endpoint::resolve(service, &self.endpoint, &own.region, &|k| {
+            std::env::var(k).ok()
+        })
+        .map_err(|e| AsgError::Answer {
+            action,
+            reason: format!("endpoint: {e}"),
+        })?;
         let service = Service {
             endpoint,
             region: own.region.clone(),

@@ -19,7 +19,11 @@ use crate::aws::{
 const MAX_HOPS: usize = 8;
 
 pub(super) fn select(env: &dyn Fn(&str) -> Option<String>) -> Source {
-    let var = |k: &str| env(k).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+    let var = |k: &str| {
+        env(k)
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+    };
     if let Some(c) = environment(env) {
         return Source::Environment(c);
     }
@@ -51,7 +55,11 @@ pub(super) fn select(env: &dyn Fn(&str) -> Option<String>) -> Source {
 
 /// `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY` (and `AWS_SESSION_TOKEN`), both set.
 pub(super) fn environment(env: &dyn Fn(&str) -> Option<String>) -> Option<Credentials> {
-    let var = |k: &str| env(k).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+    let var = |k: &str| {
+        env(k)
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+    };
     Some(Credentials {
         access_key_id: var("AWS_ACCESS_KEY_ID")?,
         secret_access_key: var("AWS_SECRET_ACCESS_KEY")?,
@@ -178,12 +186,14 @@ fn resolve(
         }
     } else if let Some(cs) = p.get("credential_source") {
         let base = match cs {
-            "Environment" => Base::Environment(super::chain::environment(env).ok_or_else(|| {
-                format!(
-                    "profile {name}: credential_source = Environment, but AWS_ACCESS_KEY_ID / \
+            "Environment" => {
+                Base::Environment(super::chain::environment(env).ok_or_else(|| {
+                    format!(
+                        "profile {name}: credential_source = Environment, but AWS_ACCESS_KEY_ID / \
                      AWS_SECRET_ACCESS_KEY are not set"
-                )
-            })?),
+                    )
+                })?)
+            }
             "EcsContainer" => match Container::from_env(env) {
                 Some(Ok(c)) => Base::Container(c),
                 Some(Err(e)) => return Err(format!("profile {name}: {e}")),

@@ -38,7 +38,11 @@ impl Container {
     /// From the environment: None when neither URI variable is set; an error naming the
     /// variable when it is not usable.
     pub fn from_env(env: &dyn Fn(&str) -> Option<String>) -> Option<Result<Self, String>> {
-        let var = |k: &str| env(k).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+        let var = |k: &str| {
+            env(k)
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+        };
         let url = if let Some(rel) = var("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI") {
             let joined = format!("{ECS_HOST}/{}", rel.trim_start_matches('/'));
             Url::parse(&joined).map_err(|e| format!("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI: {e}"))
@@ -72,7 +76,12 @@ impl Container {
             Token::Value(v) => Some(v.clone()),
             Token::File(f) => Some(
                 std::fs::read_to_string(f)
-                    .map_err(|e| format!("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE {}: {e}", f.display()))?
+                    .map_err(|e| {
+                        format!(
+                            "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE {}: {e}",
+                            f.display()
+                        )
+                    })?
                     .trim()
                     .to_string(),
             ),
@@ -95,7 +104,10 @@ impl Container {
             .map_err(|e| format!("{at}: {}", without_url(&e)))?
         {
             if body.len() + chunk.len() > MAX_ANSWER {
-                return Err(format!("{at}: an answer larger than {} KiB", MAX_ANSWER >> 10));
+                return Err(format!(
+                    "{at}: an answer larger than {} KiB",
+                    MAX_ANSWER >> 10
+                ));
             }
             body.extend_from_slice(&chunk);
         }
@@ -118,7 +130,9 @@ fn allowed(v: &str) -> Result<Url, String> {
     let ok = match u.host() {
         Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
         Some(url::Host::Ipv4(ip)) => {
-            ip.is_loopback() || ip.octets() == [169, 254, 170, 2] || ip.octets() == [169, 254, 170, 23]
+            ip.is_loopback()
+                || ip.octets() == [169, 254, 170, 2]
+                || ip.octets() == [169, 254, 170, 23]
         }
         Some(url::Host::Ipv6(ip)) => {
             ip.is_loopback() || ip.segments() == [0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x23]
@@ -143,7 +157,11 @@ fn error_of(body: &[u8]) -> String {
     };
     let s = |k: &str| v.get(k).and_then(|x| x.as_str()).unwrap_or("").to_string();
     let (code, message) = (s("Code"), s("Message"));
-    let message: String = message.chars().filter(|c| !c.is_control()).take(200).collect();
+    let message: String = message
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(200)
+        .collect();
     match (code.is_empty(), message.is_empty()) {
         (true, true) => String::new(),
         _ => format!(" ({code}: {message})"),
@@ -188,7 +206,10 @@ mod tests {
     fn from(pairs: &[(&'static str, &'static str)]) -> Option<Result<Container, String>> {
         let pairs = pairs.to_vec();
         Container::from_env(&move |k: &str| {
-            pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
         })
     }
 
@@ -196,8 +217,14 @@ mod tests {
     fn the_uri_variables_and_the_hosts_the_sdks_allow() {
         assert!(from(&[]).is_none());
         let c = from(&[
-            ("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "/v2/credentials/abc"),
-            ("AWS_CONTAINER_CREDENTIALS_FULL_URI", "http://127.0.0.1:1/ignored"),
+            (
+                "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+                "/v2/credentials/abc",
+            ),
+            (
+                "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                "http://127.0.0.1:1/ignored",
+            ),
         ])
         .unwrap()
         .unwrap();
@@ -225,7 +252,10 @@ mod tests {
             assert!(e.starts_with("AWS_CONTAINER_CREDENTIALS_FULL_URI: "), "{e}");
         }
         let c = from(&[
-            ("AWS_CONTAINER_CREDENTIALS_FULL_URI", "http://127.0.0.1/c?x=1"),
+            (
+                "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                "http://127.0.0.1/c?x=1",
+            ),
             ("AWS_CONTAINER_AUTHORIZATION_TOKEN", "tok"),
             ("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", "/run/token"),
         ])

@@ -92,7 +92,10 @@ pub enum Source {
     Container(Container),
     Instance,
     /// Set, but not usable: the chain stops here.
-    Unusable { what: String, reason: String },
+    Unusable {
+        what: String,
+        reason: String,
+    },
 }
 
 impl Source {
@@ -152,7 +155,11 @@ impl Provider {
     /// STS is asked, else `AWS_REGION`, `AWS_DEFAULT_REGION` or the profile's.
     pub fn new(env: impl Fn(&str) -> Option<String>, imds: Arc<Imds>, region: &str) -> Self {
         let source = chain::select(&env);
-        let var = |k: &str| env(k).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+        let var = |k: &str| {
+            env(k)
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+        };
         let region = Some(region.trim().to_string())
             .filter(|r| !r.is_empty())
             .or_else(|| var("AWS_REGION"))
@@ -167,7 +174,9 @@ impl Provider {
             let b = reqwest::Client::builder()
                 .timeout(timeout)
                 .connect_timeout(timeout);
-            if proxy { b } else { b.no_proxy() }.build().unwrap_or_default()
+            if proxy { b } else { b.no_proxy() }
+                .build()
+                .unwrap_or_default()
         };
         Self {
             shown: source.describe(),
@@ -197,7 +206,9 @@ impl Provider {
 
     pub async fn get(&mut self) -> Result<Credentials, CredentialsError> {
         if let Some(f) = &self.cached {
-            if f.expires.is_none_or(|e| SystemTime::now() + RENEW_BEFORE < e) {
+            if f.expires
+                .is_none_or(|e| SystemTime::now() + RENEW_BEFORE < e)
+            {
                 return Ok(f.credentials.clone());
             }
         }
@@ -358,9 +369,18 @@ mod tests {
             s("AWS_WEB_IDENTITY_TOKEN_FILE", "/var/run/token"),
             s("AWS_ROLE_ARN", "arn:aws:iam::1:role/irsa"),
         ];
-        let container = vec![s("AWS_CONTAINER_CREDENTIALS_FULL_URI", "http://127.0.0.1:9/c")];
+        let container = vec![s(
+            "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+            "http://127.0.0.1:9/c",
+        )];
         let profile = vec![s("HOME", &home)];
-        let all = [keys.clone(), web.clone(), profile.clone(), container.clone()].concat();
+        let all = [
+            keys.clone(),
+            web.clone(),
+            profile.clone(),
+            container.clone(),
+        ]
+        .concat();
 
         let (text, src) = shown(all.clone());
         assert_eq!(text, "environment");
@@ -368,13 +388,19 @@ mod tests {
             Source::Environment(c) => assert_eq!(c.session_token, None, "empty is no token"),
             _ => panic!("{text}"),
         }
-        assert_eq!(shown(all[3..].to_vec()).0, "web identity (role arn:aws:iam::1:role/irsa)");
+        assert_eq!(
+            shown(all[3..].to_vec()).0,
+            "web identity (role arn:aws:iam::1:role/irsa)"
+        );
         let after_web = [profile.clone(), container.clone()].concat();
         assert_eq!(
             shown(after_web).0,
             format!("profile default ({home}/.aws/credentials)")
         );
-        assert_eq!(shown(container.clone()).0, "container credentials (http://127.0.0.1:9/c)");
+        assert_eq!(
+            shown(container.clone()).0,
+            "container credentials (http://127.0.0.1:9/c)"
+        );
         assert_eq!(shown(Vec::new()).0, "instance role (IMDSv2)");
         // Only the key id: not the environment's keys.
         assert_eq!(shown(vec![keys[0].clone()]).0, "instance role (IMDSv2)");
@@ -389,14 +415,20 @@ mod tests {
         );
         match named("chained").1 {
             Source::Profile { roles, .. } => assert_eq!(
-                roles.iter().map(|r| r.role_arn.as_str()).collect::<Vec<_>>(),
+                roles
+                    .iter()
+                    .map(|r| r.role_arn.as_str())
+                    .collect::<Vec<_>>(),
                 ["arn:aws:iam::1:role/prod", "arn:aws:iam::1:role/second"]
             ),
             other => panic!("{}", other.describe()),
         }
         for (p, says) in [
             ("sso", "IAM Identity Center"),
-            ("tool", "credential_process, which health-agent does not support"),
+            (
+                "tool",
+                "credential_process, which health-agent does not support",
+            ),
             ("empty", "has no credentials"),
             ("missing", "not found in"),
             ("loop", "loop"),
@@ -413,7 +445,10 @@ mod tests {
         // the chain stops there rather than going on to the instance role.
         let (text, src) = shown(vec![web[0].clone()]);
         assert!(matches!(src, Source::Unusable { .. }), "{text}");
-        let (text, src) = shown(vec![s("AWS_CONTAINER_CREDENTIALS_FULL_URI", "http://10.1.2.3/")]);
+        let (text, src) = shown(vec![s(
+            "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+            "http://10.1.2.3/",
+        )]);
         assert_eq!(text, "container credentials");
         assert!(matches!(src, Source::Unusable { .. }));
     }
@@ -422,7 +457,10 @@ mod tests {
     async fn a_failing_source_is_named_in_the_error() {
         let dir = tempfile::tempdir().unwrap();
         let env = env_of(vec![
-            ("AWS_WEB_IDENTITY_TOKEN_FILE", dir.path().join("none").display().to_string()),
+            (
+                "AWS_WEB_IDENTITY_TOKEN_FILE",
+                dir.path().join("none").display().to_string(),
+            ),
             ("AWS_ROLE_ARN", "arn:aws:iam::1:role/irsa".into()),
             ("AWS_ENDPOINT_URL_STS", "http://127.0.0.1:1".into()),
         ]);
@@ -430,8 +468,9 @@ mod tests {
         let mut p = Provider::new(env, imds.clone(), "eu-west-1");
         let e = p.get().await.err().unwrap().to_string();
         assert!(
-            e.starts_with("credentials from web identity (role arn:aws:iam::1:role/irsa): token file ")
-                && e.contains("No such file"),
+            e.starts_with(
+                "credentials from web identity (role arn:aws:iam::1:role/irsa): token file "
+            ) && e.contains("No such file"),
             "{e}"
         );
         let mut p = Provider::new(env_of(Vec::new()), imds, "");

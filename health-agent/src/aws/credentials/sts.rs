@@ -56,8 +56,8 @@ pub fn session_name() -> String {
 
 /// The token file's content: read anew each time (EKS rotates it). Never shown.
 fn token(file: &std::path::Path) -> Result<String, String> {
-    let t = std::fs::read_to_string(file)
-        .map_err(|e| format!("token file {}: {e}", file.display()))?;
+    let t =
+        std::fs::read_to_string(file).map_err(|e| format!("token file {}: {e}", file.display()))?;
     let t = t.trim().to_string();
     if t.is_empty() {
         return Err(format!("token file {} is empty", file.display()));
@@ -113,12 +113,7 @@ pub async fn assume_role(
     };
     let answer = query::call(http, &service, with, body)
         .await
-        .map_err(|e| {
-            format!(
-                "STS AssumeRole {} at {}: {e}",
-                role.role_arn, sts.endpoint
-            )
-        })?;
+        .map_err(|e| format!("STS AssumeRole {} at {}: {e}", role.role_arn, sts.endpoint))?;
     parse(&answer, "AssumeRole")
 }
 
