@@ -1,9 +1,29 @@
-//! AWS without an SDK, for the two things the agent asks of it: publishing the saturation
-//! (`cloudwatch`) and listing its auto-scaling group's members (`fleet::asg`). SigV4 signing
-//! (sigv4.rs), IMDSv2 (imds.rs), credentials from the environment or the instance role
-//! (credentials.rs), one signed call in the Query protocol with its errors sorted (query.rs), and
-//! a reader for the small XML documents the Query protocol answers with (xml.rs). One API call
-//! each does not justify the SDK's size and compile time; reqwest with rustls is in the tree.
+//! AWS without an SDK, for what the agent asks of it: publishing the saturation (`cloudwatch`),
+//! listing its auto-scaling group's members (`fleet::asg`) and completing the termination
+//! hook (`drain::lifecycle`). SigV4 signing (sigv4.rs), IMDSv2 (imds.rs), the SDKs' credential
+//! chain (credentials/: environment, web identity, shared profile, container, instance role),
+//! the shared config files (profile.rs), endpoints from the config, `AWS_ENDPOINT_URL_<SERVICE>`
+//! and `AWS_ENDPOINT_URL` (endpoint.rs), one signed call in the Query protocol with its errors
+//! sorted (query.rs), and a reader for the small XML documents the Query protocol answers with
+//! (xml.rs). reqwest with rustls (ring) is in the tree for the rest of the agent.
+//!
+//! Why not the SDK, measured: a scratch crate outside the workspace with what these calls stand
+//! on (tokio, reqwest with rustls, serde_json, time, ring), built clean in release on this
+//! project's 2-core machine; then the same crate plus aws-config, aws-sdk-cloudwatch and
+//! aws-sdk-autoscaling (default features: rustls, with aws-lc-rs) doing the default chain,
+//! PutMetricData and DescribeAutoScalingGroups; then the same crate plus this module doing the
+//! same. CPU time (user + system) of the clean build, and the binary:
+//!
+//! | | build CPU | binary | stripped | crates |
+//! |---|---|---|---|---|
+//! | base | 150 s | 4.77 MB | 3.67 MB | 96 |
+//! | base + this module | 191 s (+41 s) | 5.36 MB (+0.58 MB) | 4.17 MB (+0.49 MB) | 97 |
+//! | base + the SDK | 802 s (+652 s) | 24.12 MB (+19.35 MB) | 17.06 MB (+13.38 MB) | 194 |
+//!
+//! The SDK would add 16 times this module's build CPU and 27 times its stripped size (wall
+//! times on the shared, loaded machine: 522 s, 1109 s and 3640 s). What it would save is this
+//! module's code (some 2,100 lines besides tests); its SSO, `credential_process` and FIPS
+//! support, which the agent does not have, are the difference in function.
 
 pub mod credentials;
 pub mod endpoint;
