@@ -30,8 +30,9 @@ pub struct FleetConfig {
     pub peers_from: PeersFrom,
     #[serde(with = "dur")]
     pub peers_refresh: Duration,
-    /// "" = each service's regional endpoint; else one URL for both the Auto Scaling and the
-    /// EC2 calls (a test server such as moto).
+    /// "" = `AWS_ENDPOINT_URL_AUTO_SCALING` / `_EC2`, `AWS_ENDPOINT_URL`, else each service's
+    /// regional endpoint; else one URL for both the Auto Scaling and the EC2 calls (a test
+    /// server such as moto).
     pub aws_endpoint: String,
     /// Env var holding the shared bearer token of the peer endpoint; empty: no token.
     pub token_env: String,
@@ -521,9 +522,10 @@ pub struct CloudWatchConfig {
     pub metric: String,
     /// The `AutoScalingGroupName` dimension; "" = the instance's own group, from its metadata.
     pub auto_scaling_group: String,
-    /// "" = `AWS_REGION`, else the instance metadata.
+    /// "" = `AWS_REGION`, `AWS_DEFAULT_REGION`, the profile's, else the instance metadata.
     pub region: String,
-    /// "" = `https://monitoring.<region>.amazonaws.com`.
+    /// "" = `AWS_ENDPOINT_URL_CLOUDWATCH`, `AWS_ENDPOINT_URL`, else
+    /// `https://monitoring.<region>.amazonaws.com` (aws::endpoint).
     pub endpoint: String,
     #[serde(with = "dur")]
     pub interval: Duration,
@@ -574,9 +576,10 @@ pub struct DrainConfig {
     pub lifecycle_timeout: Duration,
     /// The group's name; "" = the instance's own, from its metadata.
     pub auto_scaling_group: String,
-    /// "" = `AWS_REGION`, else the instance metadata.
+    /// "" = `AWS_REGION`, `AWS_DEFAULT_REGION`, the profile's, else the instance metadata.
     pub region: String,
-    /// "" = `https://autoscaling.<region>.amazonaws.com`; else a test server such as moto.
+    /// "" = `AWS_ENDPOINT_URL_AUTO_SCALING`, `AWS_ENDPOINT_URL`, else
+    /// `https://autoscaling.<region>.amazonaws.com`; else a test server such as moto.
     pub aws_endpoint: String,
 }
 
