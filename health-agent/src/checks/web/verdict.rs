@@ -415,20 +415,7 @@ fn slow(e: &Evidence, cfg: &WebConfig) -> Option<Judgement> {
         // Nothing goes out while work waits: a server that never answers and a pool whose
         // every worker is in a long request look alike until the hang rules' limits
         // (`unanswered_after`, the stretched `hung_after`) tell them apart. Neither is up.
-        let in_progress = k.is_some_and(|k| k.oldest_pending.is_some())
-            || e.probe.as_ref().is_some_and(|p| p.timed_out);
-        let then = match k {
-            Some(k) if !in_progress => format!(
-                "hung (503) once nothing is taken or answered for {}",
-                secs(quiet_limit(k, cfg))
-            ),
-            _ => format!(
-                "unresponsive (503) once a request or the probe has waited \
-                 web.unanswered_after ({})",
-                secs(cfg.unanswered_after)
-            ),
-        };
-        return Some((WebVerdict::Slow, unanswered(e, &then)));
+        return Some((WebVerdict::Slow, unanswered(e, cfg)));
     }
     if let Some(k) = k {
         if k.latency.samples >= 5 && k.latency.p99_ms >= cfg.slow_after.as_secs_f64() * 1000.0 {

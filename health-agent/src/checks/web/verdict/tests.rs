@@ -141,8 +141,8 @@ fn verdict_table() {
             },
             WebVerdict::Slow,
             "2 requests unanswered (oldest 4.0s); nothing answered since the agent started: \
-             unresponsive (503) once a request or the probe has waited web.unanswered_after \
-             (10.0s)",
+             unresponsive (503) once a request has waited web.unanswered_after (10.0s) or the \
+             probe has failed that long",
         ),
         (
             "requests read, nothing answered for 3 s, answers counted before: slow, not up",
