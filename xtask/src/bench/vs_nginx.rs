@@ -33,6 +33,20 @@ struct Running {
     worst: f64,
 }
 
+impl Running {
+    fn new(other: &Other, agent: Proc, port: u16) -> Self {
+        Self {
+            label: other.label.clone(),
+            bin: other.bin.display().to_string(),
+            agent,
+            port,
+            rss_idle_kb: 0,
+            rows: String::new(),
+            worst: f64::MAX,
+        }
+    }
+}
+
 pub(super) fn run(agent_bin: &Path, others: &[Other], dir: &Path, quick: bool) -> Result<String> {
     let mut md = String::new();
     let backend = start_nginx(NginxOptions::bench(1))?;
@@ -56,15 +70,8 @@ pub(super) fn run(agent_bin: &Path, others: &[Other], dir: &Path, quick: bool) -
     let mut running = Vec::new();
     for (i, other) in others.iter().enumerate() {
         let port = free_port();
-        running.push(Running {
-            label: other.label.clone(),
-            bin: other.bin.display().to_string(),
-            agent: start(&format!("other{i}"), other.bin, port)?,
-            port,
-            rss_idle_kb: 0,
-            rows: String::new(),
-            worst: f64::MAX,
-        });
+        let agent = start(&format!("other{i}"), other.bin, port)?;
+        running.push(Running::new(other, agent, port));
     }
     thread::sleep(Duration::from_secs(3));
     let idle_secs = if quick { 10 } else { 30 };
@@ -131,23 +138,7 @@ pub(super) fn run(agent_bin: &Path, others: &[Other], dir: &Path, quick: bool) -
         half_a.rps, half_a.p99_ms, half_n.rps, half_n.p99_ms);
     let rss_kb = proc_status_kb(agent_pid, "VmRSS:").unwrap_or(0);
     let hwm_kb = proc_status_kb(agent_pid, "VmHWM:").unwrap_or(0);
-    let mut rss_rows = format!(
-        "| this build | {:.1} MB | {:.1} MB | {:.1} MB |\n",
-        mb(rss_idle_kb),
-        mb(rss_kb),
-        mb(hwm_kb)
-    );
-    for r in &running {
-        let pid = r.agent.0.id();
-        let _ = writeln!(
-            rss_rows,
-            "| {} | {:.1} MB | {:.1} MB | {:.1} MB |",
-            r.label,
-            mb(r.rss_idle_kb),
-            mb(proc_status_kb(pid, "VmRSS:").unwrap_or(0)),
-            mb(proc_status_kb(pid, "VmHWM:").unwrap_or(0))
-        );
-    }
+    let rss_rows = memory_rows([rss_idle_kb, rss_kb, hwm_kb], &running);
     thread::sleep(Duration::from_secs(2));
     let idle_pct = idle_cpu(agent_pid, idle_secs);
     println!(
@@ -165,14 +156,7 @@ pub(super) fn run(agent_bin: &Path, others: &[Other], dir: &Path, quick: bool) -
     md.push_str("Both on loopback, with the same wrk settings (`wrk -t2 -cC -d5s --latency`; wrk shares the 2 cores), alternating agent, nginx three times and keeping each one's best run. nginx: 2 workers, static file. \"This build\" is the release build for the host's glibc (`cargo xtask build --release`).\n\n");
     md.push_str("| connections | agent req/s | agent p50 ms | agent p99 ms | nginx req/s | nginx p50 ms | nginx p99 ms | agent/nginx |\n|---|---|---|---|---|---|---|---|\n");
     md.push_str(&rows);
-    for r in &running {
-        let _ = writeln!(
-            md,
-            "\nThe {} build (`{}`), in the same alternation, best of three each:\n\n| connections | this build req/s | p99 ms | {} req/s | p99 ms | {}/this |\n|---|---|---|---|---|---|",
-            r.label, r.bin, r.label, r.label
-        );
-        md.push_str(&r.rows);
-    }
+    md.push_str(&others_tables(&running));
     let _ = writeln!(
         md,
         "\n| at half of the agent's peak ({:.0} req/s offered, {conns} connections) | req/s | p99 ms |\n|---|---|---|\n| agent | {:.0} | **{:.3}** |\n| nginx | {:.0} | {:.3} |\n",
@@ -190,18 +174,49 @@ pub(super) fn run(agent_bin: &Path, others: &[Other], dir: &Path, quick: bool) -
         mb(hwm_kb),
     );
     for r in &running {
+        let mark = if r.worst >= 0.9 { "✓" } else { "✗" };
         let _ = writeln!(
             resources,
-            "| worst {}/this build ratio | {:.2}× | ≥ 0.9× {} |",
-            r.label,
-            r.worst,
-            if r.worst >= 0.9 { "✓" } else { "✗" }
+            "| worst {}/this build ratio | {:.2}× | ≥ 0.9× {mark} |",
+            r.label, r.worst
         );
     }
     md.push_str(&resources);
     md.push('\n');
     drop(running);
     Ok(md)
+}
+
+/// Each other build's comparison with this one, a table each.
+fn others_tables(running: &[Running]) -> String {
+    let mut md = String::new();
+    for r in running {
+        let _ = writeln!(
+            md,
+            "\nThe {} build (`{}`), in the same alternation, best of three each:\n\n| connections | this build req/s | p99 ms | {} req/s | p99 ms | {}/this |\n|---|---|---|---|---|---|",
+            r.label, r.bin, r.label, r.label
+        );
+        md.push_str(&r.rows);
+    }
+    md
+}
+
+/// The memory table's rows: this build's `[idle, after, peak]` KiB, then each other build's.
+fn memory_rows(this: [u64; 3], running: &[Running]) -> String {
+    let [idle, after, peak] = this.map(mb);
+    let mut rows = format!("| this build | {idle:.1} MB | {after:.1} MB | {peak:.1} MB |\n");
+    for r in running {
+        let pid = r.agent.0.id();
+        let _ = writeln!(
+            rows,
+            "| {} | {:.1} MB | {:.1} MB | {:.1} MB |",
+            r.label,
+            mb(r.rss_idle_kb),
+            mb(proc_status_kb(pid, "VmRSS:").unwrap_or(0)),
+            mb(proc_status_kb(pid, "VmHWM:").unwrap_or(0))
+        );
+    }
+    rows
 }
 
 fn mb(kb: u64) -> f64 {
