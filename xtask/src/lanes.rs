@@ -36,7 +36,7 @@ const QUIET: &[&str] = &["socket_tracing", "saturation"];
 /// plan's weights; a binary not listed weighs DEFAULT_SECS.
 const MEASURED: &[(&str, u64)] = &[
     ("old_kernel", 148),
-    ("arm64_kernel", 120),
+    ("arm64_kernel", 90),
     ("aws_credentials", 110),
     ("verdicts", 118),
     ("fleet", 96),

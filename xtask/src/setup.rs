@@ -130,8 +130,9 @@ fn fetch_crates() -> Result<Outcome> {
 const ARM64_PROBE: &str = "linux-image-cloud-arm64:arm64";
 
 /// Debian's arm64 package lists, for the arm64 VM's kernel and busybox (tests/tests/
-/// arm64_kernel.rs): `dpkg --add-architecture arm64` and `apt-get update`. Only `apt-get
-/// download` uses them; nothing of arm64 is installed on the host.
+/// arm64_kernel.rs, which `apt-get download` unpacks, never installs): `dpkg
+/// --add-architecture arm64` and `apt-get update`, when the packages step (installing
+/// `musl-dev:arm64`) has not left them.
 fn arm64_lists() -> Result<Outcome> {
     if cmd::succeeds(Command::new("apt-cache").args(["show", ARM64_PROBE])) {
         return Ok(Outcome::Ok("already present"));

@@ -12,48 +12,54 @@ use std::{
 
 use super::{debian, Arch};
 
-/// The static agent for `arch`. x86_64: the image's binary (`cargo xtask image` builds it; a
-/// build from here would differ from that one in its build scripts' environment and rebuild
-/// it each time), refused when older than the sources. aarch64: built here (nothing before
-/// the tests builds it; cargo rebuilds only what changed).
-pub fn static_agent(arch: Arch) -> PathBuf {
-    let agent = static_dir(arch).join("health-agent");
-    if arch == Arch::Aarch64 {
-        cargo_build(arch, &["-p", "health-agent", "--bin", "health-agent"]);
-        return agent;
-    }
+/// Builds what the guest runs and no earlier stage builds: this crate's fixture backend and
+/// `vm-init`, static for `arch` (seconds).
+fn build_guest(arch: Arch) -> Result<(), String> {
+    cargo_build(
+        arch,
+        &[
+            "-p",
+            "health-agent-tests",
+            "--bin",
+            "fixture-backend",
+            "--bin",
+            "vm-init",
+        ],
+    )
+}
+
+/// The static agent for `arch`, from `target` (the workspace's target directory), as
+/// `cargo xtask test` built it before the tests: x86_64's by the `image` stage, aarch64's by
+/// the `dist` stage (both `dist::static_binary`). A build from here would differ from those in
+/// its build scripts' environment and rebuild them each time; one older than the sources is
+/// refused.
+pub fn static_agent(arch: Arch, target: &Path) -> PathBuf {
+    let agent = target.join(arch.target()).join("release/health-agent");
+    let how = match arch {
+        Arch::X86_64 => "`cargo xtask image`".to_owned(),
+        Arch::Aarch64 => format!(
+            "`cargo xtask dist`, or `cargo build --release -p health-agent --target {}`",
+            arch.target()
+        ),
+    };
     let built = fs::metadata(&agent)
         .and_then(|m| m.modified())
-        .unwrap_or_else(|_| {
-            panic!(
-                "no {}: run `cargo xtask image` (cargo xtask test does)",
-                agent.display()
-            )
-        });
+        .unwrap_or_else(|_| panic!("no {}: run {how} (cargo xtask test does)", agent.display()));
     for c in ["health-agent", "health-common", "health-agent-ebpf"] {
         assert!(
             crate::newest(&crate::workspace().join(c).join("src")) <= built,
-            "{} is older than {c}/src: run `cargo xtask image` (cargo xtask test does)",
+            "{} is older than {c}/src: run {how} (cargo xtask test does)",
             agent.display()
         );
     }
     agent
 }
 
-/// Where cargo puts the release build for `arch`'s static target.
-fn static_dir(arch: Arch) -> PathBuf {
-    crate::target_dir()
-        .parent()
-        .expect("target dir")
-        .join(arch.target())
-        .join("release")
-}
-
 /// `cargo build --release --target <arch's static target>` of `what`. Cargo's variables of
-/// this test process are left out: ring's build script is rebuilt (and with it every crate
-/// above ring) whenever `CARGO_MANIFEST_DIR` differs from the last build's, so a build from
-/// here matches one from a shell.
-fn cargo_build(arch: Arch, what: &[&str]) {
+/// this test process are left out, so that the build is the one a shell would run: cargo
+/// rebuilds a build script that reads one of them (ring's reads `CARGO_MANIFEST_DIR`) whenever
+/// it differs from the last build's.
+fn cargo_build(arch: Arch, what: &[&str]) -> Result<(), String> {
     let mut cargo = Command::new(env!("CARGO"));
     for (key, _) in std::env::vars_os() {
         let key = key.to_string_lossy().into_owned();
@@ -67,33 +73,33 @@ fn cargo_build(arch: Arch, what: &[&str]) {
         .args(what)
         .current_dir(crate::workspace())
         .status()
-        .expect("cargo build");
-    assert!(
-        status.success(),
-        "cargo build --release --target {} {} failed (cargo xtask setup adds the target and its \
-         cross compiler)",
-        arch.target(),
-        what.join(" ")
-    );
+        .map_err(|e| format!("cannot run cargo: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "cargo build --release --target {} {} failed (cargo xtask setup adds the target and \
+             its cross compiler)",
+            arch.target(),
+            what.join(" ")
+        ))
+    }
 }
 
 /// The static binaries the guest runs: the agent ([`static_agent`]), and this crate's fixture
-/// backend and `vm-init`, built here (seconds).
+/// backend and `vm-init` ([`build_guest`]).
 fn static_binaries(arch: Arch) -> [PathBuf; 3] {
-    let agent = static_agent(arch);
-    cargo_build(
-        arch,
-        &[
-            "-p",
-            "health-agent-tests",
-            "--bin",
-            "fixture-backend",
-            "--bin",
-            "vm-init",
-        ],
-    );
-    let dir = static_dir(arch);
-    [agent, dir.join("fixture-backend"), dir.join("vm-init")]
+    build_guest(arch).unwrap_or_else(|e| panic!("{e}"));
+    let target = crate::target_dir()
+        .parent()
+        .expect("target dir")
+        .to_path_buf();
+    let dir = target.join(arch.target()).join("release");
+    [
+        static_agent(arch, &target),
+        dir.join("fixture-backend"),
+        dir.join("vm-init"),
+    ]
 }
 
 /// A `newc` cpio archive, the format the kernel unpacks as its initramfs.
