@@ -14,6 +14,7 @@
 //! - `docker`: the Docker Engine API client;
 //! - `netns`: network namespaces, where the web backend's sockets live;
 //! - `sd_notify`: systemd readiness and watchdog;
+//! - `logging`: the log lines (text or JSON; the journal's priority prefixes);
 //! - `config`: the TOML file (`sections`, `bounds`, `validate`, `secrets`, `default.toml`);
 //! - `ebpf`: the kernel programs' loader and map reads (`load`, `attach`, `read`; `btf`: the BTF
 //!   reader; `tracefs`);
@@ -59,6 +60,7 @@ pub(crate) mod fleet;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 pub(crate) mod heal;
+pub mod logging;
 pub(crate) mod metrics;
 pub(crate) mod net;
 pub(crate) mod netns;

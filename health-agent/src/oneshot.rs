@@ -262,3 +262,50 @@ pub fn environment_rows(from_env: &FromEnv) -> String {
     }
     out
 }
+
+/// The rows `check` prints on AWS when the config calls it (`scaling.cloudwatch`, peers from
+/// the auto-scaling group, the lifecycle hook): where the keys come from, whether they can be
+/// had now, and the region. Never a key, secret or token.
+pub async fn aws_rows(cfg: &Config) -> String {
+    use crate::aws::{credentials::Provider, imds::Imds};
+    let used = cfg.scaling.cloudwatch.enabled
+        || cfg.fleet.from_asg()
+        || !cfg.drain.lifecycle_hook.is_empty();
+    if !used {
+        return String::new();
+    }
+    let region = [&cfg.scaling.cloudwatch.region, &cfg.drain.region]
+        .into_iter()
+        .find(|r| !r.is_empty())
+        .map_or("", |r| r.as_str());
+    let imds = std::sync::Arc::new(Imds::from_env(AWS_CHECK_TIMEOUT));
+    let mut provider = Provider::from_env(imds.clone(), region);
+    let credentials = match provider.get().await {
+        Ok(_) => match provider.expires() {
+            Some(at) => {
+                let left = at
+                    .duration_since(std::time::SystemTime::now())
+                    .unwrap_or_default();
+                format!(
+                    "{} — ok (temporary: they expire in {} min, renewed {} min before)",
+                    provider.source(),
+                    left.as_secs() / 60,
+                    crate::aws::credentials::RENEW_BEFORE.as_secs() / 60
+                )
+            }
+            None => format!("{} — ok", provider.source()),
+        },
+        Err(e) => e.to_string(),
+    };
+    let region = match crate::aws::region_from(region, &imds).await {
+        Ok((r, from)) => format!("{r} (from {from})"),
+        Err(e) => format!("unknown — {e}"),
+    };
+    format!(
+        "{:<15} {credentials}\n{:<15} {region}\n",
+        "aws credentials", "aws region"
+    )
+}
+
+/// Per request of `check` to the credential sources and the metadata service.
+const AWS_CHECK_TIMEOUT: Duration = Duration::from_secs(5);

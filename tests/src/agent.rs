@@ -67,8 +67,45 @@ impl Agent {
         Self::launch(&[], addr, extra, env)
     }
 
+    /// [`Agent::start_at`] in a UTS namespace of its own whose host name is `hostname`: one
+    /// host of a fleet, as its alerts name it (`unshare --uts`, then `hostname`).
+    pub fn start_named(
+        addr: SocketAddr,
+        hostname: &str,
+        extra: &str,
+        env: &[(&str, &str)],
+    ) -> Self {
+        let wrapper = [
+            "unshare",
+            "--uts",
+            "--",
+            "sh",
+            "-c",
+            "hostname \"$0\" && exec \"$@\"",
+            hostname,
+        ];
+        Self::launch(&wrapper, addr, extra, env)
+    }
+
+    /// Like [`Agent::start_with_env`], with `$JOURNAL_STREAM` naming the agent's stderr (its
+    /// log file) as systemd names the journal stream it connects: `"<dev>:<ino>"`.
+    pub fn start_journaled(extra: &str, env: &[(&str, &str)]) -> Self {
+        let addr = ([127, 0, 0, 1], free_port()).into();
+        Self::launch_logged(&[], addr, extra, env, true)
+    }
+
     /// Writes the config, starts the agent and waits until it serves `/livez` on `addr`.
     fn launch(wrapper: &[&str], addr: SocketAddr, extra: &str, env: &[(&str, &str)]) -> Self {
+        Self::launch_logged(wrapper, addr, extra, env, false)
+    }
+
+    fn launch_logged(
+        wrapper: &[&str],
+        addr: SocketAddr,
+        extra: &str,
+        env: &[(&str, &str)],
+        journaled: bool,
+    ) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let config = dir.path().join("health-agent.toml");
         let mut base = format!(
@@ -126,6 +163,24 @@ impl Agent {
         for var in SECRET_VARS {
             command.env_remove(var);
         }
+        // Run under systemd, the suite's own shell may carry one: no agent inherits it.
+        command.env_remove("JOURNAL_STREAM");
+        if journaled {
+            use std::os::unix::fs::MetadataExt;
+            let meta = log_file.metadata().expect("the log file's inode");
+            command.env("JOURNAL_STREAM", format!("{}:{}", meta.dev(), meta.ino()));
+        }
+        // Nor the AWS credential chain of the machine running the suite: no AWS_* variable, no
+        // ~/.aws files (a test that wants them passes them).
+        for (var, _) in std::env::vars_os() {
+            if var.to_string_lossy().starts_with("AWS_") {
+                command.env_remove(var);
+            }
+        }
+        let no_file = dir.path().join("no-aws-file");
+        command
+            .env("AWS_CONFIG_FILE", &no_file)
+            .env("AWS_SHARED_CREDENTIALS_FILE", &no_file);
         let started = Instant::now();
         let child = command
             .arg("--config")
@@ -261,6 +316,11 @@ impl Agent {
         self.wait_health(timeout, what, |c, b| {
             c == 200 && b["checks"]["webserver"] == "up"
         })
+    }
+
+    /// SIGKILL: the agent dies on the spot, as in a crash or a lost host (nothing flushed).
+    pub fn kill(&self) {
+        self.child.signal(libc::SIGKILL);
     }
 
     /// Sends SIGTERM and returns the exit status.

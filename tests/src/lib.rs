@@ -25,7 +25,7 @@
 //! | `nspawn` | a Debian system booted with `systemd-nspawn -b` (the shipped unit under real systemd) |
 //! | `stack` | the CloudFormation template deployed in moto; the AWS CLI stand-in its UserData runs against on a booted root |
 //! | `release` | the release artifacts that UserData installs: `cargo xtask dist`'s, or stand-ins built from the static agent |
-//! | `qemu` | Debian's Linux 6.1 booted under qemu, running scenarios inside (`bin/vm-init/`) |
+//! | `qemu` | Debian's Linux 6.1, x86_64 or arm64, booted under qemu, running scenarios inside (`bin/vm-init/`); what the VM tests assert on them (`qemu::verdicts`) |
 //! | `fleet` | stub servers, `/etc/hosts` lines, `/metrics` gauges for the fleet tests |
 
 pub mod agent;
@@ -87,7 +87,8 @@ pub use receiver::{AlertReceivers, Receiver, Recorded};
 pub use redis::Redis;
 pub use story::{
     assert_200_before, assert_answered, assert_contract, database_behind_proxy, heal_attempts,
-    pretty, since, steady_load, tail, watched_fixture, web_config, Restarts, Watch, Watched,
+    pretty, since, steady_load, tail, unanswered_reason, watched_fixture, web_config, Restarts,
+    Watch, Watched,
 };
 pub use tmpfs::Tmpfs;
 pub use wait::{health_at, wait_health_at, wait_hung_at, wait_until};

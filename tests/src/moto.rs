@@ -67,6 +67,32 @@ def complete_lifecycle_action(self):
             + '</RequestId></ResponseMetadata></CompleteLifecycleActionResponse>')
 
 AutoScalingResponse.complete_lifecycle_action = complete_lifecycle_action
+
+# STS AssumeRoleWithWebIdentity is unsigned in AWS (the token is the proof): exempt from the
+# signature check once auth is on, and its token checked against $HA_TEST_MOTO_WEB_IDENTITY_TOKEN
+# (moto checks none); each call recorded in $HA_TEST_MOTO_WEB_IDENTITY_LOG.
+from moto.sts.responses import TokenResponse
+from moto.sts.exceptions import STSClientError
+
+_authenticate = TokenResponse._authenticate_and_authorize_normal_action
+def authenticate(self, *args, **kwargs):
+    if self._get_action() == "AssumeRoleWithWebIdentity":
+        return
+    return _authenticate(self, *args, **kwargs)
+TokenResponse._authenticate_and_authorize_normal_action = authenticate
+
+_web_identity = TokenResponse.assume_role_with_web_identity
+def assume_role_with_web_identity(self):
+    token = self._get_param("WebIdentityToken")
+    with open(os.environ["HA_TEST_MOTO_WEB_IDENTITY_LOG"], "a") as f:
+        f.write(json.dumps({"at": time.time(), "role": self._get_param("RoleArn"),
+                            "session": self._get_param("RoleSessionName"),
+                            "token": token}) + "\n")
+    if token != os.environ.get("HA_TEST_MOTO_WEB_IDENTITY_TOKEN", token):
+        raise STSClientError("InvalidIdentityToken", "Couldn't verify the web identity token")
+    return _web_identity(self)
+TokenResponse.assume_role_with_web_identity = assume_role_with_web_identity
+
 from moto.server import main
 main(sys.argv[1:])
 "#;
@@ -79,7 +105,36 @@ pub struct Moto {
     pub log: PathBuf,
     /// The `CompleteLifecycleAction` calls it took, one JSON line each.
     lifecycle_log: PathBuf,
+    /// The `AssumeRoleWithWebIdentity` calls it took, one JSON line each.
+    web_identity_log: PathBuf,
+    /// The keys boto3 reads back with: any until [`Moto::enforce_auth`], then an admin's.
+    keys: Mutex<(String, String)>,
     _dir: tempfile::TempDir,
+}
+
+/// The token moto's STS takes in `AssumeRoleWithWebIdentity`: any other is refused
+/// (`InvalidIdentityToken`).
+pub const WEB_IDENTITY_TOKEN: &str = "eyJhbGciOiJSUzI1NiJ9.web-identity-token-never-shown.sig";
+
+/// What [`Moto::iam`] made: an admin, a user and a role allowed what the agent calls, and
+/// temporary keys of that role as ECS, EKS or EC2 would hand them out.
+#[derive(Debug, Clone)]
+pub struct Iam {
+    pub admin: Keys,
+    /// A user allowed the agent's calls and `sts:AssumeRole` on the role.
+    pub user: Keys,
+    pub role_arn: String,
+    /// `AssumeRole` of the role, one set per request.
+    pub role_keys: Vec<Keys>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Keys {
+    pub id: String,
+    pub secret: String,
+    pub token: Option<String>,
+    /// RFC 3339, for temporary keys.
+    pub expiration: Option<String>,
 }
 
 impl Moto {
@@ -91,9 +146,12 @@ impl Moto {
         let log = dir.path().join("moto.log");
         let port = free_port();
         let lifecycle_log = dir.path().join("lifecycle.jsonl");
+        let web_identity_log = dir.path().join("web-identity.jsonl");
         let child = Command::new(&python)
             .args(["-c", MOTO_MAIN, "-H", "127.0.0.1", "-p", &port.to_string()])
             .env("HA_TEST_MOTO_LIFECYCLE_LOG", &lifecycle_log)
+            .env("HA_TEST_MOTO_WEB_IDENTITY_LOG", &web_identity_log)
+            .env("HA_TEST_MOTO_WEB_IDENTITY_TOKEN", WEB_IDENTITY_TOKEN)
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&log).expect("moto log"))
             .stderr(Stdio::from(
@@ -110,6 +168,8 @@ impl Moto {
             _child: Proc(child),
             log,
             lifecycle_log,
+            web_identity_log,
+            keys: Mutex::new(("reader".into(), "reader".into())),
             _dir: dir,
         };
         wait_until(Duration::from_secs(30), "moto to listen", || {
@@ -125,11 +185,16 @@ impl Moto {
     /// Runs a boto3 `script` (its `sys.argv[1]` is moto's endpoint, then `args`) and reads
     /// the JSON it prints.
     pub fn boto3(&self, script: &str, args: &[&str]) -> Value {
+        let (id, secret) = self.keys.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let out = succeed(
             Command::new(&self.python)
                 .args(["-c", script, &self.endpoint()])
                 .args(args)
-                .env("AWS_EC2_METADATA_DISABLED", "true"),
+                .env("AWS_EC2_METADATA_DISABLED", "true")
+                .env("AWS_ACCESS_KEY_ID", id)
+                .env("AWS_SECRET_ACCESS_KEY", secret)
+                .env_remove("AWS_SESSION_TOKEN")
+                .env_remove("AWS_PROFILE"),
         );
         serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
             panic!(
@@ -223,8 +288,7 @@ print(json.dumps(asg.describe_lifecycle_hooks(AutoScalingGroupName=name)["Lifecy
         let script = r#"
 import json, sys, datetime, boto3
 endpoint, region, namespace = sys.argv[1:4]
-cw = boto3.client("cloudwatch", endpoint_url=endpoint, region_name=region,
-                  aws_access_key_id="reader", aws_secret_access_key="reader")
+cw = boto3.client("cloudwatch", endpoint_url=endpoint, region_name=region)
 now = datetime.datetime.now(datetime.timezone.utc)
 out = {"metrics": [], "datapoints": []}
 for m in cw.list_metrics(Namespace=namespace)["Metrics"]:
@@ -243,6 +307,85 @@ for m in cw.list_metrics(Namespace=namespace)["Metrics"]:
 print(json.dumps(out))
 "#;
         self.boto3(script, &[region, namespace])
+    }
+
+    /// Makes the IAM side of [`Iam`], with `role_keys` temporary keys of the role. Before
+    /// [`Moto::enforce_auth`]: nothing is checked yet.
+    pub fn iam(&self, role_keys: usize) -> Iam {
+        let script = r#"
+import json, sys, boto3
+endpoint, n = sys.argv[1], int(sys.argv[2])
+kw = dict(endpoint_url=endpoint, region_name="us-east-1",
+          aws_access_key_id="setup", aws_secret_access_key="setup")
+iam, sts = boto3.client("iam", **kw), boto3.client("sts", **kw)
+def doc(actions):
+    return json.dumps({"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Action": actions, "Resource": "*"}]})
+# moto names CloudWatch's actions by the signing name, monitoring:; AWS by cloudwatch:.
+agent = ["cloudwatch:PutMetricData", "monitoring:PutMetricData",
+         "autoscaling:DescribeAutoScalingGroups", "autoscaling:DescribeAutoScalingInstances",
+         "autoscaling:CompleteLifecycleAction", "ec2:DescribeInstances"]
+iam.create_user(UserName="admin")
+iam.put_user_policy(UserName="admin", PolicyName="all", PolicyDocument=doc("*"))
+admin = iam.create_access_key(UserName="admin")["AccessKey"]
+role = iam.create_role(RoleName="health-agent", AssumeRolePolicyDocument=json.dumps({
+    "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"AWS": "*"},
+    "Action": ["sts:AssumeRole", "sts:AssumeRoleWithWebIdentity"]}]}))["Role"]["Arn"]
+iam.put_role_policy(RoleName="health-agent", PolicyName="agent", PolicyDocument=doc(agent))
+iam.create_user(UserName="agent")
+iam.put_user_policy(UserName="agent", PolicyName="agent",
+                    PolicyDocument=doc(agent + ["sts:AssumeRole"]))
+user = iam.create_access_key(UserName="agent")["AccessKey"]
+keys = lambda k: {"id": k["AccessKeyId"], "secret": k["SecretAccessKey"],
+                  "token": k.get("SessionToken"),
+                  "expiration": k["Expiration"].strftime("%Y-%m-%dT%H:%M:%SZ") if "Expiration" in k else None}
+temp = [keys(sts.assume_role(RoleArn=role, RoleSessionName=f"stand-in-{i}")["Credentials"])
+        for i in range(n)]
+print(json.dumps({"admin": keys(admin), "user": keys(user), "role_arn": role, "role_keys": temp}))
+"#;
+        let v = self.boto3(script, &[&role_keys.to_string()]);
+        let keys = |k: &Value| Keys {
+            id: k["id"].as_str().expect("id").into(),
+            secret: k["secret"].as_str().expect("secret").into(),
+            token: k["token"].as_str().map(String::from),
+            expiration: k["expiration"].as_str().map(String::from),
+        };
+        Iam {
+            admin: keys(&v["admin"]),
+            user: keys(&v["user"]),
+            role_arn: v["role_arn"].as_str().expect("role_arn").into(),
+            role_keys: v["role_keys"]
+                .as_array()
+                .expect("role_keys")
+                .iter()
+                .map(keys)
+                .collect(),
+        }
+    }
+
+    /// From now on every request must be signed with keys moto issued (an IAM user's or STS's)
+    /// and be allowed by their policies, as AWS checks; boto3 reads back as `admin`.
+    pub fn enforce_auth(&self, admin: &Keys) {
+        let script = "import sys, urllib.request\n\
+            print(urllib.request.urlopen(urllib.request.Request(sys.argv[1] + \
+            '/moto-api/reset-auth', data=b'0', method='POST', \
+            headers={'Content-Type': 'text/plain'})).read().decode())";
+        succeed(
+            Command::new(&self.python)
+                .args(["-c", script, &self.endpoint()])
+                .env("NO_PROXY", "*"),
+        );
+        *self.keys.lock().unwrap_or_else(|e| e.into_inner()) =
+            (admin.id.clone(), admin.secret.clone());
+    }
+
+    /// The `AssumeRoleWithWebIdentity` calls moto took: `{at, role, session, token}`.
+    pub fn web_identity_calls(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.web_identity_log)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("a JSON line"))
+            .collect()
     }
 }
 
@@ -336,7 +479,7 @@ pub fn instance_env(imds: &Receiver) -> Vec<(&'static str, String)> {
 }
 
 /// RFC 3339 UTC `secs` from now, with `date` (no date crate in the tests).
-fn time_in(secs: u64) -> String {
+pub fn time_in(secs: u64) -> String {
     stdout_of(Command::new("date").args([
         "-u",
         "-d",

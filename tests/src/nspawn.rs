@@ -187,7 +187,10 @@ impl Machine {
     /// Boots `rootfs` with `binds` (host path, container path) mounted read-only and waits until
     /// systemd says the system is up.
     /// Debian booted with `cargo xtask package`'s .deb installed (`dpkg -i`) and the fixture
-    /// backend at `/usr/local/bin/fixture-backend`, as an instance built from the package.
+    /// backend at `/usr/local/bin/fixture-backend`, as an instance built from the package. The
+    /// package enables the unit, as Debian's convention wants; a policy-rc.d that denies every
+    /// start (what image builders install) keeps its postinst from starting it, so each test
+    /// starts the agent itself, with its own config and ports.
     pub fn with_package() -> Self {
         let deb = built_deb();
         let fixture = crate::binary("fixture-backend", "health-agent-tests");
@@ -199,7 +202,10 @@ impl Machine {
             ],
         );
         let deb_name = deb.file_name().and_then(|n| n.to_str()).expect("deb name");
+        machine.write("/usr/sbin/policy-rc.d", "#!/bin/sh\nexit 101\n");
+        machine.run(&["chmod", "755", "/usr/sbin/policy-rc.d"]);
         machine.run(&["dpkg", "-i", &format!("/mnt/deb/{deb_name}")]);
+        machine.run(&["rm", "/usr/sbin/policy-rc.d"]);
         machine
     }
 

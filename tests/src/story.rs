@@ -133,6 +133,28 @@ pub fn assert_contract(samples: &[HealthSample], ctx: &str) {
     }
 }
 
+/// What an answer's `reasons` say while the web backend is slow with requests waiting
+/// unanswered: (how many wait, seconds since anything was answered), from "web backend slow: 3
+/// requests unanswered (oldest 4.2s), …; nothing answered for 5.1s, 0% CPU: unresponsive (503)
+/// once …", or, while the last answer is as recent as the wait, "…; the last answer went out
+/// 1.8s ago". None when no reason says so.
+pub fn unanswered_reason(reasons: &Value) -> Option<(u64, f64)> {
+    reasons
+        .as_array()?
+        .iter()
+        .filter_map(Value::as_str)
+        .find_map(|r| {
+            let r = r.strip_prefix("web backend slow: ")?;
+            let (head, _) = r.split_once(" requests unanswered (oldest ")?;
+            let n = head.rsplit(' ').next()?.parse().ok()?;
+            let quiet = match r.split_once("; nothing answered for ") {
+                Some((_, q)) if r.contains(": unresponsive (503) once") => q,
+                _ => r.split_once("; the last answer went out ")?.1,
+            };
+            Some((n, quiet.split_once('s')?.0.parse().ok()?))
+        })
+}
+
 /// `details.heal.total_attempts` of an answer (0 when absent).
 pub fn heal_attempts(s: &HealthSample) -> u64 {
     s.body["details"]["heal"]["total_attempts"]

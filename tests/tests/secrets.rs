@@ -2,7 +2,8 @@
 //! database password, given as `PGPASSWORD` or in the URL, for passwords of one to three
 //! characters, a digit, a common word, a word of the message itself, the user name and
 //! non-ASCII; every surface is then read: `check` (table and JSON), `/health`, `/metrics`, the
-//! log, and what Slack, PagerDuty, GitHub (the incident issue) and a webhook received.
+//! log (as text, and as JSON lines when the password is in the URL), and what Slack,
+//! PagerDuty, GitHub (the incident issue) and a webhook received.
 //!
 //! Two properties, for every secret and surface: nothing shown depends on the secret (`check`
 //! with the secret and with another one print the same, digits aside), so no secret can be
@@ -184,6 +185,10 @@ fn no_surface_of_the_running_agent_reveals_the_password() {
             let env = Setup::env(via, secret);
             let mut env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
             env.push(("GITHUB_TOKEN", "ghp_testtoken4711"));
+            // The password in the URL, logged as JSON: a log shipper indexes each field.
+            if let Via::Url = via {
+                env.push(("HEALTH_AGENT_LOG_FORMAT", "json"));
+            }
             let agent = Agent::start_with_env(
                 &format!(
                     "[checks]\ninterval = \"500ms\"\n[database]\nurl = \"{}\"\ninterval = \"2s\"\n\
@@ -216,11 +221,179 @@ fn no_surface_of_the_running_agent_reveals_the_password() {
         for (surface, text) in &surfaces {
             assert_nothing_reveals(&format!("{via:?} {surface}"), text, secret);
         }
+        if let Via::Url = via {
+            for line in surfaces[2].1.lines() {
+                let v: serde_json::Value = serde_json::from_str(line)
+                    .unwrap_or_else(|e| panic!("a log line that is not JSON ({e}): {line}"));
+                assert!(v["message"].is_string(), "{line}");
+            }
+        }
         for (surface, text) in [&surfaces[0], &surfaces[4], &surfaces[5]] {
             assert!(
                 text.contains(REFUSED) || text.contains(&REFUSED.replace("\\\"", "\"")),
                 "{via:?} {surface}, secret {secret:?}: the refusal is not readable:\n{text}"
             );
+        }
+    }
+}
+
+/// The AWS secrets of each credential source: a secret access key and session token (from the
+/// environment, a profile's file, the container endpoint), the container's authorization
+/// token, the web identity token.
+const AWS_SECRETS: &[&str] = &[
+    "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+    "Aws-Secret-4711",
+    "pässwörd-ünïcode",
+];
+
+/// `check` and the running agent, for each AWS credential source: no secret on any surface,
+/// and `check` prints the same whatever the secret (the source named, never a key).
+#[test]
+fn no_aws_credential_source_reveals_its_secrets() {
+    use health_agent_tests::{moto::WEB_IDENTITY_TOKEN, Moto, Receiver};
+    use std::sync::{Arc, Mutex};
+    require_root();
+    let moto = Moto::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    // PutMetricData accepted, whatever the keys: the secrets only have to travel.
+    let cloudwatch = Receiver::start(|_, _| (200, "<PutMetricDataResponse/>".into()));
+    let toml = format!(
+        "[scaling.cloudwatch]\nenabled = true\nregion = \"us-east-1\"\nauto_scaling_group = \"g\"\n\
+         interval = \"10s\"\nhigh_resolution = true\nendpoint = \"{}\"\n",
+        cloudwatch.url("")
+    );
+    let served = Arc::new(Mutex::new(String::new()));
+    let secret_of = served.clone();
+    let container = Receiver::start(move |req, _| {
+        let s = secret_of.lock().unwrap().clone();
+        if req.header("authorization") != Some(format!("auth-{s}").as_str()) {
+            return (401, "{}".into());
+        }
+        let body = serde_json::json!({"AccessKeyId": "ASIACONTAINER", "SecretAccessKey": s,
+            "Token": format!("token-{s}"), "Expiration": "2099-01-01T00:00:00Z"});
+        (200, body.to_string())
+    });
+    let write = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).expect("write");
+        p.display().to_string()
+    };
+    let web_token = write("web-token", WEB_IDENTITY_TOKEN);
+    // (source, its environment for a secret).
+    type EnvOf<'a> = Box<dyn Fn(&str) -> Vec<(&'static str, String)> + 'a>;
+    let sources: Vec<(&str, EnvOf)> = vec![
+        (
+            "environment",
+            Box::new(|s: &str| {
+                vec![
+                    ("AWS_ACCESS_KEY_ID", "AKIDSECRETSTEST".into()),
+                    ("AWS_SECRET_ACCESS_KEY", s.into()),
+                    ("AWS_SESSION_TOKEN", format!("token-{s}")),
+                ]
+            }),
+        ),
+        (
+            "profile",
+            Box::new(|s: &str| {
+                let f = write(
+                    "credentials",
+                    &format!(
+                        "[default]\naws_access_key_id = AKIDPROFILE\naws_secret_access_key = {s}\n\
+                         aws_session_token = token-{s}\n"
+                    ),
+                );
+                vec![("AWS_SHARED_CREDENTIALS_FILE", f)]
+            }),
+        ),
+        (
+            "container",
+            Box::new(|s: &str| {
+                *served.lock().unwrap() = s.to_string();
+                vec![
+                    (
+                        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                        container.url("/creds"),
+                    ),
+                    (
+                        "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
+                        write("auth", &format!("auth-{s}")),
+                    ),
+                ]
+            }),
+        ),
+        (
+            // moto's STS takes only its own token: the secret here is that token.
+            "web identity",
+            Box::new(|_: &str| {
+                vec![
+                    ("AWS_WEB_IDENTITY_TOKEN_FILE", web_token.clone()),
+                    (
+                        "AWS_ROLE_ARN",
+                        "arn:aws:iam::123456789012:role/agent".into(),
+                    ),
+                    ("AWS_ENDPOINT_URL_STS", moto.endpoint()),
+                ]
+            }),
+        ),
+    ];
+    let cfg = dir.path().join("aws.toml");
+    std::fs::write(&cfg, &toml).expect("config");
+    let check = |env: &[(&'static str, String)]| {
+        let mut c = Command::new(agent_binary());
+        for (var, _) in std::env::vars_os() {
+            if var.to_string_lossy().starts_with("AWS_") {
+                c.env_remove(var);
+            }
+        }
+        let none = dir.path().join("none");
+        let run = c
+            .env("AWS_CONFIG_FILE", &none)
+            .env("AWS_SHARED_CREDENTIALS_FILE", &none)
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .arg("--config")
+            .arg(&cfg)
+            .arg("check")
+            .output()
+            .expect("health-agent check");
+        digits_as_zero(&format!(
+            "{}{}",
+            String::from_utf8_lossy(&run.stdout),
+            String::from_utf8_lossy(&run.stderr)
+        ))
+    };
+    for (source, env_of) in &sources {
+        let reference = check(&env_of("Reference-Secret-Q"));
+        assert!(
+            reference.contains("aws credentials") && reference.contains(" — ok"),
+            "{source}: the keys were not had:\n{reference}"
+        );
+        println!("{source}:\n{reference}");
+        for secret in AWS_SECRETS {
+            let env = env_of(secret);
+            let out = check(&env);
+            for s in [
+                secret.to_string(),
+                format!("token-{secret}"),
+                WEB_IDENTITY_TOKEN.into(),
+            ] {
+                assert!(!out.contains(&s), "{source}: `check` shows {s:?}:\n{out}");
+            }
+            assert_eq!(out, reference, "{source}: `check` depends on the secret");
+            if *secret != AWS_SECRETS[0] {
+                // The running agent with one of them: its surfaces take a published interval.
+                continue;
+            }
+            let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            let mut env = env;
+            env.push(("AWS_EC2_METADATA_DISABLED", "true"));
+            let agent = Agent::start_with_env(&toml, &env);
+            let (_, body) = agent.wait_health(WAIT, "a published interval", |_, b| {
+                b["details"]["scaling"]["cloudwatch"]["published_data"].as_u64() >= Some(1)
+            });
+            assert!(body.to_string().contains("credentials"), "{body}");
+            let token = format!("token-{secret}");
+            agent.assert_shows_none(&[secret, &token, WEB_IDENTITY_TOKEN]);
         }
     }
 }

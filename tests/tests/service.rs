@@ -67,7 +67,7 @@ fn the_package_installs_its_unit_verifies_and_its_default_config_validates() {
         .and_then(|m| m.modified())
         .expect("the .deb");
     // What the package is made of: a .deb older than either was made without the change.
-    for source in [UNIT, "xtask/src/package.rs"] {
+    for source in [UNIT, "xtask/src/dist/deb.rs", "xtask/src/dist/payload.rs"] {
         let mtime = std::fs::metadata(workspace().join(source))
             .and_then(|m| m.modified())
             .unwrap_or_else(|e| panic!("{source}: {e}"));

@@ -1,8 +1,9 @@
 //! The shipped unit under real systemd: a Debian 12 system booted with `systemd-nspawn -b`
 //! (tests/src/nspawn.rs says how and why), the .deb from `cargo xtask package` installed inside,
 //! and the agent driven through `systemctl` and `journalctl` there — start through `Type=notify`,
-//! a frozen backend turning 503, the watchdog restarting a frozen agent, a clean stop that
-//! leaves nothing in the kernel, and no reload on offer.
+//! a frozen backend turning 503, the journal filing each line under its priority
+//! (`journalctl -p warning`), the watchdog restarting a frozen agent, a clean stop that leaves
+//! nothing in the kernel, and no reload on offer.
 
 use std::{
     collections::BTreeSet,
@@ -179,6 +180,42 @@ fn the_shipped_unit_starts_detects_restarts_on_watchdog_and_stops_clean_under_re
         let _ = t.join();
     }
     wait_health_at(listen, WAIT, "200 again after SIGCONT", |c, _| c == 200);
+
+    // Priorities: each line went to the journal with its `<N>` prefix, so `-p warning` keeps
+    // the warnings (the 503) and leaves the info lines out; the prefix itself is taken off.
+    let warnings = wait_until(WAIT, "the 503 among the journal's warnings", || {
+        let w = machine.run(&[
+            "journalctl",
+            "-u",
+            SERVICE,
+            "-p",
+            "warning",
+            "--no-pager",
+            "-o",
+            "cat",
+        ]);
+        w.contains("/health now 503").then_some(w)
+    });
+    let all = journal(&machine);
+    let info = "told systemd we are ready";
+    assert!(all.contains(info), "{all}");
+    assert!(
+        !warnings.contains(info) && !warnings.contains("serving /health"),
+        "info lines among the warnings:\n{warnings}"
+    );
+    assert!(
+        !all.lines().any(|l| l.starts_with('<')),
+        "a priority prefix left in the journal:\n{all}"
+    );
+    println!(
+        "journal: `journalctl -p warning` shows {} of the agent's {} lines, e.g. {:?}",
+        warnings.lines().count(),
+        all.lines().count(),
+        warnings
+            .lines()
+            .find(|l| l.contains("/health now 503"))
+            .unwrap_or_default()
+    );
 
     // Watchdog: the agent frozen; its check loop stops sending WATCHDOG=1.
     let watchdog = timespan(&show("WatchdogUSec"));

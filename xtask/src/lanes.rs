@@ -25,8 +25,9 @@ use serde_json::Value;
 
 use crate::cmd;
 
-/// A test binary that loads a core for minutes (the qemu boot): lane 0.
-const HEAVY: &[&str] = &["old_kernel"];
+/// Test binaries that load a core for minutes (the qemu boots, x86_64 and arm64): lane 0, one
+/// after the other.
+const HEAVY: &[&str] = &["old_kernel", "arm64_kernel"];
 /// Test binaries that measure against a known load: after the lanes, side by side with each
 /// other only (the quiet pair).
 const QUIET: &[&str] = &["socket_tracing", "saturation"];
@@ -35,6 +36,8 @@ const QUIET: &[&str] = &["socket_tracing", "saturation"];
 /// plan's weights; a binary not listed weighs DEFAULT_SECS.
 const MEASURED: &[(&str, u64)] = &[
     ("old_kernel", 148),
+    ("arm64_kernel", 120),
+    ("aws_credentials", 110),
     ("verdicts", 118),
     ("fleet", 96),
     ("cloudwatch", 88),

@@ -6,7 +6,8 @@
 //! - `setup`: what a fresh Debian 12 machine needs (`for_demo`: the demo's part only);
 //! - `services`: dockerd and PostgreSQL 15;
 //! - `run`: `build` and `run`;
-//! - `package`: the .deb; `image`: the DaemonSet's FROM-scratch image;
+//! - `dist/`: the release artifacts for x86_64 and aarch64, and their checks; `package`: the
+//!   host's .deb and `image`: the DaemonSet's FROM-scratch image, both built by `dist`'s code;
 //! - `test`: the full check CI runs; `deploy`: its deploy stage, the validators offline;
 //! - `demo`: the narrated demo; `live`: the agent and the bundled backend for `demo` and `bench`;
 //! - `bench/`: one file per section, `report` writing docs/BENCHMARKS.md; servers and guards
@@ -19,6 +20,7 @@ mod bench;
 mod cmd;
 mod demo;
 mod deploy;
+mod dist;
 mod fuzz;
 mod image;
 mod lanes;
@@ -63,9 +65,13 @@ enum Command {
     Demo(demo::Args),
     /// Speed and memory targets, measured side by side, written to docs/BENCHMARKS.md.
     Bench(bench::Args),
-    /// The Debian package: target/debian/health-agent_<version>_<arch>.deb (release binary,
-    /// systemd unit, default config as a conffile).
+    /// The Debian package: target/debian/health-agent_<version>-<rev>_<arch>.deb (the static
+    /// release binary, systemd unit, default config as a conffile).
     Package,
+    /// Everything a release publishes, for x86_64 and aarch64, into dist/: the static binaries,
+    /// a tarball, a .deb, an .rpm and an OCI image per architecture, SHA256SUMS. `--check`
+    /// proves them (lint, scratch installs and an upgrade, a root without libc, docker load).
+    Dist(dist::Args),
     /// The DaemonSet's OCI image in the local Docker daemon: health-agent:<version> and :latest,
     /// a static (musl) agent alone, imported without any registry pull.
     Image,
@@ -83,6 +89,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run::run(args),
         Command::Package => package::run().map(|_| ()),
         Command::Image => image::run().map(|_| ()),
+        Command::Dist(args) => dist::run(&args),
         Command::Test(args) => test::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Bench(args) => bench::run(&args),

@@ -23,6 +23,11 @@ pub fn run(verb: &str) -> Result<()> {
     step(verb, "postgresql 15", postgres)
 }
 
+/// Starts dockerd if it is not running.
+pub fn dockerd(verb: &str) -> Result<()> {
+    step(verb, "dockerd", docker)
+}
+
 fn docker_up() -> bool {
     cmd::succeeds(Command::new("docker").arg("info"))
 }

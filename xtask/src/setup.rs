@@ -57,13 +57,18 @@ const PACKAGES: &[&str] = &[
     "bpftool",
     // cargo xtask image: the static (musl) agent; ring's C parts need musl-gcc.
     "musl-tools",
-    // tests/tests/old_kernel.rs: Debian's 6.1 kernel booted under qemu (TCG), with busybox as
-    // the guest's /bin/sh (the agent's restart_command runs under it).
+    // tests/tests/old_kernel.rs and arm64_kernel.rs: Debian's 6.1 kernels booted under qemu
+    // (TCG), with busybox as the guest's /bin/sh (the agent's restart_command runs under it;
+    // the arm64 guest's busybox is unpacked from busybox-static:arm64, see test_roots).
     "qemu-system-x86",
+    "qemu-system-arm",
     "busybox-static",
-    // cargo xtask dist: the aarch64 static build's C parts (ring) and its linker, and the
-    // package checks (rpmbuild, rpmlint, lintian).
+    // cargo xtask dist: the aarch64 static build's C parts (ring, the allocator) and its
+    // linker, musl's headers for aarch64 with the `aarch64-linux-musl-gcc` wrapper over that gcc
+    // (a foreign-architecture package: setup adds arm64 to dpkg first), and the package checks
+    // (rpmbuild, rpmlint, lintian).
     "gcc-aarch64-linux-gnu",
+    "musl-dev:arm64",
     "rpm",
     "rpmlint",
     "lintian",
@@ -100,7 +105,12 @@ pub fn run(args: &Args) -> Result<()> {
     step("setup", "crates (cargo fetch)", fetch_crates)?;
     step(
         "setup",
-        "test roots (Debian's 6.1 kernel, nspawn roots)",
+        "arm64 package lists (the arm64 VM's kernel and busybox)",
+        arm64_lists,
+    )?;
+    step(
+        "setup",
+        "test roots (Debian's 6.1 kernels, x86_64 and arm64; nspawn roots)",
         test_roots,
     )?;
     services::run("setup")
@@ -116,15 +126,51 @@ fn fetch_crates() -> Result<Outcome> {
     Ok(Outcome::Ok("all in the local registry"))
 }
 
+/// A package apt knows for arm64 once the architecture is added and its lists fetched.
+const ARM64_PROBE: &str = "linux-image-cloud-arm64:arm64";
+
+/// Debian's arm64 package lists, for the arm64 VM's kernel and busybox (tests/tests/
+/// arm64_kernel.rs): `dpkg --add-architecture arm64` and `apt-get update`. Only `apt-get
+/// download` uses them; nothing of arm64 is installed on the host.
+fn arm64_lists() -> Result<Outcome> {
+    if cmd::succeeds(Command::new("apt-cache").args(["show", ARM64_PROBE])) {
+        return Ok(Outcome::Ok("already present"));
+    }
+    ensure!(
+        cmd::is_root(),
+        "adding the arm64 architecture needs root — run: sudo cargo xtask setup"
+    );
+    cmd::run(Command::new("dpkg").args(["--add-architecture", "arm64"]))
+        .context("dpkg --add-architecture arm64 failed")?;
+    cmd::run(
+        Command::new("apt-get")
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .arg("update"),
+    )
+    .context("apt-get update failed — check the network and /etc/apt/sources.list*")?;
+    ensure!(
+        cmd::succeeds(Command::new("apt-cache").args(["show", ARM64_PROBE])),
+        "apt knows no {ARM64_PROBE} after adding arm64 — does the mirror carry arm64?"
+    );
+    Ok(Outcome::Done("added"))
+}
+
 /// What the VM and systemd tests boot, from the host's Debian mirror: here, so that the test
-/// stage reaches loopback and its own namespaces only. Debian 12's 6.1 kernel package (unpacked)
-/// for tests/tests/old_kernel.rs, and the root file system mmdebstrap makes for
-/// tests/tests/systemd.rs and aws.rs; both cached under /var/cache/health-agent.
+/// stage reaches loopback and its own namespaces only. Debian 12's 6.1 kernel packages for
+/// x86_64 and arm64 and arm64's busybox (unpacked) for tests/tests/old_kernel.rs and
+/// arm64_kernel.rs, and the root file system mmdebstrap makes for tests/tests/systemd.rs and
+/// aws.rs; all cached under /var/cache/health-agent.
 fn test_roots() -> Result<Outcome> {
-    use health_agent_tests::{nspawn, qemu};
+    use health_agent_tests::{
+        nspawn,
+        qemu::{self, Arch},
+    };
     let cached = std::panic::catch_unwind(|| {
-        let cached = qemu::kernel_cached() && nspawn::rootfs_cached();
-        qemu::kernel();
+        let cached = Arch::ALL.iter().all(|a| qemu::cached(*a)) && nspawn::rootfs_cached();
+        for arch in Arch::ALL {
+            qemu::kernel(arch);
+            qemu::busybox(arch);
+        }
         nspawn::rootfs();
         nspawn::dnf_rootfs();
         cached
@@ -456,6 +502,15 @@ fn packages() -> Result<Outcome> {
         apt.env("DEBIAN_FRONTEND", "noninteractive");
         apt
     };
+    for arch in missing
+        .iter()
+        .filter_map(|p| p.split_once(':').map(|(_, arch)| arch))
+    {
+        let foreign = cmd::stdout(Command::new("dpkg").arg("--print-foreign-architectures"))?;
+        if !foreign.lines().any(|a| a.trim() == arch) {
+            cmd::run(Command::new("dpkg").args(["--add-architecture", arch]))?;
+        }
+    }
     cmd::run(apt_get().arg("update"))
         .context("apt-get update failed — check the network and /etc/apt/sources.list*")?;
     cmd::run(apt_get().args(["install", "-y"]).args(&missing))

@@ -5,7 +5,7 @@ use std::{process::Command, time::Instant};
 
 use anyhow::Result;
 
-use crate::{cmd, deploy, image, lanes, package, setup};
+use crate::{cmd, deploy, dist, image, lanes, package, setup};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -20,7 +20,7 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = 3)]
     lanes: usize,
     /// Run only the stages of these names (setup, fmt, clippy, clippy-ebpf, deploy, build,
-    /// package, image, test), in their usual order: `--only deploy`.
+    /// package, image, dist, test), in their usual order: `--only deploy`.
     #[arg(long, value_name = "STAGE", value_delimiter = ',')]
     only: Vec<String>,
     /// Passed to the test binaries after `--`: a test name filter, --nocapture, ...
@@ -36,6 +36,8 @@ enum Stage {
     Package,
     /// The DaemonSet's image tests/tests/image.rs runs (`cargo xtask image`).
     Image,
+    /// The release artifacts for both architectures, proven (`cargo xtask dist --check`).
+    Dist,
     /// The test binaries in lanes (`--lanes N`), with the library's later runs folded in.
     Lanes(Vec<&'static str>, usize, Vec<lanes::LibRun>),
     Run(Command),
@@ -77,6 +79,8 @@ pub fn run(args: &Args) -> Result<()> {
         stages.push(("package", Stage::Package));
         // tests/tests/image.rs runs it as the DaemonSet would.
         stages.push(("image", Stage::Image));
+        // After package and image: the x86_64 release build is theirs, reused.
+        stages.push(("dist", Stage::Dist));
     }
     let targets: &[&str] = if args.unit {
         &["--lib", "--bins"]
@@ -135,6 +139,7 @@ pub fn run(args: &Args) -> Result<()> {
             Stage::Deploy => deploy::run(),
             Stage::Package => package::run().map(|_| ()),
             Stage::Image => image::run().map(|_| ()),
+            Stage::Dist => dist::run(&dist::Args { check: true }),
             Stage::Lanes(ref targets, lanes, ref lib_runs) => {
                 lanes::run(targets, lanes, &args.test_args, lib_runs)
             }

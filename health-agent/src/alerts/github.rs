@@ -1,8 +1,9 @@
 //! GitHub incident issues (REST API, `Authorization: Bearer`, API version 2022-11-28).
 //!
 //! Dedup: before opening an issue the sender lists the open issues labelled `health-agent`
-//! and looks for the incident's fingerprint (`health-agent/<host>/<condition>`, a hidden
-//! marker plus a visible line in the body). Found: the new incident becomes a comment there
+//! and looks for the incident's fingerprint (`health-agent/<host>/<condition>`, or
+//! `health-agent/fleet/<fleet>/<condition>` for a fault the fleet shares: whichever agent
+//! reports it finds the same issue; a hidden marker plus a visible line in the body). Found: the new incident becomes a comment there
 //! ("recurred", with the fresh report). Not found: a new issue labelled `incident`, `p1`…`p3`
 //! and `health-agent`.
 //!
@@ -157,10 +158,10 @@ impl GitHub {
                 match self.find_open(http, &fp).await? {
                     Some(n) => {
                         let text = format!(
-                            "**Recurred** at {}: a new `{}` incident on `{}`.\n\n{body}",
+                            "**Recurred** at {}: a new `{}` incident {}.\n\n{body}",
                             rfc3339(ev.at),
                             ev.condition.key(),
-                            ev.host
+                            report::place(ev)
                         );
                         self.comment(http, n, text).await?;
                         self.issues.insert(fp, n);
@@ -218,11 +219,15 @@ impl GitHub {
 }
 
 fn resolved_comment(ev: &Event) -> String {
+    let (who, recurrence) = match &ev.fleet {
+        Some(_) => (format!("reported by `{}`, now", ev.host), "in this fleet"),
+        None => ("Now".to_string(), "on this host"),
+    };
     let mut s = format!(
-        "**Resolved** at {}: `{}` on `{}` cleared after {}.\n\nNow: {} (HTTP {}), recommendation `{}`.",
+        "**Resolved** at {}: `{}` {} cleared after {}.\n\n{who}: {} (HTTP {}), recommendation `{}`.",
         rfc3339(ev.at),
         ev.condition.key(),
-        ev.host,
+        report::place(ev),
         human(ev.duration()),
         ev.status.as_str(),
         ev.http,
@@ -231,9 +236,9 @@ fn resolved_comment(ev: &Event) -> String {
     for r in &ev.reasons {
         s.push_str(&format!("\n- {r}"));
     }
-    s.push_str(
+    s.push_str(&format!(
         "\n\nThe issue stays open for review; close it once the cause is understood. \
-         A recurrence on this host is reported here.\n",
-    );
+         A recurrence {recurrence} is reported here.\n"
+    ));
     s
 }

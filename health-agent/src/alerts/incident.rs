@@ -2,6 +2,8 @@
 //! stream of snapshots into one trigger and one resolve per incident. An incident opens on the
 //! first snapshot with its condition and resolves only once the condition has been absent
 //! continuously for `alerts.resolve_after`, so a flapping condition is one incident, not many.
+//! Each incident is this host's or, for a fault the peers judged shared, the fleet's (`Scope`,
+//! fixed when it opens); who sends a fleet's incident is `fleet`'s to decide.
 
 use std::{
     sync::Arc,
@@ -103,6 +105,31 @@ impl Condition {
         }
     }
 
+    /// Whether the condition holds in `snap`, and for whom. Only an infrastructure issue can be
+    /// the fleet's: with fleet alerting on (`fleet`), it is when the peers judged a fault of
+    /// this instance shared, undecided while they are still being asked, and this host's when
+    /// it was judged alone (no peer answered, none configured).
+    pub fn scope_in(self, snap: &Snapshot, fleet: bool) -> Holds {
+        if !self.holds(snap) {
+            return Holds::No;
+        }
+        if self != Self::InfrastructureIssue || !fleet || !snap.fleet.configured {
+            return Holds::Yes(Scope::Host);
+        }
+        let shared = snap
+            .fleet
+            .judgements
+            .iter()
+            .any(|j| j.scope == crate::status::Scope::Shared);
+        if shared {
+            Holds::Yes(Scope::Fleet)
+        } else if !snap.fleet.asking.is_empty() {
+            Holds::Undecided
+        } else {
+            Holds::Yes(Scope::Host)
+        }
+    }
+
     /// PagerDuty `payload.severity`: the instance itself is broken → critical; a shared
     /// dependency (handled elsewhere, fleet-wide) → warning.
     pub fn pd_severity(self) -> &'static str {
@@ -118,9 +145,33 @@ impl Condition {
     }
 }
 
+/// Whose an incident is: this host's, or the fleet's that shares the fault (one incident for
+/// all its instances).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    Host,
+    Fleet,
+}
+
+/// What one snapshot says of a condition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holds {
+    No,
+    Yes(Scope),
+    /// It holds, but whether the fleet shares it is still being asked: nothing opens yet (an
+    /// open incident stays open).
+    Undecided,
+}
+
 /// Stable per host and condition: PagerDuty's `dedup_key`, GitHub's issue fingerprint.
 pub fn fingerprint(host: &str, condition: Condition) -> String {
     let k = format!("health-agent/{host}/{}", condition.key());
+    crate::text::cut(&k, KEY_LIMIT).to_string()
+}
+
+/// The same for the incident a whole fleet shares: every agent of the fleet makes the same.
+pub fn fleet_fingerprint(fleet: &str, condition: Condition) -> String {
+    let k = format!("health-agent/fleet/{fleet}/{}", condition.key());
     crate::text::cut(&k, KEY_LIMIT).to_string()
 }
 
@@ -148,6 +199,7 @@ pub enum Kind {
 pub struct Transition {
     pub kind: Kind,
     pub condition: Condition,
+    pub scope: Scope,
     /// Unique per incident (per `Alerts`), pairs a resolve with its trigger.
     pub incident: u64,
     pub opened_at: SystemTime,
@@ -156,6 +208,7 @@ pub struct Transition {
 #[derive(Debug)]
 struct Open {
     incident: u64,
+    scope: Scope,
     opened_at: SystemTime,
     /// The first snapshot without the condition since it was last seen.
     absent_since: Option<Instant>,
@@ -178,15 +231,17 @@ impl Tracker {
         }
     }
 
-    /// Advances every condition with one snapshot's facts.
-    pub fn step(&mut self, holds: impl Fn(Condition) -> bool, now: Instant) -> Vec<Transition> {
+    /// Advances every condition with one snapshot's facts. An incident takes the scope the
+    /// condition had when it opened, and keeps it until it resolves.
+    pub fn step(&mut self, holds: impl Fn(Condition) -> Holds, now: Instant) -> Vec<Transition> {
         let mut out = Vec::new();
         for condition in Condition::ALL {
             let slot = &mut self.open[condition.index()];
             match (slot.as_mut(), holds(condition)) {
-                (None, true) => {
+                (None, Holds::Yes(scope)) => {
                     let open = Open {
                         incident: self.next_incident,
+                        scope,
                         opened_at: SystemTime::now(),
                         absent_since: None,
                     };
@@ -194,25 +249,27 @@ impl Tracker {
                     out.push(Transition {
                         kind: Kind::Trigger,
                         condition,
+                        scope,
                         incident: open.incident,
                         opened_at: open.opened_at,
                     });
                     *slot = Some(open);
                 }
-                (Some(open), true) => open.absent_since = None,
-                (Some(open), false) => {
+                (Some(open), Holds::Yes(_) | Holds::Undecided) => open.absent_since = None,
+                (Some(open), Holds::No) => {
                     let since = *open.absent_since.get_or_insert(now);
                     if now.saturating_duration_since(since) >= self.resolve_after {
                         out.push(Transition {
                             kind: Kind::Resolve,
                             condition,
+                            scope: open.scope,
                             incident: open.incident,
                             opened_at: open.opened_at,
                         });
                         *slot = None;
                     }
                 }
-                (None, false) => {}
+                (None, Holds::No | Holds::Undecided) => {}
             }
         }
         out
@@ -246,6 +303,16 @@ pub struct Event {
     pub full: Bytes,
     /// Process evidence, collected in the background at trigger time (GitHub only).
     pub evidence: Option<Pending>,
+    /// The fleet's incident, sent by this agent as its reporter; None: this host's.
+    pub fleet: Option<FleetTag>,
+}
+
+/// A fleet's incident: the fleet's name and how many of its instances this agent knows have it
+/// (itself included; at a resolve, the most it knew at once).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FleetTag {
+    pub name: Arc<str>,
+    pub instances: usize,
 }
 
 impl Event {
@@ -269,20 +336,43 @@ impl Event {
             brief: snap.body(crate::snapshot::Rendering::Brief).clone(),
             full: snap.body(crate::snapshot::Rendering::Full).clone(),
             evidence,
+            fleet: None,
         }
     }
 
-    pub fn fingerprint(&self) -> String {
-        fingerprint(&self.host, self.condition)
+    /// As the fleet's incident, sent by this agent for all of it.
+    pub fn for_fleet(mut self, tag: FleetTag) -> Self {
+        self.fleet = Some(tag);
+        self
     }
 
-    /// For log lines: `trigger unhealthy #3`.
+    pub fn fingerprint(&self) -> String {
+        match &self.fleet {
+            Some(f) => fleet_fingerprint(&f.name, self.condition),
+            None => fingerprint(&self.host, self.condition),
+        }
+    }
+
+    /// Whose incident it is, for titles: `web-1`, or `fleet shop (3 instances)`.
+    pub fn place(&self) -> String {
+        match &self.fleet {
+            Some(f) => format!("fleet {} ({})", f.name, instances(f.instances)),
+            None => self.host.to_string(),
+        }
+    }
+
+    /// For log lines: `trigger unhealthy #3`, `trigger infrastructure_issue #4 for fleet shop`.
     pub fn describe(&self) -> String {
         let verb = match self.kind {
             Kind::Trigger => "trigger",
             Kind::Resolve => "resolve",
         };
-        format!("{verb} {} #{}", self.condition.key(), self.incident)
+        let fleet = self
+            .fleet
+            .as_ref()
+            .map(|f| format!(" for fleet {}", f.name))
+            .unwrap_or_default();
+        format!("{verb} {} #{}{fleet}", self.condition.key(), self.incident)
     }
 
     /// The seed's `checks` object (webserver, database, disk, containers, cpu, memory).
@@ -326,9 +416,10 @@ impl Event {
         }
     }
 
-    /// One line: `web-1: unhealthy (503) — disk usage at or above the fail threshold`.
+    /// One line: `web-1: unhealthy (503) — disk usage at or above the fail threshold`, or
+    /// `fleet shop (3 instances): infrastructure issue — database unreachable`.
     pub fn summary(&self) -> String {
-        let mut s = format!("{}: {}", self.host, self.condition.title());
+        let mut s = format!("{}: {}", self.place(), self.condition.title());
         if !self.reasons.is_empty() {
             s.push_str(" — ");
             s.push_str(&self.reasons.join("; "));
@@ -342,18 +433,29 @@ pub fn human(d: Duration) -> String {
     humantime::format_duration(Duration::from_secs(d.as_secs())).to_string()
 }
 
+/// `1 instance`, `3 instances`.
+pub fn instances(n: usize) -> String {
+    format!("{n} instance{}", if n == 1 { "" } else { "s" })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
 
-    fn only(c: Condition) -> impl Fn(Condition) -> bool {
-        move |x| x == c
+    fn only(c: Condition) -> impl Fn(Condition) -> Holds {
+        move |x| {
+            if x == c {
+                Holds::Yes(Scope::Host)
+            } else {
+                Holds::No
+            }
+        }
     }
 
-    fn none(_: Condition) -> bool {
-        false
+    fn none(_: Condition) -> Holds {
+        Holds::No
     }
 
     #[test]
@@ -399,7 +501,13 @@ mod tests {
     fn conditions_are_independent() {
         let t0 = Instant::now();
         let mut t = Tracker::new(100 * MS);
-        let both = |c| matches!(c, Condition::Unhealthy | Condition::HealFailed);
+        let both = |c| {
+            if matches!(c, Condition::Unhealthy | Condition::HealFailed) {
+                Holds::Yes(Scope::Host)
+            } else {
+                Holds::No
+            }
+        };
         assert_eq!(t.step(both, t0).len(), 2);
         assert!(t.step(only(Condition::Unhealthy), t0 + 50 * MS).is_empty());
         let r = t.step(only(Condition::Unhealthy), t0 + 200 * MS);
@@ -411,12 +519,43 @@ mod tests {
     }
 
     #[test]
+    fn the_scope_is_fixed_at_opening_and_undecided_opens_nothing() {
+        let t0 = Instant::now();
+        let mut t = Tracker::new(100 * MS);
+        let infra = |h: Holds| {
+            move |c| {
+                if c == Condition::InfrastructureIssue {
+                    h
+                } else {
+                    Holds::No
+                }
+            }
+        };
+        assert!(t.step(infra(Holds::Undecided), t0).is_empty());
+        let open = t.step(infra(Holds::Yes(Scope::Fleet)), t0 + 10 * MS);
+        assert_eq!((open[0].kind, open[0].scope), (Kind::Trigger, Scope::Fleet));
+        // Judged alone for a while (no peer answered): the same incident, still the fleet's.
+        assert!(t
+            .step(infra(Holds::Yes(Scope::Host)), t0 + 20 * MS)
+            .is_empty());
+        assert!(t.step(infra(Holds::Undecided), t0 + 150 * MS).is_empty());
+        let done = t.step(none, t0 + 300 * MS);
+        assert!(done.is_empty());
+        let done = t.step(none, t0 + 400 * MS);
+        assert_eq!((done[0].kind, done[0].scope), (Kind::Resolve, Scope::Fleet));
+    }
+
+    #[test]
     fn keys_and_priorities() {
         assert_eq!(
             fingerprint("web-1", Condition::Unhealthy),
             "health-agent/web-1/unhealthy"
         );
         assert!(fingerprint(&"h".repeat(400), Condition::HealFailed).len() <= 255);
+        assert_eq!(
+            fleet_fingerprint("shop", Condition::InfrastructureIssue),
+            "health-agent/fleet/shop/infrastructure_issue"
+        );
         assert_eq!(priority(Condition::Unhealthy, true), "p1");
         assert_eq!(priority(Condition::HealFailed, false), "p1");
         assert_eq!(priority(Condition::Unhealthy, false), "p2");

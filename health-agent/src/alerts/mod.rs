@@ -5,7 +5,11 @@
 //! delays neither `/health` nor the other destinations, and one destination's messages stay in
 //! order.
 //!
-//! Files: `incident` (conditions, the per-condition state machine, the event), `queue` (the
+//! A fault the fleet shares is one incident for the fleet, sent by one agent (`fleet`); the
+//! others only follow it.
+//!
+//! Files: `incident` (conditions, the per-condition state machine, the event), `fleet` (who
+//! sends the fleet's incidents), `queue` (the
 //! bounded queue and its drop rule), `http` (pacing, timeout, retry/backoff), `error` (why a
 //! message did not go out), `sink` (one JSON POST per message, told what to send by `slack`,
 //! `pagerduty` and `webhook`), `github`, `report` (the incident report), `evidence` (its process
@@ -13,6 +17,7 @@
 
 pub mod error;
 pub mod evidence;
+pub mod fleet;
 pub mod github;
 pub mod http;
 pub mod incident;
@@ -42,7 +47,7 @@ use self::{
     evidence::Pending,
     github::GitHub,
     http::{Http, Pacer, Tuning},
-    incident::{Condition, Event, Kind, Tracker},
+    incident::{Event, Kind, Scope, Tracker},
     queue::{Pushed, Queue},
     sink::JsonSink,
 };
@@ -143,6 +148,8 @@ pub struct Alerts {
     /// GitHub is configured: collect process evidence when an incident opens.
     evidence: Option<Duration>,
     senders: Vec<JoinHandle<()>>,
+    /// With `[fleet]`: the incidents the fleet shares, sent by one agent for all.
+    fleet: Option<fleet::Fleet>,
 }
 
 impl Alerts {
@@ -204,7 +211,18 @@ impl Alerts {
             queues,
             evidence,
             senders,
+            fleet: None,
         })
+    }
+
+    /// Shares the fleet's incidents with the peers: one agent sends each for all of them.
+    pub fn with_fleet(mut self, fleet: fleet::Fleet) -> Self {
+        tracing::info!(
+            "a fault the fleet shares is alerted once for fleet {}, by one agent",
+            fleet.name()
+        );
+        self.fleet = Some(fleet);
+        self
     }
 
     /// Observes every snapshot published on `snapshots` until every publisher is gone, then
@@ -226,27 +244,61 @@ impl Alerts {
     /// it tracks incidents and enqueues messages into a bounded queue (drop-oldest-trigger,
     /// but never drop a resolve that follows a sent trigger — the rule is in `queue`).
     pub fn observe(&mut self, snap: &Snapshot, now: Instant) {
-        let transitions = self.tracker.step(|c: Condition| c.holds(snap), now);
+        let fleet_on = self.fleet.is_some();
+        let transitions = self.tracker.step(|c| c.scope_in(snap, fleet_on), now);
         for t in transitions {
-            let evidence = match (t.kind, self.evidence) {
-                (Kind::Trigger, Some(interval)) => Pending::start(interval),
-                _ => None,
-            };
-            let ev = Arc::new(Event::new(&t, snap, self.host.clone(), evidence));
-            tracing::info!(incident = %ev.describe(), "{}", ev.summary());
-            for (name, queue) in &self.queues {
-                match queue.push(ev.clone()) {
-                    Pushed::Queued => {}
-                    Pushed::Evicted { incident } => tracing::warn!(
-                        destination = %name,
-                        "alert queue full: dropped the unsent incident #{incident}"
-                    ),
-                    Pushed::Dropped => tracing::warn!(
-                        destination = %name,
-                        "alert queue full: dropped {}",
-                        ev.describe()
-                    ),
-                }
+            if let (Scope::Fleet, Some(fleet)) = (t.scope, self.fleet.as_mut()) {
+                let (verb, here) = match t.kind {
+                    Kind::Trigger => ("open", "seen here"),
+                    Kind::Resolve => ("close", "gone here"),
+                };
+                tracing::info!(
+                    incident = %format!("{verb} {} #{}", t.condition.key(), t.incident),
+                    "{} shared by fleet {}: {here} (one agent alerts for the fleet)",
+                    t.condition.title(),
+                    fleet.name()
+                );
+                fleet.local(&t, now);
+                continue;
+            }
+            let ev = Event::new(
+                &t,
+                snap,
+                self.host.clone(),
+                evidence_for(t.kind, self.evidence),
+            );
+            Self::push(&self.queues, Arc::new(ev));
+        }
+        let Some(fleet) = self.fleet.as_mut() else {
+            return;
+        };
+        for send in fleet.step(&snap.fleet.peer_alerts, now) {
+            let evidence = evidence_for(send.kind, self.evidence);
+            let ev = Event::new(&send.transition(), snap, self.host.clone(), evidence);
+            let ev = Arc::new(ev.for_fleet(send.tag));
+            if send.kind == Kind::Trigger {
+                fleet.queued(send.condition, &ev);
+            }
+            Self::push(&self.queues, ev);
+        }
+        fleet.publish(now);
+    }
+
+    /// Into every destination's queue, saying what a full one dropped.
+    fn push(queues: &[(String, Arc<Queue>)], ev: Arc<Event>) {
+        tracing::info!(incident = %ev.describe(), "{}", ev.summary());
+        for (name, queue) in queues {
+            match queue.push(ev.clone()) {
+                Pushed::Queued => {}
+                Pushed::Evicted { incident } => tracing::warn!(
+                    destination = %name,
+                    "alert queue full: dropped the unsent incident #{incident}"
+                ),
+                Pushed::Dropped => tracing::warn!(
+                    destination = %name,
+                    "alert queue full: dropped {}",
+                    ev.describe()
+                ),
             }
         }
     }
@@ -257,6 +309,14 @@ impl Alerts {
         for s in self.senders {
             let _ = s.await;
         }
+    }
+}
+
+/// A trigger's process evidence, started now, when GitHub is configured (`interval`).
+fn evidence_for(kind: Kind, interval: Option<Duration>) -> Option<Pending> {
+    match (kind, interval) {
+        (Kind::Trigger, Some(interval)) => Pending::start(interval),
+        _ => None,
     }
 }
 

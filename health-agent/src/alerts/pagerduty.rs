@@ -1,7 +1,8 @@
 //! PagerDuty Events API v2 (`POST /v2/enqueue`). Trigger and resolve share one `dedup_key` per
-//! host and condition, so a resolve closes exactly the alert its trigger opened and a repeat
-//! trigger while open folds into it. A resolve carries only `routing_key`, `event_action` and
-//! `dedup_key`, as the API wants. The routing key is the credential.
+//! host and condition (per fleet and condition for a fault the fleet shares), so a resolve
+//! closes exactly the alert its trigger opened and a repeat trigger while open folds into it. A
+//! resolve carries only `routing_key`, `event_action` and `dedup_key`, as the API wants. The
+//! routing key is the credential.
 
 use std::time::SystemTime;
 
@@ -23,28 +24,41 @@ pub fn payload(ev: &Event, routing_key: &str) -> Value {
             "event_action": "resolve",
             "dedup_key": ev.fingerprint(),
         }),
-        Kind::Trigger => json!({
-            "routing_key": routing_key,
-            "event_action": "trigger",
-            "dedup_key": ev.fingerprint(),
-            "client": "health-agent",
-            "payload": {
-                "summary": truncate(&ev.summary(), SUMMARY_LIMIT),
-                "source": &*ev.host,
-                "severity": ev.condition.pd_severity(),
-                "timestamp": rfc3339(ev.at),
-                "component": ev.component(),
-                "group": "health-agent",
-                "class": ev.condition.key(),
-                "custom_details": {
-                    "status": ev.status.as_str(),
-                    "http": ev.http,
-                    "recommendation": ev.recommendation.as_str(),
-                    "reasons": ev.reasons,
-                    "checks": ev.checks(),
+        Kind::Trigger => {
+            let mut details = json!({
+                "status": ev.status.as_str(),
+                "http": ev.http,
+                "recommendation": ev.recommendation.as_str(),
+                "reasons": ev.reasons,
+                "checks": ev.checks(),
+            });
+            // A fleet's incident: the fleet is where it is; the reporter's state is one sample.
+            let source = match &ev.fleet {
+                Some(f) => {
+                    details["fleet"] = json!(&*f.name);
+                    details["instances"] = json!(f.instances);
+                    details["reported_by"] = json!(&*ev.host);
+                    format!("fleet {}", f.name)
+                }
+                None => ev.host.to_string(),
+            };
+            json!({
+                "routing_key": routing_key,
+                "event_action": "trigger",
+                "dedup_key": ev.fingerprint(),
+                "client": "health-agent",
+                "payload": {
+                    "summary": truncate(&ev.summary(), SUMMARY_LIMIT),
+                    "source": source,
+                    "severity": ev.condition.pd_severity(),
+                    "timestamp": rfc3339(ev.at),
+                    "component": ev.component(),
+                    "group": "health-agent",
+                    "class": ev.condition.key(),
+                    "custom_details": details,
                 },
-            },
-        }),
+            })
+        }
     }
 }
 

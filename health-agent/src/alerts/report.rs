@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::{
     evidence::{Evidence, TOP},
-    incident::{human, priority, Event, Kind},
+    incident::{human, instances, priority, Event, Kind},
 };
 use crate::text::{rfc3339, truncate};
 
@@ -68,8 +68,20 @@ pub fn carries_fingerprint(body: &str, fingerprint: &str) -> bool {
     body.contains(&marker(fingerprint)) || body.contains(&format!("fingerprint: `{fingerprint}`"))
 }
 
+/// Where the incident is, in Markdown: ``on `web-1` `` or ``across fleet `shop` ``.
+pub fn place(ev: &Event) -> String {
+    match &ev.fleet {
+        Some(f) => format!("across fleet {}", code(&f.name)),
+        None => format!("on {}", code(&ev.host)),
+    }
+}
+
 pub fn title(ev: &Event) -> String {
-    let mut t = format!("[health-agent] {}: {}", ev.host, ev.condition.title());
+    let whose = match &ev.fleet {
+        Some(f) => format!("fleet {}", f.name),
+        None => ev.host.to_string(),
+    };
+    let mut t = format!("[health-agent] {whose}: {}", ev.condition.title());
     if let Some(r) = ev.reasons.first() {
         let _ = write!(t, " — {r}");
     }
@@ -125,14 +137,17 @@ fn summary(o: &mut String, ev: &Event, evidence: Option<&Evidence>, snap: &Value
         Kind::Trigger => "Incident",
         Kind::Resolve => "Resolved",
     };
-    let _ = writeln!(
-        o,
-        "## {heading}: {} on `{}`\n",
-        ev.condition.title(),
-        cell(&ev.host)
-    );
+    let _ = writeln!(o, "## {heading}: {} {}\n", ev.condition.title(), place(ev));
     let prio = labels(ev, evidence)[1].to_uppercase();
     let _ = writeln!(o, "| | |\n|---|---|");
+    if let Some(f) = &ev.fleet {
+        let _ = writeln!(
+            o,
+            "| fleet | {}: seen by {}, reported by this host; the rest of this report is this host's |",
+            code(&f.name),
+            instances(f.instances)
+        );
+    }
     let _ = writeln!(o, "| host | {} |", code(&ev.host));
     let _ = writeln!(o, "| condition | `{}` |", ev.condition.key());
     let _ = writeln!(o, "| priority | {prio} |");
@@ -403,6 +418,7 @@ mod tests {
         let t = super::super::incident::Transition {
             kind: Kind::Trigger,
             condition: Condition::Unhealthy,
+            scope: super::super::incident::Scope::Host,
             incident: 1,
             opened_at: std::time::SystemTime::now(),
         };
@@ -426,6 +442,7 @@ mod tests {
         let t = super::super::incident::Transition {
             kind: Kind::Trigger,
             condition: Condition::Unhealthy,
+            scope: super::super::incident::Scope::Host,
             incident: 1,
             opened_at: std::time::SystemTime::now(),
         };

@@ -1,12 +1,13 @@
 //! Slack incoming webhook: `POST {"text": …}` as `application/json`. The URL is the credential.
 //! One message per trigger and per resolve; `text` carries everything (host, condition,
 //! status, reasons, recommendation), so it reads the same in a notification as in the channel.
+//! A fault the fleet shares is one message for the fleet, from the agent that reports it.
 
 use serde_json::{json, Value};
 
 use super::{
     http::Pacer,
-    incident::{human, Event, Kind},
+    incident::{human, instances, Event, Kind},
     sink::JsonSink,
 };
 
@@ -35,14 +36,31 @@ pub fn payload(ev: &Event) -> Value {
     } else {
         esc(&ev.reasons.join("; "))
     };
+    // A fleet's incident is one message for all of it: the fleet, how many have it, and the
+    // state of the agent that reports it.
+    let (place, seen) = match &ev.fleet {
+        Some(f) => (
+            format!("across fleet `{}`", esc(&f.name)),
+            format!(
+                "seen by {}{}; reported by `{host}`\n• ",
+                if ev.kind == Kind::Resolve {
+                    "up to "
+                } else {
+                    ""
+                },
+                instances(f.instances)
+            ),
+        ),
+        None => (format!("on `{host}`"), String::new()),
+    };
     let text = match ev.kind {
         Kind::Trigger => format!(
-            ":rotating_light: *{}* on `{host}` — triggered\n• condition: `{}`\n• {state}\n• reasons: {reasons}",
+            ":rotating_light: *{}* {place} — triggered\n• condition: `{}`\n• {seen}{state}\n• reasons: {reasons}",
             ev.condition.title(),
             ev.condition.key(),
         ),
         Kind::Resolve => format!(
-            ":white_check_mark: *{}* on `{host}` — resolved after {}\n• condition: `{}`\n• now: {state}\n• reasons: {reasons}",
+            ":white_check_mark: *{}* {place} — resolved after {}\n• condition: `{}`\n• {seen}now: {state}\n• reasons: {reasons}",
             ev.condition.title(),
             human(ev.duration()),
             ev.condition.key(),

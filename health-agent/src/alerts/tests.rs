@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     http::Tuning,
-    incident::{fingerprint, Condition, Event, Kind, Transition},
+    incident::{fingerprint, Condition, Event, Kind, Scope, Transition},
     report, send_test_tuned, AlertError, Alerts,
 };
 use crate::{
@@ -138,6 +138,7 @@ pub(crate) fn event(kind: Kind, incident: u64) -> Arc<Event> {
     let t = Transition {
         kind,
         condition: Condition::Unhealthy,
+        scope: Scope::Host,
         incident,
         opened_at: SystemTime::now(),
     };
@@ -154,6 +155,134 @@ fn conditions_read_the_snapshot() {
     assert_eq!(holds(&unhealthy_snapshot()), vec![Unhealthy]);
     assert_eq!(holds(&infra_snapshot()), vec![InfrastructureIssue]);
     assert_eq!(holds(&heal_failed_snapshot()), vec![Unhealthy, HealFailed]);
+}
+
+/// The infrastructure issue with `[fleet]`: the fleet's when the peers judged it shared,
+/// undecided while they are asked, this host's when judged alone; every other condition, and
+/// every condition without fleet alerting, this host's.
+#[test]
+fn the_fleet_owns_only_a_shared_infrastructure_issue() {
+    use super::incident::{Holds, Scope};
+    use crate::fleet::FleetReport;
+    use crate::status::FaultClass;
+    let judged = |scope| crate::policy::Judgement {
+        class: FaultClass::Dependency,
+        scope,
+        peers_with: 2,
+        peers_answered: 2,
+        reason: "2/2".into(),
+    };
+    let fleet = |judgements, asking| FleetReport {
+        configured: true,
+        judgements,
+        asking,
+        ..FleetReport::default()
+    };
+    let infra = Condition::InfrastructureIssue;
+    let shared =
+        infra_snapshot().with_fleet(fleet(vec![judged(crate::status::Scope::Shared)], vec![]));
+    assert_eq!(infra.scope_in(&shared, true), Holds::Yes(Scope::Fleet));
+    assert_eq!(infra.scope_in(&shared, false), Holds::Yes(Scope::Host));
+    let asking = infra_snapshot().with_fleet(fleet(vec![], vec![FaultClass::Dependency]));
+    assert_eq!(infra.scope_in(&asking, true), Holds::Undecided);
+    let alone = infra_snapshot().with_fleet(fleet(vec![], vec![]));
+    assert_eq!(infra.scope_in(&alone, true), Holds::Yes(Scope::Host));
+    assert_eq!(
+        infra.scope_in(&infra_snapshot(), true),
+        Holds::Yes(Scope::Host)
+    );
+    assert_eq!(infra.scope_in(&healthy_snapshot(), true), Holds::No);
+    let disk =
+        unhealthy_snapshot().with_fleet(fleet(vec![judged(crate::status::Scope::Shared)], vec![]));
+    assert_eq!(
+        Condition::Unhealthy.scope_in(&disk, true),
+        Holds::Yes(Scope::Host)
+    );
+}
+
+/// A fleet's incident in each destination's documented shape: the fleet's key everywhere, the
+/// fleet as PagerDuty's source, who reports it and how many have it.
+#[test]
+fn a_fleet_incident_reads_as_the_fleets_at_every_destination() {
+    use super::incident::{FleetTag, Scope};
+    let tag = FleetTag {
+        name: "shop".into(),
+        instances: 3,
+    };
+    let ev = |kind| {
+        let t = Transition {
+            kind,
+            condition: Condition::InfrastructureIssue,
+            scope: Scope::Fleet,
+            incident: 4,
+            opened_at: SystemTime::now(),
+        };
+        Event::new(&t, &infra_snapshot(), "web-2".into(), None).for_fleet(tag.clone())
+    };
+    let (trigger, resolve) = (ev(Kind::Trigger), ev(Kind::Resolve));
+    let key = "health-agent/fleet/shop/infrastructure_issue";
+    assert_eq!(trigger.fingerprint(), key);
+    assert_eq!(
+        trigger.describe(),
+        "trigger infrastructure_issue #4 for fleet shop"
+    );
+    let pd = super::pagerduty::payload(&trigger, ROUTING_KEY);
+    assert_eq!(pd["dedup_key"], key);
+    assert_eq!(pd["payload"]["source"], "fleet shop");
+    assert!(pd["payload"]["summary"]
+        .as_str()
+        .unwrap()
+        .starts_with("fleet shop (3 instances): infrastructure issue — database unreachable"));
+    assert_eq!(pd["payload"]["custom_details"]["reported_by"], "web-2");
+    assert_eq!(pd["payload"]["custom_details"]["instances"], 3);
+    let pd = super::pagerduty::payload(&resolve, ROUTING_KEY);
+    assert_eq!(
+        pd,
+        json!({"routing_key": ROUTING_KEY, "event_action": "resolve", "dedup_key": key})
+    );
+    let slack = super::slack::payload(&trigger)["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        slack
+            .starts_with(":rotating_light: *infrastructure issue* across fleet `shop` — triggered")
+            && slack.contains("• seen by 3 instances; reported by `web-2`\n• status degraded"),
+        "{slack}"
+    );
+    let slack = super::slack::payload(&resolve)["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        slack.contains("seen by up to 3 instances; reported by `web-2`\n• now: "),
+        "{slack}"
+    );
+    let hook = super::webhook::payload(&trigger);
+    assert_eq!(hook["hostname"], "web-2");
+    let inc = &hook["payload"]["incident"];
+    assert_eq!(
+        (&inc["scope"], &inc["fleet"], &inc["instances"]),
+        (&json!("fleet"), &json!("shop"), &json!(3))
+    );
+    assert_eq!(inc["fingerprint"], key);
+    let host = super::webhook::payload(&event(Kind::Trigger, 1));
+    assert_eq!(host["payload"]["incident"]["scope"], "host");
+    assert!(host["payload"]["incident"]["fleet"].is_null());
+    assert_eq!(
+        report::title(&trigger),
+        "[health-agent] fleet shop: infrastructure issue — database unreachable"
+    );
+    let body = report::body(&trigger, None);
+    assert!(
+        body.starts_with("## Incident: infrastructure issue across fleet `shop`"),
+        "{body}"
+    );
+    assert!(
+        body.contains("| fleet | `shop`: seen by 3 instances, reported by this host;"),
+        "{body}"
+    );
+    assert!(report::carries_fingerprint(&body, key));
 }
 
 /// A database the agent cannot log in to (a password the server asks for and nobody set) is a
@@ -185,6 +314,7 @@ fn a_misconfigured_database_alerts_config_error_naming_the_cause() {
     let t = Transition {
         kind: Kind::Trigger,
         condition: Condition::ConfigError,
+        scope: Scope::Host,
         incident: 1,
         opened_at: SystemTime::now(),
     };

@@ -1,7 +1,8 @@
 //! Generic JSON webhook, the prior art's shape: `{event, timestamp, hostname, payload}` with
 //! `event` = `incident.triggered` | `incident.resolved` (and `test` from `alert test`).
 //! `payload` carries the incident and the state of the instance at that moment, including the
-//! full `/health` diagnostics.
+//! full `/health` diagnostics. A fault the fleet shares is one incident (`scope` `fleet`), sent
+//! by the agent that reports it: `hostname` and the state are that agent's.
 
 use std::time::SystemTime;
 
@@ -34,6 +35,9 @@ pub fn payload(ev: &Event) -> Value {
                 "title": ev.condition.title(),
                 "severity": ev.condition.pd_severity(),
                 "fingerprint": ev.fingerprint(),
+                "scope": if ev.fleet.is_some() { "fleet" } else { "host" },
+                "fleet": ev.fleet.as_ref().map(|f| &*f.name),
+                "instances": ev.fleet.as_ref().map(|f| f.instances),
                 "opened_at": rfc3339(ev.opened_at),
                 "resolved_at": resolved_at,
                 "duration_seconds": ev.duration().as_secs(),

@@ -26,6 +26,7 @@ pub enum ImdsError {
 pub struct Imds {
     base: Option<Url>,
     http: reqwest::Client,
+    timeout: Duration,
     token: Mutex<Option<(String, Instant)>>,
 }
 
@@ -61,8 +62,14 @@ impl Imds {
         Self {
             base,
             http,
+            timeout,
             token: Mutex::new(None),
         }
+    }
+
+    /// The per-request timeout it was made with (the other credential sources use it too).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     fn base(&self) -> Result<&Url, ImdsError> {
@@ -142,7 +149,9 @@ impl Imds {
                             " — enable instance metadata tags (InstanceMetadataTags) or set \
                              scaling.cloudwatch.auto_scaling_group"
                         } else if path.starts_with("iam/") {
-                            " — attach an instance profile or set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY"
+                            " — attach an instance profile, or give the agent keys another way \
+                             (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, web identity, a profile, \
+                             container credentials)"
                         } else {
                             ""
                         },

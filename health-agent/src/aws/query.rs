@@ -212,13 +212,27 @@ pub async fn call(
     );
     let mut req = http
         .post(service.endpoint.clone())
-        .header("content-type", CONTENT_TYPE)
         .header("x-amz-date", &signed.amz_date)
         .header("authorization", &signed.authorization);
     if let Some(token) = &creds.session_token {
         req = req.header("x-amz-security-token", token);
     }
+    send(req, body).await
+}
+
+/// An unsigned Query-protocol request (STS `AssumeRoleWithWebIdentity` is one): the answer's
+/// text on 2xx.
+pub async fn call_unsigned(
+    http: &reqwest::Client,
+    endpoint: &Url,
+    body: String,
+) -> Result<String, QueryError> {
+    send(http.post(endpoint.clone()), body).await
+}
+
+async fn send(req: reqwest::RequestBuilder, body: String) -> Result<String, QueryError> {
     let mut resp = req
+        .header("content-type", CONTENT_TYPE)
         .body(body)
         .send()
         .await
@@ -248,11 +262,7 @@ pub async fn call(
 /// A service's public endpoint in a region (China's partition has its own domain):
 /// `regional_endpoint("monitoring", "eu-west-1")`.
 pub fn regional_endpoint(service: &str, region: &str) -> String {
-    if region.starts_with("cn-") {
-        format!("https://{service}.{region}.amazonaws.com.cn")
-    } else {
-        format!("https://{service}.{region}.amazonaws.com")
-    }
+    super::endpoint::regional(service, region)
 }
 
 #[cfg(test)]

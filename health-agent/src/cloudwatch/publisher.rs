@@ -10,7 +10,6 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use reqwest::Url;
 use serde::Serialize;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -65,8 +64,9 @@ pub struct Status {
     pub auto_scaling_group: Option<String>,
     pub region: Option<String>,
     pub endpoint: Option<String>,
-    /// "environment" or "instance role (IMDSv2)".
-    pub credentials: Option<&'static str>,
+    /// Where the keys come from: "environment", "web identity (role …)", "profile NAME (file)",
+    /// "container credentials (URL)", "instance role (IMDSv2)". Never a key.
+    pub credentials: Option<String>,
     pub interval_seconds: u64,
     /// When the last PutMetricData was accepted, and the last value it carried (percent).
     pub last_success: Option<String>,
@@ -157,8 +157,8 @@ enum TargetError {
     Region(ImdsError),
     #[error("cannot find the auto-scaling group: {0}")]
     Group(ImdsError),
-    #[error("endpoint {0:?}: {1}")]
-    Endpoint(String, url::ParseError),
+    #[error("endpoint: {0}")]
+    Endpoint(crate::aws::endpoint::EndpointError),
 }
 
 /// The running publisher; `status()` is what `details.scaling.cloudwatch` shows.
@@ -192,7 +192,7 @@ pub fn start(
         return None;
     }
     let imds = Arc::new(Imds::from_env(cfg.timeout));
-    let provider = Provider::new(|k| std::env::var(k).ok(), imds.clone());
+    let provider = Provider::from_env(imds.clone(), &cfg.region);
     let state = Arc::new(Mutex::new(State {
         acc: Acc::default(),
         pending: VecDeque::new(),
@@ -201,7 +201,7 @@ pub fn start(
             enabled: true,
             namespace: cfg.namespace.clone(),
             metric: cfg.metric.clone(),
-            credentials: Some(provider.source()),
+            credentials: Some(provider.source().to_string()),
             interval_seconds: cfg.interval.as_secs(),
             ..Status::default()
         },
@@ -367,12 +367,13 @@ impl Sender {
                 .await
                 .map_err(TargetError::Group)?
         };
-        let endpoint = if self.cfg.endpoint.is_empty() {
-            client::regional_endpoint(&region)
-        } else {
-            self.cfg.endpoint.clone()
-        };
-        let endpoint = Url::parse(&endpoint).map_err(|e| TargetError::Endpoint(endpoint, e))?;
+        let (endpoint, _) = crate::aws::endpoint::resolve(
+            crate::aws::endpoint::Service::CloudWatch,
+            &self.cfg.endpoint,
+            &region,
+            &|k| std::env::var(k).ok(),
+        )
+        .map_err(TargetError::Endpoint)?;
         let target = Target {
             endpoint,
             region,

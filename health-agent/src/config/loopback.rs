@@ -2,7 +2,7 @@
 //! the CloudWatch endpoint), since nothing crosses a network.
 
 /// `localhost`, or an address in 127.0.0.0/8 or `::1`.
-pub(super) fn loopback_host(u: &reqwest::Url) -> bool {
+pub(crate) fn loopback_host(u: &reqwest::Url) -> bool {
     let host = u.host_str().unwrap_or("");
     host.eq_ignore_ascii_case("localhost")
         || host

@@ -26,6 +26,7 @@ mod validate;
 
 pub use dropin::{dropin_dir, Loaded};
 pub use env::{FromEnv, Origin, Source};
+pub(crate) use loopback::loopback_host;
 pub use secrets::world_readable_warning;
 pub use sections::{
     AcceptTracing, AlertsConfig, ChecksConfig, CloudWatchConfig, ContainersConfig, DatabaseConfig,

@@ -13,6 +13,9 @@ use super::dur;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FleetConfig {
+    /// The fleet's name in its shared incidents' keys (`alerts::fleet::name`): the same on
+    /// every agent of the fleet.
+    pub name: String,
     /// Peer agents, `host:port` (their health port).
     pub peers: Vec<String>,
     /// A DNS name whose A/AAAA records are the peers, `name` or `name:port` (the port defaults
@@ -27,8 +30,9 @@ pub struct FleetConfig {
     pub peers_from: PeersFrom,
     #[serde(with = "dur")]
     pub peers_refresh: Duration,
-    /// "" = each service's regional endpoint; else one URL for both the Auto Scaling and the
-    /// EC2 calls (a test server such as moto).
+    /// "" = `AWS_ENDPOINT_URL_AUTO_SCALING` / `_EC2`, `AWS_ENDPOINT_URL`, else each service's
+    /// regional endpoint; else one URL for both the Auto Scaling and the EC2 calls (a test
+    /// server such as moto).
     pub aws_endpoint: String,
     /// Env var holding the shared bearer token of the peer endpoint; empty: no token.
     pub token_env: String,
@@ -49,6 +53,7 @@ pub struct FleetConfig {
 impl Default for FleetConfig {
     fn default() -> Self {
         Self {
+            name: String::new(),
             peers: Vec::new(),
             peers_dns: String::new(),
             consul_addr: String::new(),
@@ -517,9 +522,10 @@ pub struct CloudWatchConfig {
     pub metric: String,
     /// The `AutoScalingGroupName` dimension; "" = the instance's own group, from its metadata.
     pub auto_scaling_group: String,
-    /// "" = `AWS_REGION`, else the instance metadata.
+    /// "" = `AWS_REGION`, `AWS_DEFAULT_REGION`, the profile's, else the instance metadata.
     pub region: String,
-    /// "" = `https://monitoring.<region>.amazonaws.com`.
+    /// "" = `AWS_ENDPOINT_URL_CLOUDWATCH`, `AWS_ENDPOINT_URL`, else
+    /// `https://monitoring.<region>.amazonaws.com` (aws::endpoint).
     pub endpoint: String,
     #[serde(with = "dur")]
     pub interval: Duration,
@@ -570,9 +576,10 @@ pub struct DrainConfig {
     pub lifecycle_timeout: Duration,
     /// The group's name; "" = the instance's own, from its metadata.
     pub auto_scaling_group: String,
-    /// "" = `AWS_REGION`, else the instance metadata.
+    /// "" = `AWS_REGION`, `AWS_DEFAULT_REGION`, the profile's, else the instance metadata.
     pub region: String,
-    /// "" = `https://autoscaling.<region>.amazonaws.com`; else a test server such as moto.
+    /// "" = `AWS_ENDPOINT_URL_AUTO_SCALING`, `AWS_ENDPOINT_URL`, else
+    /// `https://autoscaling.<region>.amazonaws.com`; else a test server such as moto.
     pub aws_endpoint: String,
 }
 

@@ -68,6 +68,20 @@ impl Config {
                 ),
             ));
         }
+        let name = &self.fleet.name;
+        if name.len() > 64
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        {
+            return Err((
+                "fleet.name",
+                format!(
+                    "{name:?} must be at most 64 letters, digits, '.', '_' or '-': it is part of \
+                     the fleet's incident keys"
+                ),
+            ));
+        }
         if self.fleet.consul_addr.is_empty() != self.fleet.consul_service.is_empty() {
             return Err((
                 "fleet.consul_service",
@@ -260,6 +274,16 @@ mod tests {
 
     fn err(toml: &str) -> String {
         Config::parse(toml, "x.toml").unwrap_err().to_string()
+    }
+
+    #[test]
+    fn the_fleets_name_is_a_key_part() {
+        let c = Config::parse("[fleet]\nname = \"shop-eu.1_a\"\n", "x").unwrap();
+        assert_eq!(c.fleet.name, "shop-eu.1_a");
+        for bad in ["shop/eu", "shop eu", "ß"] {
+            let e = err(&format!("[fleet]\nname = \"{bad}\"\n"));
+            assert!(e.contains("`fleet.name`"), "{e}");
+        }
     }
 
     #[test]

@@ -7,7 +7,6 @@
 
 use std::{sync::Arc, time::Duration};
 
-use reqwest::Url;
 use tokio_util::sync::CancellationToken;
 use url::form_urlencoded;
 
@@ -15,6 +14,7 @@ use super::{By, Drain, Judgement};
 use crate::{
     aws::{
         credentials::Provider,
+        endpoint,
         imds::{Imds, ImdsError},
         query::{self, QueryError, Service},
         xml,
@@ -95,7 +95,7 @@ async fn run(cfg: DrainConfig, drain: Drain) {
         }
     };
     tracing::info!("lifecycle hook: {outcome}");
-    let mut provider = Provider::new(|k| std::env::var(k).ok(), imds.clone());
+    let mut provider = Provider::from_env(imds.clone(), &cfg.region);
     let mut pause = Duration::from_secs(1);
     for attempt in 1..=COMPLETE_TRIES {
         match complete(&cfg, &imds, &mut provider).await {
@@ -174,15 +174,17 @@ async fn complete(
     } else {
         cfg.auto_scaling_group.clone()
     };
-    let endpoint = if cfg.aws_endpoint.is_empty() {
-        query::regional_endpoint("autoscaling", &region)
-    } else {
-        cfg.aws_endpoint.clone()
-    };
+    let (endpoint, _) = endpoint::resolve(
+        endpoint::Service::AutoScaling,
+        &cfg.aws_endpoint,
+        &region,
+        &|k| std::env::var(k).ok(),
+    )
+    .map_err(|e| HookError::Client(e.to_string()))?;
     let service = Service {
-        endpoint: Url::parse(&endpoint).map_err(|e| HookError::Client(e.to_string()))?,
+        endpoint,
         region,
-        name: "autoscaling",
+        name: endpoint::Service::AutoScaling.signing_name(),
     };
     let creds = provider
         .get()

@@ -13,13 +13,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use reqwest::Url;
 use tokio::sync::Mutex as AsyncMutex;
 use url::form_urlencoded;
 
 use crate::{
     aws::{
         credentials::Provider,
+        endpoint,
         imds::{Imds, ImdsError},
         query::{self, QueryError, Service},
         sigv4::Credentials,
@@ -137,16 +137,13 @@ impl AsgPeers {
             .connect_timeout(AWS_TIMEOUT)
             .build()?;
         let imds = Arc::new(Imds::from_env(AWS_TIMEOUT));
-        let provider = Provider::new(|k| std::env::var(k).ok(), imds.clone());
-        let endpoint = (!cfg.aws_endpoint.is_empty())
-            .then(|| Url::parse(&cfg.aws_endpoint).ok())
-            .flatten();
+        let provider = Provider::from_env(imds.clone(), "");
         Ok(Self {
             lister: Arc::new(AsyncMutex::new(Lister {
                 imds,
                 provider,
                 http,
-                endpoint,
+                endpoint: cfg.aws_endpoint.clone(),
                 port,
                 own: None,
             })),
@@ -252,11 +249,11 @@ enum Api {
 }
 
 impl Api {
-    /// (service name in the signature and the endpoint, API version).
-    fn service(self) -> (&'static str, &'static str) {
+    /// (the service, API version).
+    fn service(self) -> (endpoint::Service, &'static str) {
         match self {
-            Self::AutoScaling => ("autoscaling", "2011-01-01"),
-            Self::Ec2 => ("ec2", "2016-11-15"),
+            Self::AutoScaling => (endpoint::Service::AutoScaling, "2011-01-01"),
+            Self::Ec2 => (endpoint::Service::Ec2, "2016-11-15"),
         }
     }
 }
@@ -265,8 +262,8 @@ struct Lister {
     imds: Arc<Imds>,
     provider: Provider,
     http: reqwest::Client,
-    /// `fleet.aws_endpoint`, when set.
-    endpoint: Option<Url>,
+    /// `fleet.aws_endpoint`; "" = the environment's, else the region's (aws::endpoint).
+    endpoint: String,
     port: u16,
     /// Found once: an instance does not change its group or region.
     own: Option<Own>,
@@ -436,20 +433,18 @@ impl Lister {
         creds: &Credentials,
         params: &[(String, String)],
     ) -> Result<Element, AsgError> {
-        let (name, version) = api.service();
-        let endpoint = match &self.endpoint {
-            Some(u) => u.clone(),
-            None => Url::parse(&query::regional_endpoint(name, &own.region)).map_err(|e| {
-                AsgError::Answer {
-                    action,
-                    reason: format!("endpoint for region {:?}: {e}", own.region),
-                }
-            })?,
-        };
+        let (service, version) = api.service();
+        let (endpoint, _) = endpoint::resolve(service, &self.endpoint, &own.region, &|k| {
+            std::env::var(k).ok()
+        })
+        .map_err(|e| AsgError::Answer {
+            action,
+            reason: format!("endpoint: {e}"),
+        })?;
         let service = Service {
             endpoint,
             region: own.region.clone(),
-            name,
+            name: service.signing_name(),
         };
         let body = {
             let mut form = form_urlencoded::Serializer::new(String::new());

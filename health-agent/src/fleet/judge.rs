@@ -125,6 +125,15 @@ impl Judge {
             .map(|(a, why)| format!("{a}: {why}"))
             .collect();
         report.discovery = round.discovery_error.as_ref().map(ToString::to_string);
+        report.peer_alerts = round
+            .answered
+            .iter()
+            .map(|(_, v)| PeerAlerts {
+                instance: v.instance.clone(),
+                heard: started,
+                alerts: v.alerts.clone(),
+            })
+            .collect();
         report.round_age_ms = Some(now.saturating_duration_since(started).as_millis() as u64);
         report.round_ms = Some((round.took.as_secs_f64() * 10_000.0).round() / 10.0);
         if now.saturating_duration_since(started) > self.max_age {

@@ -49,6 +49,8 @@ pub struct Witness {
     last_recheck: Arc<Mutex<Option<Instant>>>,
     /// A peer asked for fresh answers (`?fresh=answers`) and the monitor has not taken it up.
     answers_wanted: Arc<std::sync::atomic::AtomicBool>,
+    /// The fleet-wide incidents this agent holds open, as the alerts last wrote them.
+    alerts: Arc<Mutex<Vec<HeldClaim>>>,
 }
 
 const RECHECK_AT_MOST: Duration = Duration::from_secs(1);
@@ -83,6 +85,21 @@ impl Witness {
             .swap(false, std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// What the alerts tell the peers from now on (`alerts::fleet`).
+    pub fn set_alerts(&self, claims: Vec<HeldClaim>) {
+        if let Ok(mut a) = self.alerts.lock() {
+            *a = claims;
+        }
+    }
+
+    /// The fleet-wide incidents held open here, as the view shows them at `now`.
+    pub fn alerts(&self, now: Instant) -> Vec<AlertClaim> {
+        self.alerts
+            .lock()
+            .map(|a| a.iter().map(|c| c.at(now)).collect())
+            .unwrap_or_default()
+    }
+
     /// Wakes the database check now unless it was woken within RECHECK_AT_MOST; whether it was.
     pub fn recheck(&self, now: Instant) -> bool {
         let Some(n) = &self.database else {
@@ -105,6 +122,66 @@ impl Witness {
 pub fn instance_id() -> &'static str {
     static ID: OnceLock<String> = OnceLock::new();
     ID.get_or_init(|| format!("{:016x}", fastrand::u64(..)))
+}
+
+/// Where the trigger of a fleet-wide incident is, as an agent holding it knows.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum TriggerState {
+    /// Not sent yet, as far as it knows.
+    #[default]
+    None,
+    /// This agent queued it and its destinations are still being tried.
+    Pending,
+    /// It went out (delivered, or given up on after the retries), from whichever agent.
+    Sent,
+}
+
+/// A fleet-wide incident as an agent that holds it open shows it (`PeerView::alerts`): the
+/// agent it takes for the incident's reporter and how fresh that word is, and whether the
+/// trigger went out. `alerts::fleet` decides with these who sends.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default)]
+pub struct AlertClaim {
+    /// The condition's key (`infrastructure_issue`).
+    pub condition: String,
+    /// The instance id it takes for the reporter.
+    pub reporter: String,
+    /// How old its latest word is that the reporter holds the incident open (0: itself).
+    pub reporter_ms: u64,
+    pub trigger: TriggerState,
+}
+
+/// An [`AlertClaim`] as the alerts keep it: when the reporter was last heard, not how long ago.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldClaim {
+    pub condition: &'static str,
+    pub reporter: String,
+    pub reporter_heard: Instant,
+    pub trigger: TriggerState,
+}
+
+impl HeldClaim {
+    fn at(&self, now: Instant) -> AlertClaim {
+        AlertClaim {
+            condition: self.condition.to_string(),
+            reporter: self.reporter.clone(),
+            reporter_ms: now
+                .saturating_duration_since(self.reporter_heard)
+                .as_millis() as u64,
+            trigger: self.trigger,
+        }
+    }
+}
+
+/// What one peer that answered in a round said of the fleet-wide incidents: every one it holds
+/// open (none: it holds none).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PeerAlerts {
+    pub instance: String,
+    /// When the round that heard it began.
+    pub heard: Instant,
+    pub alerts: Vec<AlertClaim>,
 }
 
 /// What an agent tells its peers about itself. No secrets: states and `host:port` endpoints.
@@ -131,6 +208,9 @@ pub struct PeerView {
     /// compare an errors fault with. None from agents that predate it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub answers: Option<PeerAnswers>,
+    /// The fleet-wide incidents it holds open.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub alerts: Vec<AlertClaim>,
 }
 
 /// A peer's real answers over its window, as its view carries them.
@@ -226,12 +306,14 @@ impl Default for PeerView {
             unreachable: Vec::new(),
             fine_ms: None,
             answers: None,
+            alerts: Vec::new(),
         }
     }
 }
 
 impl PeerView {
-    /// The view served at `now`, with `evidence`'s ages as of then.
+    /// The view served at `now`, with `evidence`'s ages as of then (the fleet-wide incidents
+    /// are the witness's to add).
     pub fn of(report: &Report, evidence: &Evidence, host: &str, now: Instant) -> Self {
         Self {
             version: VIEW_VERSION,
@@ -259,6 +341,7 @@ impl PeerView {
                 answers: a.answers,
                 share_5xx: a.share_5xx,
             }),
+            alerts: Vec::new(),
         }
     }
 
@@ -337,6 +420,10 @@ pub struct FleetReport {
     pub asking: Vec<FaultClass>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// What each peer that answered the latest round said of the fleet-wide incidents, for the
+    /// alerts (not shown).
+    #[serde(skip)]
+    pub peer_alerts: Vec<PeerAlerts>,
 }
 
 impl FleetReport {

@@ -131,6 +131,13 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
     let (alerts_tx, alerts_task) =
         match Alerts::start(&cfg.alerts, alerts::hostname(), shutdown.clone()) {
             Some(a) => {
+                // The fleet's incidents go out once, from one agent: the peers agree which.
+                let a = if cfg.fleet.enabled() {
+                    let id = crate::fleet::instance_id();
+                    a.with_fleet(alerts::fleet::Fleet::new(&cfg.fleet, id, witness.clone()))
+                } else {
+                    a
+                };
                 let (tx, rx) = broadcast::channel(ALERT_BACKLOG);
                 (Some(tx), Some(tokio::spawn(a.follow(rx))))
             }

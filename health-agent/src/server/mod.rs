@@ -210,12 +210,10 @@ async fn fleet_view(
     }
     let snap = app.snapshot.load();
     let age = Instant::now().saturating_duration_since(snap.created);
-    let view = crate::fleet::PeerView::of(
-        &snap.report,
-        &app.witness.evidence(),
-        &app.host,
-        Instant::now(),
-    );
+    let now = Instant::now();
+    let mut view =
+        crate::fleet::PeerView::of(&snap.report, &app.witness.evidence(), &app.host, now);
+    view.alerts = app.witness.alerts(now);
     let mut r = axum::Json(view).into_response();
     age_header(&mut r, age);
     r.headers_mut()

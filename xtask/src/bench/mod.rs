@@ -3,8 +3,9 @@
 //!
 //! 1. `/health` throughput and latency against nginx serving a static body of the same size
 //!    (the practical ceiling on this machine), at several concurrency levels and at half of the
-//!    agent's peak rate; agent RSS and idle CPU. With `--baseline-agent`, that build's
-//!    throughput side by side (e.g. a static build against this one).
+//!    agent's peak rate; agent RSS and idle CPU. The static release build (what `cargo xtask
+//!    dist` ships) side by side with this glibc one, throughput and memory; with
+//!    `--baseline-agent`, that build too.
 //! 2. Time from hang onset (kill -STOP) to 503, under 10 req/s and idle, next to what Caddy's
 //!    active check needs (measured) and ALB's defaults (computed).
 //! 3. Backend throughput with the agent's eBPF programs attached vs not: nginx serving a static
@@ -60,7 +61,7 @@ use std::{
 use anyhow::{anyhow, bail, Result};
 use health_agent_tests::{Nginx, NginxOptions};
 
-use crate::{cmd, live::health, run, setup};
+use crate::{cmd, dist, live::health, run, setup};
 use stats::median;
 
 #[derive(clap::Args)]
@@ -73,11 +74,12 @@ pub struct Args {
     /// between `<!-- notes -->` and `<!-- /notes -->` lines are kept either way).
     #[arg(long, default_value = "docs/BENCHMARKS.md")]
     out: PathBuf,
-    /// Another build of the agent (e.g. the last release, or a glibc build), measured side by
-    /// side with this one in the /health, per-socket-call, flood and kernel-statistics
-    /// sections: the change in one run, on one machine.
-    #[arg(long)]
-    baseline_agent: Option<PathBuf>,
+    /// Another build of the agent (e.g. the last release), measured side by side with this one
+    /// in the /health, per-socket-call, flood and kernel-statistics sections: the change in one
+    /// run, on one machine. Repeatable: section 1 measures every one given (named by its file
+    /// name), the other sections the first.
+    #[arg(long, value_name = "BINARY")]
+    baseline_agent: Vec<PathBuf>,
     /// Run one section alone and put it in place of its section in `--out` (the others stay).
     #[arg(long, value_enum, value_name = "SECTION")]
     only: Option<Section>,
@@ -86,7 +88,8 @@ pub struct Args {
 /// The sections that run alone (`--only SECTION`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum Section {
-    /// Section 1: /health against nginx (with `--baseline-agent`: that build side by side).
+    /// Section 1: /health against nginx, the static build beside this one (with
+    /// `--baseline-agent`: that build too).
     Health,
     /// Section 2: hang to 503, in both `web.socket_tracing` modes.
     Hang,
@@ -121,12 +124,34 @@ pub fn run(args: &Args) -> Result<()> {
     setup::ensure_toolchain()?;
     let bins = build()?;
     let dir = std::env::temp_dir().join(format!("health-agent-bench-{}", std::process::id()));
-    let baseline = args.baseline_agent.as_deref();
+    let baseline = args.baseline_agent.first().map(PathBuf::as_path);
     fs::create_dir_all(&dir)?;
+    // Section 1's other builds: the static one a release ships, and the baseline.
+    let static_bin = match args.only {
+        None | Some(Section::Health) => Some(dist::static_binary(dist::host().target)?),
+        Some(_) => None,
+    };
+    let others: Vec<vs_nginx::Other> = static_bin
+        .iter()
+        .map(|bin| vs_nginx::Other {
+            label: format!("static (musl, {})", dist::STATIC_ALLOCATOR),
+            bin,
+        })
+        .chain(args.baseline_agent.iter().map(|bin| vs_nginx::Other {
+            label: format!(
+                "baseline {}",
+                bin.file_name().map_or_else(
+                    || bin.display().to_string(),
+                    |n| n.to_string_lossy().into_owned()
+                )
+            ),
+            bin,
+        }))
+        .collect();
     if let Some(section) = args.only {
         let (agent, quick) = (&bins.agent, args.quick);
         let md = match section {
-            Section::Health => vs_nginx::run(agent, baseline, &dir, quick)?,
+            Section::Health => vs_nginx::run(agent, &others, &dir, quick)?,
             Section::Hang => hang::run(agent, &bins.backend, &dir, quick)?,
             Section::SocketCosts => socket_costs::run(agent, baseline, &dir, quick)?,
             Section::Flood => flood::run(agent, baseline, &dir, quick)?,
@@ -139,7 +164,7 @@ pub fn run(args: &Args) -> Result<()> {
     }
     let started = Instant::now();
     let quick = args.quick;
-    let mut md = vs_nginx::run(&bins.agent, baseline, &dir, quick)?;
+    let mut md = vs_nginx::run(&bins.agent, &others, &dir, quick)?;
     md += &hang::run(&bins.agent, &bins.backend, &dir, quick)?;
     let (throughput, nginx) = throughput::run(&bins.agent, baseline, &dir, quick)?;
     md += &throughput;

@@ -1,7 +1,8 @@
 //! Section 1: `/health` throughput and latency against nginx serving a static body of the same
 //! size (the practical ceiling on this machine), at several concurrency levels and at half of
-//! the agent's peak rate; agent RSS and idle CPU. With a baseline build, its /health throughput
-//! in the same alternation, so the two builds meet the same moments of the machine.
+//! the agent's peak rate; agent RSS and idle CPU. Other builds (the static release build, and a
+//! baseline with `--baseline-agent`) in the same alternation, so the builds meet the same
+//! moments of the machine, with the memory of each.
 
 use std::{fmt::Write as _, fs, path::Path, thread, time::Duration};
 
@@ -12,19 +13,31 @@ use super::{
     agent_config, idle_cpu, proc_status_kb, start_nginx,
     wrk::{wrk, Wrk},
 };
-use crate::live::{get, start_agent};
+use crate::live::{get, start_agent, Proc};
 
-pub(super) fn run(
-    agent_bin: &Path,
-    baseline_bin: Option<&Path>,
-    dir: &Path,
-    quick: bool,
-) -> Result<String> {
+/// Another build measured beside this one, in the same alternation.
+pub(super) struct Other<'a> {
+    /// Its name in the report ("static (musl, mimalloc)", "baseline").
+    pub label: String,
+    pub bin: &'a Path,
+}
+
+/// A build running for the section: its label, process and port.
+struct Running {
+    label: String,
+    bin: String,
+    agent: Proc,
+    port: u16,
+    rss_idle_kb: u64,
+    rows: String,
+    worst: f64,
+}
+
+pub(super) fn run(agent_bin: &Path, others: &[Other], dir: &Path, quick: bool) -> Result<String> {
     let mut md = String::new();
     let backend = start_nginx(NginxOptions::bench(1))?;
     let web_port = backend.port;
     let agent_port = free_port();
-    let cfg = dir.join("agent.toml");
     // wrk's 200 connections all come from 127.0.0.1: lift the per-client cap.
     let config = |port| {
         agent_config(port, web_port, true).replace(
@@ -32,25 +45,34 @@ pub(super) fn run(
             "[server]\nmax_connections_per_client = 1024\n",
         )
     };
-    fs::write(&cfg, config(agent_port))?;
-    let agent = start_agent(agent_bin, &cfg, &dir.join("agent.log"), agent_port)?;
-    let agent_pid = agent.0.id();
-    // The baseline build on its own port, with the same config.
-    let baseline = match baseline_bin {
-        Some(bin) => {
-            let port = free_port();
-            let cfg = dir.join("baseline.toml");
-            fs::write(&cfg, config(port))?;
-            Some((
-                start_agent(bin, &cfg, &dir.join("baseline.log"), port)?,
-                port,
-            ))
-        }
-        None => None,
+    let start = |name: &str, bin: &Path, port: u16| -> Result<Proc> {
+        let cfg = dir.join(format!("{name}.toml"));
+        fs::write(&cfg, config(port))?;
+        start_agent(bin, &cfg, &dir.join(format!("{name}.log")), port)
     };
+    let agent = start("agent", agent_bin, agent_port)?;
+    let agent_pid = agent.0.id();
+    // Each other build on its own port, with the same config.
+    let mut running = Vec::new();
+    for (i, other) in others.iter().enumerate() {
+        let port = free_port();
+        running.push(Running {
+            label: other.label.clone(),
+            bin: other.bin.display().to_string(),
+            agent: start(&format!("other{i}"), other.bin, port)?,
+            port,
+            rss_idle_kb: 0,
+            rows: String::new(),
+            worst: f64::MAX,
+        });
+    }
     thread::sleep(Duration::from_secs(3));
     let idle_secs = if quick { 10 } else { 30 };
     let idle_fresh = idle_cpu(agent_pid, idle_secs);
+    let rss_idle_kb = proc_status_kb(agent_pid, "VmRSS:").unwrap_or(0);
+    for r in &mut running {
+        r.rss_idle_kb = proc_status_kb(r.agent.0.id(), "VmRSS:").unwrap_or(0);
+    }
     let (_, body) = get(agent_port, "/health")?;
     let ceiling = start_nginx(NginxOptions::bench(2).file("health", body.as_bytes()))?;
     let ceiling_port = ceiling.port;
@@ -61,27 +83,26 @@ pub(super) fn run(
 
     let secs = if quick { 3 } else { 5 };
     let mut rows = String::new();
-    let mut baseline_rows = String::new();
     let mut peak = 0.0f64;
     let mut worst_ratio = f64::MAX;
     for conns in [1u32, 10, 50, 200] {
-        let ports = [
-            Some(agent_port),
-            Some(ceiling_port),
-            baseline.as_ref().map(|b| b.1),
-        ];
-        let mut best = best_of_three(ports.iter().flatten(), conns, secs)?.into_iter();
+        let ports: Vec<u16> = [agent_port, ceiling_port]
+            .into_iter()
+            .chain(running.iter().map(|r| r.port))
+            .collect();
+        let mut best = best_of_three(ports.iter(), conns, secs)?.into_iter();
         let (Some(a), Some(n)) = (best.next(), best.next()) else {
             bail!("wrk gave no result");
         };
-        if let Some(b) = best.next() {
-            let ratio = a.rps / b.rps;
+        for (r, b) in running.iter_mut().zip(best) {
+            let ratio = b.rps / a.rps;
+            r.worst = r.worst.min(ratio);
             println!(
-                "bench: c={conns:<3} this build {:>8.0} req/s p99 {:.3} ms | baseline {:>8.0} req/s p99 {:.3} ms | {ratio:.2}x",
-                a.rps, a.p99_ms, b.rps, b.p99_ms
+                "bench: c={conns:<3} this build {:>8.0} req/s p99 {:.3} ms | {} {:>8.0} req/s p99 {:.3} ms | {ratio:.2}x",
+                a.rps, a.p99_ms, r.label, b.rps, b.p99_ms
             );
             let _ = writeln!(
-                baseline_rows,
+                r.rows,
                 "| {conns} | {:.0} | {:.3} | {:.0} | {:.3} | **{ratio:.2}×** |",
                 a.rps, a.p99_ms, b.rps, b.p99_ms
             );
@@ -110,13 +131,29 @@ pub(super) fn run(
         half_a.rps, half_a.p99_ms, half_n.rps, half_n.p99_ms);
     let rss_kb = proc_status_kb(agent_pid, "VmRSS:").unwrap_or(0);
     let hwm_kb = proc_status_kb(agent_pid, "VmHWM:").unwrap_or(0);
+    let mut rss_rows = format!(
+        "| this build | {:.1} MB | {:.1} MB | {:.1} MB |\n",
+        mb(rss_idle_kb),
+        mb(rss_kb),
+        mb(hwm_kb)
+    );
+    for r in &running {
+        let pid = r.agent.0.id();
+        let _ = writeln!(
+            rss_rows,
+            "| {} | {:.1} MB | {:.1} MB | {:.1} MB |",
+            r.label,
+            mb(r.rss_idle_kb),
+            mb(proc_status_kb(pid, "VmRSS:").unwrap_or(0)),
+            mb(proc_status_kb(pid, "VmHWM:").unwrap_or(0))
+        );
+    }
     thread::sleep(Duration::from_secs(2));
     let idle_pct = idle_cpu(agent_pid, idle_secs);
     println!(
         "bench: agent RSS {rss_kb} KiB (peak {hwm_kb} KiB), idle CPU {idle_fresh:.2} % of a core before the load runs, {idle_pct:.2} % after"
     );
     drop(agent);
-    drop(baseline);
     drop(ceiling);
     drop(backend);
 
@@ -125,29 +162,50 @@ pub(super) fn run(
         "## 1. `/health` against nginx serving the same {}-byte body\n",
         body.len()
     );
-    md.push_str("Both on loopback, with the same wrk settings (`wrk -t2 -cC -d5s --latency`; wrk shares the 2 cores), alternating agent, nginx three times and keeping each one's best run. nginx: 2 workers, static file.\n\n");
+    md.push_str("Both on loopback, with the same wrk settings (`wrk -t2 -cC -d5s --latency`; wrk shares the 2 cores), alternating agent, nginx three times and keeping each one's best run. nginx: 2 workers, static file. \"This build\" is the release build for the host's glibc (`cargo xtask build --release`).\n\n");
     md.push_str("| connections | agent req/s | agent p50 ms | agent p99 ms | nginx req/s | nginx p50 ms | nginx p99 ms | agent/nginx |\n|---|---|---|---|---|---|---|---|\n");
     md.push_str(&rows);
-    if let Some(bin) = baseline_bin {
+    for r in &running {
         let _ = writeln!(
             md,
-            "\nThe baseline build (`{}`), in the same alternation, best of three each:\n\n| connections | this build req/s | p99 ms | baseline req/s | p99 ms | this/baseline |\n|---|---|---|---|---|---|",
-            bin.display()
+            "\nThe {} build (`{}`), in the same alternation, best of three each:\n\n| connections | this build req/s | p99 ms | {} req/s | p99 ms | {}/this |\n|---|---|---|---|---|---|",
+            r.label, r.bin, r.label, r.label
         );
-        md.push_str(&baseline_rows);
+        md.push_str(&r.rows);
     }
     let _ = writeln!(
         md,
         "\n| at half of the agent's peak ({:.0} req/s offered, {conns} connections) | req/s | p99 ms |\n|---|---|---|\n| agent | {:.0} | **{:.3}** |\n| nginx | {:.0} | {:.3} |\n",
         target_rate, half_a.rps, half_a.p99_ms, half_n.rps, half_n.p99_ms
     );
-    let _ = writeln!(
-        md,
+    if !running.is_empty() {
+        let _ = writeln!(
+            md,
+            "| memory of each build (VmRSS) | idle, before the load runs | after the load runs | peak (VmHWM) |\n|---|---|---|---|\n{rss_rows}"
+        );
+    }
+    let mut resources = format!(
         "| agent resources | value | target |\n|---|---|---|\n| RSS after the load runs | {:.1} MB (peak {:.1} MB) | < 30 MB |\n| idle CPU over {idle_secs} s (schedstat; probe every 2 s, kernel counters every 250 ms), before / after the load runs | {idle_fresh:.2} % / {idle_pct:.2} % of a core | < 1 % |\n| worst agent/nginx ratio | {worst_ratio:.2}× | ≥ 0.8× |\n",
-        rss_kb as f64 / 1024.0,
-        hwm_kb as f64 / 1024.0,
+        mb(rss_kb),
+        mb(hwm_kb),
     );
+    for r in &running {
+        let _ = writeln!(
+            resources,
+            "| worst {}/this build ratio | {:.2}× | ≥ 0.9× {} |",
+            r.label,
+            r.worst,
+            if r.worst >= 0.9 { "✓" } else { "✗" }
+        );
+    }
+    md.push_str(&resources);
+    md.push('\n');
+    drop(running);
     Ok(md)
+}
+
+fn mb(kb: u64) -> f64 {
+    kb as f64 / 1024.0
 }
 
 /// wrk against each port's `/health` in turn, three rounds, keeping each one's best run: on a

@@ -571,6 +571,8 @@ impl WebMonitor {
         self.probe_trouble = None;
         if p.status.is_some() {
             self.probes_made += 1;
+            // The backend answered it: an answer went out, whatever sock_diag saw of it.
+            self.progress.answered(now);
         }
         if p.ok {
             self.probe_failing_since = None;

@@ -62,8 +62,11 @@ impl Progress {
     /// follow).
     pub fn observe_with(&mut self, c: &PortCounters, seen: Moves, now: Instant, window: Duration) {
         let Some(prev) = self.last.replace(*c) else {
-            // The programs count from zero since they loaded: anything sent came after that.
-            self.answer_at = (c.sent > 0 || seen.answered).then_some(now);
+            // The programs count from zero since they loaded: anything sent came after that
+            // (and the probe may have been answered already).
+            self.answer_at = self
+                .answer_at
+                .max((c.sent > 0 || seen.answered).then_some(now));
             return;
         };
         self.step(
@@ -129,6 +132,12 @@ impl Progress {
     pub fn rebase(&mut self) {
         self.last = Some(PortCounters::default());
         self.stalled = false;
+    }
+
+    /// An answer went out at `at` that the counters and sock_diag may not show: the probe's
+    /// (its connection opens and closes between two reads).
+    pub fn answered(&mut self, at: Instant) {
+        self.answer_at = self.answer_at.max(Some(at));
     }
 
     /// The tick that last saw an answer go out.

@@ -160,7 +160,10 @@ pub struct SocketMoves {
 
 impl SocketMoves {
     /// What moved since the previous call, given this read's connections and their view.
-    pub fn update(&mut self, conns: &[TcpConn], v: &SocketView) -> Moves {
+    /// `own`: the agent's own probe connections (their local addresses): one of them gone is
+    /// the probe closing its end, after its answer (which the probe reports itself) or at its
+    /// timeout, never the server moving.
+    pub fn update(&mut self, conns: &[TcpConn], v: &SocketView, own: &[SocketAddr]) -> Moves {
         let mut m = Moves {
             waiting: v.unaccepted + v.unread > 0,
             pending: v.pending > 0,
@@ -188,13 +191,18 @@ impl SocketMoves {
                 && c.last_data_recv_ms == c.last_data_sent_ms;
             next.insert(c.remote, (c.bytes_received, c.bytes_acked, accepted));
         }
-        m.gone = self
-            .prev
-            .iter()
-            .any(|(remote, &(_, _, accepted))| accepted && !next.contains_key(remote));
+        let own: Vec<SocketAddr> = own.iter().map(|a| canonical(*a)).collect();
+        m.gone = self.prev.iter().any(|(remote, &(_, _, accepted))| {
+            accepted && !next.contains_key(remote) && !own.contains(&canonical(*remote))
+        });
         self.prev = next;
         m
     }
+}
+
+/// An IPv4 peer of a dual-stack listener shows as `::ffff:a.b.c.d`.
+fn canonical(a: SocketAddr) -> SocketAddr {
+    SocketAddr::new(a.ip().to_canonical(), a.port())
 }
 
 #[cfg(test)]
@@ -364,7 +372,7 @@ mod tests {
         let read = |moves: &mut SocketMoves| {
             let conns = conns(&diag, port);
             let v = SocketView::of(&conns);
-            (moves.update(&conns, &v), v)
+            (moves.update(&conns, &v, &[]), v)
         };
         // An answer, then the next request `pause` later, read and not answered yet.
         fn exchange(client: &mut TcpStream, server: &mut TcpStream, pause: Duration) {
@@ -397,5 +405,45 @@ mod tests {
         let (m, v) = read(&mut moves);
         assert!(!m.unsure, "{m:?}");
         assert_eq!(v.pending, 1, "{v:?}");
+    }
+
+    #[test]
+    fn the_agents_own_probe_closing_is_not_the_server_moving() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let diag = Diag::new(&Namespace::own().unwrap()).unwrap();
+        let mut moves = SocketMoves::default();
+        // Two requests read and never answered: a client's, and the probe's.
+        let open = || {
+            let mut client = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            let (mut server, _) = l.accept().unwrap();
+            client.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+            server.read_exact(&mut [0u8; 18]).unwrap();
+            (client, server)
+        };
+        let (client, client_side) = open();
+        let (probe, probe_side) = open();
+        let own = [probe.local_addr().unwrap()];
+        sleep(Duration::from_millis(20));
+        let c = conns(&diag, port);
+        let v = SocketView::of(&c);
+        assert_eq!(v.pending, 2, "{v:?}");
+        moves.update(&c, &v, &own);
+
+        // The probe gives up and the server closes its end: nothing answered.
+        drop(probe);
+        drop(probe_side);
+        sleep(Duration::from_millis(20));
+        let c = conns(&diag, port);
+        let m = moves.update(&c, &SocketView::of(&c), &own);
+        assert!(!m.gone && !m.answered, "{m:?}");
+
+        // Another client's connection the server took is gone: it moved (answered and closed
+        // between two reads, as far as sock_diag can tell).
+        drop(client);
+        drop(client_side);
+        sleep(Duration::from_millis(20));
+        let c = conns(&diag, port);
+        assert!(moves.update(&c, &SocketView::of(&c), &own).gone);
     }
 }

@@ -396,13 +396,15 @@ fn erroring(e: &Evidence, cfg: &WebConfig) -> Option<Judgement> {
     None
 }
 
-/// Busy: work waits but answers go out, or the latency is over `slow_after`.
+/// Work waits past `slow_after` (a busy server whose answers still go out or whose CPU works
+/// on it, or one that answers nothing yet, short of the hang rules' limits), or the latency is
+/// over `slow_after`.
 fn slow(e: &Evidence, cfg: &WebConfig) -> Option<Judgement> {
     let k = e.kernel.as_ref();
     let stuck = stuck_for(e);
     let cpu_busy = cpu_busy(e);
-    // Busy: work waits, but answers still go out or the CPU is working on it.
     if let Some(d) = stuck.filter(|d| *d >= cfg.slow_after) {
+        // Busy: work waits, but answers still go out or the CPU is working on it.
         let answering = k.is_some_and(|k| k.answered_within(d.max(cfg.hung_after)));
         if answering || cpu_busy {
             return Some((
@@ -410,6 +412,10 @@ fn slow(e: &Evidence, cfg: &WebConfig) -> Option<Judgement> {
                 format!("{}; {}{}", work(e), last_answer(k), cpu(e)),
             ));
         }
+        // Nothing goes out while work waits: a server that never answers and a pool whose
+        // every worker is in a long request look alike until the hang rules' limits
+        // (`unanswered_after`, the stretched `hung_after`) tell them apart. Neither is up.
+        return Some((WebVerdict::Slow, unanswered(e, cfg)));
     }
     if let Some(k) = k {
         if k.latency.samples >= 5 && k.latency.p99_ms >= cfg.slow_after.as_secs_f64() * 1000.0 {
@@ -521,6 +527,8 @@ pub fn next_look(e: &Evidence, cfg: &WebConfig, now: Instant) -> Option<Instant>
     let k = e.kernel.as_ref();
     let until = |limit: Duration| stuck.map(|s| limit.saturating_sub(s));
     let frozen = e.frozen.as_ref().and_then(|_| until(freeze_confirm(cfg)));
+    // Stuck work `slow_after` old is slow, answers going out or not.
+    let slow = until(cfg.slow_after);
     let waiting = (!e.dependencies.is_empty())
         .then(|| until(dependency_limit(k, cfg)))
         .flatten();
@@ -543,13 +551,21 @@ pub fn next_look(e: &Evidence, cfg: &WebConfig, now: Instant) -> Option<Instant>
         .filter(|w| !w.is_zero())
         .min();
     // Ages are whole milliseconds, read a moment after `now`: aim a little past the edge.
-    [frozen, waiting, hung, unresponsive, unanswered, worker]
-        .into_iter()
-        .flatten()
-        .filter(|w| !w.is_zero())
-        .min()
-        // Checked: a limit past the end of time (a hand-built config) means no early look.
-        .and_then(|w| now.checked_add(w.saturating_add(Duration::from_millis(2))))
+    [
+        frozen,
+        slow,
+        waiting,
+        hung,
+        unresponsive,
+        unanswered,
+        worker,
+    ]
+    .into_iter()
+    .flatten()
+    .filter(|w| !w.is_zero())
+    .min()
+    // Checked: a limit past the end of time (a hand-built config) means no early look.
+    .and_then(|w| now.checked_add(w.saturating_add(Duration::from_millis(2))))
 }
 
 /// How the probe and the kernel view differ, if they do.
@@ -574,7 +590,7 @@ pub fn disagreement(verdict: WebVerdict, e: &Evidence) -> Option<String> {
 }
 
 mod describe;
-use describe::{describe_stuck, last_answer, secs, waiting_on, work};
+use describe::{describe_stuck, last_answer, secs, unanswered, waiting_on, work};
 
 #[cfg(test)]
 mod tests;

@@ -1,7 +1,8 @@
-//! PID 1 of the old-kernel VM (`tests/tests/old_kernel.rs`, harness in `tests/src/qemu.rs`).
+//! PID 1 of the 6.1-kernel VMs (`tests/tests/old_kernel.rs` on x86_64,
+//! `tests/tests/arm64_kernel.rs` on arm64; harness in `tests/src/qemu/`).
 //!
 //! The VM boots Debian's own Linux 6.1 under qemu with an initramfs and no root disk. This
-//! program is its init: it mounts what a booted Debian has mounted (proc, sysfs, devtmpfs,
+//! program is its init, the same source for both architectures: it mounts what a booted Debian has mounted (proc, sysfs, devtmpfs,
 //! tracefs, cgroup v2), loads the sock_diag modules that Debian's udev and modprobe would load on
 //! the first request, brings loopback up, and then runs each scenario the harness asked for on
 //! the kernel command line (`vm.scenarios=busy,frozen,...`): a fresh fixture backend, a fresh
@@ -42,6 +43,8 @@ const HEALTH: u16 = 8080;
 const BACKEND_PID: &str = "/run/backend.pid";
 const RESTARTS: &str = "/run/restarts";
 const AGENT_LOG: &str = "/run/agent.log";
+/// The static agent's configuration (`/bin/health-agent`); the .deb's is its shipped one.
+const CONFIG: &str = "/etc/health-agent/config.toml";
 const MODULES: &[&str] = &["/lib/modules/inet_diag.ko", "/lib/modules/tcp_diag.ko"];
 
 fn main() {
@@ -61,6 +64,7 @@ fn main() {
             "kernel": fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
             "uptime_s": uptime(),
             "init_s": started.elapsed().as_secs_f64(),
+            "machine": machine(),
             "btf": std::path::Path::new("/sys/kernel/btf/vmlinux").exists(),
         })
     ));
@@ -70,6 +74,7 @@ fn main() {
             "frozen" => frozen(false),
             "frozen_restarted" => frozen(true),
             "deb" => deb(),
+            "check" => static_check(),
             "unresponsive" => fault("no-respond"),
             "never_accepts" => fault("stop-accepting"),
             "drain" => drain(),
@@ -99,6 +104,20 @@ fn uptime() -> f64 {
         .ok()
         .and_then(|s| s.split_whitespace().next()?.parse().ok())
         .unwrap_or(0.0)
+}
+
+/// `uname -m`: what the kernel says it runs on.
+fn machine() -> String {
+    // SAFETY: utsname is plain data; uname fills it.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid pointer to a utsname.
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return String::new();
+    }
+    // SAFETY: uname NUL-terminates each field.
+    unsafe { std::ffi::CStr::from_ptr(u.machine.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 fn kernel_arg(key: &str) -> Option<String> {

@@ -180,7 +180,7 @@ pub(crate) fn drain() -> io::Result<Value> {
     thread::sleep(Duration::from_secs(2));
     let drain_start = at();
     let child = Command::new("/bin/health-agent")
-        .args(["--config", "/etc/health-agent/config.toml", "drain"])
+        .args(["--config", CONFIG, "drain"])
         .args(["--quiet", "2s", "--timeout", "30s"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -212,6 +212,23 @@ pub(crate) fn drain() -> io::Result<Value> {
     });
     record["load"] = counts;
     Ok(finish(poller, agent, backend, None, record))
+}
+
+/// `health-agent check` of the static binary with the scenarios' configuration, the backend
+/// serving: what it says at once of the kernel tier on this kernel.
+pub(crate) fn static_check() -> io::Result<Value> {
+    let backend = Backend::start(&["--workers", "4"])?;
+    write_config(&config(false))?;
+    let check = Command::new("/bin/health-agent")
+        .args(["--config", CONFIG, "check"])
+        .env("RUST_LOG", "off")
+        .output()?;
+    drop(backend);
+    Ok(json!({
+        "check": String::from_utf8_lossy(&check.stdout),
+        "check_stderr": String::from_utf8_lossy(&check.stderr),
+        "check_status": check.status.code(),
+    }))
 }
 
 /// The install path of Debian 12 and Amazon Linux 2023: the .deb's own binary and shipped

@@ -122,17 +122,22 @@ pub(crate) struct Agent(Child);
 
 impl Agent {
     pub(crate) fn start(config: &str) -> io::Result<Agent> {
-        fs::create_dir_all("/etc/health-agent")?;
-        fs::write("/etc/health-agent/config.toml", config)?;
+        write_config(config)?;
         let log = fs::File::create(AGENT_LOG)?;
         let child = Command::new("/bin/health-agent")
-            .args(["--config", "/etc/health-agent/config.toml", "serve"])
+            .args(["--config", CONFIG, "serve"])
             .env("RUST_LOG", "info")
             .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()?;
         Ok(Agent(child))
     }
+}
+
+/// The static agent's configuration file, [`CONFIG`].
+pub(crate) fn write_config(config: &str) -> io::Result<()> {
+    fs::create_dir_all("/etc/health-agent")?;
+    fs::write(CONFIG, config)
 }
 
 /// A drop-in for this backend beside the .deb's shipped configuration.

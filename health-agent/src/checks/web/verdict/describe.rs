@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{DependencyWait, Evidence, KernelEvidence, WorkerView};
+use super::{DependencyWait, Evidence, KernelEvidence, WebConfig, WorkerView};
 
 pub(super) fn secs(d: Duration) -> String {
     format!("{:.1}s", d.as_secs_f64())
@@ -51,6 +51,35 @@ pub(super) fn last_answer(k: Option<&KernelEvidence>) -> String {
         Some(None) => "no answer seen since the agent started".into(),
         None => "kernel view unavailable".into(),
     }
+}
+
+/// Work waits and nothing goes out: "2 requests unanswered (oldest 3.1s); nothing answered
+/// for 4.3s, 0% CPU: unresponsive (503) once …", saying what the hang rules wait for.
+pub(super) fn unanswered(e: &Evidence, cfg: &WebConfig) -> String {
+    let k = e.kernel.as_ref();
+    let quiet = match k.map(|k| k.since_answer) {
+        Some(Some(d)) => format!("nothing answered for {}", secs(d)),
+        Some(None) => "nothing answered since the agent started".into(),
+        None => "no answer seen (kernel view unavailable)".into(),
+    };
+    let cpu = e
+        .cpu_percent
+        .map_or(String::new(), |p| format!(", {p:.0}% CPU"));
+    let in_progress = k.is_some_and(|k| k.oldest_pending.is_some())
+        || e.probe.as_ref().is_some_and(|p| p.timed_out);
+    let then = match k {
+        // Only connections queued: the weak-evidence hang rule decides.
+        Some(k) if !in_progress => format!(
+            "hung (503) once nothing is taken or answered for {}",
+            secs(super::quiet_limit(k, cfg))
+        ),
+        _ => format!(
+            "unresponsive (503) once a request has waited web.unanswered_after ({}) or the \
+             probe has failed that long",
+            secs(cfg.unanswered_after)
+        ),
+    };
+    format!("{}; {quiet}{cpu}: {then}", work(e))
 }
 
 pub(super) fn waiting_on(d: &DependencyWait) -> String {

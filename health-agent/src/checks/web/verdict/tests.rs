@@ -131,7 +131,7 @@ fn verdict_table() {
             "the last answer went out 2.5s ago",
         ),
         (
-            "requests in progress, queue behind them: not hung before unanswered_after",
+            "requests in progress, queue behind them: not hung before unanswered_after, slow",
             || {
                 let mut e = waiting(4 * S, Some(4 * S));
                 let k = kernel(&mut e);
@@ -139,8 +139,53 @@ fn verdict_table() {
                 k.oldest_pending = Some(4 * S);
                 e
             },
-            WebVerdict::Unknown,
-            "",
+            WebVerdict::Slow,
+            "2 requests unanswered (oldest 4.0s); nothing answered since the agent started: \
+             unresponsive (503) once a request has waited web.unanswered_after (10.0s) or the \
+             probe has failed that long",
+        ),
+        (
+            "requests read, nothing answered for 3 s, answers counted before: slow, not up",
+            || {
+                let mut e = listening();
+                e.kernel = Some(KernelEvidence {
+                    pending: 3,
+                    oldest_pending: Some(ms(2500)),
+                    since_answer: Some(3 * S),
+                    answered: 500,
+                    ..Default::default()
+                });
+                e.probe = Some(probe_timeout());
+                e.probe_failing_for = Some(ms(500));
+                e.cpu_percent = Some(0.0);
+                e
+            },
+            WebVerdict::Slow,
+            "3 requests unanswered (oldest 2.5s), the probe failing for 0.5s (no answer within \
+             2000ms); nothing answered for 3.0s, 0% CPU: unresponsive (503)",
+        ),
+        (
+            "a request read half a second ago: no evidence yet, up on what was answered",
+            || {
+                let mut e = listening();
+                e.kernel = Some(KernelEvidence {
+                    pending: 1,
+                    oldest_pending: Some(ms(500)),
+                    since_answer: Some(ms(600)),
+                    answered: 500,
+                    ..Default::default()
+                });
+                e
+            },
+            WebVerdict::Up,
+            "500 connections answered",
+        ),
+        (
+            "queued 1.5 s, nothing taken or answered, nothing in progress: slow until hung_after",
+            || waiting(ms(1500), None),
+            WebVerdict::Slow,
+            "1 connections wait in the accept queue (oldest 1.5s); nothing answered since the \
+             agent started: hung (503) once nothing is taken or answered for 2.0s",
         ),
         (
             "burning CPU with the queue stuck: slow, not hung",
@@ -340,6 +385,7 @@ fn limits_past_the_end_of_time_never_panic() {
     let huge = WebConfig {
         hung_after: Duration::from_secs(9_000_000_000_000_000_000),
         unanswered_after: Duration::MAX,
+        slow_after: Duration::MAX,
         ..cfg()
     };
     let mut e = waiting(ms(700), Some(ms(1500)));
@@ -354,8 +400,11 @@ fn limits_past_the_end_of_time_never_panic() {
 #[test]
 fn the_next_look_lands_where_the_verdict_can_change() {
     let now = Instant::now();
-    // Stall clock at 1.5 s, oldest 0.7 s: hung_after is reached in 0.5 s.
+    // Oldest 0.7 s: slow_after (1 s) is reached in 0.3 s.
     let at = next_look(&waiting(ms(700), Some(ms(1500))), &cfg(), now).unwrap();
+    assert_eq!(at - now, ms(302));
+    // Stall clock at 1.5 s, oldest 1.2 s (slow already): hung_after is reached in 0.5 s.
+    let at = next_look(&waiting(ms(1200), Some(ms(1500))), &cfg(), now).unwrap();
     assert_eq!(at - now, ms(502));
     // Oldest 0.2 s, stall clock far past: half of hung_after is reached in 0.8 s.
     let at = next_look(&waiting(ms(200), Some(60 * S)), &cfg(), now).unwrap();
@@ -417,7 +466,17 @@ fn probe_failures_need_to_last() {
         probe_failing_for: Some(2 * S),
         ..listening()
     };
+    // Before `unanswered_after` the probe's request waits unanswered: slow, never unknown.
+    let (v, d) = decide(&e, &cfg());
+    assert_eq!(v, WebVerdict::Slow, "{d}");
+    assert!(
+        d.contains("the probe failing for 2.0s") && d.contains("web.unanswered_after (10.0s)"),
+        "{d}"
+    );
+    // Failing without a timeout (reset, refused): nothing waits, not long enough yet.
+    e.probe.as_mut().unwrap().timed_out = false;
     assert_eq!(decide(&e, &cfg()).0, WebVerdict::Unknown);
+    e.probe.as_mut().unwrap().timed_out = true;
     e.probe_failing_for = Some(10 * S);
     assert_eq!(decide(&e, &cfg()).0, WebVerdict::Unresponsive);
     // A 404 means a wrong probe path: the server answers (up), never a restart.
