@@ -156,18 +156,16 @@ pub fn tarball(dir: &Path) -> Artifact {
     }
 }
 
-/// The .rpm for `arch` (`health-agent-<version>-1.<arch>.rpm`) in `dir`: dist's for x86_64,
-/// else a stand-in made by rpmbuild with the static agent in /usr/bin, the unit in
+/// The .rpm for `arch` (`health-agent-<version>-1.<arch>.rpm`) in `dir`: dist's, else a
+/// stand-in made by rpmbuild with the static agent in /usr/bin, the unit in
 /// /usr/lib/systemd/system and the config as a config file, and no dependency (as the static
 /// agent needs none). A stand-in for another architecture is refused before anything in it
 /// runs, so it holds the same x86_64 files: only its header says `arch`.
 pub fn rpm(dir: &Path, arch: &str) -> Artifact {
     let suffix = format!(".{arch}.rpm");
-    if arch == ARCH {
-        if let Some(dist) = from_dist(|n| n.ends_with(&suffix)) {
-            let origin = format!("{} (cargo xtask dist)", dist.display());
-            return artifact(&dist, dir, origin);
-        }
+    if let Some(dist) = from_dist(|n| n.ends_with(&suffix)) {
+        let origin = format!("{} (cargo xtask dist)", dist.display());
+        return artifact(&dist, dir, origin);
     }
     let top = tempfile::tempdir().expect("tempdir");
     let (bin, unit, config) = stand_in_files(&top.path().join("files"));
