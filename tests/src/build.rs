@@ -35,30 +35,12 @@ pub fn binary(name: &str, package: &str) -> PathBuf {
     path
 }
 
-/// The crates an agent binary is built from.
-const AGENT_CRATES: &[&str] = &["health-agent", "health-common", "health-agent-ebpf"];
-
 pub fn agent_binary() -> PathBuf {
     let bin = binary("health-agent", "health-agent");
     assert_fresh(
         &bin,
-        AGENT_CRATES,
-        "run `cargo build --bins` (cargo xtask test does) before these tests",
+        &["health-agent", "health-common", "health-agent-ebpf"],
     );
-    bin
-}
-
-/// The static release agent for `target` (`x86_64-unknown-linux-musl`: `cargo xtask image`
-/// builds it), refused when it is missing or older than its sources.
-pub fn static_agent(target: &str) -> PathBuf {
-    let bin = target_dir()
-        .parent()
-        .expect("target/<profile> has a parent")
-        .join(target)
-        .join("release/health-agent");
-    let how = "run `cargo xtask image` (cargo xtask test does)";
-    assert!(bin.is_file(), "no {}: {how}", bin.display());
-    assert_fresh(&bin, AGENT_CRATES, how);
     bin
 }
 
@@ -80,9 +62,8 @@ pub fn newest(dir: &Path) -> std::time::SystemTime {
     newest
 }
 
-/// `cargo test -p health-agent-tests` does not rebuild the agent: refuse to test old code, and
-/// say `how` to build it.
-fn assert_fresh(bin: &Path, crates: &[&str], how: &str) {
+/// `cargo test -p health-agent-tests` does not rebuild the agent: refuse to test old code.
+fn assert_fresh(bin: &Path, crates: &[&str]) {
     let built = std::fs::metadata(bin)
         .and_then(|m| m.modified())
         .expect("binary mtime");
@@ -91,7 +72,7 @@ fn assert_fresh(bin: &Path, crates: &[&str], how: &str) {
         let src = root.join(c).join("src");
         assert!(
             newest(&src) <= built,
-            "{} is older than {}: {how}",
+            "{} is older than {}: run `cargo build --bins` (cargo xtask test does) before these tests",
             bin.display(),
             src.display()
         );

@@ -61,7 +61,7 @@ pub mod tmpfs;
 pub mod wait;
 
 pub use agent::{check_json, merge_toml, Agent, SECRET_VARS};
-pub use build::{agent_binary, binary, newest, static_agent, target_dir, workspace};
+pub use build::{agent_binary, binary, newest, target_dir, workspace};
 pub use caddy::Caddy;
 pub use certs::{Ca, Issued};
 pub use docker::{docker, fixture_image, BridgeContainer, Container};

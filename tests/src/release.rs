@@ -10,10 +10,14 @@ use std::{
     process::Command,
 };
 
-use crate::{newest, static_agent, stdout_of, succeed, workspace};
+use crate::{
+    newest,
+    qemu::{static_agent, Arch},
+    stdout_of, succeed, workspace,
+};
 
 /// The static build the stand-ins hold: this machine's architecture.
-const TARGET: &str = "x86_64-unknown-linux-musl";
+const STATIC: Arch = Arch::X86_64;
 /// The name the architecture has in artifact names (`uname -m`, rpm's arch).
 pub const ARCH: &str = "x86_64";
 
@@ -104,7 +108,7 @@ fn artifact(from: &Path, dir: &Path, origin: String) -> Artifact {
 fn stand_in_files(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
     fs::create_dir_all(dir).expect("stand-in dir");
     let bin = dir.join("health-agent");
-    fs::copy(static_agent(TARGET), &bin).expect("copying the static agent");
+    fs::copy(static_agent(STATIC), &bin).expect("copying the static agent");
     let unit = dir.join("health-agent.service");
     fs::copy(
         workspace().join("deploy/systemd/health-agent.service"),
@@ -127,7 +131,7 @@ pub fn tarball(dir: &Path) -> Artifact {
         return artifact(&dist, dir, origin);
     }
     let build = tempfile::tempdir().expect("tempdir");
-    let bin = static_agent(TARGET);
+    let bin = static_agent(STATIC);
     let top = format!("health-agent-{}-{ARCH}", version(&bin));
     let (_, unit, _) = stand_in_files(&build.path().join(&top));
     let systemd = build.path().join(&top).join("systemd");
@@ -152,18 +156,16 @@ pub fn tarball(dir: &Path) -> Artifact {
     }
 }
 
-/// The .rpm for `arch` (`health-agent-<version>-1.<arch>.rpm`) in `dir`: dist's for x86_64,
-/// else a stand-in made by rpmbuild with the static agent in /usr/bin, the unit in
+/// The .rpm for `arch` (`health-agent-<version>-1.<arch>.rpm`) in `dir`: dist's, else a
+/// stand-in made by rpmbuild with the static agent in /usr/bin, the unit in
 /// /usr/lib/systemd/system and the config as a config file, and no dependency (as the static
 /// agent needs none). A stand-in for another architecture is refused before anything in it
 /// runs, so it holds the same x86_64 files: only its header says `arch`.
 pub fn rpm(dir: &Path, arch: &str) -> Artifact {
     let suffix = format!(".{arch}.rpm");
-    if arch == ARCH {
-        if let Some(dist) = from_dist(|n| n.ends_with(&suffix)) {
-            let origin = format!("{} (cargo xtask dist)", dist.display());
-            return artifact(&dist, dir, origin);
-        }
+    if let Some(dist) = from_dist(|n| n.ends_with(&suffix)) {
+        let origin = format!("{} (cargo xtask dist)", dist.display());
+        return artifact(&dist, dir, origin);
     }
     let top = tempfile::tempdir().expect("tempdir");
     let (bin, unit, config) = stand_in_files(&top.path().join("files"));
@@ -205,7 +207,7 @@ pub fn rpm(dir: &Path, arch: &str) -> Artifact {
         .join(format!("health-agent-{version}-1{suffix}"));
     let origin = format!(
         "a stand-in rpm of {} (rpmbuild; no fresh one in dist/)",
-        static_agent(TARGET).display()
+        static_agent(STATIC).display()
     );
     artifact(&built, dir, origin)
 }

@@ -85,7 +85,11 @@ fn install_md_names_the_release_files_of_this_version() {
     // dist's own list, when it has run: every concrete name is in its SHA256SUMS.
     if let Ok(sums) = fs::read_to_string(workspace().join("dist/SHA256SUMS")) {
         for name in names.iter().filter(|n| {
-            !n.contains('$') && !n.contains('<') && (n.ends_with(".rpm") || n.ends_with(".deb"))
+            !n.contains('$')
+                && !n.contains('<')
+                && [".rpm", ".deb", ".tar.gz", ".tar"]
+                    .iter()
+                    .any(|x| n.ends_with(x))
         }) {
             assert!(
                 sums.lines().any(|l| l.ends_with(&format!("  {name}"))),
