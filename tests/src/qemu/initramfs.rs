@@ -28,13 +28,13 @@ fn build_guest(arch: Arch) -> Result<(), String> {
     )
 }
 
-/// The static agent for `arch`, from `target` (the workspace's target directory), as
+/// The static agent for `arch`, from the workspace's target directory, as
 /// `cargo xtask test` built it before the tests: x86_64's by the `image` stage, aarch64's by
 /// the `dist` stage (both `dist::static_binary`). A build from here would differ from those in
 /// its build scripts' environment and rebuild them each time; one older than the sources is
 /// refused.
-pub fn static_agent(arch: Arch, target: &Path) -> PathBuf {
-    let agent = target.join(arch.target()).join("release/health-agent");
+pub fn static_agent(arch: Arch) -> PathBuf {
+    let agent = workspace_target().join(arch.target()).join("release/health-agent");
     let how = match arch {
         Arch::X86_64 => "`cargo xtask image`".to_owned(),
         Arch::Aarch64 => format!(
@@ -90,16 +90,20 @@ fn cargo_build(arch: Arch, what: &[&str]) -> Result<(), String> {
 /// backend and `vm-init` ([`build_guest`]).
 fn static_binaries(arch: Arch) -> [PathBuf; 3] {
     build_guest(arch).unwrap_or_else(|e| panic!("{e}"));
-    let target = crate::target_dir()
-        .parent()
-        .expect("target dir")
-        .to_path_buf();
-    let dir = target.join(arch.target()).join("release");
+    let dir = workspace_target().join(arch.target()).join("release");
     [
-        static_agent(arch, &target),
+        static_agent(arch),
         dir.join("fixture-backend"),
         dir.join("vm-init"),
     ]
+}
+
+/// The workspace's target directory (the one holding `debug/` and `<triple>/`).
+fn workspace_target() -> PathBuf {
+    crate::target_dir()
+        .parent()
+        .expect("target dir")
+        .to_path_buf()
 }
 
 /// A `newc` cpio archive, the format the kernel unpacks as its initramfs.
