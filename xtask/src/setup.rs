@@ -512,11 +512,64 @@ fn packages() -> Result<Outcome> {
             cmd::run(Command::new("dpkg").args(["--add-architecture", arch]))?;
         }
     }
+    // qemu's packages share qemu-system-common with qemu-utils: when the machine's qemu-utils
+    // came from backports (it breaks the stable qemu-system-common), theirs come from there too.
+    let backports = qemu_backports()?;
+    let (qemu, rest): (Vec<&str>, Vec<&str>) = missing
+        .iter()
+        .partition(|p| backports.is_some() && p.starts_with("qemu-"));
     cmd::run(apt_get().arg("update"))
         .context("apt-get update failed — check the network and /etc/apt/sources.list*")?;
-    cmd::run(apt_get().args(["install", "-y"]).args(&missing))
-        .context("apt-get install failed — see apt's message above")?;
+    if !rest.is_empty() {
+        cmd::run(apt_get().args(["install", "-y"]).args(&rest))
+            .context("apt-get install failed — see apt's message above")?;
+    }
+    if let Some(suite) = backports.filter(|_| !qemu.is_empty()) {
+        cmd::run(apt_get().args(["install", "-y", "-t", &suite]).args(&qemu)).with_context(
+            || format!("apt-get install -t {suite} failed — see apt's message above"),
+        )?;
+    }
     Ok(Outcome::Done("installed"))
+}
+
+/// Where the installed qemu-utils came from, when it is a backport (`1:10.0.2+…~bpo12+1`): the
+/// backports suite, whose source this adds to apt (`/etc/apt/sources.list.d/`) when missing.
+fn qemu_backports() -> Result<Option<String>> {
+    let version = Command::new("dpkg-query")
+        .args(["-W", "-f", "${Version}", "qemu-utils"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    if !version.contains("~bpo") {
+        return Ok(None);
+    }
+    let release = fs::read_to_string("/etc/os-release").context("reading /etc/os-release")?;
+    let codename = release
+        .lines()
+        .find_map(|l| l.strip_prefix("VERSION_CODENAME="))
+        .map(|c| c.trim_matches('"').to_owned())
+        .context("/etc/os-release names no VERSION_CODENAME")?;
+    let suite = format!("{codename}-backports");
+    let listed = fs::read_dir("/etc/apt/sources.list.d")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .chain([PathBuf::from("/etc/apt/sources.list")])
+        .any(|p| fs::read_to_string(p).is_ok_and(|t| t.contains(&suite)));
+    if !listed {
+        let source = format!(
+            "Types: deb\nURIs: http://deb.debian.org/debian\nSuites: {suite}\nComponents: main\n\
+             Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n"
+        );
+        fs::write(
+            "/etc/apt/sources.list.d/health-agent-backports.sources",
+            source,
+        )
+        .context("adding the backports source")?;
+        println!("setup: qemu-utils {version} is a backport: qemu's packages come from {suite}");
+    }
+    Ok(Some(suite))
 }
 
 /// Where setup installs the PyPI validators when they are not on PATH: a venv of its own, so

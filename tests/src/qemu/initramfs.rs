@@ -34,7 +34,9 @@ fn build_guest(arch: Arch) -> Result<(), String> {
 /// its build scripts' environment and rebuild them each time; one older than the sources is
 /// refused.
 pub fn static_agent(arch: Arch) -> PathBuf {
-    let agent = workspace_target().join(arch.target()).join("release/health-agent");
+    let agent = workspace_target()
+        .join(arch.target())
+        .join("release/health-agent");
     let how = match arch {
         Arch::X86_64 => "`cargo xtask image`".to_owned(),
         Arch::Aarch64 => format!(
