@@ -49,6 +49,39 @@ fn main() -> anyhow::Result<()> {
     for line in shown {
         writeln!(kept, "{line}")?;
     }
+    commit(&mut kept)?;
+    Ok(())
+}
+
+/// The commit built, for `/metrics`' `health_agent_build_info`: `HEALTH_AGENT_COMMIT` when the
+/// packager sets it, else git's HEAD (rebuilt when HEAD moves), else `unknown` (a source
+/// tarball).
+fn commit(out: &mut impl std::io::Write) -> anyhow::Result<()> {
+    writeln!(out, "cargo:rerun-if-env-changed=HEALTH_AGENT_COMMIT")?;
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .stderr(Stdio::null())
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let commit = match std::env::var("HEALTH_AGENT_COMMIT") {
+        Ok(c) if !c.is_empty() => c,
+        _ => git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".into()),
+    };
+    // HEAD moves on a checkout; the branch's ref (in the common dir of a worktree) on a commit.
+    let head = git(&["rev-parse", "--git-path", "HEAD"]);
+    let branch =
+        git(&["symbolic-ref", "-q", "HEAD"]).and_then(|r| git(&["rev-parse", "--git-path", &r]));
+    for path in [head, branch].into_iter().flatten() {
+        if std::path::Path::new(&path).exists() {
+            let path = std::fs::canonicalize(&path)?;
+            writeln!(out, "cargo:rerun-if-changed={}", path.display())?;
+        }
+    }
+    writeln!(out, "cargo:rustc-env=HEALTH_AGENT_COMMIT={commit}")?;
     Ok(())
 }
 

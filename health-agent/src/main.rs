@@ -325,6 +325,7 @@ async fn serve(cfg: Arc<Config>) -> anyhow::Result<()> {
         fleet_token,
         host: health_agent::alerts::hostname(),
         witness: agent.witness.clone(),
+        socket_tracing: cfg.web.socket_tracing,
     });
     tracing::info!(listen = %cfg.server.listen, web_port = cfg.web.port, "serving /health");
     let limits = server::Limits {

@@ -1,22 +1,42 @@
-//! `/metrics`: every check's values in the OpenMetrics text format (prometheus-client), so a
+//! `/metrics`: every check's values by Prometheus' conventions (prometheus-client), so a
 //! Prometheus or CloudWatch pipeline can act on the same snapshot the balancer sees —
-//! including the scaling recommendation.
+//! including the scaling recommendation. The text format 0.0.4 or OpenMetrics, as the client
+//! asks (`format`); the agent's own `process_*` series beside (`process`). docs/monitoring.md
+//! lists every series.
 
-use std::sync::atomic::AtomicU64;
+mod format;
+mod process;
+
+use std::{
+    sync::atomic::AtomicU64,
+    time::{SystemTime, UNIX_EPOCH},
+};
 
 use prometheus_client::{
-    encoding::text::encode,
+    encoding::text::{encode_eof, encode_registry},
     metrics::{counter::Counter, family::Family, gauge::Gauge},
     registry::Registry,
 };
 
+pub use self::format::Format;
 use crate::{
+    config::SocketTracing,
     snapshot::Snapshot,
     status::{DbState, WebVerdict},
 };
 
 type Labels = Vec<(&'static str, String)>;
 type FGauge = Gauge<f64, AtomicU64>;
+type FCounter = Counter<f64, AtomicU64>;
+
+/// What a scrape asked for, and what the agent runs with.
+#[derive(Debug, Clone, Copy)]
+pub struct Scrape {
+    /// The client may see the series that name things (`server.details`).
+    pub detailed: bool,
+    pub format: Format,
+    pub socket_tracing: SocketTracing,
+}
 
 struct Out {
     reg: Registry,
@@ -41,6 +61,12 @@ impl Out {
         self.reg.register(name, help, g);
     }
 
+    fn float_counter(&mut self, name: &str, help: &str, v: f64) {
+        let c = FCounter::default();
+        c.inc_by(crate::text::round_to(v, 3));
+        self.reg.register(name, help, c);
+    }
+
     fn counter(&mut self, name: &str, help: &str, v: u64) {
         let c: Counter = Counter::default();
         c.inc_by(v);
@@ -51,6 +77,15 @@ impl Out {
         let f = Family::<Labels, Counter>::default();
         for (labels, v) in values {
             f.get_or_create(&labels).inc_by(v);
+        }
+        self.reg.register(name, help, f);
+    }
+
+    /// A counter family whose values may be fractional (scaled estimates).
+    fn labeled_float_counter(&mut self, name: &str, help: &str, values: Vec<(Labels, f64)>) {
+        let f = Family::<Labels, FCounter>::default();
+        for (labels, v) in values {
+            f.get_or_create(&labels).inc_by(crate::text::round_to(v, 3));
         }
         self.reg.register(name, help, f);
     }
@@ -78,25 +113,106 @@ impl Out {
     }
 }
 
-/// The whole snapshot as OpenMetrics text. Without `detailed` (a client `server.details` does
-/// not let see diagnostics) the series that name things — mounts, containers, databases — are
-/// left out, and only their aggregates are given.
-pub fn render(s: &Snapshot, detailed: bool) -> String {
+/// The whole snapshot, in the format the scrape asked for. Without `detailed` (a client
+/// `server.details` does not let see diagnostics) the series that name things — mounts,
+/// containers, databases — are left out, and only their aggregates are given.
+pub fn render(s: &Snapshot, scrape: &Scrape) -> String {
+    let detailed = scrape.detailed;
     let mut o = Out {
         reg: Registry::with_prefix("health_agent"),
     };
+    build_info(&mut o, s, scrape.socket_tracing);
     overview(&mut o, s);
     web_now(&mut o, &s.report.web);
     web_figures(&mut o, &s.report.web);
     host(&mut o, &s.report, detailed);
     containers_and_databases(&mut o, &s.report, detailed);
     heal_and_fleet(&mut o, s);
+    let mut own = Out {
+        reg: Registry::default(),
+    };
+    process_metrics(&mut own);
 
     let mut text = String::new();
-    if encode(&mut text, &o.reg).is_err() {
+    let encoded = encode_registry(&mut text, &o.reg)
+        .and_then(|()| encode_registry(&mut text, &own.reg))
+        .and_then(|()| encode_eof(&mut text));
+    if encoded.is_err() {
         text = "# metrics encoding failed\n# EOF\n".into();
     }
-    text
+    match scrape.format {
+        Format::OpenMetrics => text,
+        Format::Text => format::to_text(&text),
+    }
+}
+
+/// Unix time `ago` before now.
+fn timestamp(ago: std::time::Duration) -> f64 {
+    SystemTime::now()
+        .checked_sub(ago)
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// What runs: 1, with the version, commit, kernel tier and `web.socket_tracing` as labels.
+fn build_info(o: &mut Out, s: &Snapshot, socket_tracing: SocketTracing) {
+    let tier = s.report.web.kernel.tier.map_or("none", |t| t.as_str());
+    let tracing = match socket_tracing {
+        SocketTracing::Always => "always",
+        SocketTracing::OnSuspicion => "on_suspicion",
+    };
+    o.labeled(
+        "build_info",
+        "The agent that runs: version, commit, kernel view tier, web.socket_tracing",
+        vec![(
+            vec![
+                ("version", env!("CARGO_PKG_VERSION").to_string()),
+                ("commit", env!("HEALTH_AGENT_COMMIT").to_string()),
+                ("kernel_tier", tier.to_string()),
+                ("socket_tracing", tracing.to_string()),
+            ],
+            1.0,
+        )],
+    );
+}
+
+/// The agent's own process, named as every client library names it (no prefix).
+fn process_metrics(o: &mut Out) {
+    let Some(p) = process::read() else {
+        return;
+    };
+    o.float_counter(
+        "process_cpu_seconds",
+        "Total user and system CPU time spent in seconds",
+        p.cpu_seconds,
+    );
+    o.gauge(
+        "process_resident_memory_bytes",
+        "Resident memory size in bytes",
+        p.resident_bytes,
+    );
+    let optional = [
+        (
+            "process_open_fds",
+            "Number of open file descriptors",
+            p.open_fds,
+        ),
+        (
+            "process_max_fds",
+            "Maximum number of open file descriptors",
+            p.max_fds,
+        ),
+        (
+            "process_start_time_seconds",
+            "Start time of the process since unix epoch in seconds",
+            p.start_time,
+        ),
+    ];
+    for (name, help, v) in optional {
+        if let Some(v) = v {
+            o.gauge(name, help, v);
+        }
+    }
 }
 
 /// The answer the balancer gets, the recommendation, S and its parts, and the clocks.
@@ -146,16 +262,12 @@ fn overview(o: &mut Out, s: &Snapshot) {
             }
         }
     }
-    o.gauge("uptime_seconds", "Host uptime", s.uptime as f64);
+    // Host uptime and the agent's own are node_exporter's `node_boot_time_seconds` and
+    // `process_start_time_seconds`: timestamps, not ages.
     o.gauge(
-        "agent_uptime_seconds",
-        "Agent uptime",
-        s.agent_uptime as f64,
-    );
-    o.gauge(
-        "snapshot_age_seconds",
-        "Age of the snapshot being served",
-        s.created.elapsed().as_secs_f64(),
+        "snapshot_timestamp_seconds",
+        "Unix time the snapshot being served was made (time() minus it is its age)",
+        timestamp(s.created.elapsed()),
     );
 }
 
@@ -285,9 +397,9 @@ fn web_figures(o: &mut Out, w: &crate::checks::web::WebReport) {
         );
         if let Some(age) = f.age_seconds {
             o.gauge(
-                "web_figures_age_seconds",
-                "Age of the newest span the rates and latency come from",
-                age,
+                "web_figures_timestamp_seconds",
+                "Unix time the newest span the rates and latency come from ended",
+                timestamp(std::time::Duration::from_secs_f64(age.max(0.0))),
             );
         }
         if let Some(r) = f.requests_per_second {
@@ -307,28 +419,9 @@ fn web_figures(o: &mut Out, w: &crate::checks::web::WebReport) {
                     .collect(),
             );
         }
-        if let Some(l) = &f.latency {
-            o.labeled(
-                "web_latency_seconds",
-                "Server latency, request read to first response byte, over web.latency_window",
-                vec![
-                    (vec![("quantile", "0.5".into())], l.p50_ms / 1000.0),
-                    (vec![("quantile", "0.95".into())], l.p95_ms / 1000.0),
-                    (vec![("quantile", "0.99".into())], l.p99_ms / 1000.0),
-                ],
-            );
-        }
     }
+    responses_total(o, w);
     if let Some(a) = w.answers.as_ref().filter(|a| a.status_visible) {
-        o.labeled_counter(
-            "web_responses",
-            "Real answers of the web backend by status class, as the kernel saw their first \
-             bytes (the probe path's left out)",
-            a.total_by_class
-                .iter()
-                .map(|(class, n)| (vec![("class", class.to_string())], *n))
-                .collect(),
-        );
         if let Some(share) = a.share_5xx {
             o.gauge(
                 "web_error_share",
@@ -349,6 +442,39 @@ fn web_figures(o: &mut Out, w: &crate::checks::web::WebReport) {
             p.latency_ms / 1000.0,
         );
     }
+}
+
+/// The answers counter, exact or a scaled estimate, with its basis beside it (see
+/// `checks::web::tally`).
+fn responses_total(o: &mut Out, w: &crate::checks::web::WebReport) {
+    let Some(t) = &w.responses_total else {
+        return;
+    };
+    o.labeled_float_counter(
+        "web_responses",
+        "Real answers of the web backend by status class, the probe path's left out: counted \
+         with socket_tracing always, estimated from the counting windows otherwise (see \
+         health_agent_web_responses_basis)",
+        crate::checks::web::ANSWER_CLASSES
+            .iter()
+            .zip(t.by_class)
+            .skip(1)
+            .map(|(class, n)| (vec![("class", class.to_string())], n))
+            .collect(),
+    );
+    o.state(
+        "web_responses_basis",
+        "How health_agent_web_responses_total is made: counted (exact) or estimated (the \
+         counting windows' rate times the time passed)",
+        "basis",
+        &["counted", "estimated"],
+        if t.counted { "counted" } else { "estimated" },
+    );
+    o.gauge(
+        "web_responses_sample_ratio",
+        "Share of the time the estimate rests on that the programs counted (1 when counted)",
+        t.sample_ratio,
+    );
 }
 
 /// Disks, CPU and memory.
@@ -385,7 +511,6 @@ fn host(o: &mut Out, r: &crate::checks::Report, detailed: bool) {
             "Memory use averaged over the scaling window",
             sys.memory_avg_percent / 100.0,
         );
-        o.gauge("load1", "1-minute load average", sys.load1);
     }
 }
 
@@ -541,6 +666,18 @@ mod tests {
         status::DbState,
     };
 
+    /// The OpenMetrics rendering, as Prometheus asks for it.
+    fn om(s: &Snapshot, detailed: bool) -> String {
+        render(
+            s,
+            &Scrape {
+                detailed,
+                format: Format::OpenMetrics,
+                socket_tracing: SocketTracing::OnSuspicion,
+            },
+        )
+    }
+
     #[test]
     fn figures_are_written_out_rounded_and_numeric() {
         let mut report = Report {
@@ -572,7 +709,7 @@ mod tests {
         });
         let decision = evaluate(&crate::policy::PolicyInput::of(&report, false));
         let snap = Snapshot::new(decision, report, HealLog::default(), 1, 1);
-        let text = render(&snap, true);
+        let text = om(&snap, true);
         for line in [
             "health_agent_disk_used_ratio_max 0.164\n",
             "health_agent_disk_used_ratio{path=\"/\"} 0.164\n",
@@ -628,7 +765,7 @@ mod tests {
         };
         let decision = evaluate(&crate::policy::PolicyInput::of(&report, false));
         let snap = Snapshot::new(decision, report, HealLog::default(), 1, 1);
-        let text = render(&snap, true);
+        let text = om(&snap, true);
         for line in [
             r#"health_agent_database{state="unreachable"} 1.0"#,
             r#"health_agent_database_state{database="postgres://hc@127.0.0.1:5432/app",kind="postgres",state="connected"} 1.0"#,
@@ -644,7 +781,7 @@ mod tests {
             "no latency series without a good round trip:\n{text}"
         );
         // A client without diagnostics gets the aggregate, and no name.
-        let brief = render(&snap, false);
+        let brief = om(&snap, false);
         assert!(brief.contains(r#"health_agent_database{state="unreachable"} 1.0"#));
         assert!(!brief.contains("127.0.0.1"), "{brief}");
         assert!(!brief.contains("database_state"), "{brief}");
@@ -666,7 +803,7 @@ mod tests {
             database: DatabaseReport::not_configured(),
         };
         let decision = evaluate(&crate::policy::PolicyInput::of(&report, false));
-        let text = render(
+        let text = om(
             &Snapshot::new(decision, report, HealLog::default(), 1, 1),
             false,
         );
@@ -702,7 +839,7 @@ mod tests {
             Snapshot::new(decision.clone(), report.clone(), HealLog::default(), 1, 1)
                 .with_saturation(sat)
         };
-        let text = render(&snap(sat.clone()), false);
+        let text = om(&snap(sat.clone()), false);
         for line in [
             "health_agent_saturation_ratio 0.42",
             "health_agent_saturation_web_ratio 0.42",
@@ -715,7 +852,7 @@ mod tests {
             "unknown parts are left out"
         );
         sat.withheld = Some("the database is unreachable".into());
-        let text = render(&snap(sat), false);
+        let text = om(&snap(sat), false);
         assert!(
             !text.contains("health_agent_saturation"),
             "withheld:\n{text}"

@@ -209,15 +209,6 @@ fn the_figures_from_the_counting_windows_agree_with_a_known_load() {
             ),
             ("latency p50 ms", p50(x).unwrap_or(f64::NAN), p50(f)),
             ("latency p99 ms", p99(x).unwrap_or(f64::NAN), p99(f)),
-            (
-                "latency p99 ms in /metrics",
-                p99(x).unwrap_or(f64::NAN),
-                gauge(
-                    &metrics,
-                    "health_agent_web_latency_seconds{quantile=\"0.99\"}",
-                )
-                .map(|v| v * 1000.0),
-            ),
             ("web part", busy, s["parts"]["web"].as_f64()),
             (
                 "web part in /metrics",

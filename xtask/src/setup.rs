@@ -43,6 +43,10 @@ const PACKAGES: &[&str] = &[
     "redis-server",
     "openssl",
     "ca-certificates",
+    // tests/tests/prometheus.rs: a real Prometheus scrapes agents and evaluates the shipped
+    // rules; promtool checks /metrics, deploy/prometheus' rules and their unit tests (the
+    // deploy stage). The tests run their own server on their own ports.
+    "prometheus",
     // The README's first-day walk-through pipes /health through it (tests/tests/first_day.rs).
     "jq",
     // The service: `systemd-analyze verify` of the unit, a venv for the deploy-file linters.

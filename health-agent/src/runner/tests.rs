@@ -261,6 +261,7 @@ async fn a_dead_check_loop_fails_livez_and_raises_an_alert() {
         fleet_token: crate::server::FleetToken::Open,
         host: "web-1".into(),
         witness: Default::default(),
+        socket_tracing: crate::config::SocketTracing::OnSuspicion,
     });
     assert_eq!(get(app.clone(), "/livez").await, (200, "ok\n".into()));
     tokio::time::sleep(Duration::from_millis(500)).await;

@@ -52,6 +52,8 @@ pub struct App {
     pub host: String,
     /// The live evidence the peer view shows, and what a peer's `?fresh=dependency` wakes.
     pub witness: Witness,
+    /// `web.socket_tracing`, for `/metrics`' build info.
+    pub socket_tracing: crate::config::SocketTracing,
 }
 
 pub use crate::fleet::Witness;
@@ -263,11 +265,21 @@ async fn metrics_handler(State(app): State<Arc<App>>, req: Request) -> Response 
     let detailed = wants_details(&app, peer, req.headers());
     let snap = app.snapshot.load();
     let age = Instant::now().saturating_duration_since(snap.created);
-    let mut r = metrics::render(&snap, detailed).into_response();
+    let format = metrics::Format::negotiate(
+        req.headers()
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok()),
+    );
+    let scrape = metrics::Scrape {
+        detailed,
+        format,
+        socket_tracing: app.socket_tracing,
+    };
+    let mut r = metrics::render(&snap, &scrape).into_response();
     age_header(&mut r, age);
     r.headers_mut().insert(
         header::CONTENT_TYPE,
-        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+        HeaderValue::from_static(format.content_type()),
     );
     r
 }

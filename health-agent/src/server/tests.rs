@@ -48,6 +48,7 @@ fn app(disk: DiskLevel, details: Details) -> Arc<App> {
         fleet_token: FleetToken::Required("fl33t".into()),
         host: "web-1".into(),
         witness: Default::default(),
+        socket_tracing: crate::config::SocketTracing::OnSuspicion,
     })
 }
 
@@ -366,6 +367,7 @@ async fn stale_snapshot_is_503() {
         fleet_token: FleetToken::Open,
         host: "web-1".into(),
         witness: Default::default(),
+        socket_tracing: crate::config::SocketTracing::OnSuspicion,
     });
     tokio::time::sleep(Duration::from_millis(5)).await;
     let (code, _, body) = get(a, req("/health").body(Body::empty()).unwrap()).await;
@@ -393,7 +395,35 @@ async fn metrics_and_livez_and_404() {
     )
     .unwrap();
     assert!(text.contains("health_agent_http_status 200"), "{text}");
-    assert!(text.ends_with("# EOF\n"));
+    assert!(
+        !text.contains("# EOF"),
+        "the text format 0.0.4 by default:\n{text}"
+    );
+    assert!(text.contains("# TYPE health_agent_heal_attempts_total counter"));
+    // OpenMetrics for a client that prefers it, as Prometheus does.
+    let resp = router(app(DiskLevel::Ok, Details::Always))
+        .oneshot(
+            req("/metrics")
+                .header(
+                    header::ACCEPT,
+                    "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+                )
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        resp.headers()[header::CONTENT_TYPE],
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    );
+    let b = resp.into_body().collect().await.unwrap().to_bytes();
+    let om = String::from_utf8(b.to_vec()).unwrap();
+    assert!(om.ends_with("# EOF\n"), "{om}");
+    assert!(
+        om.contains("# TYPE health_agent_heal_attempts counter"),
+        "{om}"
+    );
     // server.details = "loopback": the mounts' names only for a loopback client.
     let metrics = |peer: &str| {
         let mut r = req("/metrics").body(Body::empty()).unwrap();

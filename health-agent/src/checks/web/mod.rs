@@ -23,6 +23,7 @@ mod monitor;
 pub(crate) mod process;
 mod progress;
 pub(crate) mod sockets;
+mod tally;
 mod target;
 mod verdict;
 
@@ -32,6 +33,7 @@ pub use figures::FiguresReport;
 pub use latency::{percentiles, LatencySummary};
 pub use monitor::{load_kernel, WebMonitor};
 pub use process::{DependencyWait, WorkerView};
+pub use tally::{TallyReport, CLASSES as ANSWER_CLASSES};
 pub use target::NamespaceView;
 
 use super::probe::ProbeResult;
@@ -191,6 +193,9 @@ pub struct WebReport {
     /// (`socket_tracing = "always"`) or estimated from the programs' counting windows.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub figures: Option<FiguresReport>,
+    /// Real answers by class since the agent started, counted or estimated (`/metrics`).
+    #[serde(skip)]
+    pub responses_total: Option<TallyReport>,
     /// The process a `partial_hang` verdict names: what it holds, and whether its master can
     /// replace it.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -232,6 +237,7 @@ impl WebReport {
             config_error: None,
             answers: None,
             figures: None,
+            responses_total: None,
             stuck_worker: None,
             agent_error: false,
         }

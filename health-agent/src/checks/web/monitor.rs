@@ -11,12 +11,13 @@ use std::{
 use health_common::{AcceptKey, PortCounters};
 
 use super::{
-    answers::{AnswerWindow, Round},
+    answers::{AnswerWindow, AnswersReport, Round},
     figures::{Figures, FiguresReport, Mark, FIGURES_EVERY},
     latency::LatencyWindow,
     process::{self, CpuMeter, WorkerView},
     progress::{Moves, Progress},
     sockets::{SocketMoves, SocketView},
+    tally::{Tally, TallyReport, CLASSES as ANSWER_CLASSES},
     target::{self, Target, Unresolved},
     verdict::{self, Evidence, KernelEvidence},
     Following, KernelCounters, KernelState, KernelStatus, ProcessView, WebReport,
@@ -127,6 +128,9 @@ pub struct WebMonitor {
     /// Request rate, answers by class and latency over `web.latency_window`, from the spans
     /// the programs counted.
     figures: Figures,
+    /// The answers counter `/metrics` exports, and its latest reading.
+    tally: Tally,
+    tally_report: Option<TallyReport>,
     /// Where the current span started (the programs attached, or the last cut of an
     /// `"always"` span).
     span_from: Option<Mark>,
@@ -383,6 +387,8 @@ impl WebMonitor {
             counted_detaching: false,
             read_now: false,
             figures: Figures::default(),
+            tally: Tally::default(),
+            tally_report: None,
             span_from: None,
             probes_made: 0,
             answers_attaches: 0,

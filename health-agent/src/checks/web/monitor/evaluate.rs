@@ -58,6 +58,7 @@ impl WebMonitor {
                 .last_probe
                 .clone()
                 .or_else(|| self.probe_trouble.clone()),
+            responses_total: self.tally_report.clone(),
             ..WebReport::not_configured()
         }
         .with_port(self.cfg.port)
@@ -135,10 +136,14 @@ impl WebMonitor {
         // as the backend's failure.
         let agent_error = verdict == WebVerdict::Unknown && self.probe_trouble.is_some();
         let (overflows, dropped) = self.listen_drops(now);
+        let answers = self.answers.report(&self.cfg);
+        let figures = self.figures(now);
+        self.tally_answers(&answers, figures.as_ref(), now);
         WebReport {
             config_error: self.probe_path_error(),
-            answers: Some(self.answers.report(&self.cfg)),
-            figures: self.figures(now),
+            answers: Some(answers),
+            figures,
+            responses_total: self.tally_report.clone(),
             port: self.cfg.port,
             namespace: Some(namespace),
             verdict,

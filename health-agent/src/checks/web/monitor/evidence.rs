@@ -251,6 +251,31 @@ impl WebMonitor {
         self.span_from = attached.then_some(end);
     }
 
+    /// Adds this round's answers to the counter `/metrics` exports: the kernel's totals while
+    /// the programs count all along, the windows' rates otherwise (see `tally`).
+    pub(super) fn tally_answers(
+        &mut self,
+        answers: &AnswersReport,
+        figures: Option<&FiguresReport>,
+        now: Instant,
+    ) {
+        if !answers.status_visible {
+            return;
+        }
+        let report = if self.cfg.socket_tracing == SocketTracing::Always {
+            let mut totals = [0; 6];
+            for (i, class) in ANSWER_CLASSES.iter().enumerate().skip(1) {
+                totals[i] = answers.total_by_class.get(class).copied().unwrap_or(0);
+            }
+            self.tally.observe(now, Some(totals), None)
+        } else {
+            self.tally.observe(now, None, figures)
+        };
+        if report.is_some() {
+            self.tally_report = report;
+        }
+    }
+
     /// The figures over `web.latency_window` (None below the `full` tier: no programs count
     /// requests there).
     pub(super) fn figures(&self, now: Instant) -> Option<FiguresReport> {
