@@ -68,11 +68,55 @@ pub fn run() -> Result<()> {
         ],
     ));
     checks.push(("caddy".into(), caddy_validate(&caddyfile)));
+    let prometheus = deploy.join("prometheus");
+    for (verb, file) in [
+        ("check", "health-agent.rules.yml"),
+        ("test", "health-agent.rules.test.yml"),
+    ] {
+        checks.push((
+            format!("promtool {verb} rules"),
+            vec![
+                arg("promtool"),
+                arg(verb),
+                arg("rules"),
+                prometheus.join(file),
+            ],
+        ));
+    }
 
     for (name, argv) in checks {
         validate(&name, &argv)?;
     }
+    grafana_dashboard(&deploy.join("grafana/health-agent.json"))?;
     drain_dropin(&deploy.join("systemd/drain-before-stop.conf"), &scratch.0)
+}
+
+/// The Grafana dashboard parses, and every panel queries something (tests/tests/prometheus.rs
+/// runs the queries against a live Prometheus).
+fn grafana_dashboard(path: &Path) -> Result<()> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+    let dash: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
+    let panels = dash["panels"].as_array().map_or(&[][..], Vec::as_slice);
+    if panels.is_empty() {
+        bail!("{}: no panels", path.display());
+    }
+    for p in panels {
+        let exprs = p["targets"].as_array().map_or(0, |t| {
+            t.iter()
+                .filter(|t| t["expr"].as_str().is_some_and(|e| !e.is_empty()))
+                .count()
+        });
+        if exprs == 0 {
+            bail!("{}: panel {} has no query", path.display(), p["title"]);
+        }
+    }
+    println!(
+        "grafana: {} parses, {} panels",
+        path.display(),
+        panels.len()
+    );
+    Ok(())
 }
 
 /// `caddy validate` of a Caddyfile.
