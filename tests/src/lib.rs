@@ -26,6 +26,7 @@
 //! | `stack` | the CloudFormation template deployed in moto; the AWS CLI stand-in its UserData runs against on a booted root |
 //! | `release` | the release artifacts that UserData installs: `cargo xtask dist`'s, or stand-ins built from the static agent |
 //! | `qemu` | Debian's Linux 6.1, x86_64 or arm64, booted under qemu, running scenarios inside (`bin/vm-init/`); what the VM tests assert on them (`qemu::verdicts`) |
+//! | `prometheus` | a real Prometheus scraping the test's agents and evaluating rule files; its HTTP API; `promtool check metrics` |
 //! | `fleet` | stub servers, `/etc/hosts` lines, `/metrics` gauges for the fleet tests |
 
 pub mod agent;
@@ -50,6 +51,7 @@ pub mod open_loop;
 pub mod poller;
 pub mod postgres;
 pub mod process;
+pub mod prometheus;
 pub mod puma;
 pub mod qemu;
 pub mod receiver;

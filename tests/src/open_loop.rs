@@ -76,6 +76,10 @@ struct InFlight {
 /// answer before the next) slows down with the server and hides overload. A dispatcher thread
 /// keeps the clock (connect and write only, both immediate on loopback while the accept queue
 /// has room); a reader thread polls every open connection for its answer.
+/// The seed that sends at evenly spaced times (a fixed rate) instead of Poisson ones: a known
+/// load whose every second holds the same count.
+pub const EVEN: u64 = u64::MAX;
+
 /// Exponential gaps between arrivals: a Poisson process of `rate`, repeatable from a seed.
 struct Arrivals {
     state: u64,
@@ -84,6 +88,9 @@ struct Arrivals {
 
 impl Arrivals {
     fn new(seed: u64, rate: f64) -> Self {
+        if seed == EVEN {
+            return Self { state: EVEN, rate };
+        }
         // The seed scrambled (splitmix64's finaliser): xorshift from a small state such as 1
         // or 2 starts with a run of tiny numbers, whose gaps are seconds long — at 6 a second
         // the first request of seed 1 came 4 s late.
@@ -98,6 +105,9 @@ impl Arrivals {
 
     /// The gap to the next arrival (xorshift uniform).
     fn gap(&mut self) -> Duration {
+        if self.state == EVEN {
+            return Duration::from_secs_f64(1.0 / self.rate);
+        }
         let r = &mut self.state;
         *r ^= *r << 13;
         *r ^= *r >> 7;
