@@ -4,8 +4,10 @@
 //! asks (`format`); the agent's own `process_*` series beside (`process`). docs/monitoring.md
 //! lists every series.
 
+mod agent;
 mod format;
 mod process;
+mod responses;
 
 use std::{
     sync::atomic::AtomicU64,
@@ -121,7 +123,7 @@ pub fn render(s: &Snapshot, scrape: &Scrape) -> String {
     let mut o = Out {
         reg: Registry::with_prefix("health_agent"),
     };
-    build_info(&mut o, s, scrape.socket_tracing);
+    agent::build_info(&mut o, s, scrape.socket_tracing);
     overview(&mut o, s);
     web_now(&mut o, &s.report.web);
     web_figures(&mut o, &s.report.web);
@@ -131,7 +133,7 @@ pub fn render(s: &Snapshot, scrape: &Scrape) -> String {
     let mut own = Out {
         reg: Registry::default(),
     };
-    process_metrics(&mut own);
+    agent::process_metrics(&mut own);
 
     let mut text = String::new();
     let encoded = encode_registry(&mut text, &o.reg)
@@ -152,67 +154,6 @@ fn timestamp(ago: std::time::Duration) -> f64 {
         .checked_sub(ago)
         .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
         .map_or(0.0, |d| d.as_secs_f64())
-}
-
-/// What runs: 1, with the version, commit, kernel tier and `web.socket_tracing` as labels.
-fn build_info(o: &mut Out, s: &Snapshot, socket_tracing: SocketTracing) {
-    let tier = s.report.web.kernel.tier.map_or("none", |t| t.as_str());
-    let tracing = match socket_tracing {
-        SocketTracing::Always => "always",
-        SocketTracing::OnSuspicion => "on_suspicion",
-    };
-    o.labeled(
-        "build_info",
-        "The agent that runs: version, commit, kernel view tier, web.socket_tracing",
-        vec![(
-            vec![
-                ("version", env!("CARGO_PKG_VERSION").to_string()),
-                ("commit", env!("HEALTH_AGENT_COMMIT").to_string()),
-                ("kernel_tier", tier.to_string()),
-                ("socket_tracing", tracing.to_string()),
-            ],
-            1.0,
-        )],
-    );
-}
-
-/// The agent's own process, named as every client library names it (no prefix).
-fn process_metrics(o: &mut Out) {
-    let Some(p) = process::read() else {
-        return;
-    };
-    o.float_counter(
-        "process_cpu_seconds",
-        "Total user and system CPU time spent in seconds",
-        p.cpu_seconds,
-    );
-    o.gauge(
-        "process_resident_memory_bytes",
-        "Resident memory size in bytes",
-        p.resident_bytes,
-    );
-    let optional = [
-        (
-            "process_open_fds",
-            "Number of open file descriptors",
-            p.open_fds,
-        ),
-        (
-            "process_max_fds",
-            "Maximum number of open file descriptors",
-            p.max_fds,
-        ),
-        (
-            "process_start_time_seconds",
-            "Start time of the process since unix epoch in seconds",
-            p.start_time,
-        ),
-    ];
-    for (name, help, v) in optional {
-        if let Some(v) = v {
-            o.gauge(name, help, v);
-        }
-    }
 }
 
 /// The answer the balancer gets, the recommendation, S and its parts, and the clocks.
@@ -420,7 +361,7 @@ fn web_figures(o: &mut Out, w: &crate::checks::web::WebReport) {
             );
         }
     }
-    responses_total(o, w);
+    responses::responses_total(o, w);
     if let Some(a) = w.answers.as_ref().filter(|a| a.status_visible) {
         if let Some(share) = a.share_5xx {
             o.gauge(
@@ -442,39 +383,6 @@ fn web_figures(o: &mut Out, w: &crate::checks::web::WebReport) {
             p.latency_ms / 1000.0,
         );
     }
-}
-
-/// The answers counter, exact or a scaled estimate, with its basis beside it (see
-/// `checks::web::tally`).
-fn responses_total(o: &mut Out, w: &crate::checks::web::WebReport) {
-    let Some(t) = &w.responses_total else {
-        return;
-    };
-    o.labeled_float_counter(
-        "web_responses",
-        "Real answers of the web backend by status class, the probe path's left out: counted \
-         with socket_tracing always, estimated from the counting windows otherwise (see \
-         health_agent_web_responses_basis)",
-        crate::checks::web::ANSWER_CLASSES
-            .iter()
-            .zip(t.by_class)
-            .skip(1)
-            .map(|(class, n)| (vec![("class", class.to_string())], n))
-            .collect(),
-    );
-    o.state(
-        "web_responses_basis",
-        "How health_agent_web_responses_total is made: counted (exact) or estimated (the \
-         counting windows' rate times the time passed)",
-        "basis",
-        &["counted", "estimated"],
-        if t.counted { "counted" } else { "estimated" },
-    );
-    o.gauge(
-        "web_responses_sample_ratio",
-        "Share of the time the estimate rests on that the programs counted (1 when counted)",
-        t.sample_ratio,
-    );
 }
 
 /// Disks, CPU and memory.

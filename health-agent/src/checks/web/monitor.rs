@@ -17,7 +17,7 @@ use super::{
     process::{self, CpuMeter, WorkerView},
     progress::{Moves, Progress},
     sockets::{SocketMoves, SocketView},
-    tally::{Tally, TallyReport, CLASSES as ANSWER_CLASSES},
+    tally::{Tally, CLASSES as ANSWER_CLASSES},
     target::{self, Target, Unresolved},
     verdict::{self, Evidence, KernelEvidence},
     Following, KernelCounters, KernelState, KernelStatus, ProcessView, WebReport,
@@ -128,9 +128,8 @@ pub struct WebMonitor {
     /// Request rate, answers by class and latency over `web.latency_window`, from the spans
     /// the programs counted.
     figures: Figures,
-    /// The answers counter `/metrics` exports, and its latest reading.
+    /// The answers counter `/metrics` exports.
     tally: Tally,
-    tally_report: Option<TallyReport>,
     /// Where the current span started (the programs attached, or the last cut of an
     /// `"always"` span).
     span_from: Option<Mark>,
@@ -388,7 +387,6 @@ impl WebMonitor {
             read_now: false,
             figures: Figures::default(),
             tally: Tally::default(),
-            tally_report: None,
             span_from: None,
             probes_made: 0,
             answers_attaches: 0,

@@ -27,7 +27,8 @@ pub struct Tally {
     /// When the round before added its estimate (`"on_suspicion"`).
     last_at: Option<Instant>,
     totals: [f64; 6],
-    seen: bool,
+    /// The latest reading (None before the first answers were seen).
+    last: Option<TallyReport>,
 }
 
 /// What `/metrics` shows of the tally.
@@ -63,7 +64,6 @@ impl Tally {
                 self.totals[i] += moved as f64;
             }
             self.last_counted = Some(t);
-            self.seen = true;
             return self.report(true, 1.0);
         }
         let rates = figures.and_then(|f| f.answers_per_second.as_ref());
@@ -72,12 +72,15 @@ impl Tally {
             .map_or(0.0, |at| now.saturating_duration_since(at).as_secs_f64());
         self.last_at = Some(now);
         let Some((f, rates)) = figures.zip(rates) else {
-            return self.seen.then(|| self.report(false, 0.0)).flatten();
+            return self
+                .last
+                .is_some()
+                .then(|| self.report(false, 0.0))
+                .flatten();
         };
         for (i, class) in CLASSES.iter().enumerate().skip(1) {
             self.totals[i] += rates.get(class).copied().unwrap_or(0.0) * dt;
         }
-        self.seen = true;
         let ratio = if f.over_seconds > 0.0 {
             (f.counted_seconds / f.over_seconds).min(1.0)
         } else {
@@ -86,12 +89,18 @@ impl Tally {
         self.report(false, ratio)
     }
 
-    fn report(&self, counted: bool, sample_ratio: f64) -> Option<TallyReport> {
-        Some(TallyReport {
+    /// The latest reading.
+    pub fn current(&self) -> Option<TallyReport> {
+        self.last.clone()
+    }
+
+    fn report(&mut self, counted: bool, sample_ratio: f64) -> Option<TallyReport> {
+        self.last = Some(TallyReport {
             by_class: self.totals,
             counted,
             sample_ratio,
-        })
+        });
+        self.last.clone()
     }
 }
 

@@ -58,7 +58,7 @@ impl WebMonitor {
                 .last_probe
                 .clone()
                 .or_else(|| self.probe_trouble.clone()),
-            responses_total: self.tally_report.clone(),
+            responses_total: self.tally.current(),
             ..WebReport::not_configured()
         }
         .with_port(self.cfg.port)
@@ -143,7 +143,7 @@ impl WebMonitor {
             config_error: self.probe_path_error(),
             answers: Some(answers),
             figures,
-            responses_total: self.tally_report.clone(),
+            responses_total: self.tally.current(),
             port: self.cfg.port,
             namespace: Some(namespace),
             verdict,

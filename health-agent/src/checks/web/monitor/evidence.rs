@@ -262,17 +262,14 @@ impl WebMonitor {
         if !answers.status_visible {
             return;
         }
-        let report = if self.cfg.socket_tracing == SocketTracing::Always {
+        if self.cfg.socket_tracing == SocketTracing::Always {
             let mut totals = [0; 6];
             for (i, class) in ANSWER_CLASSES.iter().enumerate().skip(1) {
                 totals[i] = answers.total_by_class.get(class).copied().unwrap_or(0);
             }
-            self.tally.observe(now, Some(totals), None)
+            self.tally.observe(now, Some(totals), None);
         } else {
-            self.tally.observe(now, None, figures)
-        };
-        if report.is_some() {
-            self.tally_report = report;
+            self.tally.observe(now, None, figures);
         }
     }
 
