@@ -166,7 +166,7 @@ fn the_image_runs_as_the_daemonset_asks_and_turns_503_for_a_frozen_host_backend(
         "--volume", "/sys/kernel/tracing:/sys/kernel/tracing:ro",
         "--volume", "/sys/kernel/debug:/sys/kernel/debug:ro",
         "--volume", "/sys/fs/cgroup:/sys/fs/cgroup:ro",
-        "--volume", "/run:/host/run:ro,rslave",                 // the host's /run, for Docker's socket
+        "--volume", "/run:/host/run:ro",                        // the host's /run, for Docker's socket
         "--volume", "/var/run/netns:/var/run/netns:ro,rslave",   // mountPropagation: HostToContainer
         "--volume", &control_mount,
         "--volume", &state_mount,
