@@ -101,6 +101,15 @@ pub struct ProbeResult {
 }
 
 pub async fn probe(target: &ProbeTarget, spec: &ProbeSpec) -> ProbeResult {
+    if let Some(Err(why)) = &spec.tls {
+        // No client to make: the configuration's mistake, not the backend's.
+        return ProbeResult {
+            error: Some(why.clone()),
+            misconfigured: Some(why.clone()),
+            target: target.addr.to_string(),
+            ..ProbeResult::default()
+        };
+    }
     let start = Instant::now();
     // Where the request went: the fallback once the first address could not be tried.
     let tried = Arc::new(Mutex::new(target.addr));
@@ -342,6 +351,7 @@ async fn request(
     );
     match &spec.tls {
         None => exchange(s, &req).await,
+        // Answered by `probe` before any connection.
         Some(Err(why)) => Err(std::io::Error::other(why.clone())),
         Some(Ok(config)) => {
             let name = tls::server_name(&spec.host, addr);
@@ -400,6 +410,32 @@ mod tests {
             probe_timeout: timeout,
             ..WebConfig::default()
         })
+    }
+
+    #[tokio::test]
+    async fn https_to_a_plain_http_port_is_misconfigured_naming_the_scheme() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut b = [0u8; 512];
+            let _ = s.read(&mut b).await;
+            let _ = s.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n").await;
+        });
+        let target = ProbeTarget {
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            fallback: None,
+            ns: Arc::new(Namespace::own().unwrap()),
+        };
+        let spec = ProbeSpec::of(&WebConfig {
+            probe_scheme: ProbeScheme::Https,
+            probe_tls_verify: false,
+            ..WebConfig::default()
+        });
+        let r = probe(&target, &spec).await;
+        let why = r.misconfigured.clone().unwrap_or_default();
+        assert!(why.contains("web.probe_scheme = \"http\""), "{r:?}");
+        assert!(!r.ok && !r.timed_out, "{r:?}");
     }
 
     #[tokio::test]
