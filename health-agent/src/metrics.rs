@@ -614,6 +614,7 @@ mod tests {
             refused: false,
             agent_error: false,
             target: "127.0.0.1:9000".into(),
+            ..Default::default()
         });
         let decision = evaluate(&crate::policy::PolicyInput::of(&report, false));
         let snap = Snapshot::new(decision, report, HealLog::default(), 1, 1);

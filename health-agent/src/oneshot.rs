@@ -110,12 +110,7 @@ async fn decide(cfg: &Config) -> (Decision, Report) {
     // The first look finds the listener, and with it the address to probe.
     web.evaluate(start);
     let probed = if probe_wanted(cfg) {
-        probe::probe_shared(
-            &web.probe_target(),
-            &cfg.web.probe_path,
-            cfg.web.probe_timeout,
-        )
-        .await
+        probe::probe_shared(&web.probe_target(), &probe::ProbeSpec::of(&cfg.web)).await
     } else {
         None
     };

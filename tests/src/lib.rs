@@ -19,6 +19,7 @@
 //! | `story` | what the verdict tests share: `web_config`, `since`, `assert_answered`, `Restarts`; `Watch`, the one way to wait for a verdict; `Watched`, a Puma watched by an agent (and the "under load, then hang" start) |
 //! | `markdown` | fenced blocks of the README and docs/ pages, for the tests that run them |
 //! | `fixture`, `nginx`, `postgres`, `redis`, `puma`, `docker`, `receiver`, `tmpfs`, `moto` | one server each |
+//! | `rack` | a Rack app under Puma that is strict about its Host and scheme, over HTTP, TLS or both |
 //! | `haproxy`, `caddy` | a real load balancer each, on a config the test writes (HAProxy's `show stat`) |
 //! | `certs` | a CA and the certificates it signs, made with the openssl CLI |
 //! | `netns` | network namespaces reached over a veth pair |
@@ -54,6 +55,7 @@ pub mod process;
 pub mod prometheus;
 pub mod puma;
 pub mod qemu;
+pub mod rack;
 pub mod receiver;
 pub mod redis;
 pub mod release;

@@ -13,7 +13,8 @@ use std::{
 
 use health_agent_tests::{
     agent_binary, check_json, docker, fixture_image, free_port, markdown::fenced, request_at,
-    require_root, wait_until, watched_fixture, Agent, Container, Fixture, Proc, Receiver,
+    require_root, wait_until, watched_fixture, workspace, Agent, Container, Fixture, Proc,
+    Receiver,
 };
 use serde_json::Value;
 
@@ -105,6 +106,29 @@ fn booting_503_says_fail_in_the_health_json_format() {
     let v: Value = serde_json::from_str(&body).expect("JSON");
     assert_eq!(v["status"], "fail", "every 5xx says fail: {body}");
     assert!(v["description"].to_string().contains("booting"), "{body}");
+}
+
+/// The DaemonSet's readiness is the agent's own (`/livez`): 200 while the node's app is booting
+/// and `/health` says 503, so a node whose app is not up never stalls the agent's rollout.
+#[test]
+fn the_daemonsets_readiness_is_livez_which_is_200_while_the_app_boots() {
+    require_root();
+    let manifest = std::fs::read_to_string(workspace().join("deploy/kubernetes/health-agent.yaml"))
+        .expect("the DaemonSet");
+    let readiness = manifest
+        .split("readinessProbe:")
+        .nth(1)
+        .and_then(|rest| rest.lines().find(|l| l.trim_start().starts_with("path:")))
+        .expect("a readinessProbe with an httpGet path");
+    assert_eq!(readiness.trim(), "path: /livez", "{readiness}");
+    let agent = Agent::start(&format!(
+        "[checks]\nboot_grace = \"60s\"\n[web]\nport = {}\n",
+        free_port()
+    ));
+    let (code, body) = agent.wait_health(WAIT, "503 booting", |c, _| c == 503);
+    assert_eq!(body["status"], "booting", "{body}");
+    let (livez, text) = agent.get("/livez").expect("GET /livez");
+    assert_eq!((livez, text.trim()), (200, "ok"), "/health {code}: {body}");
 }
 
 #[test]

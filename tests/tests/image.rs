@@ -152,7 +152,7 @@ fn the_image_runs_as_the_daemonset_asks_and_turns_503_for_a_frozen_host_backend(
         "--read-only",                                         // readOnlyRootFilesystem: true
         "--cap-drop", "ALL",                                   // capabilities.drop: [ALL]
         "--cap-add", "SYS_PTRACE", "--cap-add", "SYS_ADMIN",   // capabilities.add, and below
-        "--security-opt", "seccomp=unconfined",                // seccompProfile: Unconfined
+        // seccompProfile: RuntimeDefault: no flag, Docker's default profile
         "--security-opt", "apparmor=unconfined",               // appArmorProfile: Unconfined
         // env
         "--env", "HEALTH_AGENT_LOG=info",
@@ -166,7 +166,7 @@ fn the_image_runs_as_the_daemonset_asks_and_turns_503_for_a_frozen_host_backend(
         "--volume", "/sys/kernel/tracing:/sys/kernel/tracing:ro",
         "--volume", "/sys/kernel/debug:/sys/kernel/debug:ro",
         "--volume", "/sys/fs/cgroup:/sys/fs/cgroup:ro",
-        "--volume", "/var/run/docker.sock:/var/run/docker.sock",
+        "--volume", "/run:/host/run:ro",                        // the host's /run, for Docker's socket
         "--volume", "/var/run/netns:/var/run/netns:ro,rslave",   // mountPropagation: HostToContainer
         "--volume", &control_mount,
         "--volume", &state_mount,

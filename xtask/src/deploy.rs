@@ -18,6 +18,14 @@ use anyhow::{bail, Context, Result};
 
 use crate::{cmd, setup};
 
+/// The Kubernetes manifests, validated each alone and checked together (`kubectl apply -f
+/// deploy/kubernetes/` applies them all).
+pub const KUBERNETES: &[&str] = &[
+    "deploy/kubernetes/health-agent.yaml",
+    "deploy/kubernetes/saturation-hpa.yaml",
+    "deploy/kubernetes/drain-prestop.yaml",
+];
+
 /// Each deploy/ file through its own validator, offline; warnings fail too.
 pub fn run() -> Result<()> {
     let deploy = cmd::root().join("deploy");
@@ -38,17 +46,13 @@ pub fn run() -> Result<()> {
             deploy.join("aws/cloudformation.yaml"),
         ],
     ));
-    checks.push((
-        "kubernetes-validate".into(),
-        vec![
-            setup::pip_tool("kubernetes-validate")?,
-            arg("--strict"),
-            arg("--quiet"),
-            deploy.join("kubernetes/health-agent.yaml"),
-            deploy.join("kubernetes/saturation-hpa.yaml"),
-            deploy.join("kubernetes/drain-prestop.yaml"),
-        ],
-    ));
+    let mut validate_k8s = vec![
+        setup::pip_tool("kubernetes-validate")?,
+        arg("--strict"),
+        arg("--quiet"),
+    ];
+    validate_k8s.extend(KUBERNETES.iter().map(|f| cmd::root().join(f)));
+    checks.push(("kubernetes-validate".into(), validate_k8s));
     checks.push((
         "shellcheck".into(),
         vec![
@@ -88,6 +92,11 @@ pub fn run() -> Result<()> {
         validate(&name, &argv)?;
     }
     grafana_dashboard(&deploy.join("grafana/health-agent.json"))?;
+    let objects = crate::manifests::check(cmd::root(), KUBERNETES)?;
+    eprintln!(
+        "kubernetes manifests applied together: {objects} objects in {} files, none defined twice",
+        KUBERNETES.len()
+    );
     drain_dropin(&deploy.join("systemd/drain-before-stop.conf"), &scratch.0)
 }
 

@@ -25,6 +25,7 @@ mod fuzz;
 mod image;
 mod lanes;
 mod live;
+mod manifests;
 mod package;
 mod run;
 mod services;

@@ -4,6 +4,15 @@
 //! A probe the agent cannot even make (no namespace entry, no socket, no such local address,
 //! no permission) is the agent's own error, never evidence against the backend; for a `::`
 //! listener in a namespace without IPv6 it tries 127.0.0.1 instead of `::1`.
+//!
+//! It speaks as the app is served: `web.probe_host` as the Host header, TLS with
+//! `web.probe_scheme = "https"` (tls.rs). An answer that proves the server answers but says the
+//! probe is set up wrong (a redirect, a refused Host, a missing path, a TLS port asked in plain
+//! HTTP or the reverse) is `misconfigured`, with the key to set (answer.rs): never evidence
+//! against the backend.
+
+mod answer;
+mod tls;
 
 use std::{
     net::SocketAddr,
@@ -11,13 +20,17 @@ use std::{
     time::{Duration, Instant},
 };
 
+use rustls::ClientConfig;
 use serde::Serialize;
 use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
+    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
     net::TcpStream,
 };
 
-use crate::netns::Namespace;
+use crate::{
+    config::{ProbeScheme, WebConfig},
+    netns::Namespace,
+};
 
 /// Where the probe goes: the web monitor sets it from the listeners it sees.
 #[derive(Debug, Clone)]
@@ -32,7 +45,32 @@ pub struct ProbeTarget {
 /// The monitor writes it, the probe task reads it; None until the backend's namespace is known.
 pub type SharedProbeTarget = Arc<Mutex<Option<ProbeTarget>>>;
 
-#[derive(Debug, Clone, Serialize, PartialEq)]
+/// How the probe asks: `web.probe_*`, with the TLS client built once.
+#[derive(Debug, Clone)]
+pub struct ProbeSpec {
+    pub path: String,
+    /// The Host header; empty: the address probed.
+    pub host: String,
+    pub scheme: ProbeScheme,
+    /// With `https`: the client, or why there is none (no CA to verify against).
+    tls: Option<Result<Arc<ClientConfig>, String>>,
+    pub timeout: Duration,
+}
+
+impl ProbeSpec {
+    pub fn of(cfg: &WebConfig) -> Self {
+        Self {
+            path: cfg.probe_path.clone(),
+            host: cfg.probe_host.clone(),
+            scheme: cfg.probe_scheme,
+            tls: (cfg.probe_scheme == ProbeScheme::Https)
+                .then(|| tls::client_config(cfg.probe_tls_verify)),
+            timeout: cfg.probe_timeout,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct ProbeResult {
     pub ok: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -53,48 +91,125 @@ pub struct ProbeResult {
     pub agent_error: bool,
     /// Where it went, e.g. `127.0.0.1:9000`, `[::1]:9000`.
     pub target: String,
+    /// A redirect's `Location`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub location: Option<String>,
+    /// The backend answered, and its answer says the probe is set up wrong: what, and the key
+    /// to set. Never evidence against the backend.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub misconfigured: Option<String>,
 }
 
-pub async fn probe(target: &ProbeTarget, path: &str, timeout: Duration) -> ProbeResult {
+pub async fn probe(target: &ProbeTarget, spec: &ProbeSpec) -> ProbeResult {
+    if let Some(Err(why)) = &spec.tls {
+        // No client to make: the configuration's mistake, not the backend's.
+        return ProbeResult {
+            error: Some(why.clone()),
+            misconfigured: Some(why.clone()),
+            target: target.addr.to_string(),
+            ..ProbeResult::default()
+        };
+    }
     let start = Instant::now();
     // Where the request went: the fallback once the first address could not be tried.
     let tried = Arc::new(Mutex::new(target.addr));
-    let outcome = tokio::time::timeout(timeout, request(target, path, timeout, &tried)).await;
+    let outcome = tokio::time::timeout(spec.timeout, request(target, spec, &tried)).await;
     let latency_ms = start.elapsed().as_secs_f64() * 1000.0;
-    let target_text = tried.lock().unwrap_or_else(|e| e.into_inner()).to_string();
-    let failed = |error: String, timed_out: bool, refused: bool, agent_error: bool| ProbeResult {
-        ok: false,
-        status: None,
+    let addr = *tried.lock().unwrap_or_else(|e| e.into_inner());
+    let target_text = addr.to_string();
+    let failed = |error: String| ProbeResult {
         latency_ms,
         error: Some(error),
-        timed_out,
-        refused,
-        agent_error,
         target: target_text.clone(),
+        ..ProbeResult::default()
     };
-    match outcome {
-        Err(_) => failed(
-            format!("no answer within {}ms", timeout.as_millis()),
-            true,
-            false,
-            false,
-        ),
-        Ok(Err(e)) => failed(
-            e.to_string(),
-            false,
-            e.kind() == std::io::ErrorKind::ConnectionRefused,
-            is_agent_error(&e),
-        ),
-        Ok(Ok(status)) => ProbeResult {
-            ok: (200..400).contains(&status),
-            status: Some(status),
-            latency_ms,
-            error: None,
-            timed_out: false,
-            refused: false,
-            agent_error: false,
-            target: target_text,
+    let mut r = match outcome {
+        Err(_) => ProbeResult {
+            timed_out: true,
+            ..failed(format!("no answer within {}ms", spec.timeout.as_millis()))
         },
+        Ok(Err(e)) => {
+            if let Some(tls) = tls::rustls_error(&e) {
+                return ProbeResult {
+                    misconfigured: Some(tls::mistake(tls, &target_text, addr.port())),
+                    ..failed(format!("TLS: {tls}"))
+                };
+            }
+            ProbeResult {
+                refused: e.kind() == std::io::ErrorKind::ConnectionRefused,
+                agent_error: is_agent_error(&e),
+                ..failed(e.to_string())
+            }
+        }
+        Ok(Ok((status, location))) => {
+            let sent = answer::Sent {
+                path: &spec.path,
+                host: &host_header(spec, addr),
+                host_configured: !spec.host.is_empty(),
+                scheme: spec.scheme,
+                target: &target_text,
+            };
+            let misconfigured = answer::mistake(status, location.as_deref(), &sent);
+            ProbeResult {
+                ok: (200..300).contains(&status),
+                status: Some(status),
+                latency_ms,
+                target: target_text.clone(),
+                location,
+                misconfigured,
+                ..ProbeResult::default()
+            }
+        }
+    };
+    // Plain HTTP got nothing back: a port that serves only TLS takes the request and closes or
+    // sits on it. Ask it once in TLS to tell that mistake from a backend that does not answer.
+    let nothing = r.status.is_none() && !r.refused && !r.agent_error;
+    if spec.scheme == ProbeScheme::Http && nothing && speaks_tls(target, spec.timeout).await {
+        r.timed_out = false;
+        r.misconfigured = Some(format!(
+            "port {} at {target_text} speaks TLS and the probe asked in plain HTTP ({}): set \
+             web.probe_scheme = \"https\" (and web.probe_tls_verify = false for a self-signed \
+             certificate)",
+            addr.port(),
+            r.error.as_deref().unwrap_or("no answer")
+        ));
+    }
+    r
+}
+
+/// The Host header: `web.probe_host`, else the address probed.
+fn host_header(spec: &ProbeSpec, addr: SocketAddr) -> String {
+    if spec.host.is_empty() {
+        addr.to_string()
+    } else {
+        spec.host.clone()
+    }
+}
+
+/// Whether the port answers a TLS handshake (any certificate, within `timeout`, at most 1 s).
+async fn speaks_tls(target: &ProbeTarget, timeout: Duration) -> bool {
+    let Ok(config) = tls::client_config(false) else {
+        return false;
+    };
+    let tried = Arc::new(Mutex::new(target.addr));
+    let handshake = async {
+        let s = connect(target, timeout, &tried).await?;
+        let name = tls::server_name("", target.addr);
+        tokio_rustls::TlsConnector::from(config)
+            .connect(name, s)
+            .await
+    };
+    match tokio::time::timeout(timeout.min(Duration::from_secs(1)), handshake).await {
+        Ok(Ok(_)) => true,
+        // The server sent TLS and refused something in it (a version, an alert): TLS all
+        // the same. Garbage or a plain HTTP answer is not.
+        Ok(Err(e)) => tls::rustls_error(&e).is_some_and(|t| {
+            !matches!(
+                t,
+                rustls::Error::InvalidMessage(_) | rustls::Error::InappropriateMessage { .. }
+            )
+        }),
+        Err(_) => false,
     }
 }
 
@@ -164,13 +279,9 @@ fn note_own(local: SocketAddr) {
 }
 
 /// Probes wherever the web monitor last saw the backend listen; None before it has.
-pub async fn probe_shared(
-    target: &SharedProbeTarget,
-    path: &str,
-    timeout: Duration,
-) -> Option<ProbeResult> {
+pub async fn probe_shared(target: &SharedProbeTarget, spec: &ProbeSpec) -> Option<ProbeResult> {
     let current = target.lock().unwrap_or_else(|e| e.into_inner()).clone()?;
-    Some(probe(&current, path, timeout).await)
+    Some(probe(&current, spec).await)
 }
 
 /// Connects to `addr`, else — when that cannot even be tried — to `fallback`, noting in
@@ -221,46 +332,62 @@ async fn connect(
     TcpStream::from_std(stream)
 }
 
+/// The request, in plain HTTP or TLS: the answer's status and `Location`.
 async fn request(
     target: &ProbeTarget,
-    path: &str,
-    timeout: Duration,
+    spec: &ProbeSpec,
     tried: &Arc<Mutex<SocketAddr>>,
-) -> std::io::Result<u16> {
+) -> std::io::Result<(u16, Option<String>)> {
     PROBES_STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let mut s = connect(target, timeout, tried).await?;
+    let s = connect(target, spec.timeout, tried).await?;
     if let Ok(local) = s.local_addr() {
         note_own(local);
     }
-    let host = *tried.lock().unwrap_or_else(|e| e.into_inner());
+    let addr = *tried.lock().unwrap_or_else(|e| e.into_inner());
     let req = format!(
-        "GET {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: health-agent\r\nConnection: close\r\n\r\n"
+        "GET {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: health-agent\r\nConnection: close\r\n\r\n",
+        spec.path,
+        host_header(spec, addr)
     );
+    match &spec.tls {
+        None => exchange(s, &req).await,
+        // Answered by `probe` before any connection.
+        Some(Err(why)) => Err(std::io::Error::other(why.clone())),
+        Some(Ok(config)) => {
+            let name = tls::server_name(&spec.host, addr);
+            let s = tokio_rustls::TlsConnector::from(config.clone())
+                .connect(name, s)
+                .await?;
+            exchange(s, &req).await
+        }
+    }
+}
+
+/// Sends `req` and reads the answer's head (up to HEAD_MAX; the status line is enough when the
+/// server closes after it).
+async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
+    mut s: S,
+    req: &str,
+) -> std::io::Result<(u16, Option<String>)> {
     s.write_all(req.as_bytes()).await?;
-    let mut buf = [0u8; 64];
+    let mut buf = vec![0u8; answer::HEAD_MAX];
     let mut n = 0;
-    // The status line is all we need.
-    while n < 12 {
+    while n < buf.len() && !answer::head_complete(&buf[..n]) {
         let r = s.read(&mut buf[n..]).await?;
         if r == 0 {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                "connection closed before a status line",
-            ));
+            break;
         }
         n += r;
     }
-    parse_status(&buf[..n]).ok_or_else(|| {
+    if n < 12 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "connection closed before a status line",
+        ));
+    }
+    answer::parse_head(&buf[..n]).ok_or_else(|| {
         std::io::Error::new(std::io::ErrorKind::InvalidData, "not an HTTP status line")
     })
-}
-
-fn parse_status(b: &[u8]) -> Option<u16> {
-    let s = std::str::from_utf8(b.get(..12)?).ok()?;
-    if !s.starts_with("HTTP/1.") {
-        return None;
-    }
-    s.get(9..12)?.parse().ok()
 }
 
 #[cfg(test)]
@@ -278,10 +405,37 @@ mod tests {
         assert!(!is_agent_error(&reset));
     }
 
-    #[test]
-    fn status_line() {
-        assert_eq!(parse_status(b"HTTP/1.1 204 No Content\r\n"), Some(204));
-        assert_eq!(parse_status(b"SSH-2.0-OpenSSH"), None);
+    fn spec(timeout: Duration) -> ProbeSpec {
+        ProbeSpec::of(&WebConfig {
+            probe_timeout: timeout,
+            ..WebConfig::default()
+        })
+    }
+
+    #[tokio::test]
+    async fn https_to_a_plain_http_port_is_misconfigured_naming_the_scheme() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut b = [0u8; 512];
+            let _ = s.read(&mut b).await;
+            let _ = s.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n").await;
+        });
+        let target = ProbeTarget {
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            fallback: None,
+            ns: Arc::new(Namespace::own().unwrap()),
+        };
+        let spec = ProbeSpec::of(&WebConfig {
+            probe_scheme: ProbeScheme::Https,
+            probe_tls_verify: false,
+            ..WebConfig::default()
+        });
+        let r = probe(&target, &spec).await;
+        let why = r.misconfigured.clone().unwrap_or_default();
+        assert!(why.contains("web.probe_scheme = \"http\""), "{r:?}");
+        assert!(!r.ok && !r.timed_out, "{r:?}");
     }
 
     #[tokio::test]
@@ -306,15 +460,15 @@ mod tests {
             fallback: None,
             ns: ns.clone(),
         };
-        let r = probe(&at(port), "/up", Duration::from_secs(2)).await;
+        let r = probe(&at(port), &spec(Duration::from_secs(2))).await;
         assert_eq!((r.ok, r.status), (false, Some(503)));
         assert_eq!(r.target, format!("127.0.0.1:{port}"));
-        let r = probe(&at(port), "/up", Duration::from_millis(200)).await;
+        let r = probe(&at(port), &spec(Duration::from_millis(200))).await;
         assert!(r.timed_out && !r.ok, "{r:?}");
         let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let cport = closed.local_addr().unwrap().port();
         drop(closed);
-        let r = probe(&at(cport), "/up", Duration::from_secs(1)).await;
+        let r = probe(&at(cport), &spec(Duration::from_secs(1))).await;
         assert!(
             !r.ok && !r.timed_out && r.refused && r.error.is_some(),
             "{r:?}"

@@ -6,7 +6,7 @@
 //! sections.rs holds the serde structs, bounds.rs the range of every number, validate.rs the
 //! cross-checks, secrets.rs what keeps secrets out of errors and warnings, env.rs the secrets
 //! taken from the environment, dropin.rs the `conf.d/*.toml` files merged over the main file,
-//! effective.rs `config --effective`.
+//! effective.rs `config --effective`, web_modes.rs the `[web]` section's modes.
 
 use std::path::Path;
 
@@ -23,16 +23,17 @@ mod sections;
 #[cfg(test)]
 mod tests;
 mod validate;
+mod web_modes;
 
 pub use dropin::{dropin_dir, Loaded};
 pub use env::{FromEnv, Origin, Source};
 pub(crate) use loopback::loopback_host;
 pub use secrets::world_readable_warning;
 pub use sections::{
-    AcceptTracing, AlertsConfig, ChecksConfig, CloudWatchConfig, ContainersConfig, DatabaseConfig,
-    Details, DiskConfig, DrainConfig, FleetConfig, HealConfig, KernelTier, ScalingConfig,
-    ServerConfig, SocketTracing, WebConfig,
+    AlertsConfig, ChecksConfig, CloudWatchConfig, ContainersConfig, DatabaseConfig, Details,
+    DiskConfig, DrainConfig, FleetConfig, HealConfig, ScalingConfig, ServerConfig, WebConfig,
 };
+pub use web_modes::{AcceptTracing, KernelTier, ProbeScheme, SocketTracing};
 
 // Database URLs are checked and redacted by a leaf module shared with the database check.
 use crate::dburl::{has_password, validate_url};

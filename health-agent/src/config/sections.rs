@@ -6,7 +6,10 @@ use std::{net::SocketAddr, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
-use super::dur;
+use super::{
+    dur,
+    web_modes::{AcceptTracing, KernelTier, ProbeScheme, SocketTracing},
+};
 
 /// The peers this instance compares its faults with (fleet-aware verdicts). Empty: judge
 /// alone.
@@ -104,61 +107,6 @@ pub enum Details {
     Token,
 }
 
-/// When the accept()/accept4() syscall tracepoints are attached. Any syscall tracepoint sends
-/// every syscall of every process on the host through the kernel's tracing slow path.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AcceptTracing {
-    /// Only while a connection has waited unclaimed in the accept queue (a suspected hang)
-    /// and for a while after; otherwise claims seen by the send/receive hooks show progress.
-    OnStall,
-    /// All the time: exact accept counts, at a cost to every syscall on the host.
-    Always,
-}
-
-/// When the per-connection and per-call programs (TCP state changes, every socket send and
-/// receive on the host) are attached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SocketTracing {
-    /// Only while the backend's connections look wrong (one waits unclaimed, a request sits
-    /// unread or unanswered, the probe fails) and for 30 s after; meanwhile sock_diag reads the
-    /// port's connections every evaluation and the programs cost the host nothing.
-    OnSuspicion,
-    /// All the time: every exchange counted and the latency histogram always filled, at a
-    /// cost on every socket call of the host.
-    Always,
-}
-
-/// How much of the kernel view the agent uses: what the running kernel offers (`auto`), or a
-/// tier forced lower, to see how the judgement holds where a kernel offers less.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum KernelTier {
-    /// The highest the kernel offers: `full` on 6.3+, `sock_diag` before, `no_ebpf` without
-    /// privilege or BTF.
-    Auto,
-    /// Every program: the socket-call tracepoints (6.3+) count each exchange and its latency.
-    Full,
-    /// eBPF without the socket-call tracepoints (Linux 5.10–6.2): the answers' status classes
-    /// and segments sent (cgroup-skb), the accept tracepoints on demand, and sock_diag reading
-    /// the port's connections every evaluation.
-    SockDiag,
-    /// No eBPF: sock_diag and /proc alone (and the probe).
-    NoEbpf,
-}
-
-impl KernelTier {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Auto => "auto",
-            Self::Full => "full",
-            Self::SockDiag => "sock_diag",
-            Self::NoEbpf => "no_ebpf",
-        }
-    }
-}
-
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServerConfig {
@@ -238,6 +186,15 @@ pub struct WebConfig {
     pub probe_path: String,
     #[serde(with = "dur")]
     pub probe_timeout: Duration,
+    /// The probe's Host header (and, over TLS, the name the certificate is checked against):
+    /// a host the app serves, for apps that check it (Rails' host authorization). Empty: the
+    /// address probed (`127.0.0.1:9000`).
+    pub probe_host: String,
+    /// What the port serves: `http`, or `https` for a backend that serves only TLS.
+    pub probe_scheme: ProbeScheme,
+    /// Over TLS, check the backend's certificate (the system's CAs, the name `probe_host` or
+    /// the address probed). false: any certificate, e.g. a self-signed one on loopback.
+    pub probe_tls_verify: bool,
     #[serde(with = "dur")]
     pub hung_after: Duration,
     #[serde(with = "dur")]
@@ -278,6 +235,9 @@ impl Default for WebConfig {
             port: 0,
             probe_path: "/up".into(),
             probe_timeout: Duration::from_secs(2),
+            probe_host: String::new(),
+            probe_scheme: ProbeScheme::Http,
+            probe_tls_verify: true,
             hung_after: Duration::from_secs(2),
             unanswered_after: Duration::from_secs(10),
             slow_after: Duration::from_secs(1),

@@ -159,6 +159,16 @@ impl Config {
                 ),
             ));
         }
+        let host = &self.web.probe_host;
+        if host
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || c == '/')
+        {
+            return Err((
+                "web.probe_host",
+                format!("must be a host name, optionally with :port, got {host:?}"),
+            ));
+        }
         Ok(())
     }
 

@@ -14,7 +14,7 @@ use super::checks::{check_disk, containers_wanted, probe_wanted, Checks, Databas
 use crate::{
     checks::{
         disk::DiskReport,
-        probe::{self, ProbeResult},
+        probe::{self, ProbeResult, ProbeSpec},
         ContainersReport, DatabaseReport,
     },
     config::Config,
@@ -197,21 +197,19 @@ fn spawn_probe(
     shutdown: &CancellationToken,
 ) -> Slot<Option<ProbeResult>> {
     let interval = cfg.checks.interval;
-    let (target, path, t) = (
-        checks.web.probe_target(),
-        cfg.web.probe_path.clone(),
-        cfg.web.probe_timeout,
-    );
+    let (target, spec) = (checks.web.probe_target(), Arc::new(ProbeSpec::of(&cfg.web)));
+    let t = spec.timeout;
     spawn_periodic(
         interval,
+        // The probe's timeout, and a second for telling a TLS-only port from a silent one.
         t.saturating_add(Duration::from_secs(2)),
         shutdown.clone(),
         move || {
-            let (target, path) = (target.clone(), path.clone());
+            let (target, spec) = (target.clone(), spec.clone());
             async move {
                 // At start the monitor has not looked yet: give it a moment.
                 for _ in 0..20 {
-                    if let Some(r) = probe::probe_shared(&target, &path, t).await {
+                    if let Some(r) = probe::probe_shared(&target, &spec).await {
                         return Some(r);
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -227,8 +225,7 @@ fn spawn_probe(
                 error: Some("probe task overran its timeout".into()),
                 timed_out: true,
                 refused: false,
-                agent_error: false,
-                target: String::new(),
+                ..ProbeResult::default()
             })
         },
     )

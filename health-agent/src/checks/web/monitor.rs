@@ -581,6 +581,9 @@ impl WebMonitor {
         if p.ok {
             self.probe_failing_since = None;
             self.probe_passed_at = Some(now);
+        } else if p.misconfigured.is_some() {
+            // Set up wrong, not failing: no clock runs against the backend.
+            self.probe_failing_since = None;
         } else if self.probe_failing_since.is_none() {
             self.probe_failing_since = Some(now);
         }
@@ -630,6 +633,7 @@ mod tests {
             refused: false,
             agent_error,
             target: "127.0.0.1:1".into(),
+            ..ProbeResult::default()
         }
     }
 
@@ -689,6 +693,7 @@ mod tests {
             ok: false,
             status: Some(status),
             error: None,
+            misconfigured: (status < 500).then(|| format!("answered {status}")),
             ..failed(false)
         };
         m.record_probe(answered(404), t0);

@@ -321,7 +321,8 @@ fn stalled(e: &Evidence, cfg: &WebConfig) -> Option<Judgement> {
 /// dependency, or unresponsive.
 fn probe_failing(e: &Evidence, cfg: &WebConfig) -> Option<Judgement> {
     let k = e.kernel.as_ref();
-    if let Some(p) = &e.probe {
+    // A probe set up wrong says nothing about the backend (the monitor names the key).
+    if let Some(p) = e.probe.as_ref().filter(|p| p.misconfigured.is_none()) {
         let failing = e.probe_failing_for.unwrap_or_default();
         let server_error = p.status.is_some_and(|s| s >= 500);
         // Refused while the kernel shows a listener: the probe's address is wrong, the backend
@@ -456,19 +457,18 @@ fn answering(e: &Evidence, cfg: &WebConfig) -> Judgement {
             ),
         );
     }
-    if let Some(p) = e
-        .probe
-        .as_ref()
-        .filter(|p| p.status.is_some_and(|s| (400..500).contains(&s)))
-    {
-        // A 4xx proves the server answers: it is up, and the probe path is wrong (the
-        // monitor reports that as a config error). Never a reason to restart it.
+    if let Some(p) = e.probe.as_ref().filter(|p| p.misconfigured.is_some()) {
+        // A redirect, a refused Host, a 404, or a TLS mismatch proves the server answers: it
+        // is up, and the probe is set up wrong (the monitor reports that as a config error
+        // naming the key). Never a reason to restart it.
         return (
             WebVerdict::Up,
             format!(
-                "the backend answers, but probe {} got {}: check web.probe_path",
+                "the backend answers, but probe {} got {}: the probe is misconfigured (check \
+                 web.probe_path, web.probe_host, web.probe_scheme)",
                 cfg.probe_path,
-                p.status.unwrap_or(0)
+                p.status
+                    .map_or_else(|| "a TLS mismatch".to_string(), |s| s.to_string())
             ),
         );
     }

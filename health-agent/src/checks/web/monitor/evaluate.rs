@@ -280,7 +280,7 @@ impl WebMonitor {
         }
         self.last_probe
             .as_ref()
-            .is_some_and(|p| p.status.is_some_and(|s| s < 500))
+            .is_some_and(|p| p.status.is_some_and(|s| s < 500) || p.misconfigured.is_some())
             || (self.probe_trouble.is_some()
                 && evidence.kernel.as_ref().is_some_and(|k| k.answered > 0))
     }
@@ -305,15 +305,9 @@ impl WebMonitor {
         }
     }
 
-    /// A 4xx proves the server answers; the path is what is wrong.
+    /// The probe's answer proves the server answers and says the probe is set up wrong: what,
+    /// and the key to set.
     fn probe_path_error(&self) -> Option<String> {
-        let p = self.last_probe.as_ref()?;
-        let status = p.status.filter(|s| (400..500).contains(s))?;
-        Some(format!(
-            "web.probe_path = {:?} answered {status} at {}: the backend answers, but not on this \
-             path; set web.probe_path to a route that answers 200 (\"\" watches the listener \
-             only)",
-            self.cfg.probe_path, p.target
-        ))
+        self.last_probe.as_ref()?.misconfigured.clone()
     }
 }

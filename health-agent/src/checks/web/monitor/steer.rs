@@ -151,12 +151,9 @@ impl WebMonitor {
         {
             return Some(why);
         }
-        // A 4xx proves the server answers (the path is wrong: a config error, said apart).
-        let answers = self
-            .last_probe
-            .as_ref()
-            .is_some_and(|p| p.status.is_some_and(|s| (400..500).contains(&s)));
-        if self.probe_failing_since.is_some() && !answers {
+        // A probe set up wrong (a 4xx, a redirect) runs no failing clock: the server answers,
+        // and the config error is said apart.
+        if self.probe_failing_since.is_some() {
             return Some("the probe fails".into());
         }
         let wrong = !matches!(

@@ -19,6 +19,7 @@ fn probe_ok(ms: f64) -> ProbeResult {
         refused: false,
         agent_error: false,
         target: "127.0.0.1:9000".into(),
+        ..ProbeResult::default()
     }
 }
 
@@ -479,15 +480,32 @@ fn probe_failures_need_to_last() {
     e.probe.as_mut().unwrap().timed_out = true;
     e.probe_failing_for = Some(10 * S);
     assert_eq!(decide(&e, &cfg()).0, WebVerdict::Unresponsive);
-    // A 404 means a wrong probe path: the server answers (up), never a restart.
+    // A 404, a redirect, a refused Host: a probe set up wrong. The server answers (up), never
+    // a restart, however long it lasts.
+    for status in [404, 301, 403, 421] {
+        e.probe = Some(ProbeResult {
+            ok: false,
+            status: Some(status),
+            misconfigured: Some(format!("answered {status}: set web.probe_host")),
+            ..probe_ok(1.0)
+        });
+        e.probe_failing_for = Some(60 * S);
+        let (v, d) = decide(&e, &cfg());
+        assert_eq!(v, WebVerdict::Up, "{status}: {d}");
+        assert!(
+            d.contains("web.probe_path") && d.contains("misconfigured"),
+            "{d}"
+        );
+    }
+    // A TLS-only port asked in plain HTTP: no status, but no fault either.
     e.probe = Some(ProbeResult {
-        ok: false,
-        status: Some(404),
-        ..probe_ok(1.0)
+        misconfigured: Some("speaks TLS: set web.probe_scheme".into()),
+        error: Some("connection closed before a status line".into()),
+        timed_out: false,
+        ..probe_timeout()
     });
     let (v, d) = decide(&e, &cfg());
     assert_eq!(v, WebVerdict::Up, "{d}");
-    assert!(d.contains("web.probe_path"), "{d}");
 }
 
 #[test]
