@@ -45,6 +45,10 @@
 //! - `runner`: `Checks::build`, the one wiring of every check; background checks, the composer,
 //!   the supervisor;
 //! - `oneshot`: `health-agent check`.
+//!
+//! `sys` (a leaf) holds every system call outside the eBPF loader: the only module, with
+//! `ebpf::load`, where `unsafe` is allowed.
+#![deny(unsafe_code)]
 
 pub mod agent_check;
 pub mod alerts;
@@ -74,4 +78,5 @@ pub mod server;
 pub(crate) mod snapshot;
 pub mod status;
 pub(crate) mod suspicious;
+pub mod sys;
 pub(crate) mod text;

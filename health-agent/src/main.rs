@@ -1,4 +1,5 @@
 //! The `health-agent` binary: parse the command line, load the config, start.
+#![forbid(unsafe_code)]
 
 use std::{path::PathBuf, process::ExitCode, sync::Arc};
 
@@ -18,22 +19,6 @@ use tracing_subscriber::EnvFilter;
 #[cfg(target_env = "musl")]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// mimalloc's defaults trade memory for speed in a way an agent idling between probes never
-/// pays back: freed pages wait for a purge that only later allocations run (1 s after), and
-/// arenas are committed whole. Purging at once and committing as used keeps the static build's
-/// RSS at the glibc build's (37.9 → 12.8 MB idle; section 1 measures both, and the candidates).
-#[cfg(target_env = "musl")]
-fn tune_allocator() {
-    // mimalloc.h's `mi_option_e` (v3): the numbers are its ABI, not exported by the crate.
-    const ARENA_EAGER_COMMIT: libmimalloc_sys::mi_option_t = 4;
-    const PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
-    // SAFETY: mi_option_set only stores an integer option; any value is valid for these two.
-    unsafe {
-        libmimalloc_sys::mi_option_set(ARENA_EAGER_COMMIT, 0);
-        libmimalloc_sys::mi_option_set(PURGE_DELAY, 0);
-    }
-}
 
 /// Node health agent: an honest GET /health for the load balancer, from eBPF and local checks.
 #[derive(Parser)]
@@ -110,7 +95,7 @@ enum AlertCommand {
 
 fn main() -> ExitCode {
     #[cfg(target_env = "musl")]
-    tune_allocator();
+    health_agent::sys::tune_mimalloc();
     let cli = Cli::parse();
     let (format, bad_format) =
         match logging::Format::parse(std::env::var(logging::FORMAT_VAR).ok().as_deref()) {
@@ -374,7 +359,7 @@ async fn serve(cfg: Arc<Config>) -> anyhow::Result<()> {
 /// Raises the open-files limit and returns `server.max_connections`, lowered (with a warning)
 /// to what that limit leaves once the checks' descriptors are reserved.
 fn connection_cap(cfg: &Config) -> usize {
-    let open_files = match server::raise_open_files_limit() {
+    let open_files = match health_agent::sys::raise_open_files_limit() {
         Ok(n) => n,
         Err(e) => {
             tracing::warn!("cannot read or raise the open-files limit: {e}");

@@ -3,13 +3,13 @@
 //! the states wanted), the processes holding a socket (/proc/<pid>/fd), and the TcpExt
 //! ListenOverflows/ListenDrops counters.
 
-use crate::netns::Namespace;
+use crate::{netns::Namespace, sys};
 
 use std::{
     collections::HashMap,
-    io, mem,
+    io,
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
-    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    os::fd::{AsFd, OwnedFd},
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,20 +42,8 @@ impl Diag {
     /// One for the sockets of `ns`.
     pub fn new(ns: &Namespace) -> io::Result<Self> {
         ns.run(|| {
-            // SAFETY: socket(2); the fd is owned right away.
-            let fd = unsafe {
-                libc::socket(
-                    libc::AF_NETLINK,
-                    libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
-                    NETLINK_SOCK_DIAG,
-                )
-            };
-            if fd < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // SAFETY: fd is a fresh descriptor we own.
             Ok(Self {
-                sock: unsafe { OwnedFd::from_raw_fd(fd) },
+                sock: sys::netlink_socket(NETLINK_SOCK_DIAG)?,
             })
         })
     }
@@ -302,35 +290,11 @@ fn dump(
     req[NLMSG_HDR + 1] = libc::IPPROTO_TCP as u8;
     req[NLMSG_HDR + 2] = ext;
     req[NLMSG_HDR + 4..NLMSG_HDR + 8].copy_from_slice(&states.to_ne_bytes());
-    // SAFETY: zeroed sockaddr_nl is valid (pid 0 = the kernel).
-    let mut addr: libc::sockaddr_nl = unsafe { mem::zeroed() };
-    addr.nl_family = libc::AF_NETLINK as u16;
-    // SAFETY: buffer and address are valid for the given lengths.
-    let sent = unsafe {
-        libc::sendto(
-            sock.as_raw_fd(),
-            req.as_ptr().cast(),
-            req.len(),
-            0,
-            (&addr as *const libc::sockaddr_nl).cast(),
-            mem::size_of::<libc::sockaddr_nl>() as u32,
-        )
-    };
-    if sent < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    sys::send_to_kernel(sock.as_fd(), &req)?;
     let mut buf = vec![0u8; 32 * 1024];
     loop {
-        // SAFETY: recv into a buffer we own.
-        let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if parse_reply(&buf[..n as usize], each)? {
+        let n = sys::recv(sock.as_fd(), &mut buf)?;
+        if parse_reply(&buf[..n], each)? {
             return Ok(());
         }
     }

@@ -7,7 +7,7 @@
 use std::{
     fs::File,
     io,
-    os::{fd::AsRawFd, unix::fs::MetadataExt},
+    os::{fd::AsFd, unix::fs::MetadataExt},
     path::{Path, PathBuf},
 };
 
@@ -48,12 +48,7 @@ impl Namespace {
             });
         }
         // A network namespace file is an nsfs inode; anything else is a wrong path.
-        // SAFETY: statfs into a struct we own, on a path we just opened.
-        let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
-        if unsafe { libc::fstatfs(file.as_raw_fd(), &mut fs) } == 0
-            // f_type is i64 on glibc and u64 on musl (the static image): compare them widened.
-            && i128::from(fs.f_type) != i128::from(NSFS_MAGIC)
-        {
+        if crate::sys::fs_magic(file.as_fd()).is_ok_and(|m| m != i128::from(NSFS_MAGIC)) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("{} is not a namespace file", path.display()),
@@ -84,14 +79,11 @@ impl Namespace {
         let Some(file) = &self.file else {
             return f();
         };
-        let fd = file.as_raw_fd();
+        let fd = file.as_fd();
         std::thread::scope(|s| {
             s.spawn(move || {
-                // SAFETY: setns on a namespace fd we hold open; it changes this thread only,
-                // which ends right after `f`.
-                if unsafe { libc::setns(fd, libc::CLONE_NEWNET) } != 0 {
-                    return Err(io::Error::last_os_error());
-                }
+                // This thread only, which ends right after `f`.
+                crate::sys::enter_net_namespace(fd)?;
                 f()
             })
             .join()

@@ -264,13 +264,7 @@ impl Snapshot {
 /// Seconds since the host booted (CLOCK_BOOTTIME: no file read on every tick): the body's
 /// top-level `uptime`.
 pub fn host_uptime() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the struct we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
-    ts.tv_sec.max(0) as u64
+    crate::sys::boottime().as_secs()
 }
 
 /// The draft ties `warn` to 2xx–3xx and `fail` to 4xx–5xx: the HTTP code decides first, so a

@@ -81,13 +81,8 @@ fn read_stat(pid: u32) -> Option<Stat> {
 
 /// Blocking: samples `/proc` twice, `interval` apart, and scans for suspicious processes.
 pub fn collect(interval: Duration) -> Evidence {
-    // SAFETY: sysconf only reads a constant.
-    let (clk, page) = unsafe {
-        (
-            libc::sysconf(libc::_SC_CLK_TCK).max(1) as f64,
-            libc::sysconf(libc::_SC_PAGESIZE).max(1) as u64,
-        )
-    };
+    let clk = crate::sys::clock_ticks_per_second().unwrap_or(100.0);
+    let page = crate::sys::page_size();
     let t0 = std::time::Instant::now();
     let first: HashMap<u32, u64> = suspicious::pids()
         .into_iter()

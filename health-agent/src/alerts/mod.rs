@@ -428,16 +428,5 @@ pub fn hostname() -> String {
             return h.to_string();
         }
     }
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates on success
-    // (and we stop at the buffer's end if it does not).
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc == 0 {
-        let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
-        let h = String::from_utf8_lossy(&buf[..end]).trim().to_string();
-        if !h.is_empty() {
-            return h;
-        }
-    }
-    "unknown-host".into()
+    crate::sys::hostname().unwrap_or_else(|| "unknown-host".into())
 }

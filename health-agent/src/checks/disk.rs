@@ -68,18 +68,13 @@ fn usage(path: &str, cfg: &DiskConfig) -> MountUsage {
         level: DiskLevel::Unknown,
         error: Some(error),
     };
-    let Ok(c_path) = std::ffi::CString::new(path) else {
-        return failed("path contains a NUL byte".into());
+    let st = match crate::sys::statvfs(std::path::Path::new(path)) {
+        Ok(st) => st,
+        Err(e) => return failed(e.to_string()),
     };
-    // SAFETY: zeroed statvfs is a valid out-parameter.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: valid C string and out-pointer.
-    if unsafe { libc::statvfs(c_path.as_ptr(), &mut st) } != 0 {
-        return failed(std::io::Error::last_os_error().to_string());
-    }
-    let frsize = st.f_frsize as u64;
-    let used = (st.f_blocks as u64).saturating_sub(st.f_bfree as u64);
-    let avail = st.f_bavail as u64;
+    let frsize = st.fragment_size;
+    let used = st.blocks.saturating_sub(st.free);
+    let avail = st.available;
     let denominator = used + avail;
     let used_percent = if denominator == 0 {
         0.0
@@ -96,7 +91,7 @@ fn usage(path: &str, cfg: &DiskConfig) -> MountUsage {
     MountUsage {
         path: path.to_string(),
         used_percent: (used_percent * 10.0).round() / 10.0,
-        total_bytes: st.f_blocks as u64 * frsize,
+        total_bytes: st.blocks * frsize,
         available_bytes: avail * frsize,
         level,
         error: None,

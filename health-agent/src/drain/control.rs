@@ -90,12 +90,7 @@ pub fn bind(path: &Path) -> std::io::Result<std::os::unix::net::UnixListener> {
         Err(e) => return Err(e),
     }
     // Created 0600 from the start: no window in which another user could connect.
-    // SAFETY: umask(2) only changes this process's file-mode mask; restored right after.
-    let old = unsafe { libc::umask(0o177) };
-    let listener = std::os::unix::net::UnixListener::bind(path);
-    // SAFETY: as above.
-    unsafe { libc::umask(old) };
-    let listener = listener?;
+    let listener = crate::sys::with_umask(0o177, || std::os::unix::net::UnixListener::bind(path))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     listener.set_nonblocking(true)?;
     Ok(listener)
@@ -140,8 +135,7 @@ async fn answer(stream: UnixStream, drain: Drain, shutdown: CancellationToken) {
     let cred = stream.peer_cred();
     let (r, mut w) = stream.into_split();
     // The socket's mode already keeps others out; this holds if someone loosens it.
-    // SAFETY: geteuid(2) has no preconditions.
-    let me = unsafe { libc::geteuid() };
+    let me = crate::sys::effective_uid();
     match cred {
         Ok(c) if c.uid() == 0 || c.uid() == me => {}
         Ok(c) => {

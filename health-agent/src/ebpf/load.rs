@@ -258,6 +258,7 @@ impl KernelView {
     }
 }
 
+#[allow(unsafe_code)]
 fn drain_logs(
     logger: aya_log::EbpfLogger<&'static dyn log::Log>,
 ) -> Option<tokio::task::JoinHandle<()>> {
@@ -291,15 +292,7 @@ fn drain_logs(
 /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; lift it so loading does not fail
 /// there for want of a few pages.
 fn raise_memlock_limit() {
-    let rlim = libc::rlimit {
-        rlim_cur: libc::RLIM_INFINITY,
-        rlim_max: libc::RLIM_INFINITY,
-    };
-    // SAFETY: setrlimit with a valid struct.
-    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &rlim) } != 0 {
-        tracing::debug!(
-            "could not raise RLIMIT_MEMLOCK: {}",
-            std::io::Error::last_os_error()
-        );
+    if let Err(e) = crate::sys::raise_memlock_limit() {
+        tracing::debug!("could not raise RLIMIT_MEMLOCK: {e}");
     }
 }

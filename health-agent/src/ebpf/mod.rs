@@ -8,7 +8,6 @@
 
 pub mod answers;
 mod attach;
-mod batch;
 pub mod btf;
 mod load;
 mod read;

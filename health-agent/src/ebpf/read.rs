@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use health_common::{maps, ConnState, LatencyHist, MapErrorKind, PortCounters, WatchKey};
 
-use super::{answers, batch, KernelSample, KernelView, MapErrors, PortSample};
+use super::{answers, KernelSample, KernelView, MapErrors, PortSample};
 
 impl KernelView {
     /// What `port` answered since the programs loaded, by status class (every namespace it
@@ -127,7 +127,7 @@ impl KernelView {
             .as_ref()
             .filter(|_| !self.conns_batch_failed.load(Ordering::Relaxed))
         {
-            match batch::lookup_all::<u64, ConnState>(fd.as_fd()) {
+            match crate::sys::bpf::lookup_all::<u64, ConnState>(fd.as_fd()) {
                 Ok(entries) => return entries.into_iter().map(|(_, c)| c).collect(),
                 Err(e) => {
                     self.conns_batch_failed.store(true, Ordering::Relaxed);
@@ -164,11 +164,5 @@ impl KernelView {
 
 /// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`.
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the struct we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    crate::sys::monotonic().as_nanos() as u64
 }

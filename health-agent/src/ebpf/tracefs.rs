@@ -26,22 +26,11 @@ pub fn ensure_mounted() -> Result<PathBuf, KernelError> {
             _ => {}
         }
     }
-    let target = c"/sys/kernel/tracing";
-    // SAFETY: plain mount(2) with static NUL-terminated strings.
-    let rc = unsafe {
-        libc::mount(
-            c"nodev".as_ptr(),
-            target.as_ptr(),
-            c"tracefs".as_ptr(),
-            0,
-            std::ptr::null(),
-        )
-    };
-    if rc != 0 {
+    if let Err(e) = crate::sys::mount_tracefs() {
         return Err(KernelError::Tracefs(format!(
             "tracefs is not mounted and mounting it at /sys/kernel/tracing failed: {} \
              (run as root, or `mount -t tracefs nodev /sys/kernel/tracing`)",
-            std::io::Error::last_os_error()
+            e
         )));
     }
     tracing::info!("mounted tracefs at /sys/kernel/tracing (it was not mounted)");

@@ -247,13 +247,8 @@ fn alive(t: &Target) -> Option<char> {
 fn signal(pid: u32, sig: i32) -> std::io::Result<()> {
     let pid =
         i32::try_from(pid).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
-    // SAFETY: kill(2) has no memory preconditions; the pid was checked against its start time
-    // just before.
-    if unsafe { libc::kill(pid, sig) } == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+    // The pid was checked against its start time just before.
+    crate::sys::kill(pid, sig)
 }
 
 /// Polls `f` every POLL until it holds or `within` passes.

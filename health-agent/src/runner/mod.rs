@@ -216,11 +216,7 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
 /// `ebpf::btf`), several megabytes each, all freed since. glibc keeps freed heap pages mapped;
 /// hand them back so the resident set is the agent's steady state, not its start-up peak.
 fn release_startup_memory() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim only returns free pages to the kernel; nothing in use moves.
-    unsafe {
-        libc::malloc_trim(0);
-    }
+    crate::sys::trim_heap();
 }
 
 /// Sleeps until `at`, or forever without one.

@@ -228,33 +228,6 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<T> {
     }
 }
 
-/// Raises the soft limit on open files to the hard limit (systemd's default soft limit is
-/// 1024, which a flood of connections to the health port would exhaust, starving the checks'
-/// own sockets). Returns the soft limit in force.
-pub fn raise_open_files_limit() -> std::io::Result<u64> {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit read and write the struct we own.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    if lim.rlim_cur < lim.rlim_max {
-        let raised = libc::rlimit {
-            rlim_cur: lim.rlim_max,
-            rlim_max: lim.rlim_max,
-        };
-        // SAFETY: as above.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
-            lim.rlim_cur = lim.rlim_max;
-        } else {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(lim.rlim_cur)
-}
-
 /// File descriptors kept free for the checks (probe, sock_diag, /proc, Docker, databases,
 /// alerts) however many HTTP connections are open.
 pub const RESERVED_FDS: u64 = 256;

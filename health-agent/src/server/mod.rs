@@ -28,9 +28,7 @@ use axum::{
 };
 use bytes::Bytes;
 
-pub use self::conn::{
-    bind, connection_cap, raise_open_files_limit, run_threads, serve, Clients, Limits, RESERVED_FDS,
-};
+pub use self::conn::{bind, connection_cap, run_threads, serve, Clients, Limits, RESERVED_FDS};
 use crate::{
     config::Details,
     metrics,

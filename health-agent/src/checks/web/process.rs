@@ -153,23 +153,11 @@ pub fn cpu_seconds(pids: &[u32]) -> Option<f64> {
 /// The CPU time the calling thread has used so far (user and system, nanosecond resolution):
 /// what a piece of its own work cost, the kernel's share of its system calls included.
 pub fn thread_cpu_time() -> Option<Duration> {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec into the one we own.
-    let ok = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } == 0;
-    ok.then(|| Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
+    crate::sys::thread_cpu_time()
 }
 
 fn ticks_per_second() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if hz > 0 {
-        hz as f64
-    } else {
-        100.0
-    }
+    crate::sys::clock_ticks_per_second().unwrap_or(100.0)
 }
 
 /// How much CPU the server burns, from samples taken while its work is stuck.
@@ -427,8 +415,7 @@ mod tests {
             .spawn()
             .unwrap();
         let pid = child.id();
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+        crate::sys::kill(pid as i32, libc::SIGSTOP).expect("stopping our own child");
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut seen = None;
         while Instant::now() < deadline && seen.is_none() {

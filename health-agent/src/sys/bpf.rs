@@ -1,8 +1,8 @@
 //! A whole hash map read in a few `BPF_MAP_LOOKUP_BATCH` calls (Linux 5.6+) instead of two
 //! syscalls per entry (next key, then its value): the connection table holds one entry per
 //! connection, and 10,000 waiting ones walked entry by entry every 250 ms cost the agent more
-//! than everything else it does. aya 0.14 has no batch operations, so this is the one raw
-//! `bpf(2)` call of the agent.
+//! than everything else it does. aya 0.14 has no batch operations, so this is the agent's one raw
+//! `bpf(2)` call.
 
 use std::{
     io,
