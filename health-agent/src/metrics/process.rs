@@ -17,13 +17,8 @@ pub struct ProcessStats {
 pub fn read() -> Option<ProcessStats> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
-    // SAFETY: sysconf only reads a constant.
-    let (clk, page) = unsafe {
-        (
-            libc::sysconf(libc::_SC_CLK_TCK).max(1) as f64,
-            libc::sysconf(libc::_SC_PAGESIZE).max(1) as f64,
-        )
-    };
+    let clk = crate::sys::clock_ticks_per_second().unwrap_or(100.0);
+    let page = crate::sys::page_size() as f64;
     let (ticks, start_ticks) = parse_stat(&stat)?;
     let boot = std::fs::read_to_string("/proc/stat")
         .ok()
