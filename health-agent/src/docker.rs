@@ -17,6 +17,27 @@ use bollard::{
 };
 use futures_util::StreamExt as _;
 
+/// The sockets tried, in order, when `containers.docker_host` is not set: Docker's, then
+/// rootful Podman's Docker-compatible API socket.
+pub const DISCOVERED_SOCKETS: [&str; 2] = ["/var/run/docker.sock", "/run/podman/podman.sock"];
+
+/// The Engine API address: `configured` when set, else the first of [`DISCOVERED_SOCKETS`]
+/// that exists (Docker's when none does, so the error names the usual one).
+pub fn engine_host(configured: &str) -> String {
+    engine_host_among(configured, &DISCOVERED_SOCKETS)
+}
+
+fn engine_host_among(configured: &str, sockets: &[&str]) -> String {
+    if !configured.is_empty() {
+        return configured.to_string();
+    }
+    let found = sockets
+        .iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .unwrap_or(&sockets[0]);
+    format!("unix://{found}")
+}
+
 /// Seconds between SIGTERM and SIGKILL when self-healing restarts a container.
 const RESTART_GRACE_SECS: i32 = 2;
 
@@ -102,6 +123,22 @@ impl Docker {
         Ok(Self {
             client,
             cpu: Arc::default(),
+        })
+    }
+
+    /// Which engine answers on the socket, from the API's /version: "Podman 4.3.1" when a
+    /// component is Podman's (it serves the Docker-compatible endpoints), else "Docker 20.10.24".
+    /// None when it does not answer.
+    pub async fn engine(&self) -> Option<String> {
+        let v = self.client.version().await.ok()?;
+        let podman = v
+            .components
+            .unwrap_or_default()
+            .into_iter()
+            .find(|c| c.name.contains("Podman"));
+        Some(match podman {
+            Some(c) => format!("Podman {}", c.version),
+            None => format!("Docker {}", v.version.unwrap_or_default()),
         })
     }
 
@@ -250,6 +287,28 @@ pub struct Usage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_first_existing_socket_is_used_unless_one_is_configured() {
+        let dir = tempfile::tempdir().unwrap();
+        let docker = dir.path().join("docker.sock");
+        let podman = dir.path().join("podman.sock");
+        let (d, p) = (docker.to_str().unwrap(), podman.to_str().unwrap());
+        let sockets = [d, p];
+        assert_eq!(
+            engine_host_among("", &sockets),
+            format!("unix://{d}"),
+            "none exists: Docker's, named in the error"
+        );
+        std::fs::write(&podman, "").unwrap();
+        assert_eq!(engine_host_among("", &sockets), format!("unix://{p}"));
+        std::fs::write(&docker, "").unwrap();
+        assert_eq!(engine_host_among("", &sockets), format!("unix://{d}"));
+        assert_eq!(
+            engine_host_among("http://127.0.0.1:2375", &sockets),
+            "http://127.0.0.1:2375"
+        );
+    }
 
     #[test]
     fn a_published_host_port_maps_to_the_container_port() {

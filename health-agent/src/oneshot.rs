@@ -99,7 +99,7 @@ async fn decide(cfg: &Config) -> (Decision, Report) {
         let net = match (&docker, &docker_error) {
             (Some(d), _) => d.network_of(&cfg.web.container).await,
             (None, e) => Err(e.clone().unwrap_or_else(|| DockerError::Address {
-                host: cfg.containers.docker_host.clone(),
+                host: crate::docker::engine_host(&cfg.containers.docker_host),
                 reason: "no Docker client".into(),
             })),
         };
@@ -197,8 +197,12 @@ pub fn table(d: &Decision, r: &Report) -> String {
     row(
         "containers",
         format!(
-            "{}{}",
+            "{}{}{}",
             r.containers.summary,
+            r.containers
+                .engine
+                .as_ref()
+                .map_or(String::new(), |e| format!(" ({e})")),
             r.containers
                 .reason
                 .as_ref()

@@ -17,12 +17,63 @@ use crate::{
     target_dir,
 };
 
-/// The `FROM scratch` image holding a statically linked fixture backend, built once per test
-/// process. Images cannot be pulled here, so it is imported from a tarball of the one binary.
+/// A container engine the tests drive through its CLI, and the agent through its
+/// Docker-compatible Engine API socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    Docker,
+    /// Rootful Podman: `podman system service` on /run/podman/podman.sock (`cargo xtask services`).
+    Podman,
+}
+
+impl Engine {
+    pub fn cli(self) -> &'static str {
+        match self {
+            Self::Docker => "docker",
+            Self::Podman => "podman",
+        }
+    }
+
+    /// `containers.docker_host` for an agent watching this engine's containers.
+    pub fn host(self) -> &'static str {
+        match self {
+            Self::Docker => "unix:///var/run/docker.sock",
+            Self::Podman => "unix:///run/podman/podman.sock",
+        }
+    }
+
+    /// Runs the engine's CLI with `args` and returns stdout; panics with stderr on failure.
+    pub fn run(self, args: &[&str]) -> String {
+        stdout_of(Command::new(self.cli()).args(args))
+    }
+
+    /// The fixture image in this engine, imported once per test process.
+    pub fn fixture_image(self) -> &'static str {
+        static IMPORTED: [OnceLock<()>; 2] = [OnceLock::new(), OnceLock::new()];
+        IMPORTED[self as usize].get_or_init(|| {
+            succeed(
+                Command::new(self.cli())
+                    .args(["import", "--change", "ENTRYPOINT [\"/fixture-backend\"]"])
+                    .arg(fixture_tar())
+                    .arg(FIXTURE_TAG),
+            );
+        });
+        FIXTURE_TAG
+    }
+}
+
+const FIXTURE_TAG: &str = "health-agent-fixture:test";
+
+/// The `FROM scratch` image holding a statically linked fixture backend, in Docker.
 pub fn fixture_image() -> &'static str {
-    static IMAGE: std::sync::OnceLock<()> = std::sync::OnceLock::new();
-    const TAG: &str = "health-agent-fixture:test";
-    IMAGE.get_or_init(|| {
+    Engine::Docker.fixture_image()
+}
+
+/// A tarball of the one statically linked fixture binary, built once per test process: images
+/// cannot be pulled here, so each engine imports it.
+fn fixture_tar() -> &'static std::path::Path {
+    static TAR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    let ctx = TAR.get_or_init(|| {
         // A separate target dir: the outer `cargo test` may hold the main one's lock.
         let static_dir = target_dir().join("..").join("static");
         let status = Command::new(env!("CARGO"))
@@ -48,29 +99,24 @@ pub fn fixture_image() -> &'static str {
         let bin = static_dir.join("x86_64-unknown-linux-gnu/release/fixture-backend");
         let ctx = tempfile::tempdir().expect("tempdir");
         std::fs::copy(&bin, ctx.path().join("fixture-backend")).expect("copying fixture");
-        let tar = ctx.path().join("rootfs.tar");
         let ok = Command::new("tar")
             .arg("-C")
             .arg(ctx.path())
             .arg("-cf")
-            .arg(&tar)
+            .arg(ctx.path().join("rootfs.tar"))
             .arg("fixture-backend")
             .status()
             .is_ok_and(|s| s.success());
         assert!(ok, "tar failed");
-        succeed(
-            Command::new("docker")
-                .args(["import", "--change", "ENTRYPOINT [\"/fixture-backend\"]"])
-                .arg(&tar)
-                .arg(TAG),
-        );
+        ctx
     });
-    TAG
+    // Leaked with the process: the OnceLock is never dropped, so neither is the directory.
+    Box::leak(ctx.path().join("rootfs.tar").into_boxed_path())
 }
 
 /// Runs `docker` with `args` and returns stdout; panics with stderr on failure.
 pub fn docker(args: &[&str]) -> String {
-    stdout_of(Command::new("docker").args(args))
+    Engine::Docker.run(args)
 }
 
 /// A container of the fixture image on the host network (it listens on 127.0.0.1 only),
@@ -78,6 +124,7 @@ pub fn docker(args: &[&str]) -> String {
 pub struct Container {
     pub name: String,
     pub port: u16,
+    pub engine: Engine,
 }
 
 impl Container {
@@ -88,18 +135,28 @@ impl Container {
 
     /// [`Container::run`] with `docker_args` (e.g. `--label k=v`) given to `docker run`.
     pub fn run_with(label: &str, docker_args: &[&str], fixture_args: &[&str]) -> Self {
+        Self::run_on(Engine::Docker, label, docker_args, fixture_args)
+    }
+
+    /// [`Container::run_with`] in `engine`.
+    pub fn run_on(
+        engine: Engine,
+        label: &str,
+        docker_args: &[&str],
+        fixture_args: &[&str],
+    ) -> Self {
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let name = format!("ha-test-{label}-{}-{n}", std::process::id());
         let port = free_port();
-        let image = fixture_image();
+        let image = engine.fixture_image();
         let listen = format!("127.0.0.1:{port}");
         let mut args = vec!["run", "-d", "--name", &name, "--network", "host"];
         args.extend_from_slice(docker_args);
         args.extend_from_slice(&[image, "--listen", &listen]);
         args.extend_from_slice(fixture_args);
-        docker(&args);
-        Self { name, port }
+        engine.run(&args);
+        Self { name, port, engine }
     }
 
     /// [`Container::run`], then waits until `GET /up` answers 200. A container that exits before
@@ -112,15 +169,25 @@ impl Container {
 
     /// [`Container::serving`] with `docker_args` given to `docker run`.
     pub fn serving_with(label: &str, docker_args: &[&str], fixture_args: &[&str]) -> Self {
+        Self::serving_on(Engine::Docker, label, docker_args, fixture_args)
+    }
+
+    /// [`Container::serving_with`] in `engine`.
+    pub fn serving_on(
+        engine: Engine,
+        label: &str,
+        docker_args: &[&str],
+        fixture_args: &[&str],
+    ) -> Self {
         let mut last = String::new();
         for _ in 0..5 {
-            let c = Self::run_with(label, docker_args, fixture_args);
+            let c = Self::run_on(engine, label, docker_args, fixture_args);
             let deadline = Instant::now() + Duration::from_secs(30);
             loop {
                 if get(c.port, "/up").is_ok_and(|(code, _)| code == 200) {
                     return c;
                 }
-                let state = docker(&["inspect", "-f", "{{.State.Status}}", &c.name]);
+                let state = engine.run(&["inspect", "-f", "{{.State.Status}}", &c.name]);
                 if state != "running" && state != "created" {
                     last = format!("{} {state} before serving: {}", c.name, c.logs());
                     break;
@@ -140,13 +207,13 @@ impl Container {
 
     /// `docker logs` (the fixture writes to stderr).
     pub fn logs(&self) -> String {
-        container_logs(&self.name)
+        container_logs(self.engine, &self.name)
     }
 }
 
 impl Drop for Container {
     fn drop(&mut self) {
-        let _ = Command::new("docker")
+        let _ = Command::new(self.engine.cli())
             .args(["rm", "-f", &self.name])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -154,9 +221,9 @@ impl Drop for Container {
     }
 }
 
-/// `docker logs NAME`, stdout and stderr together; empty when docker cannot say.
-fn container_logs(name: &str) -> String {
-    Command::new("docker")
+/// `docker logs NAME`, stdout and stderr together; empty when the engine cannot say.
+fn container_logs(engine: Engine, name: &str) -> String {
+    Command::new(engine.cli())
         .args(["logs", name])
         .output()
         .map(|o| {
@@ -340,7 +407,7 @@ impl BridgeContainer {
 
     /// `docker logs` (the fixture writes to stderr).
     pub fn logs(&self) -> String {
-        container_logs(&self.name)
+        container_logs(Engine::Docker, &self.name)
     }
 
     /// `ss -ltnp` for the host port: which process owns the listener on the host (with the

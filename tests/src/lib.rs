@@ -68,7 +68,7 @@ pub use agent::{check_json, merge_toml, Agent, SECRET_VARS};
 pub use build::{agent_binary, binary, newest, target_dir, workspace};
 pub use caddy::Caddy;
 pub use certs::{Ca, Issued};
-pub use docker::{docker, fixture_image, BridgeContainer, Container};
+pub use docker::{docker, fixture_image, BridgeContainer, Container, Engine};
 pub use drain::{drain, undrain, CommandRun, DrainInBackground};
 pub use fixture::{AddrFixture, Fixture};
 pub use haproxy::{Haproxy, ServerState};

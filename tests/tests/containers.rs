@@ -1,4 +1,4 @@
-//! Containers and self-healing against a real Docker daemon: restart before ever reporting
+//! Containers and self-healing against a real Docker daemon (and Podman's Docker-compatible API): restart before ever reporting
 //! 503, give up within the budget, heal plain processes through `web.restart_command`.
 
 use std::{
@@ -7,10 +7,12 @@ use std::{
         atomic::{AtomicBool, Ordering},
         Arc,
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
-use health_agent_tests::{docker, get, require_root, wait_until, Agent, Container, Fixture};
+use health_agent_tests::{
+    docker, get, require_root, wait_until, Agent, Container, Engine, Fixture,
+};
 
 const WAIT: Duration = Duration::from_secs(40);
 
@@ -53,24 +55,52 @@ impl Watch503 {
 fn web_container_config(c: &Container, extra: &str) -> String {
     format!(
         "[checks]\ninterval = \"500ms\"\n[web]\nport = {}\ncontainer = \"{}\"\nhung_after = \"2s\"\nprobe_timeout = \"1s\"\n\
-         [containers]\nnames = [\"{}\"]\n[heal]\ntimeout = \"20s\"\n{extra}",
-        c.port, c.name, c.name
+         [containers]\nnames = [\"{}\"]\ndocker_host = \"{}\"\n[heal]\ntimeout = \"20s\"\n{extra}",
+        c.port, c.name, c.name, c.engine.host()
     )
 }
 
 #[test]
 fn killed_web_container_is_restarted_without_a_503() {
+    killed_container_is_restarted_without_a_503(Engine::Docker);
+}
+
+#[test]
+fn killed_podman_container_is_restarted_without_a_503() {
+    killed_container_is_restarted_without_a_503(Engine::Podman);
+}
+
+/// The agent restarts a killed container through `engine`'s Engine API before any 503.
+fn killed_container_is_restarted_without_a_503(engine: Engine) {
     require_root();
-    let web = Container::serving("killed", &[]);
+    let web = Container::serving_on(engine, "killed", &[], &[]);
     let agent = Agent::start(&web_container_config(&web, ""));
     let (_, body) = agent.wait_health(WAIT, "healthy", |c, b| c == 200 && b["status"] == "healthy");
     assert_eq!(body["checks"]["containers"], "1/1 running");
+    let answered = body["details"]["containers"]["engine"]
+        .as_str()
+        .unwrap_or("");
+    assert!(
+        answered.starts_with(&format!("{engine:?} ")),
+        "{engine:?} answered: {answered:?}"
+    );
 
     let watch = Watch503::start(agent.port);
-    docker(&["kill", &web.name]);
+    let killed = Instant::now();
+    engine.run(&["kill", &web.name]);
+    agent.wait_health(WAIT, "a heal attempt", |_, b| {
+        b["details"]["heal"]["total_attempts"] == 1
+    });
+    let detected = killed.elapsed();
     let (_, body) = agent.wait_health(WAIT, "healed", |c, b| {
         c == 200 && b["status"] == "healthy" && b["details"]["heal"]["total_recovered"] == 1
     });
+    let healed = killed.elapsed();
+    eprintln!(
+        "{answered}: kill to heal attempt {:.2} s, kill to healthy again {:.2} s",
+        detected.as_secs_f64(),
+        healed.as_secs_f64()
+    );
     assert!(!watch.saw_503(), "self-heal must come before any 503");
     let heal = &body["details"]["heal"];
     assert_eq!(heal["total_attempts"], 1, "{heal}");
@@ -80,7 +110,7 @@ fn killed_web_container_is_restarted_without_a_503() {
     );
     assert_eq!(heal["attempts"][0]["outcome"], "recovered");
     assert_eq!(
-        docker(&["inspect", "-f", "{{.State.Running}}", &web.name]),
+        engine.run(&["inspect", "-f", "{{.State.Running}}", &web.name]),
         "true"
     );
 }
@@ -125,16 +155,27 @@ fn paused_web_container_is_seen_hung_and_restarted() {
 
 #[test]
 fn crash_looping_container_turns_503_within_the_budget() {
+    crash_looping_turns_503_within_the_budget(Engine::Docker);
+}
+
+#[test]
+fn crash_looping_podman_container_turns_503_within_the_budget() {
+    crash_looping_turns_503_within_the_budget(Engine::Podman);
+}
+
+/// A container that dies on every start, in `engine`: restarted `max_restarts` times, then 503.
+fn crash_looping_turns_503_within_the_budget(engine: Engine) {
     require_root();
     // The fixture in `exit` mode dies at once, on every start.
-    let web = Container::run("crashloop", &["--mode", "exit"]);
+    let web = Container::run_on(engine, "crashloop", &[], &["--mode", "exit"]);
     wait_until(Duration::from_secs(10), "the container to exit", || {
-        (docker(&["inspect", "-f", "{{.State.Status}}", &web.name]) == "exited").then_some(())
+        (engine.run(&["inspect", "-f", "{{.State.Status}}", &web.name]) == "exited").then_some(())
     });
+    let started = Instant::now();
     let agent = Agent::start(&format!(
         "[checks]\ninterval = \"500ms\"\n[web]\nport = {}\ncontainer = \"{}\"\n[containers]\nnames = [\"{}\"]\n\
-         [heal]\nmax_restarts = 2\nwindow = \"10m\"\ntimeout = \"3s\"\n",
-        web.port, web.name, web.name
+         docker_host = \"{}\"\n[heal]\nmax_restarts = 2\nwindow = \"10m\"\ntimeout = \"3s\"\n",
+        web.port, web.name, web.name, engine.host()
     ));
     // `budget_spent` turns true when the last attempt starts; `exhausted` once it failed too.
     let (code, body) = agent.wait_health(WAIT, "503 once heals failed", |c, b| {
@@ -142,6 +183,11 @@ fn crash_looping_container_turns_503_within_the_budget() {
             && b["details"]["heal"]["budget_spent"] == true
             && b["details"]["heal"]["phase"] == "exhausted"
     });
+    eprintln!(
+        "{:?}: agent start to 503 after 2 failed restarts {:.2} s",
+        engine,
+        started.elapsed().as_secs_f64()
+    );
     assert_eq!(code, 503);
     assert_eq!(body["status"], "unhealthy");
     assert_eq!(body["checks"]["containers"], "0/1 running");

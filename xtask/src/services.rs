@@ -1,9 +1,12 @@
-//! `cargo xtask services`: the daemons the integration tests and the bench talk to, dockerd and
-//! PostgreSQL 15. These machines have no systemd, so both are started directly.
+//! `cargo xtask services`: the daemons the integration tests and the bench talk to, dockerd,
+//! Podman's API service and PostgreSQL 15. These machines have no systemd, so all are started
+//! directly.
 
 use std::{
     fs::{self, OpenOptions},
+    io::{Read as _, Write as _},
     net::{SocketAddr, TcpStream},
+    os::unix::net::UnixStream,
     process::{Command, Stdio},
     thread::sleep,
     time::{Duration, Instant},
@@ -14,12 +17,19 @@ use anyhow::{bail, Context, Result};
 use crate::cmd::{self, step, Outcome};
 
 const DOCKERD_LOG: &str = "/var/log/dockerd.log";
+const PODMAN_LOG: &str = "/var/log/podman-service.log";
+/// Rootful Podman's Docker-compatible API socket, where the agent looks after Docker's.
+const PODMAN_SOCKET: &str = "/run/podman/podman.sock";
+const CONTAINERS_CONF: &str = "/etc/containers/containers.conf";
+/// runc here cannot set rlimits, and Podman asks it to unless its default ulimits are empty.
+const NO_ULIMITS: &str = "default_ulimits = []";
 const POSTGRES: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 5432);
 
 /// Starts what is not running; `verb` prefixes the printed lines.
 pub fn run(verb: &str) -> Result<()> {
     step(verb, "dockerd", docker)?;
+    step(verb, "podman API service", podman)?;
     step(verb, "postgresql 15", postgres)
 }
 
@@ -71,8 +81,91 @@ fn docker() -> Result<Outcome> {
     )
 }
 
+/// Whether Podman's API answers `GET /_ping` with `OK` on its socket.
+fn podman_up() -> bool {
+    let ping = || -> std::io::Result<bool> {
+        let mut s = UnixStream::connect(PODMAN_SOCKET)?;
+        s.set_read_timeout(Some(Duration::from_secs(2)))?;
+        s.write_all(b"GET /_ping HTTP/1.0\r\nHost: d\r\n\r\n")?;
+        let mut answer = String::new();
+        s.read_to_string(&mut answer)?;
+        Ok(answer.starts_with("HTTP/1.") && answer.ends_with("OK"))
+    };
+    ping().unwrap_or(false)
+}
+
+/// `default_ulimits = []` in the `[containers]` section of containers.conf; true when written.
+fn podman_conf() -> Result<bool> {
+    let conf = fs::read_to_string(CONTAINERS_CONF).unwrap_or_default();
+    if conf
+        .lines()
+        .any(|l| l.trim_start().starts_with("default_ulimits"))
+    {
+        return Ok(false);
+    }
+    let new = match conf.find("[containers]") {
+        Some(at) => {
+            let end = at + "[containers]".len();
+            format!("{}\n{NO_ULIMITS}{}", &conf[..end], &conf[end..])
+        }
+        None => format!("{conf}\n[containers]\n{NO_ULIMITS}\n"),
+    };
+    fs::create_dir_all("/etc/containers")?;
+    fs::write(CONTAINERS_CONF, new).with_context(|| format!("cannot write {CONTAINERS_CONF}"))?;
+    Ok(true)
+}
+
+/// Podman's Docker-compatible API on [`PODMAN_SOCKET`], with no idle timeout, and the
+/// containers.conf it needs here.
+fn podman() -> Result<Outcome> {
+    let wrote_conf = podman_conf()?;
+    if podman_up() {
+        return Ok(Outcome::Ok(if wrote_conf {
+            "already running (restart it to apply containers.conf)"
+        } else {
+            "already running"
+        }));
+    }
+    let log = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(PODMAN_LOG)
+        .with_context(|| format!("cannot open {PODMAN_LOG} — run as root"))?;
+    fs::create_dir_all("/run/podman")?;
+    let url = format!("unix://{PODMAN_SOCKET}");
+    eprintln!("+ setsid podman system service --time=0 {url} >>{PODMAN_LOG} 2>&1 &");
+    let mut child = Command::new("setsid")
+        .args(["podman", "system", "service", "--time=0", &url])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .context("cannot start podman — install podman (cargo xtask setup)")?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if podman_up() {
+            return Ok(Outcome::Done("started"));
+        }
+        if let Some(status) = child.try_wait()?.filter(|status| !status.success()) {
+            bail!(
+                "podman system service exited ({status}); the end of {PODMAN_LOG}:\n{}",
+                tail(PODMAN_LOG)
+            );
+        }
+        sleep(Duration::from_millis(500));
+    }
+    bail!(
+        "podman did not answer on {PODMAN_SOCKET} within 30 s; the end of {PODMAN_LOG}:\n{}",
+        tail(PODMAN_LOG)
+    )
+}
+
 fn log_tail() -> String {
-    let log = fs::read_to_string(DOCKERD_LOG).unwrap_or_default();
+    tail(DOCKERD_LOG)
+}
+
+fn tail(path: &str) -> String {
+    let log = fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = log.lines().collect();
     lines[lines.len().saturating_sub(10)..].join("\n")
 }

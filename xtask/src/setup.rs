@@ -28,6 +28,9 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// load generator, `ss`, `curl`. The demo needs none of them.
 const PACKAGES: &[&str] = &[
     "docker.io",
+    // The container tests' second engine: rootful Podman's Docker-compatible API socket
+    // (`cargo xtask services` writes its containers.conf and starts `podman system service`).
+    "podman",
     "nginx-light",
     "puma",
     "ruby-pg",

@@ -15,6 +15,9 @@ pub struct ContainersReport {
     pub summary: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// Which engine answered the Engine API, e.g. "Docker 20.10.24" or "Podman 4.3.1".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
     /// Expected containers that are missing, not running or unhealthy.
     pub faulty: Vec<String>,
     pub containers: Vec<ContainerInfo>,
@@ -26,6 +29,7 @@ impl ContainersReport {
             state: ContainersState::NotConfigured,
             summary: "not_configured".into(),
             reason: None,
+            engine: None,
             faulty: Vec::new(),
             containers: Vec::new(),
         }
@@ -37,6 +41,7 @@ impl ContainersReport {
             state: ContainersState::Unknown,
             summary: "unknown".into(),
             reason: Some(reason),
+            engine: None,
             faulty: Vec::new(),
             containers: Vec::new(),
         }
@@ -91,6 +96,7 @@ fn completed_job(
 
 /// Checks the expected containers. Never fails: an unreachable daemon is `unknown`.
 pub async fn check(docker: &Docker, cfg: &ContainersConfig) -> ContainersReport {
+    let engine = docker.engine().await;
     match inspect_expected(docker, cfg).await {
         Ok(infos) => {
             let completed = infos.iter().filter(|c| c.completed).count();
@@ -126,11 +132,15 @@ pub async fn check(docker: &Docker, cfg: &ContainersConfig) -> ContainersReport 
                     format!("{running}/{expected} running, {completed} completed")
                 },
                 reason,
+                engine,
                 faulty: faulty.iter().map(|c| c.name.clone()).collect(),
                 containers: infos,
             }
         }
-        Err(e) => ContainersReport::unknown(format!("Docker did not answer: {e}")),
+        Err(e) => ContainersReport::unknown(format!(
+            "{} did not answer: {e}",
+            engine.as_deref().unwrap_or("Docker")
+        )),
     }
 }
 

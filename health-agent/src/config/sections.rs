@@ -277,22 +277,13 @@ impl Default for DiskConfig {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ContainersConfig {
     pub names: Vec<String>,
     pub labels: Vec<String>,
+    /// The Engine API's address; "" finds it (`docker::engine_host`).
     pub docker_host: String,
-}
-
-impl Default for ContainersConfig {
-    fn default() -> Self {
-        Self {
-            names: Vec::new(),
-            labels: Vec::new(),
-            docker_host: "unix:///var/run/docker.sock".into(),
-        }
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

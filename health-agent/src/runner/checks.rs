@@ -14,7 +14,7 @@ use crate::{
         web::{load_kernel, WebMonitor},
     },
     config::{Config, DatabaseConfig, DiskConfig, WebConfig},
-    docker::Docker,
+    docker::{engine_host, Docker},
     fleet::exchange::Exchange,
 };
 
@@ -66,7 +66,10 @@ impl Checks {
         let web = WebMonitor::new(web_cfg, kernel, kernel_status);
 
         let (docker, docker_error) = if wants_docker(cfg) {
-            match Docker::connect(&cfg.containers.docker_host, cfg.checks.timeout) {
+            match Docker::connect(
+                &engine_host(&cfg.containers.docker_host),
+                cfg.checks.timeout,
+            ) {
                 Ok(d) => (Some(d), None),
                 Err(e) => (None, Some(e)),
             }
