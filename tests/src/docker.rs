@@ -257,16 +257,16 @@ fn sweep_stale_containers() {
             .unwrap_or_default();
         for name in names.lines() {
             if left_by_dead_process(name, CONTAINER_PREFIX) {
-                remove_container(name);
+                remove_container(Engine::Docker, name);
             }
         }
     });
 }
 
-fn remove_container(name: &str) {
+fn remove_container(engine: Engine, name: &str) {
     // A paused container is unpaused first, so nothing of it stays frozen if removal fails.
     for args in [&["unpause", name][..], &["rm", "-f", name][..]] {
-        let _ = Command::new("docker")
+        let _ = Command::new(engine.cli())
             .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -288,6 +288,7 @@ pub struct BridgeContainer {
     /// On 127.0.0.1, published to `container_control_port`.
     pub control_host_port: u16,
     pub container_control_port: u16,
+    pub engine: Engine,
 }
 
 impl BridgeContainer {
@@ -306,9 +307,15 @@ impl BridgeContainer {
     /// `"[::]"` is a dual-stack listener (IPv4 reaches it too), which a container keeps even
     /// where Docker turned IPv6 off (its default on the bridge network).
     pub fn run_listening_on(label: &str, ip: &str, fixture_args: &[&str]) -> Self {
+        Self::run_on(Engine::Docker, label, ip, fixture_args)
+    }
+
+    /// [`BridgeContainer::run_listening_on`] in `engine` (Podman's default network is its
+    /// `podman` bridge, which `--network bridge` names too).
+    pub fn run_on(engine: Engine, label: &str, ip: &str, fixture_args: &[&str]) -> Self {
         sweep_stale_containers();
         static N: AtomicU32 = AtomicU32::new(0);
-        let image = fixture_image();
+        let image = engine.fixture_image();
         let mut last = String::new();
         for _ in 0..5 {
             let n = N.fetch_add(1, Ordering::SeqCst);
@@ -323,18 +330,19 @@ impl BridgeContainer {
                 container_port: Self::CONTAINER_PORT,
                 control_host_port,
                 container_control_port: Self::CONTAINER_CONTROL_PORT,
+                engine,
             };
             let web = format!("127.0.0.1:{host_port}:{}", c.container_port);
             let control = format!("127.0.0.1:{control_host_port}:{}", c.container_control_port);
             let listen = format!("{ip}:{}", c.container_port);
             let control_listen = format!("0.0.0.0:{}", c.container_control_port);
-            let out = Command::new("docker")
+            let out = Command::new(engine.cli())
                 .args(["run", "-d", "--name", &c.name, "--network", "bridge"])
                 .args(["-p", &web, "-p", &control, image])
                 .args(["--listen", &listen, "--control", &control_listen])
                 .args(fixture_args)
                 .output()
-                .expect("running docker run (is dockerd running?)");
+                .expect("running `run` (is the engine installed?)");
             if !out.status.success() {
                 // A container that could not publish its port is created but not started:
                 // dropping `c` removes it.
@@ -355,7 +363,10 @@ impl BridgeContainer {
             }
             return c;
         }
-        panic!("docker run on the bridge network failed 5 times; last: {last}");
+        panic!(
+            "{} run on the bridge network failed 5 times; last: {last}",
+            engine.cli()
+        );
     }
 
     /// `127.0.0.1:<host_port>`: where test traffic goes.
@@ -370,11 +381,11 @@ impl BridgeContainer {
 
     /// `docker pause`: every process of the container frozen (cgroup freezer).
     pub fn pause(&self) {
-        docker(&["pause", &self.name]);
+        self.engine.run(&["pause", &self.name]);
     }
 
     pub fn unpause(&self) {
-        docker(&["unpause", &self.name]);
+        self.engine.run(&["unpause", &self.name]);
     }
 
     pub fn set_mode(&self, mode: &str) {
@@ -385,9 +396,11 @@ impl BridgeContainer {
 
     /// The container's init process (the fixture) as the host sees it.
     pub fn pid(&self) -> u32 {
-        let pid = docker(&["inspect", "-f", "{{.State.Pid}}", &self.name]);
+        let pid = self
+            .engine
+            .run(&["inspect", "-f", "{{.State.Pid}}", &self.name]);
         pid.parse()
-            .unwrap_or_else(|_| panic!("docker inspect gave pid {pid:?}"))
+            .unwrap_or_else(|_| panic!("inspect gave pid {pid:?}"))
     }
 
     /// The container's IPv6 addresses as its namespace lists them (`/proc/PID/net/if_inet6`):
@@ -407,7 +420,7 @@ impl BridgeContainer {
 
     /// `docker logs` (the fixture writes to stderr).
     pub fn logs(&self) -> String {
-        container_logs(Engine::Docker, &self.name)
+        container_logs(self.engine, &self.name)
     }
 
     /// `ss -ltnp` for the host port: which process owns the listener on the host (with the
@@ -423,6 +436,6 @@ impl BridgeContainer {
 
 impl Drop for BridgeContainer {
     fn drop(&mut self) {
-        remove_container(&self.name);
+        remove_container(self.engine, &self.name);
     }
 }

@@ -23,8 +23,8 @@ use serde_json::Value;
 
 use health_agent_tests::{
     assert_answered, get_at, get_at_within, merge_toml, netns_inode, pretty, require_root, since,
-    tail, timeline, wait_until, web_config, AddrFixture, Agent, BridgeContainer, HealthPoller,
-    HealthSample, Load, LoadStats, NetNs, Watch,
+    tail, timeline, wait_until, web_config, AddrFixture, Agent, BridgeContainer, Engine,
+    HealthPoller, HealthSample, Load, LoadStats, NetNs, Watch,
 };
 
 /// Agent start to its first 200.
@@ -235,28 +235,38 @@ fn same_path(got: &Value, ns: &NetNs) -> bool {
 
 #[test]
 fn bridge_container_by_container_port() {
-    bridge_container(false);
+    bridge_container(Engine::Docker, false);
 }
 
 #[test]
 fn bridge_container_by_published_port() {
-    bridge_container(true);
+    bridge_container(Engine::Docker, true);
+}
+
+#[test]
+fn podman_bridge_container_by_published_port() {
+    bridge_container(Engine::Podman, true);
 }
 
 /// The fixture in a container on the default bridge, published on 127.0.0.1 only; traffic
 /// through the published port. The agent is told the container and either the port inside
 /// it or the host port it is published on — in both cases it watches the container's own
-/// namespace on the container port. Freeze: `docker pause`.
-fn bridge_container(by_published_port: bool) {
+/// namespace on the container port, found through `engine`'s Engine API (its Pid). Freeze:
+/// `docker pause` (`podman pause`).
+fn bridge_container(engine: Engine, by_published_port: bool) {
     require_root();
     let label = if by_published_port { "pub" } else { "cport" };
-    let web = BridgeContainer::run(label, &[]);
+    let web = BridgeContainer::run_on(engine, label, "0.0.0.0", &[]);
     let port = if by_published_port {
         web.host_port
     } else {
         web.container_port
     };
-    let agent = Agent::start(&config(port, &format!("container = {:?}\n", web.name)));
+    let agent = Agent::start(&format!(
+        "{}[containers]\ndocker_host = {:?}\n",
+        config(port, &format!("container = {:?}\n", web.name)),
+        engine.host()
+    ));
     let logs = || web.logs();
     let run = Run::start(agent, web.host_addr(), &logs);
 
@@ -305,31 +315,48 @@ fn bridge_container(by_published_port: bool) {
         pretty(&serving.body)
     );
 
-    run.freeze_and_thaw("docker pause", || web.pause(), || web.unpause());
+    let pause = format!("{} pause", engine.cli());
+    run.freeze_and_thaw(&pause, || web.pause(), || web.unpause());
     let by = if by_published_port {
         "published"
     } else {
         "container"
     };
-    run.finish(&format!("bridge container by {by} port"), ready.at);
+    run.finish(
+        &format!("{engine:?} bridge container by {by} port"),
+        ready.at,
+    );
 }
 
 /// Issue 18 §1 on Docker's bridge: a container frozen with `docker pause` under traffic is
 /// `hung`, self-heal restarts it (`docker restart`, thawed first) and it comes back in a new
 /// network namespace: `recovering` meanwhile, `healthy` after, never a 503, one attempt judged
-/// recovered.
+/// recovered. On Podman's bridge the same, through its Docker-compatible API.
 #[test]
 fn bridge_container_paused_and_restarted_is_healthy_again_without_a_503() {
+    paused_and_restarted_is_healthy_again_without_a_503(Engine::Docker);
+}
+
+#[test]
+fn podman_bridge_container_paused_and_restarted_is_healthy_again_without_a_503() {
+    paused_and_restarted_is_healthy_again_without_a_503(Engine::Podman);
+}
+
+fn paused_and_restarted_is_healthy_again_without_a_503(engine: Engine) {
     require_root();
-    let web = BridgeContainer::run("heal", &[]);
+    let web = BridgeContainer::run_on(engine, "heal", "0.0.0.0", &[]);
     let agent = Agent::start(&merge_toml(
         &config(web.container_port, &format!("container = {:?}\n", web.name)),
-        "[heal]\nenabled = true\n",
+        &format!(
+            "[heal]\nenabled = true\n[containers]\ndocker_host = {:?}\n",
+            engine.host()
+        ),
     ));
     let logs = || web.logs();
     let run = Run::start(agent, web.host_addr(), &logs);
     let (ready, serving) = run.serve();
     let inode_before = namespace(&serving)["inode"].clone();
+    assert_eq!(inode_before, Value::from(web.netns_inode()));
 
     web.pause();
     let paused = run.poller.elapsed();
@@ -344,11 +371,11 @@ fn bridge_container_paused_and_restarted_is_healthy_again_without_a_503() {
         },
     );
     println!(
-        "docker pause → healthy again in {:.1}s ({healed})",
+        "{engine:?}: pause → healthy again in {:.1}s ({healed})",
         healed.after(paused)
     );
     let ctx = run.context(&since(&run.poller.samples(), ready.at));
-    let (samples, _) = run.finish("paused and restarted", ready.at);
+    let (samples, _) = run.finish(&format!("{engine:?} paused and restarted"), ready.at);
     if let Some(s) = samples.iter().find(|s| s.code != 200) {
         panic!(
             "a {} while self-heal restarted the container: {s}{ctx}",
