@@ -55,9 +55,18 @@ impl Watch503 {
 fn web_container_config(c: &Container, extra: &str) -> String {
     format!(
         "[checks]\ninterval = \"500ms\"\n[web]\nport = {}\ncontainer = \"{}\"\nhung_after = \"2s\"\nprobe_timeout = \"1s\"\n\
-         [containers]\nnames = [\"{}\"]\ndocker_host = \"{}\"\n[heal]\ntimeout = \"20s\"\n{extra}",
-        c.port, c.name, c.name, c.engine.host()
+         [containers]\nnames = [\"{}\"]\n{}[heal]\ntimeout = \"20s\"\n{extra}",
+        c.port, c.name, c.name, found_or_configured(c.engine)
     )
+}
+
+/// `[containers]` lines for `engine`: none for Docker, whose socket the agent finds first
+/// (`/var/run/docker.sock` exists here), Podman's socket for Podman (both run here).
+fn found_or_configured(engine: Engine) -> String {
+    match engine {
+        Engine::Docker => String::new(),
+        Engine::Podman => format!("docker_host = {:?}\n", engine.host()),
+    }
 }
 
 #[test]
@@ -367,13 +376,24 @@ fn restart_command_heals_a_plain_process() {
 
 #[test]
 fn a_finished_job_under_a_watched_label_is_not_a_fault() {
+    finished_job_under_a_watched_label_is_not_a_fault(Engine::Docker);
+}
+
+#[test]
+fn a_finished_podman_job_under_a_watched_label_is_not_a_fault() {
+    finished_job_under_a_watched_label_is_not_a_fault(Engine::Podman);
+}
+
+/// Containers found by label in `engine` (the agent lists them all and matches the labels
+/// itself, so the engine's list filters do not matter); a job that exited 0 is `completed`.
+fn finished_job_under_a_watched_label_is_not_a_fault(engine: Engine) {
     require_root();
-    let label = format!("ha.test.group=jobs-{}", std::process::id());
-    let _service = Container::serving_with("service", &["--label", &label], &[]);
+    let label = format!("ha.test.group=jobs-{engine:?}-{}", std::process::id());
+    let _service = Container::serving_on(engine, "service", &["--label", &label], &[]);
     // A one-shot job: it prints its usage and exits 0.
-    let job = Container::run_with("job", &["--label", &label], &["--help"]);
+    let job = Container::run_on(engine, "job", &["--label", &label], &["--help"]);
     wait_until(WAIT, "the job to finish", || {
-        (docker(&[
+        (engine.run(&[
             "inspect",
             "-f",
             "{{.State.Status}} {{.State.ExitCode}}",
@@ -382,7 +402,8 @@ fn a_finished_job_under_a_watched_label_is_not_a_fault() {
             .then_some(())
     });
     let agent = Agent::start(&format!(
-        "[checks]\ninterval = \"500ms\"\nboot_grace = \"0s\"\n[containers]\nlabels = [\"{label}\"]\n"
+        "[checks]\ninterval = \"500ms\"\nboot_grace = \"0s\"\n[containers]\nlabels = [\"{label}\"]\n{}",
+        found_or_configured(engine)
     ));
     let (code, body) = agent.wait_health(WAIT, "both containers seen", |_, b| {
         b["details"]["containers"]["containers"]
@@ -409,7 +430,7 @@ fn a_finished_job_under_a_watched_label_is_not_a_fault() {
     assert_eq!(code, 200, "{body}");
     assert_eq!(body["details"]["heal"]["total_attempts"], 0, "{body}");
     assert_eq!(
-        docker(&[
+        engine.run(&[
             "inspect",
             "-f",
             "{{.RestartCount}} {{.State.Status}}",
