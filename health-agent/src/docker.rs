@@ -38,6 +38,20 @@ fn engine_host_among(configured: &str, sockets: &[&str]) -> String {
     format!("unix://{found}")
 }
 
+/// The engine behind a /version answer: Podman lists a "Podman Engine" component, Docker an
+/// "Engine" one.
+fn engine_name(v: bollard::models::SystemVersion) -> String {
+    let podman = v
+        .components
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.name.contains("Podman"));
+    match podman {
+        Some(c) => format!("Podman {}", c.version),
+        None => format!("Docker {}", v.version.unwrap_or_default()),
+    }
+}
+
 /// Seconds between SIGTERM and SIGKILL when self-healing restarts a container.
 const RESTART_GRACE_SECS: i32 = 2;
 
@@ -130,16 +144,7 @@ impl Docker {
     /// component is Podman's (it serves the Docker-compatible endpoints), else "Docker 20.10.24".
     /// None when it does not answer.
     pub async fn engine(&self) -> Option<String> {
-        let v = self.client.version().await.ok()?;
-        let podman = v
-            .components
-            .unwrap_or_default()
-            .into_iter()
-            .find(|c| c.name.contains("Podman"));
-        Some(match podman {
-            Some(c) => format!("Podman {}", c.version),
-            None => format!("Docker {}", v.version.unwrap_or_default()),
-        })
+        self.client.version().await.ok().map(engine_name)
     }
 
     /// Restarts `name` within `timeout` (the whole call, including Docker's stop grace).
@@ -287,6 +292,16 @@ pub struct Usage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_engine_is_named_from_its_version_answer() {
+        // Trimmed from Debian 12's docker.io and podman answering GET /v1.41/version.
+        let docker = r#"{"Platform":{"Name":""},"Components":[{"Name":"Engine","Version":"20.10.24+dfsg1"},{"Name":"containerd","Version":"1.6.20~ds1"}],"Version":"20.10.24+dfsg1","ApiVersion":"1.41"}"#;
+        let podman = r#"{"Platform":{"Name":"linux/amd64/debian-12"},"Components":[{"Name":"Podman Engine","Version":"4.3.1"},{"Name":"Conmon","Version":"conmon version 2.1.6"}],"Version":"4.3.1","ApiVersion":"1.41"}"#;
+        let name = |json: &str| engine_name(serde_json::from_str(json).unwrap());
+        assert_eq!(name(docker), "Docker 20.10.24+dfsg1");
+        assert_eq!(name(podman), "Podman 4.3.1");
+    }
 
     #[test]
     fn the_first_existing_socket_is_used_unless_one_is_configured() {
