@@ -87,6 +87,13 @@ impl Judge {
         }
     }
 
+    /// Whether `round` is recent enough to be evidence at `now`.
+    pub fn fresh(&self, round: &Round, now: Instant) -> bool {
+        round
+            .started
+            .is_some_and(|t| now.saturating_duration_since(t) <= self.max_age)
+    }
+
     pub fn judge(
         &mut self,
         own: &[FaultClass],

@@ -34,6 +34,9 @@ pub struct WebSigns {
     /// agent's probe: those counted after a restart returned judge it, whether or not the
     /// processes changed (a restart command that does nothing leaves the same ones).
     pub answered: Option<[u64; 6]>,
+    /// Slow against its peers, judged this round on the answers that began after this
+    /// instant (a restart's return; `fleet::latency`).
+    pub slow_judged_after: Option<std::time::Instant>,
 }
 
 impl WebSigns {
@@ -49,7 +52,14 @@ impl WebSigns {
                 .map(|c| c.answered.saturating_add(c.sent)),
             erroring_since: None,
             answered: None,
+            slow_judged_after: None,
         }
+    }
+
+    /// With the peers' latency comparison (see `slow_judged_after`).
+    pub fn with_slow(mut self, judged_after: Option<std::time::Instant>) -> Self {
+        self.slow_judged_after = judged_after;
+        self
     }
 
     /// With the answers' evidence (see `erroring_since`).
@@ -214,6 +224,7 @@ mod tests {
             progress,
             erroring_since: None,
             answered: None,
+            slow_judged_after: None,
         }
     }
 

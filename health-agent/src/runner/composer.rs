@@ -16,7 +16,7 @@ use crate::{
         disk, system::SystemMonitor, web::WebMonitor, ContainersReport, DatabaseReport, Report,
     },
     config::Config,
-    fleet::{classes_of, Judge, Witness},
+    fleet::{classes_of, latency, Judge, Witness},
     heal::{self, Healer},
     policy::{evaluate, FlapGuard, PolicyInput, RoundFacts},
     saturation::{assess, Context, HostLoad, Meter, SaturationReport},
@@ -38,6 +38,8 @@ pub(super) struct Composer {
     /// When the last full round ran.
     last_full: Instant,
     judge: Judge,
+    /// Slow against its peers, judged between rounds.
+    slow: latency::SlowTracker,
     /// Wakes the database check for a round now, off its own cadence.
     recheck_database: Arc<Notify>,
     last_recheck: Option<Instant>,
@@ -79,6 +81,7 @@ impl Composer {
         Self {
             guard: FlapGuard::new(cfg.checks.fail_after, cfg.checks.recover_after),
             judge: Judge::new(cfg.fleet.interval, cfg.fleet.timeout, confirm_within(&cfg)),
+            slow: latency::SlowTracker::default(),
             cfg,
             started,
             web,
@@ -336,6 +339,9 @@ impl Composer {
         let in_grace = now.saturating_duration_since(self.started) < self.cfg.checks.boot_grace
             || (!served && warming_up);
         self.note_evidence(&report);
+        let mut slow_vs_peers = None;
+        let own_latency = self.own_latency(now);
+        let since = self.healer.last_return();
         let fleet = self.slots.fleet.as_ref().map(|slot| {
             let own = classes_of(
                 report.web.verdict,
@@ -343,10 +349,27 @@ impl Composer {
                 report.containers.state,
             );
             let round = slot.borrow();
-            self.judge
-                .judge(&own, round.as_ref().map(|t| &t.value), now)
+            let round = round.as_ref().map(|t| &t.value);
+            let mut f = self.judge.judge(&own, round, now);
+            slow_vs_peers = self.slow.round(
+                latency::RoundInput {
+                    own: own_latency,
+                    since,
+                    answered: round
+                        .filter(|r| self.judge.fresh(r, now))
+                        .map(|r| r.answered.as_slice()),
+                    threshold: self.cfg.web.slow_vs_peers,
+                },
+                &mut f,
+            );
+            f
         });
         self.ask_fleet_again(fleet.as_ref(), now);
+        if slow_vs_peers.is_some() && self.slow.judged_since().is_none() {
+            // Slow against the peers, held until enough answers after a restart judge it:
+            // with `"on_suspicion"`, count them now rather than at the next window.
+            self.web.sample_answers_soon(now);
+        }
         let saturation = self.saturation(&report, now);
         let raw = evaluate(&PolicyInput::of_round(
             &report,
@@ -360,6 +383,7 @@ impl Composer {
                     .map(|f| f.judgements.clone())
                     .unwrap_or_default(),
                 fleet_asking: fleet.as_ref().map(|f| f.asking.clone()).unwrap_or_default(),
+                slow_vs_peers,
                 saturation: saturation.ratio,
                 up_at: self.cfg.scaling.up_at,
                 down_at: self.cfg.scaling.down_at,
@@ -379,8 +403,11 @@ impl Composer {
             HealPhase::Idle
         } else {
             // Fresh evidence judges a restart that returned (did it take?).
-            self.healer
-                .see(heal::WebSigns::of(&report.web).with_answers(self.web.answers_window()));
+            self.healer.see(
+                heal::WebSigns::of(&report.web)
+                    .with_answers(self.web.answers_window())
+                    .with_slow(self.slow.judged_since().flatten()),
+            );
             let phase = self.healer.step(&raw, &report.containers.faulty, now);
             self.healer.replace_worker(&report.web, now);
             phase
@@ -409,6 +436,22 @@ impl Composer {
         .with_fleet(fleet.unwrap_or_else(crate::fleet::FleetReport::not_configured))
         .with_drain(self.drain.report(now))
         .with_saturation(saturation)
+    }
+
+    /// This instance's answer latency as the peers compare it: over `web.latency_window`, from
+    /// the answers that began after the latest restart returned.
+    fn own_latency(&self, now: Instant) -> Option<latency::PeerLatency> {
+        let (l, seconds, basis) =
+            self.web
+                .latency_since(now, self.healer.last_return(), latency::MIN_ANSWERS)?;
+        Some(latency::PeerLatency {
+            p50_ms: l.p50_ms,
+            p90_ms: l.p90_ms,
+            answers: l.samples,
+            window_seconds: (seconds * 100.0).round() / 100.0,
+            basis: basis.into(),
+            ..latency::PeerLatency::default()
+        })
     }
 
     /// Keeps what this round shows against each kind of fault, for the peer view: the web
