@@ -270,8 +270,7 @@ pub struct WebConfig {
     pub error_share: f64,
     /// Fewer real answers than this in the window judge nothing: the share is only shown.
     pub error_min_answers: u32,
-    /// With `[fleet]`: slow against its peers when its answers' median latency is at least
-    /// this many times the peers' median (`fleet::latency`).
+    /// With `[fleet]`: slow against its peers at this ratio of medians (`fleet::latency`).
     pub slow_vs_peers: f64,
 }
 

@@ -27,6 +27,8 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use crate::checks::web::WebMonitor;
+
 /// Answers this instance, and each peer counted, must have in its window.
 pub const MIN_ANSWERS: u64 = 10;
 /// Peers with enough answers needed to compare at all.
@@ -206,6 +208,8 @@ pub struct SlowTracker {
     judged_now: bool,
     /// Out (or restarting) for slowness against its peers since the latest round.
     out: bool,
+    /// `web.slow_vs_peers`.
+    threshold: f64,
 }
 
 impl SlowTracker {
@@ -244,6 +248,54 @@ pub struct RoundInput<'a> {
     pub answered: Option<&'a [(String, super::PeerView)]>,
     /// `web.slow_vs_peers`.
     pub threshold: f64,
+}
+
+/// The latest answers' latency of the backend `web` watches, as the peers compare it: those
+/// that began after `since` (the latest restart's return).
+pub fn own(web: &WebMonitor, now: Instant, since: Option<Instant>) -> Option<PeerLatency> {
+    let (l, seconds, basis) = web.latency_since(now, since, MIN_ANSWERS)?;
+    Some(PeerLatency {
+        p50_ms: l.p50_ms,
+        p90_ms: l.p90_ms,
+        answers: l.samples,
+        window_seconds: (seconds * 100.0).round() / 100.0,
+        basis: basis.into(),
+        ..PeerLatency::default()
+    })
+}
+
+impl SlowTracker {
+    pub fn new(threshold: f64) -> Self {
+        Self {
+            threshold,
+            ..Self::default()
+        }
+    }
+
+    /// One round of the composer: this instance's figures from `web`, the peers' from
+    /// `round` (None when none is fresh), into `report`; returns what the policy reads. While a
+    /// judgement is held for want of answers after a restart, asks `web` to count them now
+    /// (with `"on_suspicion"`, rather than at the next window).
+    pub fn round_of(
+        &mut self,
+        web: &mut WebMonitor,
+        since: Option<Instant>,
+        round: Option<&super::Round>,
+        report: &mut super::FleetReport,
+        now: Instant,
+    ) -> Option<crate::policy::SlowVsPeers> {
+        let input = RoundInput {
+            own: own(web, now, since),
+            since,
+            answered: round.map(|r| r.answered.as_slice()),
+            threshold: self.threshold,
+        };
+        let verdict = self.round(input, report);
+        if verdict.is_some() && self.judged_since().is_none() {
+            web.sample_answers_soon(now);
+        }
+        verdict
+    }
 }
 
 impl SlowTracker {

@@ -101,6 +101,50 @@ pub fn answers_after_return(
     })
 }
 
+/// Erroring after a restart that started at `started`: failed once the real answers counted
+/// since it returned are mostly 5xx (`answers_after_return`, with `min_share`: the minimum
+/// number and the share), or a window started over by new processes judges erroring again;
+/// until then, waiting for them.
+pub fn errors_after_return(
+    answered_at_return: Option<[u64; 6]>,
+    signs: &WebSigns,
+    started: std::time::Instant,
+    since_return: Duration,
+    (min, share): (u32, f64),
+    reason: &str,
+) -> Judgement {
+    let counted =
+        answers_after_return(answered_at_return, signs.answered, since_return, min, share);
+    if let Some(failed) = counted {
+        return failed;
+    }
+    if signs.erroring_since.is_some_and(|t| t >= started) {
+        return Judgement::Failed(format!(
+            "the answers since the restart are still mostly 5xx ({reason})"
+        ));
+    }
+    Judgement::UnderWay("waiting for enough answers after the restart to judge it".into())
+}
+
+/// Slow against its peers after a restart that returned at `returned`: failed once the
+/// comparison is made on answers that all began after it and still says slow (`reason`);
+/// until then, waiting for them.
+pub fn slow_after_return(
+    signs: &WebSigns,
+    returned: std::time::Instant,
+    since_return: Duration,
+    reason: &str,
+) -> Judgement {
+    if signs.slow_judged_after.is_some_and(|t| t >= returned) {
+        Judgement::Failed(format!(
+            "the restart returned {} ago and the answers since are still {reason}",
+            secs(since_return)
+        ))
+    } else {
+        Judgement::UnderWay("waiting for enough answers after the restart to judge it".into())
+    }
+}
+
 /// What the fresh evidence says about an attempt whose action has returned and whose fault
 /// is still there.
 #[derive(Debug, Clone, PartialEq)]

@@ -221,8 +221,7 @@ pub struct Healer {
     signs: WebSigns,
     log: HealLog,
     worker: worker::WorkerHeal,
-    /// When the latest restart action returned: the answers the peers' comparison judges
-    /// begin after it.
+    /// When the latest restart action returned: the peers' comparison judges answers after it.
     last_return: Option<Instant>,
 }
 
@@ -270,12 +269,10 @@ impl Healer {
     /// What a restart would do for `fault`, if anything can.
     fn action_for(&self, fault: Fault, faulty_containers: &[String]) -> Option<Action> {
         match fault {
-            Fault::Web(_) | Fault::SlowVsPeers
-                if !self.web.container.is_empty() && self.docker.is_some() =>
-            {
+            f if f.restarts_web() && !self.web.container.is_empty() && self.docker.is_some() => {
                 Some(Action::RestartContainer(self.web.container.clone()))
             }
-            Fault::Web(_) | Fault::SlowVsPeers if !self.web.restart_command.is_empty() => {
+            f if f.restarts_web() && !self.web.restart_command.is_empty() => {
                 Some(Action::Command(self.web.restart_command.clone()))
             }
             Fault::Containers if self.docker.is_some() => faulty_containers
@@ -384,60 +381,34 @@ impl Healer {
             return self.try_start(fault, decision, faulty_containers, now);
         }
         let since_return = now.saturating_duration_since(*returned);
-        if fault == Fault::SlowVsPeers && since_return >= judge::SETTLE {
-            // Judged by the latency of the answers that began after the restart returned, and
-            // only by them.
-            if self.signs.slow_judged_after.is_some_and(|t| t >= *returned) {
-                let why = format!(
-                    "the restart returned {:.1}s ago and the answers since are still {}",
-                    since_return.as_secs_f64(),
-                    decision.reasons.first().map_or("slow", String::as_str)
-                );
-                self.fail(HealError::DidNotTake(why), started, now);
-                return self.try_start(fault, decision, faulty_containers, now);
+        if since_return < judge::SETTLE || !attempt.web {
+            return HealPhase::Recovering;
+        }
+        let reason = decision.reasons.first().map_or("", String::as_str);
+        // Erroring and slow against the peers are judged by the answers after the restart, and
+        // only by them; a hang by the signs of the processes (`judge`).
+        let judged = match fault {
+            Fault::SlowVsPeers => {
+                judge::slow_after_return(&self.signs, *returned, since_return, reason)
             }
-            self.update_last(|a| {
-                a.why = Some("waiting for enough answers after the restart to judge it".into())
-            });
-            return HealPhase::Recovering;
-        }
-        if since_return < judge::SETTLE || !attempt.web || !matches!(fault, Fault::Web(_)) {
-            return HealPhase::Recovering;
-        }
-        if fault == Fault::Web(WebVerdict::Erroring) {
-            // Judged by the answers after the restart, and only by them: those counted since it
-            // returned (the same processes or new ones), or a window started over by new
-            // processes that judges erroring again.
-            if let Some(judge::Judgement::Failed(why)) = judge::answers_after_return(
+            Fault::Web(WebVerdict::Erroring) => judge::errors_after_return(
                 *answered_at_return,
-                self.signs.answered,
+                &self.signs,
+                started,
                 since_return,
-                self.web.error_min_answers,
-                self.web.error_share,
-            ) {
-                self.fail(HealError::DidNotTake(why), started, now);
-                return self.try_start(fault, decision, faulty_containers, now);
-            }
-            if self.signs.erroring_since.is_some_and(|t| t >= started) {
-                let why = format!(
-                    "the answers since the restart are still mostly 5xx ({})",
-                    decision.reasons.first().map_or("", String::as_str)
-                );
-                self.fail(HealError::DidNotTake(why), started, now);
-                return self.try_start(fault, decision, faulty_containers, now);
-            }
-            self.update_last(|a| {
-                a.why = Some("waiting for enough answers after the restart to judge it".into())
-            });
-            return HealPhase::Recovering;
-        }
-        match judge::judge(
-            &attempt.before,
-            &self.signs,
-            *at_return,
-            since_return,
-            self.web.hung_after,
-        ) {
+                (self.web.error_min_answers, self.web.error_share),
+                reason,
+            ),
+            Fault::Web(_) => judge::judge(
+                &attempt.before,
+                &self.signs,
+                *at_return,
+                since_return,
+                self.web.hung_after,
+            ),
+            _ => return HealPhase::Recovering,
+        };
+        match judged {
             judge::Judgement::UnderWay(why) => {
                 self.update_last(|a| a.why = Some(why));
                 HealPhase::Recovering
@@ -504,12 +475,9 @@ impl Healer {
         let Some(action) = self.action_for(fault, faulty_containers) else {
             return self.phase();
         };
-        if matches!(fault, Fault::Web(WebVerdict::Erroring) | Fault::SlowVsPeers)
-            && self.incident_failed
-        {
-            // One restart per incident: errors (or slowness against the peers) a restart did
-            // not fix are the code's, a dependency's or the box's, and more restarts only drop
-            // the requests in flight.
+        if fault.one_restart() && self.incident_failed {
+            // One restart per incident: errors or slowness a restart did not fix are the code's,
+            // a dependency's or the box's, and more restarts only drop the requests in flight.
             self.state = State::Failed;
             return HealPhase::Exhausted;
         }
@@ -534,7 +502,7 @@ impl Healer {
         let timeout = self.cfg.timeout;
         let attempt = Attempt {
             started: now,
-            web: matches!(fault, Fault::Web(_) | Fault::SlowVsPeers),
+            web: fault.restarts_web(),
             before: self.signs.clone(),
         };
         self.incident_started.get_or_insert(now);

@@ -55,6 +55,17 @@ impl Fault {
     pub fn healable(self) -> bool {
         matches!(self, Self::Web(_) | Self::Containers | Self::SlowVsPeers)
     }
+
+    /// Whether a restart of the web backend is what self-healing does for it.
+    pub fn restarts_web(self) -> bool {
+        matches!(self, Self::Web(_) | Self::SlowVsPeers)
+    }
+
+    /// Whether one restart per incident is all it gets: errors or slowness a restart did not
+    /// fix are not a restart's to fix.
+    pub fn one_restart(self) -> bool {
+        matches!(self, Self::Web(WebVerdict::Erroring) | Self::SlowVsPeers)
+    }
 }
 
 /// This instance's answers several times slower than its peers' (`fleet::latency`): its own

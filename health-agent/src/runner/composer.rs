@@ -80,8 +80,8 @@ impl Composer {
         );
         Self {
             guard: FlapGuard::new(cfg.checks.fail_after, cfg.checks.recover_after),
-            judge: Judge::new(cfg.fleet.interval, cfg.fleet.timeout, confirm_within(&cfg)),
-            slow: latency::SlowTracker::default(),
+            judge: Judge::of_config(&cfg),
+            slow: latency::SlowTracker::new(cfg.web.slow_vs_peers),
             cfg,
             started,
             web,
@@ -340,8 +340,6 @@ impl Composer {
             || (!served && warming_up);
         self.note_evidence(&report);
         let mut slow_vs_peers = None;
-        let own_latency = self.own_latency(now);
-        let since = self.healer.last_return();
         let fleet = self.slots.fleet.as_ref().map(|slot| {
             let own = classes_of(
                 report.web.verdict,
@@ -351,25 +349,14 @@ impl Composer {
             let round = slot.borrow();
             let round = round.as_ref().map(|t| &t.value);
             let mut f = self.judge.judge(&own, round, now);
-            slow_vs_peers = self.slow.round(
-                latency::RoundInput {
-                    own: own_latency,
-                    since,
-                    answered: round
-                        .filter(|r| self.judge.fresh(r, now))
-                        .map(|r| r.answered.as_slice()),
-                    threshold: self.cfg.web.slow_vs_peers,
-                },
-                &mut f,
-            );
+            let answered = round.filter(|r| self.judge.fresh(r, now));
+            let since = self.healer.last_return();
+            slow_vs_peers = self
+                .slow
+                .round_of(&mut self.web, since, answered, &mut f, now);
             f
         });
         self.ask_fleet_again(fleet.as_ref(), now);
-        if slow_vs_peers.is_some() && self.slow.judged_since().is_none() {
-            // Slow against the peers, held until enough answers after a restart judge it:
-            // with `"on_suspicion"`, count them now rather than at the next window.
-            self.web.sample_answers_soon(now);
-        }
         let saturation = self.saturation(&report, now);
         let raw = evaluate(&PolicyInput::of_round(
             &report,
@@ -436,22 +423,6 @@ impl Composer {
         .with_fleet(fleet.unwrap_or_else(crate::fleet::FleetReport::not_configured))
         .with_drain(self.drain.report(now))
         .with_saturation(saturation)
-    }
-
-    /// This instance's answer latency as the peers compare it: over `web.latency_window`, from
-    /// the answers that began after the latest restart returned.
-    fn own_latency(&self, now: Instant) -> Option<latency::PeerLatency> {
-        let (l, seconds, basis) =
-            self.web
-                .latency_since(now, self.healer.last_return(), latency::MIN_ANSWERS)?;
-        Some(latency::PeerLatency {
-            p50_ms: l.p50_ms,
-            p90_ms: l.p90_ms,
-            answers: l.samples,
-            window_seconds: (seconds * 100.0).round() / 100.0,
-            basis: basis.into(),
-            ..latency::PeerLatency::default()
-        })
     }
 
     /// Keeps what this round shows against each kind of fault, for the peer view: the web
@@ -616,25 +587,8 @@ fn latest_at<T>(slot: Option<&Slot<T>>) -> Option<Instant> {
     slot?.borrow().as_ref().map(|t| t.at)
 }
 
-/// How long a fault waits for fresh word from peers whose latest evidence predates it
-/// (`fleet.confirm_within`; by default, time for a peer with the same fault to see it too —
-/// its probe's cadence and timeout — and answer).
-fn confirm_within(cfg: &Config) -> Duration {
-    if !cfg.fleet.confirm_within.is_zero() {
-        return cfg.fleet.confirm_within;
-    }
-    let seen = cfg
-        .checks
-        .interval
-        .saturating_mul(2)
-        .saturating_add(cfg.web.probe_timeout)
-        .saturating_add(cfg.fleet.timeout);
-    seen.max(MIN_CONFIRM_WITHIN)
-}
-
 /// Why S is withheld while a fault most peers share holds.
 const SHARED_FAULT: &str = "a fault most peers share (a dependency)";
-const MIN_CONFIRM_WITHIN: Duration = Duration::from_secs(5);
 /// How often the peers are asked again while a fault waits for their word.
 const ASK_AGAIN: Duration = Duration::from_millis(250);
 const RECHECK_STUCK_EVERY: Duration = Duration::from_secs(1);

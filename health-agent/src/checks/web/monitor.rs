@@ -596,28 +596,6 @@ impl WebMonitor {
 
     /// The answers' evidence for the peers and for judging a restart: since when the window
     /// runs, and when it last showed real answers mostly fine.
-    /// The latest answers' latency, as the peers compare it (`Figures::latency_since`: the
-    /// newest spans holding `enough` answers, begun at or after `since`, a restart's return):
-    /// its percentiles, the seconds counted, and the basis (`counted` or `windows`). None
-    /// below the `full` tier.
-    pub fn latency_since(
-        &self,
-        now: Instant,
-        since: Option<Instant>,
-        enough: u64,
-    ) -> Option<(super::LatencySummary, f64, &'static str)> {
-        self.figures(now)?;
-        let (hist, seconds) =
-            self.figures
-                .latency_since(now, self.cfg.latency_window, since, enough);
-        let basis = if self.cfg.socket_tracing == SocketTracing::Always {
-            "counted"
-        } else {
-            "windows"
-        };
-        Some((super::percentiles(&hist), seconds, basis))
-    }
-
     pub fn answers_window(&self) -> &AnswerWindow {
         &self.answers
     }
