@@ -252,8 +252,13 @@ pub struct RoundInput<'a> {
 
 /// The latest answers' latency of the backend `web` watches, as the peers compare it: those
 /// that began after `since` (the latest restart's return).
-pub fn own(web: &WebMonitor, now: Instant, since: Option<Instant>) -> Option<PeerLatency> {
-    let (l, seconds, basis) = web.latency_since(now, since, MIN_ANSWERS)?;
+pub fn own(
+    web: &WebMonitor,
+    now: Instant,
+    since: Option<Instant>,
+    enough: u64,
+) -> Option<PeerLatency> {
+    let (l, seconds, basis) = web.latency_since(now, since, enough)?;
     Some(PeerLatency {
         p50_ms: l.p50_ms,
         p90_ms: l.p90_ms,
@@ -285,16 +290,38 @@ impl SlowTracker {
         now: Instant,
     ) -> Option<crate::policy::SlowVsPeers> {
         let input = RoundInput {
-            own: own(web, now, since),
+            own: own(web, now, since, MIN_ANSWERS),
             since,
             answered: round.map(|r| r.answered.as_slice()),
             threshold: self.threshold,
         };
         let verdict = self.round(input, report);
-        if verdict.is_some() && self.judged_since().is_none() {
+        // Held for want of answers after a restart, or the newest span alone (too few answers
+        // to judge) slow against the peers: with `"on_suspicion"`, count more now rather than
+        // at the next window.
+        let held = verdict.is_some() && self.judged_since().is_none();
+        if held || self.hint(own(web, now, since, 1), report) {
             web.sample_answers_soon(now);
         }
         verdict
+    }
+
+    /// Whether `newest` (the newest span's figures), judged as if it had enough answers, is
+    /// slow against the peers' figures in `report`.
+    fn hint(&self, newest: Option<PeerLatency>, report: &super::FleetReport) -> bool {
+        let Some(newest) = newest.filter(|n| n.answers > 0 && n.answers < MIN_ANSWERS) else {
+            return false;
+        };
+        let peers: Vec<(String, PeerLatency)> = report
+            .peers_latency
+            .iter()
+            .map(|(a, l)| (a.clone(), l.clone()))
+            .collect();
+        let as_if = PeerLatency {
+            answers: MIN_ANSWERS,
+            ..newest
+        };
+        matches!(compare(&as_if, &peers, self.threshold), Comparison::Slow(_))
     }
 }
 
