@@ -40,6 +40,7 @@ const MEASURED: &[(&str, u64)] = &[
     ("aws_credentials", 110),
     ("verdicts", 118),
     ("fleet", 96),
+    ("slow_peers", 150),
     ("cloudwatch", 88),
     ("namespaces", 76),
     ("aws", 74),
