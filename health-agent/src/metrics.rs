@@ -360,6 +360,7 @@ fn web_figures(o: &mut Out, w: &crate::checks::web::WebReport) {
                     .collect(),
             );
         }
+        latency_histogram(o, &f.latency_total);
     }
     responses::responses_total(o, w);
     if let Some(a) = w.answers.as_ref().filter(|a| a.status_visible) {
@@ -561,6 +562,70 @@ fn heal_and_fleet(o: &mut Out, s: &Snapshot) {
     }
 }
 
+/// The answers' server latency as a Prometheus histogram, log-scale buckets from 1 ms to 60 s:
+/// every answer the programs counted since the agent started (all of them with
+/// `socket_tracing = "always"`, those of the counting windows with `"on_suspicion"`). Each
+/// kernel bucket (two per power of two) falls into the first `le` at or above its midpoint;
+/// `_sum` adds the midpoints (the kernel keeps counts, not the latencies themselves).
+fn latency_histogram(o: &mut Out, h: &health_common::LatencyHist) {
+    const LE: [f64; 15] = [
+        0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 60.0,
+    ];
+    let mut buckets: Vec<(f64, u64)> = LE.iter().map(|&le| (le, 0)).collect();
+    buckets.push((f64::INFINITY, 0));
+    let (mut sum, mut count) = (0.0, 0);
+    for (i, &n) in h.buckets.iter().enumerate().filter(|(_, n)| **n > 0) {
+        let lo = health_common::latency_bucket_floor(i) as f64;
+        let hi = if i + 1 < health_common::LATENCY_BUCKETS {
+            health_common::latency_bucket_floor(i + 1) as f64
+        } else {
+            lo
+        };
+        let mid = (lo + hi) / 2.0 / 1e6;
+        sum += mid * n as f64;
+        count += n;
+        let at = LE.iter().position(|&le| mid <= le).unwrap_or(LE.len());
+        buckets[at].1 += n;
+    }
+    o.reg.register(
+        "web_latency_seconds",
+        "Server latency of the web backend's answers, request read to first response byte \
+         (kernel-seen), since the agent started",
+        LatencyHistogram {
+            sum,
+            count,
+            buckets,
+        },
+    );
+}
+
+/// A histogram whose buckets are counted elsewhere (the kernel), encoded as one.
+#[derive(Debug)]
+struct LatencyHistogram {
+    sum: f64,
+    count: u64,
+    /// (upper bound, count in that bucket alone): the encoder makes them cumulative.
+    buckets: Vec<(f64, u64)>,
+}
+
+impl prometheus_client::encoding::EncodeMetric for LatencyHistogram {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::MetricEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        encoder.encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+            self.sum,
+            self.count,
+            &self.buckets,
+            None,
+        )
+    }
+
+    fn metric_type(&self) -> prometheus_client::metrics::MetricType {
+        prometheus_client::metrics::MetricType::Histogram
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -633,6 +698,40 @@ mod tests {
             .filter(|v| v.split_once('.').is_some_and(|(_, d)| d.len() > 5))
             .collect::<Vec<_>>();
         assert!(noisy.is_empty(), "long decimals {noisy:?} in:\n{text}");
+    }
+
+    #[test]
+    fn latency_is_a_prometheus_histogram_from_1_ms_to_60_s() {
+        use health_common::latency_bucket;
+        let mut h = health_common::LatencyHist::default();
+        h.buckets[latency_bucket(800)] += 90; // 0.8 ms
+        h.buckets[latency_bucket(40_000)] += 9; // 40 ms
+        h.buckets[latency_bucket(90_000_000)] += 1; // 90 s
+        let mut o = Out {
+            reg: Registry::with_prefix("health_agent"),
+        };
+        latency_histogram(&mut o, &h);
+        let mut text = String::new();
+        encode_registry(&mut text, &o.reg).unwrap();
+        for line in [
+            "# TYPE health_agent_web_latency_seconds histogram\n",
+            "health_agent_web_latency_seconds_count 100\n",
+            "health_agent_web_latency_seconds_bucket{le=\"0.001\"} 90\n",
+            "health_agent_web_latency_seconds_bucket{le=\"0.02\"} 90\n",
+            "health_agent_web_latency_seconds_bucket{le=\"0.05\"} 99\n",
+            "health_agent_web_latency_seconds_bucket{le=\"60.0\"} 99\n",
+            "health_agent_web_latency_seconds_bucket{le=\"+Inf\"} 100\n",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in:\n{text}");
+        }
+        let sum: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("health_agent_web_latency_seconds_sum "))
+            .and_then(|v| v.parse().ok())
+            .expect("a sum");
+        // The buckets' midpoints: within a sixth of the real 90 × 0.8 ms + 9 × 40 ms + 90 s.
+        let real = 90.0 * 0.0008 + 9.0 * 0.04 + 90.0;
+        assert!((sum - real).abs() / real < 0.17, "{sum} vs {real}");
     }
 
     #[test]

@@ -37,6 +37,7 @@ const QUIET: &[&str] = &["socket_tracing", "saturation", "prometheus"];
 /// plan's weights; a binary not listed weighs DEFAULT_SECS.
 const MEASURED: &[(&str, u64)] = &[
     ("old_kernel", 198),
+    ("slow_peers", 200),
     ("prometheus", 160),
     ("verdicts", 150),
     ("fleet", 132),
@@ -54,13 +55,13 @@ const MEASURED: &[(&str, u64)] = &[
     ("aws", 27),
     ("systemd", 27),
     ("database", 26),
+    ("probe_speaks", 24),
     ("database_config", 20),
     ("containers", 20),
     ("workers", 20),
     ("web_backend", 19),
     ("database_alerts", 17),
     ("service", 15),
-    ("probe_speaks", 24),
     ("first_day", 14),
     ("health_agent", 14),
 ];
