@@ -9,8 +9,9 @@
 //!   not visible).
 //! - ingress: a segment whose payload starts with a request line counts as a request; one for
 //!   the probe path (`ANSWER_PROBE`: the agent's own probe, and a balancer's checks of the same
-//!   path) counts apart, so that user space can leave those answers out of the real traffic; an
-//!   HTTP/2 connection preface counts apart too.
+//!   path) counts apart, so that user space can leave those answers out of the real traffic,
+//!   and marks its connection (`ConnState::probe`) so that the answer's latency stays out of
+//!   the histogram too; an HTTP/2 connection preface counts apart.
 //!
 //! Both return 1 (pass) whatever they see: they only count. The first test is the local port
 //! against the watched-port bitmap, a field of the context and one array read, which turns away
@@ -26,7 +27,10 @@ use health_common::{
     kernel::AF_INET6, AnswerCounters, ProbePath, WatchKey, MAX_PORTS, PROBE_PATH_MAX,
 };
 
-use crate::{conn::port_watched, offsets, tcp_state};
+use crate::{
+    conn::{self, port_watched},
+    offsets, tcp_state,
+};
 
 #[map]
 static ANSWERS: PerCpuArray<AnswerCounters> = PerCpuArray::with_max_entries(MAX_PORTS, 0);
@@ -56,16 +60,7 @@ pub fn answers_ingress(ctx: SkBuffContext) -> i32 {
 fn counters(ctx: &SkBuffContext, port: u16) -> Option<&'static mut AnswerCounters> {
     let off = offsets()?;
     let netns = if off.net_known == 1 {
-        // The socket's address, as the tracepoints see it. The verifier types the context's
-        // `sk` field as a socket pointer, on which it allows no arithmetic; copied through
-        // the helper it becomes a plain number.
-        let sk = unsafe { (*ctx.skb.skb).__bindgen_anon_2.sk };
-        if sk.is_null() {
-            return None;
-        }
-        // SAFETY: reads 8 bytes of our own stack (the local `sk`); the helper never faults.
-        let addr: u64 = unsafe { bpf_probe_read_kernel(&sk as *const _ as *const u64) }.ok()?;
-        tcp_state::netns(off, addr)
+        tcp_state::netns(off, sk_addr(ctx)?)
     } else {
         0
     };
@@ -74,6 +69,30 @@ fn counters(ctx: &SkBuffContext, port: u16) -> Option<&'static mut AnswerCounter
     // SAFETY: a per-CPU array value, valid for the map's lifetime and touched only by programs
     // on this CPU, which do not preempt one another.
     Some(unsafe { &mut *p })
+}
+
+/// The address of this packet's socket, as the tracepoints see it (the connection table's
+/// key).
+#[inline(always)]
+fn sk_addr(ctx: &SkBuffContext) -> Option<u64> {
+    // The verifier types the context's `sk` field as a socket pointer, on which it allows no
+    // arithmetic; copied through the helper it becomes a plain number.
+    let sk = unsafe { (*ctx.skb.skb).__bindgen_anon_2.sk };
+    if sk.is_null() {
+        return None;
+    }
+    // SAFETY: reads 8 bytes of our own stack (the local `sk`); the helper never faults.
+    unsafe { bpf_probe_read_kernel(&sk as *const _ as *const u64) }.ok()
+}
+
+/// Marks the connection's next exchange as the probe path's or a real one: the send program
+/// leaves the probe's latency out of the histogram. A connection the table does not follow
+/// is left alone.
+#[inline(always)]
+fn mark_probe(ctx: &SkBuffContext, probe: bool) {
+    if let Some(conn) = sk_addr(ctx).and_then(conn::get_mut) {
+        conn.probe = u32::from(probe);
+    }
 }
 
 /// The local port of this packet's socket when it is watched: the first test, a field of the
@@ -194,6 +213,8 @@ fn try_ingress(ctx: &SkBuffContext) -> Option<()> {
     };
     let c = counters(ctx, port)?;
     c.requests += 1;
+    // A real request until the path says otherwise.
+    mark_probe(ctx, false);
     if path_at == 0 {
         return None;
     }
@@ -224,6 +245,7 @@ fn try_ingress(ctx: &SkBuffContext) -> Option<()> {
     let next: u8 = ctx.load(from + len).ok()?;
     if next == b' ' || next == b'?' {
         c.probe_requests += 1;
+        mark_probe(ctx, true);
     }
     Some(())
 }

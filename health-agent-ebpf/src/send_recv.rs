@@ -79,7 +79,11 @@ fn try_io(ctx: &RawTracePointContext, send: bool) -> Option<()> {
             conn.exchange_ns = 0;
             c.exchanges_out += 1;
             c.exchange_us += us;
-            record_latency(conn.slot, us)?;
+            // The probe path's answers (marked by the answer programs, which see the request
+            // line) are no real traffic: their latency stays out, as their status does.
+            if conn.probe == 0 {
+                record_latency(conn.slot, us)?;
+            }
         }
     } else if ret > 0 {
         c.received += 1;

@@ -172,7 +172,7 @@ pub fn adopt(off: &TracepointOffsets, sk: u64, port: u16) -> Option<&'static mut
             first_request_ns: now,
             first_response_ns: now,
             slot,
-            _pad: 0,
+            probe: 0,
             exchange_ns: 0,
         },
     );

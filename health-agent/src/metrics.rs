@@ -6,6 +6,7 @@
 
 mod agent;
 mod format;
+mod latency;
 mod process;
 mod responses;
 
@@ -360,6 +361,7 @@ fn web_figures(o: &mut Out, w: &crate::checks::web::WebReport) {
                     .collect(),
             );
         }
+        latency::histogram(o, &f.latency_total);
     }
     responses::responses_total(o, w);
     if let Some(a) = w.answers.as_ref().filter(|a| a.status_visible) {
@@ -633,6 +635,40 @@ mod tests {
             .filter(|v| v.split_once('.').is_some_and(|(_, d)| d.len() > 5))
             .collect::<Vec<_>>();
         assert!(noisy.is_empty(), "long decimals {noisy:?} in:\n{text}");
+    }
+
+    #[test]
+    fn latency_is_a_prometheus_histogram_from_1_ms_to_60_s() {
+        use health_common::latency_bucket;
+        let mut h = health_common::LatencyHist::default();
+        h.buckets[latency_bucket(800)] += 90; // 0.8 ms
+        h.buckets[latency_bucket(40_000)] += 9; // 40 ms
+        h.buckets[latency_bucket(90_000_000)] += 1; // 90 s
+        let mut o = Out {
+            reg: Registry::with_prefix("health_agent"),
+        };
+        latency::histogram(&mut o, &h);
+        let mut text = String::new();
+        encode_registry(&mut text, &o.reg).unwrap();
+        for line in [
+            "# TYPE health_agent_web_latency_seconds histogram\n",
+            "health_agent_web_latency_seconds_count 100\n",
+            "health_agent_web_latency_seconds_bucket{le=\"0.001\"} 90\n",
+            "health_agent_web_latency_seconds_bucket{le=\"0.02\"} 90\n",
+            "health_agent_web_latency_seconds_bucket{le=\"0.05\"} 99\n",
+            "health_agent_web_latency_seconds_bucket{le=\"60.0\"} 99\n",
+            "health_agent_web_latency_seconds_bucket{le=\"+Inf\"} 100\n",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in:\n{text}");
+        }
+        let sum: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("health_agent_web_latency_seconds_sum "))
+            .and_then(|v| v.parse().ok())
+            .expect("a sum");
+        // The buckets' midpoints: within a sixth of the real 90 × 0.8 ms + 9 × 40 ms + 90 s.
+        let real = 90.0 * 0.0008 + 9.0 * 0.04 + 90.0;
+        assert!((sum - real).abs() / real < 0.17, "{sum} vs {real}");
     }
 
     #[test]

@@ -282,8 +282,10 @@ pub struct ConnState {
     pub first_response_ns: u64,
     /// Counter slot of the listen port.
     pub slot: u32,
-    /// Keeps the value free of padding holes (`aya::Pod`).
-    pub _pad: u32,
+    /// 1 while the latest request seen arriving is for the probe path (the agent's own
+    /// probe, a balancer's checks): its answer's latency stays out of the histogram, as its
+    /// answer stays out of the real ones. Set by the answer programs, which see the bytes.
+    pub probe: u32,
     /// While a request has been read and its answer has not begun (an exchange is open):
     /// when that request's first byte was read (`bpf_ktime_get_ns`, never 0); else 0.
     pub exchange_ns: u64,

@@ -380,7 +380,8 @@ impl Puma {
              \x20 sleep 0.05; i=$((i + 1))\n\
              done\n\
              cd '{dir}' || exit 1\n\
-             HA_TEST_SLOW_SECONDS='{slow}' HA_TEST_DB_URL='{db}' HA_TEST_UP_USES_DB='{up_db}' HA_TEST_ERROR_FILE='{err}' \\\n\
+             HA_TEST_SLOW_SECONDS='{slow}' HA_TEST_IO_SECONDS='{io}' HA_TEST_CPU_SECONDS='{cpu}' \\\n\
+             \x20 HA_TEST_DB_URL='{db}' HA_TEST_UP_USES_DB='{up_db}' HA_TEST_ERROR_FILE='{err}' \\\n\
              \x20 setsid puma -b tcp://{addr} -t {t}:{t} -w 0 -e production config.ru \\\n\
              \x20 </dev/null >>'{log}' 2>&1 &\n\
              echo $! > '{current}'\n\
@@ -389,6 +390,8 @@ impl Puma {
             current = current.display(),
             dir = dir.display(),
             slow = o.slow_seconds,
+            io = o.io_seconds,
+            cpu = o.cpu_seconds,
             db = o.db_url.as_deref().unwrap_or(""),
             up_db = if o.up_uses_db { "1" } else { "0" },
             err = o.error_file.as_deref().unwrap_or(Path::new("")).display(),

@@ -186,6 +186,17 @@ fn the_figures_from_the_counting_windows_agree_with_a_known_load() {
                 && metrics.contains("health_agent_web_figures_windows{basis=\"windows\"}"),
             "{metrics}"
         );
+        // The histogram counts every answer the windows counted since the start: at least
+        // those of the latest window.
+        let counted = gauge(&metrics, "health_agent_web_latency_seconds_count");
+        let in_window = f["latency"]["samples"].as_f64();
+        assert!(
+            metrics.contains("# TYPE health_agent_web_latency_seconds histogram")
+                && counted
+                    .zip(in_window)
+                    .is_some_and(|(c, w)| c >= w && w > 0.0),
+            "histogram count {counted:?} against {in_window:?} in the window: {metrics}"
+        );
         assert!(
             !metrics.contains("health_agent_web_connections_established_total"),
             "counters that restart at each attach are not exported: {metrics}"

@@ -402,7 +402,7 @@ impl Event {
             .faults
             .iter()
             .map(|f| match f {
-                Fault::Web(_) | Fault::NeverServed => "web",
+                Fault::Web(_) | Fault::NeverServed | Fault::SlowVsPeers => "web",
                 Fault::Dependency => "database",
                 Fault::DiskFull => "disk",
                 Fault::Containers => "containers",

@@ -130,6 +130,8 @@ const RATIOS: &[RatioBound] = &[
      "0 never scales down; above 5 scales down an overloaded instance"),
     ("web.error_share", |c| c.web.error_share, 0.01, 1.0,
      "a share of real answers that are 5xx: near 0 takes a box out for one error, 1 only when every answer fails"),
+    ("web.slow_vs_peers", |c| c.web.slow_vs_peers, 1.5, 100.0,
+     "a ratio of medians: below 1.5 the ordinary spread of a fleet takes boxes out; above 100 never"),
 ];
 
 /// (key, value): percentages, 0 to 100.

@@ -227,6 +227,8 @@ pub struct WebConfig {
     pub error_share: f64,
     /// Fewer real answers than this in the window judge nothing: the share is only shown.
     pub error_min_answers: u32,
+    /// With `[fleet]`: slow against its peers at this ratio of medians (`fleet::latency`).
+    pub slow_vs_peers: f64,
 }
 
 impl Default for WebConfig {
@@ -255,6 +257,7 @@ impl Default for WebConfig {
             errors_window: Duration::from_secs(10),
             error_share: 0.5,
             error_min_answers: 10,
+            slow_vs_peers: 3.0,
         }
     }
 }

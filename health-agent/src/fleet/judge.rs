@@ -17,6 +17,24 @@ pub struct Judge {
     confirm_within: Duration,
 }
 
+const MIN_CONFIRM_WITHIN: Duration = Duration::from_secs(5);
+
+/// How long a fault waits for fresh word from peers whose latest evidence predates it
+/// (`fleet.confirm_within`; by default, time for a peer with the same fault to see it too —
+/// its probe's cadence and timeout — and answer).
+fn confirm_within(cfg: &crate::config::Config) -> Duration {
+    if !cfg.fleet.confirm_within.is_zero() {
+        return cfg.fleet.confirm_within;
+    }
+    let seen = cfg
+        .checks
+        .interval
+        .saturating_mul(2)
+        .saturating_add(cfg.web.probe_timeout)
+        .saturating_add(cfg.fleet.timeout);
+    seen.max(MIN_CONFIRM_WITHIN)
+}
+
 /// However short `fleet.interval`, peers that predate `fine_ms` get this long to notice a
 /// fault of their own before this instance calls the fault its own.
 const MIN_SETTLE: Duration = Duration::from_secs(5);
@@ -78,6 +96,12 @@ struct Tally<'a> {
 }
 
 impl Judge {
+    /// The judge the configuration sets up (`fleet.interval`, `fleet.timeout`,
+    /// `fleet.confirm_within`).
+    pub fn of_config(cfg: &crate::config::Config) -> Self {
+        Self::new(cfg.fleet.interval, cfg.fleet.timeout, confirm_within(cfg))
+    }
+
     pub fn new(interval: Duration, timeout: Duration, confirm_within: Duration) -> Self {
         Self {
             onset: HashMap::new(),
@@ -85,6 +109,13 @@ impl Judge {
             max_age: interval.saturating_add(timeout).saturating_mul(3),
             confirm_within,
         }
+    }
+
+    /// Whether `round` is recent enough to be evidence at `now`.
+    pub fn fresh(&self, round: &Round, now: Instant) -> bool {
+        round
+            .started
+            .is_some_and(|t| now.saturating_duration_since(t) <= self.max_age)
     }
 
     pub fn judge(

@@ -12,6 +12,7 @@
 
 pub mod asg;
 pub mod exchange;
+pub mod latency;
 
 use std::{
     collections::HashMap,
@@ -211,6 +212,10 @@ pub struct PeerView {
     /// The fleet-wide incidents it holds open.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub alerts: Vec<AlertClaim>,
+    /// Its answer latency over its `web.latency_window`, and whether it is out for slowness
+    /// against its peers (`latency`). None from agents that predate it, or without figures.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub latency: Option<latency::PeerLatency>,
 }
 
 /// A peer's real answers over its window, as its view carries them.
@@ -307,6 +312,7 @@ impl Default for PeerView {
             fine_ms: None,
             answers: None,
             alerts: Vec::new(),
+            latency: None,
         }
     }
 }
@@ -342,6 +348,7 @@ impl PeerView {
                 share_5xx: a.share_5xx,
             }),
             alerts: Vec::new(),
+            latency: None,
         }
     }
 
@@ -420,6 +427,16 @@ pub struct FleetReport {
     pub asking: Vec<FaultClass>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// This instance's answer latency as its peers see it (`PeerView::latency`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub latency: Option<latency::PeerLatency>,
+    /// The answering peers' latency figures, by address.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub peers_latency: std::collections::BTreeMap<String, latency::PeerLatency>,
+    /// The comparison of this instance's latency with the peers': slow against them (its
+    /// latency, theirs, the ratio), alike, or why not compared.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub latency_comparison: Option<String>,
     /// What each peer that answered the latest round said of the fleet-wide incidents, for the
     /// alerts (not shown).
     #[serde(skip)]

@@ -34,6 +34,9 @@ pub struct WebSigns {
     /// agent's probe: those counted after a restart returned judge it, whether or not the
     /// processes changed (a restart command that does nothing leaves the same ones).
     pub answered: Option<[u64; 6]>,
+    /// Slow against its peers, judged this round on the answers that began after this
+    /// instant (a restart's return; `fleet::latency`).
+    pub slow_judged_after: Option<std::time::Instant>,
 }
 
 impl WebSigns {
@@ -49,7 +52,14 @@ impl WebSigns {
                 .map(|c| c.answered.saturating_add(c.sent)),
             erroring_since: None,
             answered: None,
+            slow_judged_after: None,
         }
+    }
+
+    /// With the peers' latency comparison (see `slow_judged_after`).
+    pub fn with_slow(mut self, judged_after: Option<std::time::Instant>) -> Self {
+        self.slow_judged_after = judged_after;
+        self
     }
 
     /// With the answers' evidence (see `erroring_since`).
@@ -89,6 +99,50 @@ pub fn answers_after_return(
             ratio * 100.0
         ))
     })
+}
+
+/// Erroring after a restart that started at `started`: failed once the real answers counted
+/// since it returned are mostly 5xx (`answers_after_return`, with `min_share`: the minimum
+/// number and the share), or a window started over by new processes judges erroring again;
+/// until then, waiting for them.
+pub fn errors_after_return(
+    answered_at_return: Option<[u64; 6]>,
+    signs: &WebSigns,
+    started: std::time::Instant,
+    since_return: Duration,
+    (min, share): (u32, f64),
+    reason: &str,
+) -> Judgement {
+    let counted =
+        answers_after_return(answered_at_return, signs.answered, since_return, min, share);
+    if let Some(failed) = counted {
+        return failed;
+    }
+    if signs.erroring_since.is_some_and(|t| t >= started) {
+        return Judgement::Failed(format!(
+            "the answers since the restart are still mostly 5xx ({reason})"
+        ));
+    }
+    Judgement::UnderWay("waiting for enough answers after the restart to judge it".into())
+}
+
+/// Slow against its peers after a restart that returned at `returned`: failed once the
+/// comparison is made on answers that all began after it and still says slow (`reason`);
+/// until then, waiting for them.
+pub fn slow_after_return(
+    signs: &WebSigns,
+    returned: std::time::Instant,
+    since_return: Duration,
+    reason: &str,
+) -> Judgement {
+    if signs.slow_judged_after.is_some_and(|t| t >= returned) {
+        Judgement::Failed(format!(
+            "the restart returned {} ago and the answers since are still {reason}",
+            secs(since_return)
+        ))
+    } else {
+        Judgement::UnderWay("waiting for enough answers after the restart to judge it".into())
+    }
 }
 
 /// What the fresh evidence says about an attempt whose action has returned and whose fault
@@ -214,6 +268,7 @@ mod tests {
             progress,
             erroring_since: None,
             answered: None,
+            slow_judged_after: None,
         }
     }
 

@@ -221,6 +221,8 @@ pub struct Healer {
     signs: WebSigns,
     log: HealLog,
     worker: worker::WorkerHeal,
+    /// When the latest restart action returned: the peers' comparison judges answers after it.
+    last_return: Option<Instant>,
 }
 
 impl Healer {
@@ -241,7 +243,13 @@ impl Healer {
             signs: WebSigns::default(),
             log,
             worker: worker::WorkerHeal::default(),
+            last_return: None,
         }
+    }
+
+    /// When the latest restart action returned (see `last_return`).
+    pub fn last_return(&self) -> Option<Instant> {
+        self.last_return
     }
 
     /// A restart is running or being judged, or the current incident already failed.
@@ -261,10 +269,10 @@ impl Healer {
     /// What a restart would do for `fault`, if anything can.
     fn action_for(&self, fault: Fault, faulty_containers: &[String]) -> Option<Action> {
         match fault {
-            Fault::Web(_) if !self.web.container.is_empty() && self.docker.is_some() => {
+            f if f.restarts_web() && !self.web.container.is_empty() && self.docker.is_some() => {
                 Some(Action::RestartContainer(self.web.container.clone()))
             }
-            Fault::Web(_) if !self.web.restart_command.is_empty() => {
+            f if f.restarts_web() && !self.web.restart_command.is_empty() => {
                 Some(Action::Command(self.web.restart_command.clone()))
             }
             Fault::Containers if self.docker.is_some() => faulty_containers
@@ -337,6 +345,7 @@ impl Healer {
                         a.outcome = HealOutcome::Waiting;
                         a.output = (!output.is_empty()).then_some(output);
                     });
+                    self.last_return = Some(now);
                     self.state = State::Judging {
                         at_return: self.signs.progress,
                         answered_at_return: self.signs.answered,
@@ -372,43 +381,34 @@ impl Healer {
             return self.try_start(fault, decision, faulty_containers, now);
         }
         let since_return = now.saturating_duration_since(*returned);
-        if since_return < judge::SETTLE || !attempt.web || !matches!(fault, Fault::Web(_)) {
+        if since_return < judge::SETTLE || !attempt.web {
             return HealPhase::Recovering;
         }
-        if fault == Fault::Web(WebVerdict::Erroring) {
-            // Judged by the answers after the restart, and only by them: those counted since it
-            // returned (the same processes or new ones), or a window started over by new
-            // processes that judges erroring again.
-            if let Some(judge::Judgement::Failed(why)) = judge::answers_after_return(
+        let reason = decision.reasons.first().map_or("", String::as_str);
+        // Erroring and slow against the peers are judged by the answers after the restart, and
+        // only by them; a hang by the signs of the processes (`judge`).
+        let judged = match fault {
+            Fault::SlowVsPeers => {
+                judge::slow_after_return(&self.signs, *returned, since_return, reason)
+            }
+            Fault::Web(WebVerdict::Erroring) => judge::errors_after_return(
                 *answered_at_return,
-                self.signs.answered,
+                &self.signs,
+                started,
                 since_return,
-                self.web.error_min_answers,
-                self.web.error_share,
-            ) {
-                self.fail(HealError::DidNotTake(why), started, now);
-                return self.try_start(fault, decision, faulty_containers, now);
-            }
-            if self.signs.erroring_since.is_some_and(|t| t >= started) {
-                let why = format!(
-                    "the answers since the restart are still mostly 5xx ({})",
-                    decision.reasons.first().map_or("", String::as_str)
-                );
-                self.fail(HealError::DidNotTake(why), started, now);
-                return self.try_start(fault, decision, faulty_containers, now);
-            }
-            self.update_last(|a| {
-                a.why = Some("waiting for enough answers after the restart to judge it".into())
-            });
-            return HealPhase::Recovering;
-        }
-        match judge::judge(
-            &attempt.before,
-            &self.signs,
-            *at_return,
-            since_return,
-            self.web.hung_after,
-        ) {
+                (self.web.error_min_answers, self.web.error_share),
+                reason,
+            ),
+            Fault::Web(_) => judge::judge(
+                &attempt.before,
+                &self.signs,
+                *at_return,
+                since_return,
+                self.web.hung_after,
+            ),
+            _ => return HealPhase::Recovering,
+        };
+        match judged {
             judge::Judgement::UnderWay(why) => {
                 self.update_last(|a| a.why = Some(why));
                 HealPhase::Recovering
@@ -475,9 +475,9 @@ impl Healer {
         let Some(action) = self.action_for(fault, faulty_containers) else {
             return self.phase();
         };
-        if fault == Fault::Web(WebVerdict::Erroring) && self.incident_failed {
-            // One restart per incident: errors a restart did not fix are the code's or a
-            // dependency's, and more restarts only drop the requests in flight.
+        if fault.one_restart() && self.incident_failed {
+            // One restart per incident: errors or slowness a restart did not fix are the code's,
+            // a dependency's or the box's, and more restarts only drop the requests in flight.
             self.state = State::Failed;
             return HealPhase::Exhausted;
         }
@@ -502,7 +502,7 @@ impl Healer {
         let timeout = self.cfg.timeout;
         let attempt = Attempt {
             started: now,
-            web: matches!(fault, Fault::Web(_)),
+            web: fault.restarts_web(),
             before: self.signs.clone(),
         };
         self.incident_started.get_or_insert(now);
@@ -677,6 +677,7 @@ mod tests {
             progress: Some(progress),
             erroring_since: None,
             answered: None,
+            slow_judged_after: None,
         }
     }
 
@@ -758,6 +759,52 @@ mod tests {
         assert_eq!(h.step(&fine(), &[], Instant::now()), HealPhase::Idle);
         assert_eq!(h.step(&hung(), &[], Instant::now()), HealPhase::Exhausted);
         assert_eq!(h.log().total_attempts, 3);
+    }
+
+    fn slow_vs_peers() -> Decision {
+        evaluate(&PolicyInput {
+            web: WebVerdict::Up,
+            slow_vs_peers: Some(crate::policy::SlowVsPeers {
+                reason: "slow against its peers: 9.6×".into(),
+                capped: None,
+            }),
+            ..PolicyInput::default()
+        })
+    }
+
+    /// Slow against its peers: one restart, judged on the latency of the answers that began
+    /// after it returned — failed as soon as the comparison on them says slow again, not at
+    /// `heal.timeout`; while too few have come, `recovering`. Then 503, no second restart.
+    #[tokio::test]
+    async fn a_futile_restart_of_a_box_slow_against_its_peers_fails_on_fresh_latency() {
+        let mut h = healer("true", 3);
+        h.cfg.timeout = Duration::from_secs(30);
+        let d = slow_vs_peers();
+        let signs = WebSigns {
+            verdict: Some(WebVerdict::Up),
+            listening: true,
+            pids: vec![4242],
+            ..WebSigns::default()
+        };
+        // The judgement that started the restart rests on answers from before it.
+        h.see(signs.clone().with_slow(None));
+        assert_eq!(h.step(&d, &[], Instant::now()), HealPhase::Recovering);
+        assert_eq!(settle(&mut h, &d).await, HealPhase::Recovering);
+        let returned = h.last_return().expect("the restart returned");
+        // Too few answers since: held, recovering, whatever the time.
+        tokio::time::sleep(judge::SETTLE).await;
+        h.see(signs.clone().with_slow(None));
+        assert_eq!(h.step(&d, &[], Instant::now()), HealPhase::Recovering);
+        // Answers after the return judge it slow again: failed at once, then 503.
+        h.see(signs.clone().with_slow(Some(returned)));
+        assert_eq!(h.step(&d, &[], Instant::now()), HealPhase::Exhausted);
+        let log = h.log();
+        assert_eq!((log.total_attempts, log.total_failed), (1, 1), "{log:?}");
+        let why = log.attempts[0].why.clone().unwrap_or_default();
+        assert!(why.contains("answers since are still"), "{why}");
+        h.see(signs.with_slow(Some(returned)));
+        assert_eq!(h.step(&d, &[], Instant::now()), HealPhase::Exhausted);
+        assert_eq!(h.log().total_attempts, 1);
     }
 
     fn erroring() -> Decision {
@@ -865,6 +912,7 @@ mod tests {
             progress: Some(17),
             erroring_since: None,
             answered: None,
+            slow_judged_after: None,
         };
         let phases = drive(
             &mut h,

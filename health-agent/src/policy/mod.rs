@@ -44,6 +44,8 @@ pub enum Fault {
     /// A dependency (the database) that only this instance cannot reach, while most peers
     /// do. A restart of the web backend does not change the path to it.
     Dependency,
+    /// Its answers several times slower than its peers' (`fleet::latency`).
+    SlowVsPeers,
 }
 
 impl Fault {
@@ -51,8 +53,29 @@ impl Fault {
     /// restarted into `recovering` (a 200 would put an instance that never worked into
     /// rotation).
     pub fn healable(self) -> bool {
-        matches!(self, Self::Web(_) | Self::Containers)
+        matches!(self, Self::Web(_) | Self::Containers | Self::SlowVsPeers)
     }
+
+    /// Whether a restart of the web backend is what self-healing does for it.
+    pub fn restarts_web(self) -> bool {
+        matches!(self, Self::Web(_) | Self::SlowVsPeers)
+    }
+
+    /// Whether one restart per incident is all it gets: errors or slowness a restart did not
+    /// fix are not a restart's to fix.
+    pub fn one_restart(self) -> bool {
+        matches!(self, Self::Web(WebVerdict::Erroring) | Self::SlowVsPeers)
+    }
+}
+
+/// This instance's answers several times slower than its peers' (`fleet::latency`): its own
+/// fault, never capacity.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlowVsPeers {
+    /// Its latency, the peers', the ratio.
+    pub reason: String,
+    /// Why it may not go out now (at most a third of the fleet at once): 200 `degraded`.
+    pub capped: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -101,6 +124,8 @@ pub struct PolicyInput {
     /// Why the database check is misconfigured, with the key to change (redacted: the
     /// database report's words); `None` when it is not, or when nothing says why.
     pub database_reason: Option<String>,
+    /// Slow against its peers (None: not, or no peers to compare).
+    pub slow_vs_peers: Option<SlowVsPeers>,
 }
 
 impl Default for PolicyInput {
@@ -126,6 +151,7 @@ impl Default for PolicyInput {
             up_at: 0.8,
             down_at: 0.3,
             database_reason: None,
+            slow_vs_peers: None,
         }
     }
 }
@@ -163,6 +189,7 @@ pub struct RoundFacts {
     pub boot_status: u16,
     pub fleet: Vec<Judgement>,
     pub fleet_asking: Vec<FaultClass>,
+    pub slow_vs_peers: Option<SlowVsPeers>,
     pub saturation: Option<f64>,
     pub up_at: f64,
     pub down_at: f64,
@@ -179,6 +206,7 @@ impl PolicyInput {
             boot_status,
             fleet,
             fleet_asking,
+            slow_vs_peers,
             saturation,
             up_at,
             down_at,
@@ -189,6 +217,7 @@ impl PolicyInput {
             boot_status,
             fleet,
             fleet_asking,
+            slow_vs_peers,
             saturation,
             up_at,
             down_at,

@@ -148,6 +148,26 @@ impl<'a> Findings<'a> {
             self.erroring();
         } else if i.web.is_fault() {
             self.web_down();
+        } else if let Some(s) = &i.slow_vs_peers {
+            self.slow_vs_peers(s);
+        }
+    }
+
+    /// Several times slower than its peers: this instance's own fault (a noisy neighbour, CPU
+    /// credits spent, a degraded volume), a restart first, then out of rotation — unless a
+    /// third of the fleet is out for it already. Never capacity: more instances leave this
+    /// one as slow.
+    fn slow_vs_peers(&mut self, s: &super::SlowVsPeers) {
+        match &s.capped {
+            None => {
+                self.faults.push(Fault::SlowVsPeers);
+                self.reasons.push(format!("web backend {}", s.reason));
+            }
+            Some(why) => {
+                self.held = true;
+                self.reasons
+                    .push(format!("web backend {}; {why}", s.reason));
+            }
         }
     }
 
@@ -401,6 +421,11 @@ impl<'a> Findings<'a> {
                 s * 100.0,
                 i.up_at * 100.0
             ));
+        }
+        if i.slow_vs_peers.is_some() {
+            // Slow against its peers is this instance's own (its saturation too: its answers
+            // take longer): more instances would leave it as slow.
+            self.scale_up = false;
         }
         if i.web == WebVerdict::PartialHang {
             // Half capacity that replacing one worker restores: neither a new instance nor

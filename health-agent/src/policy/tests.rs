@@ -1207,3 +1207,101 @@ fn erroring_is_503_only_when_the_peers_serve() {
     assert!(!local.erroring_alone);
     assert_eq!(crate::heal::applied(local, HealPhase::Exhausted).http, 503);
 }
+
+#[test]
+fn slow_against_its_peers_is_its_own_fault_never_capacity() {
+    let slow = |capped: Option<&str>| SlowVsPeers {
+        reason: "slow against its peers: answer latency median 48.0 ms over 300 answers, 9.6× \
+                 the peers' median 5.0 ms (…)"
+            .into(),
+        capped: capped.map(str::to_string),
+    };
+    // (case, web verdict, slow against its peers, heal phase, http, status, recommendation)
+    type Row<'a> = (
+        &'a str,
+        WebVerdict,
+        Option<SlowVsPeers>,
+        Option<HealPhase>,
+        u16,
+        Status,
+        Recommendation,
+    );
+    let rows: &[Row] = &[
+        (
+            "a restart first",
+            WebVerdict::Up,
+            Some(slow(None)),
+            Some(HealPhase::Recovering),
+            200,
+            Status::Recovering,
+            Recommendation::Stable,
+        ),
+        (
+            "then 503",
+            WebVerdict::Up,
+            Some(slow(None)),
+            Some(HealPhase::Exhausted),
+            503,
+            Status::Unhealthy,
+            Recommendation::Stable,
+        ),
+        (
+            "its own slow verdict asks no capacity",
+            WebVerdict::Slow,
+            Some(slow(None)),
+            Some(HealPhase::Exhausted),
+            503,
+            Status::Unhealthy,
+            Recommendation::Stable,
+        ),
+        (
+            "the cap holds it at 200, no scale_up",
+            WebVerdict::Slow,
+            Some(slow(Some("not taken out: at most 1 of the 3"))),
+            None,
+            200,
+            Status::Degraded,
+            Recommendation::Stable,
+        ),
+        (
+            "the whole fleet slow alike: capacity, as before",
+            WebVerdict::Slow,
+            None,
+            None,
+            200,
+            Status::Degraded,
+            Recommendation::ScaleUp,
+        ),
+    ];
+    for (case, web, s, phase, http, status, rec) in rows {
+        let mut i = input();
+        i.web = *web;
+        i.slow_vs_peers = s.clone();
+        i.saturation = Some(0.95);
+        let round = match phase {
+            Some(p) => healing(*p, i),
+            None => Round::from(i),
+        };
+        let d = round.decide();
+        assert_eq!(
+            (d.http, d.status, d.recommendation),
+            (*http, *status, *rec),
+            "{case}: {d:?}"
+        );
+        if s.is_some() {
+            assert!(
+                d.reasons
+                    .iter()
+                    .any(|r| r.contains("9.6×") && r.contains("5.0 ms")),
+                "{case}: the reason names the ratio: {:?}",
+                d.reasons
+            );
+        }
+    }
+    // A fault that outranks it (hung) is judged as before.
+    let mut i = input();
+    i.web = WebVerdict::Hung;
+    i.slow_vs_peers = Some(slow(None));
+    let d = evaluate(&i);
+    assert_eq!(d.faults, vec![Fault::Web(WebVerdict::Hung)]);
+}

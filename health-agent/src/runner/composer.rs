@@ -16,7 +16,7 @@ use crate::{
         disk, system::SystemMonitor, web::WebMonitor, ContainersReport, DatabaseReport, Report,
     },
     config::Config,
-    fleet::{classes_of, Judge, Witness},
+    fleet::{classes_of, latency, Judge, Witness},
     heal::{self, Healer},
     policy::{evaluate, FlapGuard, PolicyInput, RoundFacts},
     saturation::{assess, Context, HostLoad, Meter, SaturationReport},
@@ -38,6 +38,8 @@ pub(super) struct Composer {
     /// When the last full round ran.
     last_full: Instant,
     judge: Judge,
+    /// Slow against its peers, judged between rounds.
+    slow: latency::SlowTracker,
     /// Wakes the database check for a round now, off its own cadence.
     recheck_database: Arc<Notify>,
     last_recheck: Option<Instant>,
@@ -78,7 +80,8 @@ impl Composer {
         );
         Self {
             guard: FlapGuard::new(cfg.checks.fail_after, cfg.checks.recover_after),
-            judge: Judge::new(cfg.fleet.interval, cfg.fleet.timeout, confirm_within(&cfg)),
+            judge: Judge::of_config(&cfg),
+            slow: latency::SlowTracker::new(cfg.web.slow_vs_peers),
             cfg,
             started,
             web,
@@ -336,6 +339,7 @@ impl Composer {
         let in_grace = now.saturating_duration_since(self.started) < self.cfg.checks.boot_grace
             || (!served && warming_up);
         self.note_evidence(&report);
+        let mut slow_vs_peers = None;
         let fleet = self.slots.fleet.as_ref().map(|slot| {
             let own = classes_of(
                 report.web.verdict,
@@ -343,8 +347,14 @@ impl Composer {
                 report.containers.state,
             );
             let round = slot.borrow();
-            self.judge
-                .judge(&own, round.as_ref().map(|t| &t.value), now)
+            let round = round.as_ref().map(|t| &t.value);
+            let mut f = self.judge.judge(&own, round, now);
+            let answered = round.filter(|r| self.judge.fresh(r, now));
+            let since = self.healer.last_return();
+            slow_vs_peers = self
+                .slow
+                .round_of(&mut self.web, since, answered, &mut f, now);
+            f
         });
         self.ask_fleet_again(fleet.as_ref(), now);
         let saturation = self.saturation(&report, now);
@@ -360,6 +370,7 @@ impl Composer {
                     .map(|f| f.judgements.clone())
                     .unwrap_or_default(),
                 fleet_asking: fleet.as_ref().map(|f| f.asking.clone()).unwrap_or_default(),
+                slow_vs_peers,
                 saturation: saturation.ratio,
                 up_at: self.cfg.scaling.up_at,
                 down_at: self.cfg.scaling.down_at,
@@ -379,8 +390,11 @@ impl Composer {
             HealPhase::Idle
         } else {
             // Fresh evidence judges a restart that returned (did it take?).
-            self.healer
-                .see(heal::WebSigns::of(&report.web).with_answers(self.web.answers_window()));
+            self.healer.see(
+                heal::WebSigns::of(&report.web)
+                    .with_answers(self.web.answers_window())
+                    .with_slow(self.slow.judged_since().flatten()),
+            );
             let phase = self.healer.step(&raw, &report.containers.faulty, now);
             self.healer.replace_worker(&report.web, now);
             phase
@@ -573,25 +587,8 @@ fn latest_at<T>(slot: Option<&Slot<T>>) -> Option<Instant> {
     slot?.borrow().as_ref().map(|t| t.at)
 }
 
-/// How long a fault waits for fresh word from peers whose latest evidence predates it
-/// (`fleet.confirm_within`; by default, time for a peer with the same fault to see it too —
-/// its probe's cadence and timeout — and answer).
-fn confirm_within(cfg: &Config) -> Duration {
-    if !cfg.fleet.confirm_within.is_zero() {
-        return cfg.fleet.confirm_within;
-    }
-    let seen = cfg
-        .checks
-        .interval
-        .saturating_mul(2)
-        .saturating_add(cfg.web.probe_timeout)
-        .saturating_add(cfg.fleet.timeout);
-    seen.max(MIN_CONFIRM_WITHIN)
-}
-
 /// Why S is withheld while a fault most peers share holds.
 const SHARED_FAULT: &str = "a fault most peers share (a dependency)";
-const MIN_CONFIRM_WITHIN: Duration = Duration::from_secs(5);
 /// How often the peers are asked again while a fault waits for their word.
 const ASK_AGAIN: Duration = Duration::from_millis(250);
 const RECHECK_STUCK_EVERY: Duration = Duration::from_secs(1);

@@ -214,6 +214,7 @@ async fn fleet_view(
     let mut view =
         crate::fleet::PeerView::of(&snap.report, &app.witness.evidence(), &app.host, now);
     view.alerts = app.witness.alerts(now);
+    view.latency = snap.fleet.latency.clone();
     let mut r = axum::Json(view).into_response();
     age_header(&mut r, age);
     r.headers_mut()

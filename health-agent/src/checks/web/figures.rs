@@ -96,6 +96,9 @@ impl Mark {
 #[derive(Debug, Default)]
 pub struct Figures {
     spans: VecDeque<(Instant, Span)>,
+    /// Every span's latency since the agent started, restarts included: `/metrics`' histogram
+    /// (monotonic, as a Prometheus histogram must be).
+    total: LatencyHist,
 }
 
 /// The figures as `/health`'s details and `/metrics` show them.
@@ -126,6 +129,9 @@ pub struct FiguresReport {
     pub answers_per_second: Option<BTreeMap<&'static str, f64>>,
     /// Server latency (request read → first response byte) over the spans' requests.
     pub latency: Option<LatencySummary>,
+    /// Every span's latency histogram since the agent started (`/metrics`).
+    #[serde(skip)]
+    pub latency_total: LatencyHist,
     /// In words: whether traffic flows, or none was counted.
     pub traffic: String,
 }
@@ -134,6 +140,14 @@ impl Figures {
     /// Takes in one span that ended at `now`; forgets those older than the lookback.
     pub fn record(&mut self, now: Instant, span: Span, window: Duration) {
         if span.seconds > 0.0 {
+            for (sum, b) in self
+                .total
+                .buckets
+                .iter_mut()
+                .zip(span.latency.buckets.iter())
+            {
+                *sum += b;
+            }
             self.spans.push_back((now, span));
         }
         let keep = window.max(MIN_LOOKBACK);
@@ -149,6 +163,41 @@ impl Figures {
     /// Forgets every span (the backend was replaced: its figures are not the new one's).
     pub fn restart(&mut self) {
         self.spans.clear();
+    }
+
+    /// The latency of the latest answers, as the peers compare it: the newest spans, newest
+    /// first, until they hold `enough` answers — within the latest `window` and among the
+    /// spans that began at or after `since` (a restart's return) —, and the seconds those
+    /// spans counted. The newest span alone, under any traffic that matters (`"always"` cuts
+    /// one every FIGURES_EVERY; `"on_suspicion"` counts one window every 15 s), so a box
+    /// that turns slow is compared on its slow answers, not on a median of the minute before.
+    pub fn latency_since(
+        &self,
+        now: Instant,
+        window: Duration,
+        since: Option<Instant>,
+        enough: u64,
+    ) -> (LatencyHist, f64) {
+        let keep = window.max(MIN_LOOKBACK);
+        let mut hist = LatencyHist::default();
+        let (mut seconds, mut answers) = (0.0, 0);
+        for (end, s) in self.spans.iter().rev() {
+            let start = end.checked_sub(Duration::from_secs_f64(s.seconds));
+            let fresh = match (since, start) {
+                (None, _) => true,
+                (Some(t), Some(start)) => start >= t,
+                (Some(_), None) => false,
+            };
+            if answers >= enough || now.saturating_duration_since(*end) > keep || !fresh {
+                break;
+            }
+            seconds += s.seconds;
+            for (sum, b) in hist.buckets.iter_mut().zip(s.latency.buckets.iter()) {
+                *sum += b;
+                answers += b;
+            }
+        }
+        (hist, seconds)
     }
 
     pub fn report(&self, now: Instant, window: Duration, counted: bool) -> FiguresReport {
@@ -205,6 +254,7 @@ impl Figures {
             requests_per_second: rate(requests, seconds),
             answers_per_second,
             latency: (latency.samples > 0).then_some(latency),
+            latency_total: self.total,
             traffic,
         }
     }

@@ -15,6 +15,8 @@ pub struct LatencySummary {
     #[serde(serialize_with = "crate::text::shown::ms")]
     pub p50_ms: f64,
     #[serde(serialize_with = "crate::text::shown::ms")]
+    pub p90_ms: f64,
+    #[serde(serialize_with = "crate::text::shown::ms")]
     pub p95_ms: f64,
     #[serde(serialize_with = "crate::text::shown::ms")]
     pub p99_ms: f64,
@@ -82,6 +84,7 @@ pub fn percentiles(h: &LatencyHist) -> LatencySummary {
     LatencySummary {
         samples,
         p50_ms: at(0.50),
+        p90_ms: at(0.90),
         p95_ms: at(0.95),
         p99_ms: at(0.99),
     }

@@ -120,6 +120,7 @@ mod tests {
             requests_per_second: Some(rate_2xx),
             answers_per_second: Some(BTreeMap::from([("2xx", rate_2xx), ("5xx", 0.0)])),
             latency: None,
+            latency_total: Default::default(),
             traffic: String::new(),
         }
     }

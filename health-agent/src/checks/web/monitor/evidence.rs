@@ -273,6 +273,28 @@ impl WebMonitor {
         }
     }
 
+    /// The latest answers' latency, as the peers compare it (`Figures::latency_since`: the
+    /// newest spans holding `enough` answers, begun at or after `since`, a restart's return):
+    /// its percentiles, the seconds counted, and the basis (`counted` or `windows`). None
+    /// below the `full` tier.
+    pub fn latency_since(
+        &self,
+        now: Instant,
+        since: Option<Instant>,
+        enough: u64,
+    ) -> Option<(crate::checks::web::LatencySummary, f64, &'static str)> {
+        self.figures(now)?;
+        let (hist, seconds) =
+            self.figures
+                .latency_since(now, self.cfg.latency_window, since, enough);
+        let basis = if self.cfg.socket_tracing == SocketTracing::Always {
+            "counted"
+        } else {
+            "windows"
+        };
+        Some((crate::checks::web::percentiles(&hist), seconds, basis))
+    }
+
     /// The figures over `web.latency_window` (None below the `full` tier: no programs count
     /// requests there).
     pub(super) fn figures(&self, now: Instant) -> Option<FiguresReport> {

@@ -313,6 +313,7 @@ fn saturated_but_accepting_is_never_hung() {
             latency: LatencySummary {
                 samples: 1000,
                 p50_ms: 1500.0,
+                p90_ms: 1900.0,
                 p95_ms: 2000.0,
                 p99_ms: 2500.0,
             },

@@ -1,0 +1,201 @@
+use super::*;
+
+fn lat(p50: f64, answers: u64) -> PeerLatency {
+    PeerLatency {
+        p50_ms: p50,
+        p90_ms: p50 * 2.0,
+        answers,
+        window_seconds: 60.0,
+        basis: "counted".into(),
+        ..PeerLatency::default()
+    }
+}
+
+fn peers(list: &[(f64, u64)]) -> Vec<(String, PeerLatency)> {
+    list.iter()
+        .enumerate()
+        .map(|(i, (p50, n))| (format!("10.0.0.{i}:8080"), lat(*p50, *n)))
+        .collect()
+}
+
+#[test]
+fn the_comparison_rule() {
+    // (case, own (median, answers), peers' (median, answers), outcome)
+    type Case<'a> = (&'a str, (f64, u64), &'a [(f64, u64)], &'a str);
+    let cases: &[Case] = &[
+        (
+            "one box 10x its peers",
+            (50.0, 200),
+            &[(5.0, 200), (5.0, 150)],
+            "slow",
+        ),
+        (
+            "exactly 3x, gap 10 ms",
+            (15.0, 200),
+            &[(5.0, 200), (5.0, 200)],
+            "slow",
+        ),
+        (
+            "mild 1.5x is nothing",
+            (7.5, 200),
+            &[(5.0, 200), (5.0, 200)],
+            "alike",
+        ),
+        (
+            "2.9x is nothing",
+            (29.0, 200),
+            &[(10.0, 200), (10.0, 200)],
+            "alike",
+        ),
+        (
+            "3x of sub-millisecond answers is noise",
+            (3.0, 200),
+            &[(1.0, 200), (1.0, 200)],
+            "alike",
+        ),
+        (
+            "the whole fleet slow alike",
+            (500.0, 200),
+            &[(450.0, 200), (520.0, 200)],
+            "alike",
+        ),
+        (
+            "too few answers here",
+            (50.0, 9),
+            &[(5.0, 200), (5.0, 200)],
+            "few here",
+        ),
+        ("one peer answering", (50.0, 200), &[(5.0, 200)], "no peers"),
+        (
+            "a peer with too few answers does not count",
+            (50.0, 200),
+            &[(5.0, 200), (5.0, 3)],
+            "no peers",
+        ),
+        (
+            "the peers' median, not their mean: one slow peer",
+            (60.0, 200),
+            &[(5.0, 200), (6.0, 200), (400.0, 200)],
+            "slow",
+        ),
+        (
+            "a low-volume box (sticky sessions) compares per answer",
+            (40.0, 12),
+            &[(5.0, 5000), (5.0, 4000)],
+            "slow",
+        ),
+    ];
+    for (what, own, list, want) in cases {
+        let got = compare(&lat(own.0, own.1), &peers(list), 3.0);
+        let got = match &got {
+            Comparison::Slow(_) => "slow",
+            Comparison::Alike(_) => "alike",
+            Comparison::TooFewHere(_) => "few here",
+            Comparison::NoPeers(_) => "no peers",
+        };
+        assert_eq!(got, *want, "{what}");
+    }
+}
+
+#[test]
+fn the_reason_names_both_latencies_and_the_ratio() {
+    let Comparison::Slow(c) = compare(&lat(48.0, 300), &peers(&[(4.0, 200), (6.0, 200)]), 3.0)
+    else {
+        panic!("not slow")
+    };
+    assert_eq!(c.peers_p50_ms, 5.0);
+    assert!((c.ratio - 9.6).abs() < 1e-9, "{c:?}");
+    let r = c.describe();
+    for part in [
+        "48.0 ms",
+        "300 answers",
+        "9.6×",
+        "5.0 ms",
+        "10.0.0.1:8080 median 6.0 ms",
+    ] {
+        assert!(r.contains(part), "{part} in {r}");
+    }
+}
+
+fn flags(slow: bool, out: bool) -> Option<PeerLatency> {
+    Some(PeerLatency {
+        slow_vs_peers: slow,
+        out_slow: out,
+        ..PeerLatency::default()
+    })
+}
+
+#[test]
+fn the_cap_is_a_third_of_the_fleet_rounded_down_at_least_one() {
+    let want = [(1, 1), (2, 1), (3, 1), (5, 1), (6, 2), (9, 3), (10, 3)];
+    for (fleet, n) in want {
+        assert_eq!(cap(fleet), n, "fleet of {fleet}");
+    }
+}
+
+#[test]
+fn at_most_the_cap_goes_out_and_the_lowest_id_wins_a_tie() {
+    let p = |list: &[(&str, Option<PeerLatency>)]| -> Vec<(String, Option<PeerLatency>)> {
+        list.iter()
+            .map(|(i, l)| (i.to_string(), l.clone()))
+            .collect()
+    };
+    // Three instances, one slow: it goes out.
+    assert!(may_go_out("b", false, &p(&[("a", flags(false, false)), ("c", None)])).is_ok());
+    // Two slow at once in three: the lower id goes, the other waits.
+    let two = p(&[("a", flags(true, false)), ("c", flags(false, false))]);
+    assert!(may_go_out("b", false, &two).is_err());
+    let two = p(&[("b", flags(true, false)), ("c", flags(false, false))]);
+    assert!(may_go_out("a", false, &two).is_ok());
+    // One is out already: a lower id that finds itself slow later waits.
+    let held = p(&[("z", flags(true, true)), ("c", flags(false, false))]);
+    let why = may_go_out("a", false, &held).unwrap_err();
+    assert!(why.contains("at most 1 of the 3"), "{why}");
+    // … and the one out stays out.
+    let stays = p(&[("a", flags(true, false)), ("c", flags(false, false))]);
+    assert!(may_go_out("z", true, &stays).is_ok());
+    // Six instances: two may be out.
+    let six = p(&[
+        ("a", flags(true, true)),
+        ("b", flags(false, false)),
+        ("c", flags(false, false)),
+        ("d", flags(false, false)),
+        ("e", flags(false, false)),
+    ]);
+    assert!(may_go_out("f", false, &six).is_ok());
+    let six_full = p(&[
+        ("a", flags(true, true)),
+        ("b", flags(true, true)),
+        ("c", flags(false, false)),
+        ("d", flags(false, false)),
+        ("e", flags(false, false)),
+    ]);
+    assert!(may_go_out("f", false, &six_full).is_err());
+    // More out than the cap (two went out in the same round): the lowest id stays.
+    let raced = p(&[("a", flags(true, true)), ("c", flags(false, false))]);
+    assert!(may_go_out("b", true, &raced).is_err());
+}
+
+#[test]
+fn the_judgement_holds_until_answers_after_a_restart_make_one() {
+    let t0 = Instant::now();
+    let slow = compare(&lat(50.0, 200), &peers(&[(5.0, 200), (5.0, 200)]), 3.0);
+    let few = compare(&lat(50.0, 3), &peers(&[(5.0, 200), (5.0, 200)]), 3.0);
+    let fine = compare(&lat(5.0, 200), &peers(&[(5.0, 200), (5.0, 200)]), 3.0);
+    let mut t = SlowTracker::default();
+    assert!(t.observe(&slow, None).is_some());
+    assert_eq!(t.judged_since(), Some(None));
+    // A restart returned at t0: three answers since, too few: held, not judged afresh.
+    assert!(t.observe(&few, Some(t0)).is_some());
+    assert_eq!(t.judged_since(), None);
+    // Enough answers since it, still slow: judged on them.
+    assert!(t.observe(&slow, Some(t0)).is_some());
+    assert_eq!(t.judged_since(), Some(Some(t0)));
+    // Fine: gone.
+    assert!(t.observe(&fine, Some(t0)).is_none());
+    assert_eq!(t.judged_since(), None);
+    // No peers to compare: judged alone, as without [fleet].
+    assert!(t.observe(&slow, None).is_some());
+    let alone = compare(&lat(50.0, 200), &peers(&[(5.0, 200)]), 3.0);
+    assert!(t.observe(&alone, None).is_none());
+}
