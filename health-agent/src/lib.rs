@@ -21,8 +21,8 @@
 //! - `net`: listen sockets and connections without eBPF (sock_diag, /proc);
 //! - `suspicious`: miner and /tmp-executable detection for incident reports;
 //! - `checks`: one module per check (`web`, `database`, `containers`, `disk`, `system`,
-//!   `probe`); the web check's `monitor` samples (`steer`: which programs run and when sock_diag
-//!   reads; `look`: the processes; `evidence`: the kernel's counts) then judges (`evaluate`,
+//!   `probe`); the web check's `monitor` loads the kernel view (`load`: the tier), samples
+//!   (`steer`: which programs run and when sock_diag reads; `look`: the processes; `evidence`: the kernel's counts) then judges (`evaluate`,
 //!   through `verdict`, whose `describe` words the detail);
 //! - `saturation`: the scaling signal S, how full this instance is (the estimator; `report`:
 //!   its parts and what is shown);
