@@ -22,8 +22,9 @@
 //! - `suspicious`: miner and /tmp-executable detection for incident reports;
 //! - `checks`: one module per check (`web`, `database`, `containers`, `disk`, `system`,
 //!   `probe`); the web check's `monitor` loads the kernel view (`load`: the tier), samples
-//!   (`steer`: which programs run and when sock_diag reads; `look`: the processes; `evidence`: the kernel's counts) then judges (`evaluate`,
-//!   through `verdict`, whose `describe` words the detail);
+//!   (`steer`: which programs run and when sock_diag reads; `look`: the processes; `evidence`:
+//!   the kernel's counts) then judges (`evaluate`, through `verdict`, whose `describe` words
+//!   the detail);
 //! - `saturation`: the scaling signal S, how full this instance is (the estimator; `report`:
 //!   its parts and what is shown);
 //! - `policy`: the status table, pure (`rules`: its steps; `flap`: holding a change of HTTP code
