@@ -23,7 +23,7 @@
 //! (`may_go_out`): peers publish whether they are out for it, and the lowest instance id wins
 //! a tie. A fleet that is slow everywhere compares alike and stays `slow` → `scale_up`.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -210,7 +210,17 @@ pub struct SlowTracker {
     out: bool,
     /// `web.slow_vs_peers`.
     threshold: f64,
+    /// When its comparison first found it slow (None: not slow now): the peers' figures must
+    /// be counted after it before they can confirm (see [`CONFIRM_AFTER`]).
+    slow_since: Option<Instant>,
 }
+
+/// How long after this instance first looks slow the peers must have been asked before their
+/// figures can confirm it: time for each to count a window of its own after the ask (with
+/// `socket_tracing = "on_suspicion"` a peer counts in windows, and its figures may be older
+/// than this instance's). Without it, a slowdown of the whole fleet that reaches this
+/// instance's figures first reads as this instance's alone.
+pub const CONFIRM_AFTER: Duration = Duration::from_secs(2);
 
 impl SlowTracker {
     /// Takes in this round's comparison, made on the answers since `since`; returns the
@@ -248,6 +258,9 @@ pub struct RoundInput<'a> {
     pub answered: Option<&'a [(String, super::PeerView)]>,
     /// `web.slow_vs_peers`.
     pub threshold: f64,
+    /// When the round the peers' views come from started.
+    pub round_started: Option<Instant>,
+    pub now: Instant,
 }
 
 /// The latest answers' latency of the backend `web` watches, as the peers compare it: those
@@ -294,6 +307,8 @@ impl SlowTracker {
             since,
             answered: round.map(|r| r.answered.as_slice()),
             threshold: self.threshold,
+            round_started: round.and_then(|r| r.started),
+            now,
         };
         let verdict = self.round(input, report);
         // Held for want of answers after a restart, or the newest span alone (too few answers
@@ -338,6 +353,8 @@ impl SlowTracker {
             since,
             answered,
             threshold,
+            round_started,
+            now,
         } = input;
         let answered = answered.unwrap_or_default();
         report.peers_latency = answered
@@ -354,8 +371,24 @@ impl SlowTracker {
             .map(|(a, l)| (a.clone(), l.clone()))
             .collect();
         let comparison = compare(&own, &peers, threshold);
-        let slow = self.observe(&comparison, since).cloned();
+        let mut slow = self.observe(&comparison, since).cloned();
+        let slow_since = *self.slow_since.get_or_insert(now);
+        if slow.is_none() {
+            self.slow_since = None;
+        }
+        // The peers' figures confirm only when asked for after this instance looked slow (and
+        // after they had time to count): until then it is asking them, never out.
+        report.asking_latency =
+            slow.is_some() && round_started.is_none_or(|r| r < slow_since + CONFIRM_AFTER);
+        if report.asking_latency {
+            slow = None;
+        }
         report.latency_comparison = Some(match (&comparison, &slow) {
+            (Comparison::Slow(c), None) => format!(
+                "{}; asking the peers for figures counted since ({:.1} s ago) before acting",
+                c.describe(),
+                now.saturating_duration_since(slow_since).as_secs_f64()
+            ),
             (Comparison::Slow(c), _) => c.describe(),
             (Comparison::Alike(c), _) => format!(
                 "alike: median {:.1} ms, {:.2}× the peers' {:.1} ms (slow at {threshold}×)",

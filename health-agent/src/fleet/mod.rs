@@ -425,6 +425,10 @@ pub struct FleetReport {
     /// Faults of this instance still waiting for the peers' fresh word: no 503 for them yet.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub asking: Vec<FaultClass>,
+    /// Slow against the peers' figures, which were counted before it looked slow: waiting for
+    /// figures they count after (`latency::CONFIRM_AFTER`), no restart and no 503 meanwhile.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub asking_latency: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
     /// This instance's answer latency as its peers see it (`PeerView::latency`).

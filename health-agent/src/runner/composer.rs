@@ -451,7 +451,7 @@ impl Composer {
     /// While a fault waits for the peers' fresh word, asks them again every ASK_AGAIN (a new
     /// fault at once): their answer, not the fleet's cadence, decides when a 503 may come.
     fn ask_fleet_again(&mut self, fleet: Option<&crate::fleet::FleetReport>, now: Instant) {
-        self.asking = fleet.is_some_and(|f| !f.asking.is_empty());
+        self.asking = fleet.is_some_and(|f| !f.asking.is_empty() || f.asking_latency);
         if let Some(e) = &self.slots.exchange {
             // Their database check runs on its own slow cadence: ask them to run it now.
             e.want_fresh_dependency(
@@ -459,9 +459,9 @@ impl Composer {
             );
             // Theirs are counted only in windows with `socket_tracing = "on_suspicion"`: ask
             // them to sample now.
-            e.want_fresh_answers(
-                fleet.is_some_and(|f| f.asking.contains(&crate::status::FaultClass::Errors)),
-            );
+            e.want_fresh_answers(fleet.is_some_and(|f| {
+                f.asking.contains(&crate::status::FaultClass::Errors) || f.asking_latency
+            }));
         }
         if self.asking
             && self

@@ -199,3 +199,49 @@ fn the_judgement_holds_until_answers_after_a_restart_make_one() {
     let alone = compare(&lat(50.0, 200), &peers(&[(5.0, 200)]), 3.0);
     assert!(t.observe(&alone, None).is_none());
 }
+
+#[test]
+fn a_slowdown_seen_here_first_waits_for_the_peers_figures_counted_after_it() {
+    let t0 = Instant::now();
+    let view = |i: u8| {
+        (
+            format!("10.0.0.{i}:8080"),
+            crate::fleet::PeerView {
+                instance: format!("i-{i}"),
+                latency: Some(lat(5.0, 200)),
+                ..crate::fleet::PeerView::default()
+            },
+        )
+    };
+    let answered = vec![view(1), view(2)];
+    let input = |started: Instant, now: Instant| RoundInput {
+        own: Some(lat(50.0, 200)),
+        since: None,
+        answered: Some(&answered),
+        threshold: 3.0,
+        round_started: Some(started),
+        now,
+    };
+    let mut t = SlowTracker::new(3.0);
+    let mut report = crate::fleet::FleetReport::default();
+    // The peers' views were asked for before it looked slow: it asks them, it is not out.
+    assert!(t.round(input(t0, t0), &mut report).is_none());
+    assert!(report.asking_latency);
+    // Asked for after, but too soon for them to have counted: still asking.
+    let soon = t0 + Duration::from_secs(1);
+    assert!(t.round(input(soon, soon), &mut report).is_none());
+    assert!(report.asking_latency);
+    // Asked for once they could count: they confirm it.
+    let later = t0 + CONFIRM_AFTER;
+    assert!(t.round(input(later, later), &mut report).is_some());
+    assert!(!report.asking_latency);
+    // Alike again: the next slowdown waits for its own confirmation.
+    let fine = RoundInput {
+        own: Some(lat(5.0, 200)),
+        ..input(later, later)
+    };
+    assert!(t.round(fine, &mut report).is_none());
+    let again = later + Duration::from_secs(10);
+    assert!(t.round(input(later, again), &mut report).is_none());
+    assert!(report.asking_latency);
+}
