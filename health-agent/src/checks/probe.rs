@@ -55,6 +55,10 @@ pub struct ProbeSpec {
     /// With `https`: the client, or why there is none (no CA to verify against).
     tls: Option<Result<Arc<ClientConfig>, String>>,
     pub timeout: Duration,
+    /// The port has answered a plain HTTP request since the agent started: it is no TLS-only
+    /// port, and a probe that gets nothing back there is a backend that does not answer — the
+    /// probe's result is not held back by a TLS handshake to find out.
+    answered_plain: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl ProbeSpec {
@@ -66,6 +70,7 @@ impl ProbeSpec {
             tls: (cfg.probe_scheme == ProbeScheme::Https)
                 .then(|| tls::client_config(cfg.probe_tls_verify)),
             timeout: cfg.probe_timeout,
+            answered_plain: Arc::default(),
         }
     }
 }
@@ -150,6 +155,10 @@ pub async fn probe(target: &ProbeTarget, spec: &ProbeSpec) -> ProbeResult {
                 target: &target_text,
             };
             let misconfigured = answer::mistake(status, location.as_deref(), &sent);
+            if spec.scheme == ProbeScheme::Http {
+                spec.answered_plain
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+            }
             ProbeResult {
                 ok: (200..300).contains(&status),
                 status: Some(status),
@@ -164,7 +173,14 @@ pub async fn probe(target: &ProbeTarget, spec: &ProbeSpec) -> ProbeResult {
     // Plain HTTP got nothing back: a port that serves only TLS takes the request and closes or
     // sits on it. Ask it once in TLS to tell that mistake from a backend that does not answer.
     let nothing = r.status.is_none() && !r.refused && !r.agent_error;
-    if spec.scheme == ProbeScheme::Http && nothing && speaks_tls(target, spec.timeout).await {
+    let answered_plain = spec
+        .answered_plain
+        .load(std::sync::atomic::Ordering::Relaxed);
+    if spec.scheme == ProbeScheme::Http
+        && nothing
+        && !answered_plain
+        && speaks_tls(target, spec.timeout).await
+    {
         r.timed_out = false;
         r.misconfigured = Some(format!(
             "port {} at {target_text} speaks TLS and the probe asked in plain HTTP ({}): set \
@@ -194,6 +210,10 @@ async fn speaks_tls(target: &ProbeTarget, timeout: Duration) -> bool {
     let tried = Arc::new(Mutex::new(target.addr));
     let handshake = async {
         let s = connect(target, timeout, &tried).await?;
+        // The agent's own connection, as the probe's: its close is no answer of the backend.
+        if let Ok(local) = s.local_addr() {
+            note_own(local);
+        }
         let name = tls::server_name("", target.addr);
         tokio_rustls::TlsConnector::from(config)
             .connect(name, s)
