@@ -8,6 +8,10 @@ use super::*;
 pub struct Judge {
     /// When each current fault class was first seen here.
     onset: HashMap<FaultClass, Instant>,
+    /// When each current fault class was last judged the fleet's: a turn to "this instance's
+    /// own" right after is first the shared fault ending (the peers' checks saw it end before
+    /// this instance's did), and waits for its own check (see `judge`).
+    shared_at: HashMap<FaultClass, Instant>,
     /// How long peers that predate `fine_ms` get to see a fault before their "fine" counts.
     settle: Duration,
     /// A round older than this is no evidence.
@@ -105,6 +109,7 @@ impl Judge {
     pub fn new(interval: Duration, timeout: Duration, confirm_within: Duration) -> Self {
         Self {
             onset: HashMap::new(),
+            shared_at: HashMap::new(),
             settle: MIN_SETTLE.max(interval.saturating_mul(2)),
             max_age: interval.saturating_add(timeout).saturating_mul(3),
             confirm_within,
@@ -125,6 +130,7 @@ impl Judge {
         now: Instant,
     ) -> FleetReport {
         self.onset.retain(|c, _| own.contains(c));
+        self.shared_at.retain(|c, _| own.contains(c));
         for &c in own {
             self.onset.entry(c).or_insert(now);
         }
@@ -191,7 +197,35 @@ impl Judge {
                 }
             }
             let waited = now.saturating_duration_since(onset);
-            match self.decide(class, &tally, waited) {
+            let mut verdict = self.decide(class, &tally, waited);
+            if let Verdict::Judged(j) = &verdict {
+                match j.scope {
+                    Scope::Shared => {
+                        self.shared_at.insert(class, now);
+                    }
+                    // The fleet's fault a moment ago, the peers fine now: it is ending, and this
+                    // instance's own check has not seen it end yet. Its own only if that holds
+                    // past the bound (then the peers recovered and this instance did not).
+                    Scope::Local
+                        if self.shared_at.get(&class).is_some_and(|t| {
+                            now.saturating_duration_since(*t) < self.confirm_within
+                        }) =>
+                    {
+                        verdict = Verdict::Ending(format!(
+                            "{} fault: the fleet's until {:.1}s ago, the peers fine since ({}): \
+                             waiting for this instance's own check to see it end, no 503 \
+                             meanwhile (at most {}s)",
+                            class.as_str(),
+                            now.saturating_duration_since(self.shared_at[&class])
+                                .as_secs_f64(),
+                            j.reason,
+                            self.confirm_within.as_secs_f64()
+                        ));
+                    }
+                    _ => {}
+                }
+            }
+            match verdict {
                 Verdict::Judged(mut j) => {
                     if class == FaultClass::Errors {
                         j.reason.push_str(&format!(
@@ -211,6 +245,10 @@ impl Judge {
                         self.confirm_within.as_secs_f64(),
                         waited.as_secs_f64()
                     ));
+                }
+                Verdict::Ending(why) => {
+                    report.asking.push(class);
+                    notes.push(why);
                 }
                 Verdict::Alone(why) => notes.push(format!("{} fault: {why}", class.as_str())),
             }
@@ -307,4 +345,7 @@ enum Verdict {
     Asking,
     /// No judgement: the single-instance rule holds.
     Alone(String),
+    /// Judged the fleet's a moment ago, the peers fine now: the shared fault is ending; no 503
+    /// while this instance's own check catches up (why).
+    Ending(String),
 }

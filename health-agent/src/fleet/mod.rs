@@ -531,6 +531,32 @@ mod tests {
     }
 
     #[test]
+    fn the_end_of_a_shared_fault_seen_first_by_the_peers_is_not_this_instances_own() {
+        let t0 = Instant::now();
+        let mut j = Judge::new(S, S, 8 * S);
+        let own = [FaultClass::Dependency];
+        let down = view(WebVerdict::NotConfigured, DbState::Unreachable);
+        j.judge(&own, None, t0);
+        let at = t0 + 2 * S;
+        let r = j.judge(&own, Some(&round(at, &[down.clone(), down])), at);
+        assert_eq!(r.judgements[0].scope, Scope::Shared, "{r:?}");
+        // The database is back: the peers' checks saw it first (100 ms ago), this one's not yet.
+        let back = fine(WebVerdict::NotConfigured, 100);
+        let at = t0 + 3 * S;
+        let r = j.judge(&own, Some(&round(at, &[back.clone(), back.clone()])), at);
+        assert!(r.judgements.is_empty(), "{r:?}");
+        assert_eq!(r.asking, vec![FaultClass::Dependency], "{r:?}");
+        assert!(
+            r.note.as_deref().is_some_and(|n| n.contains("see it end")),
+            "{r:?}"
+        );
+        // Still failing here past the bound while the peers stay fine: this instance's own.
+        let at = t0 + 11 * S;
+        let r = j.judge(&own, Some(&round(at, &[back.clone(), back])), at);
+        assert_eq!(r.judgements[0].scope, Scope::Local, "{r:?}");
+    }
+
+    #[test]
     fn a_peer_that_answered_after_the_fault_began_makes_it_local_at_once() {
         let t0 = Instant::now();
         let mut j = Judge::new(S, S, 8 * S);
