@@ -48,6 +48,11 @@ pub struct PeerLatency {
     /// `windows` (estimates from the counting windows of `"on_suspicion"`).
     pub window_seconds: f64,
     pub basis: String,
+    /// How long before the view was served the oldest answer these figures count began: a
+    /// peer's figures confirm this instance's slowness only when all of them are newer than it
+    /// (see `SlowTracker::round`). None from agents that predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub began_seconds_ago: Option<f64>,
     /// Its own comparison finds it slow against its peers.
     pub slow_vs_peers: bool,
     /// It is out of rotation (or restarting) for that: what the cap counts.
@@ -211,16 +216,23 @@ pub struct SlowTracker {
     /// `web.slow_vs_peers`.
     threshold: f64,
     /// When its comparison first found it slow (None: not slow now): the peers' figures must
-    /// be counted after it before they can confirm (see [`CONFIRM_AFTER`]).
+    /// count only answers that began after it before they can confirm it.
     slow_since: Option<Instant>,
+    /// The peers' figures counted after `slow_since` confirmed it: it acts on the comparison
+    /// until it is no longer slow.
+    confirmed: bool,
 }
 
-/// How long after this instance first looks slow the peers must have been asked before their
-/// figures can confirm it: time for each to count a window of its own after the ask (with
-/// `socket_tracing = "on_suspicion"` a peer counts in windows, and its figures may be older
-/// than this instance's). Without it, a slowdown of the whole fleet that reaches this
-/// instance's figures first reads as this instance's alone.
-pub const CONFIRM_AFTER: Duration = Duration::from_secs(2);
+/// Whether `p`'s figures, from a round asked at `asked`, count only answers that began at or
+/// after `after`.
+fn counted_after(p: &PeerLatency, asked: Option<Instant>, after: Instant) -> bool {
+    match (asked, p.began_seconds_ago) {
+        (Some(asked), Some(ago)) => asked
+            .checked_sub(Duration::from_secs_f64(ago.max(0.0)))
+            .is_some_and(|began| began >= after),
+        _ => false,
+    }
+}
 
 impl SlowTracker {
     /// Takes in this round's comparison, made on the answers since `since`; returns the
@@ -271,8 +283,10 @@ pub fn own(
     since: Option<Instant>,
     enough: u64,
 ) -> Option<PeerLatency> {
-    let (l, seconds, basis) = web.latency_since(now, since, enough)?;
+    let (l, seconds, basis, began) = web.latency_since(now, since, enough)?;
     Some(PeerLatency {
+        began_seconds_ago: began
+            .map(|b| (now.saturating_duration_since(b).as_secs_f64() * 100.0).round() / 100.0),
         p50_ms: l.p50_ms,
         p90_ms: l.p90_ms,
         answers: l.samples,
@@ -311,11 +325,16 @@ impl SlowTracker {
             now,
         };
         let verdict = self.round(input, report);
-        // Held for want of answers after a restart, or the newest span alone (too few answers
-        // to judge) slow against the peers: with `"on_suspicion"`, count more now rather than
-        // at the next window.
+        // Held for want of answers after a restart, the newest span alone (too few answers to
+        // judge) slow against the peers, or a newest span whose requests mostly went
+        // unanswered (a starved backend's answers come after the window): with
+        // `"on_suspicion"`, count more now rather than at the next window.
         let held = verdict.is_some() && self.judged_since().is_none();
-        if held || self.hint(own(web, now, since, 1), report) {
+        if held
+            || report.asking_latency
+            || self.hint(own(web, now, since, 1), report)
+            || web.newest_span_starved(now)
+        {
             web.sample_answers_soon(now);
         }
         verdict
@@ -375,11 +394,29 @@ impl SlowTracker {
         let slow_since = *self.slow_since.get_or_insert(now);
         if slow.is_none() {
             self.slow_since = None;
+            self.confirmed = false;
         }
-        // The peers' figures confirm only when asked for after this instance looked slow (and
-        // after they had time to count): until then it is asking them, never out.
-        report.asking_latency =
-            slow.is_some() && round_started.is_none_or(|r| r < slow_since + CONFIRM_AFTER);
+        // The peers' figures confirm only when every answer they count began after this
+        // instance first looked slow: figures that mix older answers may predate a slowdown of
+        // the whole fleet, which reached this instance's figures first. Until then it asks them
+        // for fresh answers, never out.
+        if slow.is_some() && !self.confirmed {
+            let fresh: Vec<(String, PeerLatency)> = peers
+                .iter()
+                .filter(|(_, p)| counted_after(p, round_started, slow_since))
+                .cloned()
+                .collect();
+            match compare(&own, &fresh, threshold) {
+                Comparison::Slow(_) => self.confirmed = true,
+                Comparison::Alike(_) => {
+                    self.held = None;
+                    self.slow_since = None;
+                    slow = None;
+                }
+                Comparison::TooFewHere(_) | Comparison::NoPeers(_) => {}
+            }
+        }
+        report.asking_latency = slow.is_some() && !self.confirmed;
         if report.asking_latency {
             slow = None;
         }

@@ -426,7 +426,7 @@ pub struct FleetReport {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub asking: Vec<FaultClass>,
     /// Slow against the peers' figures, which were counted before it looked slow: waiting for
-    /// figures they count after (`latency::CONFIRM_AFTER`), no restart and no 503 meanwhile.
+    /// figures counting only answers after it, no restart and no 503 meanwhile.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub asking_latency: bool,
     #[serde(skip_serializing_if = "Option::is_none")]

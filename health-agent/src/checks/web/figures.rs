@@ -92,6 +92,9 @@ impl Mark {
     }
 }
 
+/// Requests a span must have seen before its few answers say anything (`newest_starved`).
+const STARVED_MIN_REQUESTS: u64 = 4;
+
 /// The spans of the latest `web.latency_window`.
 #[derive(Debug, Default)]
 pub struct Figures {
@@ -177,10 +180,11 @@ impl Figures {
         window: Duration,
         since: Option<Instant>,
         enough: u64,
-    ) -> (LatencyHist, f64) {
+    ) -> (LatencyHist, f64, Option<Instant>) {
         let keep = window.max(MIN_LOOKBACK);
         let mut hist = LatencyHist::default();
         let (mut seconds, mut answers) = (0.0, 0);
+        let mut began = None;
         for (end, s) in self.spans.iter().rev() {
             let start = end.checked_sub(Duration::from_secs_f64(s.seconds));
             let fresh = match (since, start) {
@@ -192,12 +196,25 @@ impl Figures {
                 break;
             }
             seconds += s.seconds;
+            began = start.or(Some(*end));
             for (sum, b) in hist.buckets.iter_mut().zip(s.latency.buckets.iter()) {
                 *sum += b;
                 answers += b;
             }
         }
-        (hist, seconds)
+        (hist, seconds, began)
+    }
+
+    /// Whether the newest span, ended within `within` of `now`, saw requests arrive and at most
+    /// a third of that many answered: a backend starved of answers (or of CPU), whose slow
+    /// answers the next span will show.
+    pub fn newest_starved(&self, now: Instant, within: Duration) -> bool {
+        self.spans.back().is_some_and(|(end, s)| {
+            let answered: u64 = s.latency.buckets.iter().sum();
+            now.saturating_duration_since(*end) <= within
+                && s.requests >= STARVED_MIN_REQUESTS
+                && answered * 3 <= s.requests
+        })
     }
 
     pub fn report(&self, now: Instant, window: Duration, counted: bool) -> FiguresReport {

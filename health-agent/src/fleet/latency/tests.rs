@@ -202,13 +202,18 @@ fn the_judgement_holds_until_answers_after_a_restart_make_one() {
 
 #[test]
 fn a_slowdown_seen_here_first_waits_for_the_peers_figures_counted_after_it() {
+    // (Peers whose figures all predate it never confirm it: see the asks below.)
     let t0 = Instant::now();
     let view = |i: u8| {
         (
             format!("10.0.0.{i}:8080"),
             crate::fleet::PeerView {
                 instance: format!("i-{i}"),
-                latency: Some(lat(5.0, 200)),
+                // Their figures count answers that began a second before they were asked.
+                latency: Some(PeerLatency {
+                    began_seconds_ago: Some(1.0),
+                    ..lat(5.0, 200)
+                }),
                 ..crate::fleet::PeerView::default()
             },
         )
@@ -227,12 +232,12 @@ fn a_slowdown_seen_here_first_waits_for_the_peers_figures_counted_after_it() {
     // The peers' views were asked for before it looked slow: it asks them, it is not out.
     assert!(t.round(input(t0, t0), &mut report).is_none());
     assert!(report.asking_latency);
-    // Asked for after, but too soon for them to have counted: still asking.
-    let soon = t0 + Duration::from_secs(1);
+    // Asked for after, but their figures still count answers from before: still asking.
+    let soon = t0 + Duration::from_millis(500);
     assert!(t.round(input(soon, soon), &mut report).is_none());
     assert!(report.asking_latency);
-    // Asked for once they could count: they confirm it.
-    let later = t0 + CONFIRM_AFTER;
+    // Asked for once every answer they count began after it looked slow: they confirm it.
+    let later = t0 + Duration::from_secs(1);
     assert!(t.round(input(later, later), &mut report).is_some());
     assert!(!report.asking_latency);
     // Alike again: the next slowdown waits for its own confirmation.

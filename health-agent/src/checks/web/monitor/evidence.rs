@@ -273,18 +273,30 @@ impl WebMonitor {
         }
     }
 
+    /// Whether the newest counting span, ended in the last few seconds, saw requests arrive and
+    /// few answered (`Figures::newest_starved`): its latency is about to show.
+    pub fn newest_span_starved(&self, now: Instant) -> bool {
+        self.figures
+            .newest_starved(now, std::time::Duration::from_secs(5))
+    }
+
     /// The latest answers' latency, as the peers compare it (`Figures::latency_since`: the
     /// newest spans holding `enough` answers, begun at or after `since`, a restart's return):
-    /// its percentiles, the seconds counted, and the basis (`counted` or `windows`). None
-    /// below the `full` tier.
+    /// its percentiles, the seconds counted, the basis (`counted` or `windows`), and when the
+    /// oldest of those spans began. None below the `full` tier.
     pub fn latency_since(
         &self,
         now: Instant,
         since: Option<Instant>,
         enough: u64,
-    ) -> Option<(crate::checks::web::LatencySummary, f64, &'static str)> {
+    ) -> Option<(
+        crate::checks::web::LatencySummary,
+        f64,
+        &'static str,
+        Option<Instant>,
+    )> {
         self.figures(now)?;
-        let (hist, seconds) =
+        let (hist, seconds, began) =
             self.figures
                 .latency_since(now, self.cfg.latency_window, since, enough);
         let basis = if self.cfg.socket_tracing == SocketTracing::Always {
@@ -292,7 +304,12 @@ impl WebMonitor {
         } else {
             "windows"
         };
-        Some((crate::checks::web::percentiles(&hist), seconds, basis))
+        Some((
+            crate::checks::web::percentiles(&hist),
+            seconds,
+            basis,
+            began,
+        ))
     }
 
     /// The figures over `web.latency_window` (None below the `full` tier: no programs count
