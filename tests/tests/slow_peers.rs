@@ -382,6 +382,10 @@ fn never_503(case: Case, mode: Option<&'static str>, first_ip: u8) {
 }
 
 #[test]
+#[ignore = "issue 53, open: with the default on_suspicion, a box starved to a tenth of a core \
+            often has fewer than 10 answers in a counting window, and the peers' figures are \
+            fresh only once it asks; 503 came in 16.6–44.7 s, once not within 60 s. Run with \
+            --ignored to measure it"]
 fn one_slow_box_is_503_after_a_futile_restart_and_its_peers_stay_200() {
     one_slow(None, 40);
 }
