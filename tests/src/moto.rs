@@ -487,3 +487,17 @@ pub fn time_in(secs: u64) -> String {
         "+%Y-%m-%dT%H:%M:%SZ",
     ]))
 }
+
+/// `details.fleet.peers_asked`, sorted: the peers the agent asked (from the group's members).
+pub fn peers_asked(fleet: &serde_json::Value) -> Vec<String> {
+    let mut v: Vec<String> = fleet["peers_asked"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|p| p.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}

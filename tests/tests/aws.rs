@@ -47,19 +47,6 @@ fn fleet(agent: &Agent) -> (u16, Value) {
     (code, body["details"]["fleet"].clone())
 }
 
-fn asked(fleet: &Value) -> Vec<String> {
-    let mut v: Vec<String> = fleet["peers_asked"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|p| p.as_str().map(String::from))
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
-}
-
 #[test]
 fn asg_in_service_members_are_the_peers_and_one_put_in_standby_leaves() {
     require_root();
@@ -86,7 +73,7 @@ fn asg_in_service_members_are_the_peers_and_one_put_in_standby_leaves() {
     let found = wait_until(Duration::from_secs(20), "the group's members asked", || {
         let (code, f) = fleet(&agent);
         codes.push(code);
-        (asked(&f) == want).then_some(f)
+        (health_agent_tests::moto::peers_asked(&f) == want).then_some(f)
     });
     println!(
         "asg: {} of {} members asked {:.1} s after start ({own_id} at {own_ip} is this one): {}",
@@ -96,7 +83,7 @@ fn asg_in_service_members_are_the_peers_and_one_put_in_standby_leaves() {
         found
     );
     assert!(
-        !asked(&found).contains(&at(&own_ip)),
+        !health_agent_tests::moto::peers_asked(&found).contains(&at(&own_ip)),
         "this instance never asks itself: {found}"
     );
 
@@ -111,7 +98,7 @@ fn asg_in_service_members_are_the_peers_and_one_put_in_standby_leaves() {
         || {
             let (code, f) = fleet(&agent);
             codes.push(code);
-            (asked(&f) == want).then_some(())
+            (health_agent_tests::moto::peers_asked(&f) == want).then_some(())
         },
     );
     let took = moved.elapsed();
@@ -132,7 +119,11 @@ fn asg_in_service_members_are_the_peers_and_one_put_in_standby_leaves() {
         f.to_string().contains("listing failed").then_some(f)
     });
     println!("asg: moto stopped: {stale}");
-    assert_eq!(asked(&stale), want, "the last good list is still asked");
+    assert_eq!(
+        health_agent_tests::moto::peers_asked(&stale),
+        want,
+        "the last good list is still asked"
+    );
     assert!(
         stale.to_string().contains("cannot connect"),
         "the cause is said: {stale}"

@@ -275,19 +275,6 @@ fn credentials_row(table: &str) -> String {
         .unwrap_or_else(|| panic!("no `aws credentials` row in:\n{table}"))
 }
 
-fn asked(fleet: &Value) -> Vec<String> {
-    let mut v: Vec<String> = fleet["peers_asked"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|p| p.as_str().map(String::from))
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
-}
-
 #[test]
 fn every_source_signs_put_metric_data_and_describe_auto_scaling_groups_that_moto_checks() {
     require_root();
@@ -363,7 +350,8 @@ fn every_source_signs_put_metric_data_and_describe_auto_scaling_groups_that_moto
             let (_, body) = agent.health();
             let cw = body["details"]["scaling"]["cloudwatch"].clone();
             let fleet = body["details"]["fleet"].clone();
-            (cw["published_data"].as_u64() >= Some(1) && asked(&fleet) == want)
+            (cw["published_data"].as_u64() >= Some(1)
+                && health_agent_tests::moto::peers_asked(&fleet) == want)
                 .then_some((cw, fleet))
         });
         println!(

@@ -219,19 +219,6 @@ fn health_at(port: u16) -> Option<(u16, Value)> {
     Some((code, serde_json::from_str(&body).ok()?))
 }
 
-fn asked(fleet: &Value) -> Vec<String> {
-    let mut v: Vec<String> = fleet["peers_asked"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|p| p.as_str().map(String::from))
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
-}
-
 /// A refused artifact leaves the instance as the AMI had it: no agent, no unit, no drop-in,
 /// nothing on HealthPort, the download removed, the password never read.
 fn assert_nothing_installed(machine: &Machine, listen: u16) {
@@ -400,7 +387,9 @@ fn assert_runs_as_the_stack_says(
         || {
             let (_, b) = health_at(listen)?;
             let published = b["details"]["scaling"]["cloudwatch"]["published_data"].as_u64();
-            (published >= Some(1) && asked(&b["details"]["fleet"]) == want).then_some(b)
+            (published >= Some(1)
+                && health_agent_tests::moto::peers_asked(&b["details"]["fleet"]) == want)
+                .then_some(b)
         },
     );
     let cw = &body["details"]["scaling"]["cloudwatch"];

@@ -41,7 +41,7 @@ mod mysql;
 mod postgres;
 mod redis;
 mod target;
-mod tls;
+pub(crate) mod tls;
 
 use std::{
     fmt,

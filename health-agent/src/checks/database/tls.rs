@@ -135,6 +135,18 @@ enum Check {
     ChainAndName,
 }
 
+/// A verifier that takes any certificate but still checks the handshake's signatures (so the
+/// peer holds the certificate's key): libpq's `require`, and the probe's
+/// `web.probe_tls_verify = false`.
+pub(crate) fn any_certificate(algs: WebPkiSupportedAlgorithms) -> Arc<dyn ServerCertVerifier> {
+    Arc::new(Verifier {
+        check: Check::Nothing,
+        roots: Arc::new(RootCertStore::empty()),
+        source: String::new(),
+        algs,
+    })
+}
+
 /// libpq's three levels of certificate checking. Handshake signatures are always checked, so
 /// even `require` talks to the holder of the certificate's key.
 #[derive(Debug)]

@@ -6,12 +6,7 @@
 
 use std::sync::Arc;
 
-use rustls::{
-    client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier},
-    crypto::{verify_tls12_signature, verify_tls13_signature, WebPkiSupportedAlgorithms},
-    pki_types::{CertificateDer, ServerName, UnixTime},
-    CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
-};
+use rustls::{pki_types::ServerName, CertificateError, ClientConfig, RootCertStore};
 
 /// The client for the probe: `verify` checks the chain against the system's CAs and the name;
 /// otherwise any certificate is taken (the handshake's signatures are still checked, so the
@@ -37,7 +32,7 @@ pub fn client_config(verify: bool) -> Result<Arc<ClientConfig>, String> {
     } else {
         builder
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AnyCertificate { algs }))
+            .with_custom_certificate_verifier(crate::checks::database::tls::any_certificate(algs))
             .with_no_client_auth()
     };
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
@@ -104,47 +99,6 @@ pub fn mistake(e: &rustls::Error, target: &str, port: u16) -> String {
             "the TLS handshake with {target} failed ({other}): check the backend's TLS setup, \
              web.probe_host (the name sent) and web.probe_tls_verify"
         ),
-    }
-}
-
-/// Any certificate, for a backend with a self-signed one on loopback.
-#[derive(Debug)]
-struct AnyCertificate {
-    algs: WebPkiSupportedAlgorithms,
-}
-
-impl ServerCertVerifier for AnyCertificate {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(message, cert, dss, &self.algs)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(message, cert, dss, &self.algs)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.algs.supported_schemes()
     }
 }
 
