@@ -187,7 +187,11 @@ impl Agent {
             .arg(&config)
             .arg("serve")
             .envs(env.iter().copied())
-            .env("HEALTH_AGENT_LOG", "info")
+            // HEALTH_AGENT_TEST_LOG=debug: the agents' logs in a failing test's output say more.
+            .env(
+                "HEALTH_AGENT_LOG",
+                std::env::var("HEALTH_AGENT_TEST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log_file)

@@ -165,8 +165,7 @@ fn fleet(case: Case, mode: Option<&'static str>, first_ip: u8) -> Vec<Member> {
                 .map(ToString::to_string)
                 .collect();
             let mut extra = format!(
-                "[web]\nlatency_window = \"20s\"\nrestart_command = \"{}\"\n\
-                 [fleet]\npeers = {peers:?}\ninterval = \"1s\"\ntimeout = \"1s\"\n",
+                "[web]\nrestart_command = \"{}\"\n[fleet]\npeers = {peers:?}\n",
                 restart.display()
             );
             if let Some(mode) = mode {
@@ -274,11 +273,9 @@ fn print_last(members: &[Member], what: &str) {
     }
 }
 
-/// The bound on slowdown → 503. Issue 53 asks for 30 s; this build takes 18–45 s, because an
-/// instance acts only once its peers' figures count nothing older than the moment it first
-/// looked slow (so a fleet slowed alike is never 503), and with `"on_suspicion"` those come from
-/// the peers' fresh counting windows.
-const SLOWED_OUT_WITHIN: f64 = 50.0;
+/// The bound on slowdown → 503 (issue 53). With `"on_suspicion"` the first slow answers are
+/// seen in the next counting window (every 15 s); the programs then stay attached.
+const SLOWED_OUT_WITHIN: f64 = 30.0;
 
 fn one_slow(mode: Option<&'static str>, first_ip: u8) {
     require_root();
@@ -382,10 +379,6 @@ fn never_503(case: Case, mode: Option<&'static str>, first_ip: u8) {
 }
 
 #[test]
-#[ignore = "issue 53, open: with the default on_suspicion, a box starved to a tenth of a core \
-            often has fewer than 10 answers in a counting window, and the peers' figures are \
-            fresh only once it asks; 503 came in 16.6–44.7 s, once not within 60 s. Run with \
-            --ignored to measure it"]
 fn one_slow_box_is_503_after_a_futile_restart_and_its_peers_stay_200() {
     one_slow(None, 40);
 }

@@ -51,6 +51,9 @@ pub struct FleetConfig {
     /// check cadences: 2 × checks.interval + web.probe_timeout + fleet.timeout, at least 5 s.
     #[serde(with = "dur")]
     pub confirm_within: Duration,
+    /// The instance type latency is compared by (`web.slow_vs_peers`: like with like in a
+    /// mixed-instances group); "" = the EC2 type the firmware names, else the processors.
+    pub instance_type: String,
 }
 
 impl Default for FleetConfig {
@@ -69,6 +72,7 @@ impl Default for FleetConfig {
             interval: Duration::from_secs(2),
             timeout: Duration::from_secs(1),
             confirm_within: Duration::ZERO,
+            instance_type: String::new(),
         }
     }
 }

@@ -33,6 +33,9 @@ use crate::checks::web::WebMonitor;
 pub const MIN_ANSWERS: u64 = 10;
 /// Peers with enough answers needed to compare at all.
 pub const MIN_PEERS: usize = 2;
+/// How long the connection programs stay attached (`"on_suspicion"`) after this instance last
+/// looked slow against its peers.
+const MEASURE_FOR: Duration = Duration::from_secs(30);
 /// A difference smaller than this is no slowness, whatever the ratio.
 pub const MIN_GAP_MS: f64 = 10.0;
 
@@ -57,6 +60,10 @@ pub struct PeerLatency {
     pub slow_vs_peers: bool,
     /// It is out of rotation (or restarting) for that: what the cap counts.
     pub out_slow: bool,
+    /// The kind of machine it runs on (`kind`): latency is compared with peers of the same
+    /// type only. None from agents that predate it, which are compared with all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_type: Option<String>,
 }
 
 impl PeerLatency {
@@ -115,20 +122,39 @@ pub fn compare(own: &PeerLatency, peers: &[(String, PeerLatency)], threshold: f6
             own.answers
         ));
     }
-    let (counted, short): (Vec<_>, Vec<_>) =
-        peers.iter().partition(|(_, p)| p.answers >= MIN_ANSWERS);
+    // Like with like: a peer of another known type answers at its own pace.
+    let (like, unlike): (Vec<_>, Vec<_>) =
+        peers
+            .iter()
+            .partition(|(_, p)| match (&own.instance_type, &p.instance_type) {
+                (Some(a), Some(b)) => a == b,
+                _ => true,
+            });
+    let (counted, short): (Vec<_>, Vec<_>) = like
+        .into_iter()
+        .partition(|(_, p)| p.answers >= MIN_ANSWERS);
     if counted.len() < MIN_PEERS {
-        let short: Vec<String> = short
+        let mut left: Vec<String> = short
             .iter()
             .map(|(a, p)| format!("{a} {} answers", p.answers))
             .collect();
+        left.extend(
+            unlike
+                .iter()
+                .map(|(a, p)| format!("{a} is {}", p.instance_type.as_deref().unwrap_or_default())),
+        );
         return Comparison::NoPeers(format!(
-            "{} peers with at least {MIN_ANSWERS} answers, {MIN_PEERS} needed to compare latency{}",
+            "{} peers {}with at least {MIN_ANSWERS} answers, {MIN_PEERS} needed to compare \
+             latency{}",
             counted.len(),
-            if short.is_empty() {
+            match (&own.instance_type, unlike.is_empty()) {
+                (Some(t), false) => format!("of this instance's type ({t}) "),
+                _ => String::new(),
+            },
+            if left.is_empty() {
                 String::new()
             } else {
-                format!(" (too few: {})", short.join(", "))
+                format!(" (left out: {})", left.join(", "))
             }
         ));
     }
@@ -221,6 +247,12 @@ pub struct SlowTracker {
     /// The peers' figures counted after `slow_since` confirmed it: it acts on the comparison
     /// until it is no longer slow.
     confirmed: bool,
+    /// This instance's type (`kind::detect`), published with its figures.
+    instance_type: Option<String>,
+    /// Every answer is counted until then (`measuring`).
+    measure_until: Option<Instant>,
+    /// The latest restart's return, as the previous round knew it.
+    last_since: Option<Instant>,
 }
 
 /// Whether `p`'s figures, from a round asked at `asked`, count only answers that began at or
@@ -297,9 +329,10 @@ pub fn own(
 }
 
 impl SlowTracker {
-    pub fn new(threshold: f64) -> Self {
+    pub fn new(threshold: f64, instance_type: Option<String>) -> Self {
         Self {
             threshold,
+            instance_type,
             ..Self::default()
         }
     }
@@ -316,8 +349,13 @@ impl SlowTracker {
         report: &mut super::FleetReport,
         now: Instant,
     ) -> Option<crate::policy::SlowVsPeers> {
+        let instance_type = self.instance_type.clone();
+        let typed = move |l: PeerLatency| PeerLatency {
+            instance_type: instance_type.clone(),
+            ..l
+        };
         let input = RoundInput {
-            own: own(web, now, since, MIN_ANSWERS),
+            own: own(web, now, since, MIN_ANSWERS).map(&typed),
             since,
             answered: round.map(|r| r.answered.as_slice()),
             threshold: self.threshold,
@@ -325,19 +363,46 @@ impl SlowTracker {
             now,
         };
         let verdict = self.round(input, report);
-        // Held for want of answers after a restart, the newest span alone (too few answers to
-        // judge) slow against the peers, or a newest span whose requests mostly went
-        // unanswered (a starved backend's answers come after the window): with
-        // `"on_suspicion"`, count more now rather than at the next window.
-        let held = verdict.is_some() && self.judged_since().is_none();
-        if held
-            || report.asking_latency
-            || self.hint(own(web, now, since, 1), report)
-            || web.newest_span_starved(now)
-        {
+        // Judged slow (out, restarting, or held for want of answers after a restart), asking
+        // the peers, the newest span alone (too few answers to judge) slow against the peers,
+        // or a newest span whose requests mostly went unanswered (a starved backend's answers
+        // come after the window): with `"on_suspicion"`, count every answer from now on
+        // (`measuring`) rather than in the next windows, which a starved box's slow answers
+        // outlast.
+        let why = if verdict.is_some() {
+            Some("judged slow")
+        } else if report.asking_latency {
+            Some("asking the peers")
+        } else if self.hint(own(web, now, since, 1).map(&typed), report) {
+            Some("its newest answers, too few to judge, are slow against the peers'")
+        } else if web.newest_span_starved(now) {
+            Some("most requests of its newest counting window went unanswered")
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            if self.measuring(now).is_none() {
+                tracing::info!("latency against the peers: {why}; counting every answer");
+            }
             web.sample_answers_soon(now);
+            self.measure_until = Some(now + MEASURE_FOR);
         }
+        // A restart returned: its answers count from the next tick, not from the next span.
+        if since.is_some() && since != self.last_since {
+            if let Some(t) = since {
+                web.cut_span_after(t);
+            }
+        }
+        self.last_since = since;
         verdict
+    }
+
+    /// Why the connection programs should stay attached (`WebMonitor::hold_following`): this
+    /// instance looked slow against its peers within MEASURE_FOR.
+    pub fn measuring(&self, now: Instant) -> Option<&'static str> {
+        self.measure_until
+            .is_some_and(|t| now < t)
+            .then_some("its latency looked slow against its peers': every answer is counted")
     }
 
     /// Whether `newest` (the newest span's figures), judged as if it had enough answers, is

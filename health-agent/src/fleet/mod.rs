@@ -12,6 +12,7 @@
 
 pub mod asg;
 pub mod exchange;
+pub mod kind;
 pub mod latency;
 
 use std::{

@@ -81,7 +81,10 @@ impl Composer {
         Self {
             guard: FlapGuard::new(cfg.checks.fail_after, cfg.checks.recover_after),
             judge: Judge::of_config(&cfg),
-            slow: latency::SlowTracker::new(cfg.web.slow_vs_peers),
+            slow: latency::SlowTracker::new(
+                cfg.web.slow_vs_peers,
+                crate::fleet::kind::detect(&cfg.fleet.instance_type).map(|t| t.name),
+            ),
             cfg,
             started,
             web,
@@ -119,8 +122,11 @@ impl Composer {
             self.web.sample_answers_soon(now);
         }
         let draining = self.drain.draining();
-        self.web
-            .hold_following(draining.then_some("a drain counts every new connection and request"));
+        self.web.hold_following(
+            draining
+                .then_some("a drain counts every new connection and request")
+                .or_else(|| self.slow.measuring(now)),
+        );
         self.web.observe(now);
         if draining {
             self.drain.note_kernel(

@@ -174,29 +174,35 @@ impl Figures {
     /// spans counted. The newest span alone, under any traffic that matters (`"always"` cuts
     /// one every FIGURES_EVERY; `"on_suspicion"` counts one window every 15 s), so a box
     /// that turns slow is compared on its slow answers, not on a median of the minute before.
+    /// `open`: the span in progress (counted up to `now`), newest of all.
     pub fn latency_since(
         &self,
         now: Instant,
         window: Duration,
         since: Option<Instant>,
         enough: u64,
+        open: Option<&Span>,
     ) -> (LatencyHist, f64, Option<Instant>) {
         let keep = window.max(MIN_LOOKBACK);
         let mut hist = LatencyHist::default();
         let (mut seconds, mut answers) = (0.0, 0);
         let mut began = None;
-        for (end, s) in self.spans.iter().rev() {
+        let open = open.map(|s| (now, s));
+        for (end, s) in open
+            .into_iter()
+            .chain(self.spans.iter().rev().map(|(e, s)| (*e, s)))
+        {
             let start = end.checked_sub(Duration::from_secs_f64(s.seconds));
             let fresh = match (since, start) {
                 (None, _) => true,
                 (Some(t), Some(start)) => start >= t,
                 (Some(_), None) => false,
             };
-            if answers >= enough || now.saturating_duration_since(*end) > keep || !fresh {
+            if answers >= enough || now.saturating_duration_since(end) > keep || !fresh {
                 break;
             }
             seconds += s.seconds;
-            began = start.or(Some(*end));
+            began = start.or(Some(end));
             for (sum, b) in hist.buckets.iter_mut().zip(s.latency.buckets.iter()) {
                 *sum += b;
                 answers += b;

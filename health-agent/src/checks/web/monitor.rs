@@ -136,6 +136,8 @@ pub struct WebMonitor {
     /// Where the current span started (the programs attached, or the last cut of an
     /// `"always"` span).
     span_from: Option<Mark>,
+    /// The span in progress ends at the next tick if it began before this (`cut_span_after`).
+    cut_after: Option<Instant>,
     /// Probes made so far, and attaches of the answer programs so far (see `Mark`).
     probes_made: u64,
     answers_attaches: u64,
@@ -208,6 +210,12 @@ const TRAFFIC_HOLD: Duration = Duration::from_secs(2);
 /// the per-call cost for a web part that is measured.
 const COUNT_FOR: Duration = Duration::from_millis(450);
 const COUNT_EVERY: Duration = Duration::from_secs(15);
+/// … but a window that saw requests and fewer than WINDOW_ANSWERS answers stays open until it
+/// has them, for at most COUNT_LONGEST: a backend starved of CPU answers after 450 ms, and
+/// its latency against its peers' (`fleet::latency`) would never be counted. A busy backend
+/// fills a window in its first 450 ms, so the cost stays where it matters little.
+const COUNT_LONGEST: Duration = Duration::from_secs(3);
+const WINDOW_ANSWERS: u64 = 10;
 /// `socket_tracing = "on_suspicion"`: the answer programs (status classes) run per packet of
 /// the watched port, so they too attach only while the programs that follow connections are
 /// (a counting window, a suspicion), for a longer sampling window of ANSWERS_FOR every
@@ -283,6 +291,7 @@ impl WebMonitor {
             figures: Figures::default(),
             tally: Tally::default(),
             span_from: None,
+            cut_after: None,
             probes_made: 0,
             answers_attaches: 0,
             answers: AnswerWindow::default(),

@@ -227,7 +227,7 @@ fn a_slowdown_seen_here_first_waits_for_the_peers_figures_counted_after_it() {
         round_started: Some(started),
         now,
     };
-    let mut t = SlowTracker::new(3.0);
+    let mut t = SlowTracker::new(3.0, None);
     let mut report = crate::fleet::FleetReport::default();
     // The peers' views were asked for before it looked slow: it asks them, it is not out.
     assert!(t.round(input(t0, t0), &mut report).is_none());
@@ -249,4 +249,44 @@ fn a_slowdown_seen_here_first_waits_for_the_peers_figures_counted_after_it() {
     let again = later + Duration::from_secs(10);
     assert!(t.round(input(later, again), &mut report).is_none());
     assert!(report.asking_latency);
+}
+
+#[test]
+fn a_mixed_instances_group_compares_like_with_like() {
+    let typed = |p50: f64, t: Option<&str>| PeerLatency {
+        instance_type: t.map(String::from),
+        ..lat(p50, 200)
+    };
+    let list = |v: &[(f64, Option<&str>)]| -> Vec<(String, PeerLatency)> {
+        v.iter()
+            .enumerate()
+            .map(|(i, (p50, t))| (format!("10.0.0.{i}:8080"), typed(*p50, *t)))
+            .collect()
+    };
+    // A t3.small among c5.2xlarge peers, 4× their median: not compared, and said why.
+    let own = typed(40.0, Some("t3.small"));
+    let bigger = list(&[(10.0, Some("c5.2xlarge")), (10.0, Some("c5.2xlarge"))]);
+    match compare(&own, &bigger, 3.0) {
+        Comparison::NoPeers(why) => {
+            assert!(why.contains("of this instance's type (t3.small)"), "{why}");
+            assert!(why.contains("10.0.0.0:8080 is c5.2xlarge"), "{why}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Two peers of its own type among others: compared with those two only.
+    let mixed = list(&[
+        (10.0, Some("t3.small")),
+        (40.0, Some("c5.2xlarge")),
+        (11.0, Some("t3.small")),
+    ]);
+    match compare(&own, &mixed, 3.0) {
+        Comparison::Slow(c) => {
+            assert_eq!(c.peers.len(), 2, "{c:?}");
+            assert!((c.peers_p50_ms - 10.5).abs() < 0.01, "{c:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Peers that do not say their type (older agents) are compared with, as before.
+    let untyped = list(&[(10.0, None), (10.0, None)]);
+    assert!(matches!(compare(&own, &untyped, 3.0), Comparison::Slow(_)));
 }

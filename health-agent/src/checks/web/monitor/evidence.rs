@@ -227,8 +227,13 @@ impl WebMonitor {
                 }
                 return;
             }
-            Some(from) => !attached || now.saturating_duration_since(from.at) >= FIGURES_EVERY,
+            Some(from) => {
+                !attached
+                    || now.saturating_duration_since(from.at) >= FIGURES_EVERY
+                    || self.cut_after.is_some_and(|t| from.at < t)
+            }
         };
+        self.cut_after = None;
         if !cut {
             return;
         }
@@ -236,11 +241,7 @@ impl WebMonitor {
             self.span_from = None;
             return;
         };
-        let probe_class = self
-            .last_probe
-            .as_ref()
-            .and_then(|p| p.status)
-            .map_or(2, |s| usize::from(s / 100));
+        let probe_class = self.probe_class();
         if let Some(span) = self
             .span_from
             .as_ref()
@@ -249,6 +250,29 @@ impl WebMonitor {
             self.figures.record(now, span, self.cfg.latency_window);
         }
         self.span_from = attached.then_some(end);
+    }
+
+    /// The class the probe's latest answer had: the probe path's answers come off it.
+    fn probe_class(&self) -> usize {
+        self.last_probe
+            .as_ref()
+            .and_then(|p| p.status)
+            .map_or(2, |s| usize::from(s / 100))
+    }
+
+    /// The span in progress, counted up to `now` (None while the programs are detached).
+    pub(super) fn open_span(&self, now: Instant) -> Option<crate::checks::web::figures::Span> {
+        let from = self.span_from.as_ref()?;
+        from.span_to(&self.mark(now)?, self.probe_class())
+    }
+
+    /// Ends the span in progress at the next tick if it began before `t`: the figures asked
+    /// for answers since `t` (a restart's return, a peer's question) then count from the
+    /// next tick, not from the next FIGURES_EVERY.
+    pub fn cut_span_after(&mut self, t: Instant) {
+        if self.span_from.as_ref().is_some_and(|f| f.at < t) {
+            self.cut_after = Some(t);
+        }
     }
 
     /// Adds this round's answers to the counter `/metrics` exports: the kernel's totals while
@@ -296,9 +320,10 @@ impl WebMonitor {
         Option<Instant>,
     )> {
         self.figures(now)?;
+        let open = self.open_span(now);
         let (hist, seconds, began) =
             self.figures
-                .latency_since(now, self.cfg.latency_window, since, enough);
+                .latency_since(now, self.cfg.latency_window, since, enough, open.as_ref());
         let basis = if self.cfg.socket_tracing == SocketTracing::Always {
             "counted"
         } else {

@@ -189,6 +189,7 @@ impl WebMonitor {
             });
             return;
         }
+        let thin = self.counting_since.is_some() && self.window_too_thin(now);
         let Some(k) = self.kernel.as_mut() else {
             return;
         };
@@ -199,7 +200,8 @@ impl WebMonitor {
         // A counting window: opened while detached and sock_diag is unsure, closed after
         // COUNT_FOR (unless a suspicion keeps the programs on).
         if let Some(t) = self.counting_since {
-            if now.saturating_duration_since(t) >= COUNT_FOR {
+            let open = now.saturating_duration_since(t);
+            if open >= COUNT_FOR && (open >= COUNT_LONGEST || !thin) {
                 self.counting_since = None;
                 self.counted_at = Some(now);
             }
@@ -261,9 +263,11 @@ impl WebMonitor {
             _ if self.follow_failed => "attaching failed; sock_diag and the probe only".into(),
             _ if attached && self.held.is_some() => self.held.unwrap_or_default().to_string(),
             _ if counting && attached => format!(
-                "counting exchanges for {} ms every {} s: keep-alive requests come back to back, \
-                 and sock_diag cannot tell those in service from those answered",
+                "counting exchanges for {} ms (up to {} s until {WINDOW_ANSWERS} answers) every \
+                 {} s: keep-alive requests come back to back, and sock_diag cannot tell those in \
+                 service from those answered",
                 COUNT_FOR.as_millis(),
+                COUNT_LONGEST.as_secs(),
                 COUNT_EVERY.as_secs()
             ),
             (Some((t, w)), true) => format!(
@@ -283,6 +287,15 @@ impl WebMonitor {
             connections: self.sockets.clone(),
             quiet_read_every_ms: Some(self.quiet_every.as_millis() as u64),
         });
+    }
+
+    /// Whether the counting window open now saw requests arrive and fewer than WINDOW_ANSWERS
+    /// answered: too few to say how fast the backend answers. A backend starved of CPU answers
+    /// after the short window has closed, and its latency would never be seen.
+    fn window_too_thin(&self, now: Instant) -> bool {
+        self.open_span(now).is_some_and(|s| {
+            s.requests > 0 && s.latency.buckets.iter().sum::<u64>() < WINDOW_ANSWERS
+        })
     }
 
     /// With `socket_tracing = "on_suspicion"` in the full tier: attaches the answer programs
