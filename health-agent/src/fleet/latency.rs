@@ -36,6 +36,11 @@ pub const MIN_PEERS: usize = 2;
 /// How long the connection programs stay attached (`"on_suspicion"`) after this instance last
 /// looked slow against its peers.
 const MEASURE_FOR: Duration = Duration::from_secs(30);
+/// A restart of a box slow against its peers recovers only once the answers after it have
+/// compared alike this long: a restarted server's first answers can be quick (its CPU quota
+/// unspent, its clients still reconnecting) and the slowness back seconds later — one
+/// restart that did not help, not two.
+pub const RECOVER_FOR: Duration = Duration::from_secs(10);
 /// A difference smaller than this is no slowness, whatever the ratio.
 pub const MIN_GAP_MS: f64 = 10.0;
 
@@ -253,6 +258,9 @@ pub struct SlowTracker {
     measure_until: Option<Instant>,
     /// The latest restart's return, as the previous round knew it.
     last_since: Option<Instant>,
+    /// Since when the answers after a restart (judged on a held judgement from before it)
+    /// have compared alike (`RECOVER_FOR`).
+    alike_since: Option<Instant>,
 }
 
 /// Whether `p`'s figures, from a round asked at `asked`, count only answers that began at or
@@ -269,15 +277,34 @@ fn counted_after(p: &PeerLatency, asked: Option<Instant>, after: Instant) -> boo
 impl SlowTracker {
     /// Takes in this round's comparison, made on the answers since `since`; returns the
     /// judgement: slow (with its figures) or not.
-    pub fn observe(&mut self, c: &Comparison, since: Option<Instant>) -> Option<&Compared> {
+    /// A judgement from before the latest restart holds through RECOVER_FOR of alike answers
+    /// after it (`now`).
+    pub fn observe(
+        &mut self,
+        c: &Comparison,
+        since: Option<Instant>,
+        now: Instant,
+    ) -> Option<&Compared> {
         self.judged_now = false;
+        let judging_restart = self.held.is_some() && since.is_some() && self.judged_since != since;
         match c {
             Comparison::Slow(f) => {
                 self.held = Some(f.clone());
                 self.judged_since = since;
                 self.judged_now = true;
+                self.alike_since = None;
             }
-            Comparison::Alike(_) | Comparison::NoPeers(_) => self.held = None,
+            Comparison::Alike(_) if judging_restart => {
+                let alike = *self.alike_since.get_or_insert(now);
+                if now.saturating_duration_since(alike) >= RECOVER_FOR {
+                    self.held = None;
+                    self.alike_since = None;
+                }
+            }
+            Comparison::Alike(_) | Comparison::NoPeers(_) => {
+                self.held = None;
+                self.alike_since = None;
+            }
             // Too few answers since a restart: the judgement holds until they come.
             Comparison::TooFewHere(_) => {}
         }
@@ -455,7 +482,7 @@ impl SlowTracker {
             .map(|(a, l)| (a.clone(), l.clone()))
             .collect();
         let comparison = compare(&own, &peers, threshold);
-        let mut slow = self.observe(&comparison, since).cloned();
+        let mut slow = self.observe(&comparison, since, now).cloned();
         let slow_since = *self.slow_since.get_or_insert(now);
         if slow.is_none() {
             self.slow_since = None;

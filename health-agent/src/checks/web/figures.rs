@@ -37,6 +37,9 @@ pub struct Span {
     /// Requests that arrived — a connection as its handshake completes, and each later
     /// request of a keep-alive connection as it is read —, the agent's own probes left out.
     pub requests: u64,
+    /// Exchanges the backend answered (its first response byte sent), the agent's own probes
+    /// left out: timed or not (the probe path's answers keep out of the latency).
+    pub answered: u64,
     pub latency: LatencyHist,
     /// Answers by status class and the probe path's answers, when the answer programs were
     /// attached all through the span.
@@ -48,6 +51,7 @@ pub struct Span {
 pub struct Mark {
     pub at: Instant,
     pub requests: u64,
+    pub answered: u64,
     pub latency: LatencyHist,
     /// The answer programs' counters, and how many times they had been attached then (a span
     /// they were detached in, even briefly, has no classes).
@@ -86,6 +90,10 @@ impl Mark {
         Some(Span {
             seconds: end.at.saturating_duration_since(self.at).as_secs_f64(),
             requests: (end.requests - self.requests).saturating_sub(probes),
+            answered: end
+                .answered
+                .saturating_sub(self.answered)
+                .saturating_sub(probes),
             latency,
             answers,
         })
@@ -216,10 +224,9 @@ impl Figures {
     /// answers the next span will show.
     pub fn newest_starved(&self, now: Instant, within: Duration) -> bool {
         self.spans.back().is_some_and(|(end, s)| {
-            let answered: u64 = s.latency.buckets.iter().sum();
             now.saturating_duration_since(*end) <= within
                 && s.requests >= STARVED_MIN_REQUESTS
-                && answered * 3 <= s.requests
+                && s.answered * 3 <= s.requests
         })
     }
 
@@ -303,6 +310,7 @@ mod tests {
         Mark {
             at,
             requests,
+            answered: requests,
             latency,
             answers,
             probes,
@@ -381,5 +389,29 @@ mod tests {
         let r = f.report(t0 + s, 60 * s, false);
         assert_eq!(r.requests_per_second, Some(0.0));
         assert!(r.traffic.starts_with("no traffic"), "{r:?}");
+    }
+
+    /// Answers the latency leaves out (real traffic on the probe path) are answers all the
+    /// same: a backend that answers them is not starved; one that answers a tenth is.
+    #[test]
+    fn starved_counts_answers_timed_or_not() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut f = Figures::default();
+        let mut end = mark(t0 + s, 100, 0, None);
+        end.latency = LatencyHist::default();
+        f.record(
+            t0 + s,
+            mark(t0, 0, 0, None).span_to(&end, 2).unwrap(),
+            60 * s,
+        );
+        assert!(!f.newest_starved(t0 + s, s), "100 answered, none timed");
+        end.answered = 10;
+        f.record(
+            t0 + s,
+            mark(t0, 0, 0, None).span_to(&end, 2).unwrap(),
+            60 * s,
+        );
+        assert!(f.newest_starved(t0 + s, s), "10 answered of 100");
     }
 }

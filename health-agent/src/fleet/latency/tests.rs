@@ -183,21 +183,55 @@ fn the_judgement_holds_until_answers_after_a_restart_make_one() {
     let few = compare(&lat(50.0, 3), &peers(&[(5.0, 200), (5.0, 200)]), 3.0);
     let fine = compare(&lat(5.0, 200), &peers(&[(5.0, 200), (5.0, 200)]), 3.0);
     let mut t = SlowTracker::default();
-    assert!(t.observe(&slow, None).is_some());
+    assert!(t.observe(&slow, None, t0).is_some());
     assert_eq!(t.judged_since(), Some(None));
     // A restart returned at t0: three answers since, too few: held, not judged afresh.
-    assert!(t.observe(&few, Some(t0)).is_some());
+    assert!(t.observe(&few, Some(t0), t0).is_some());
     assert_eq!(t.judged_since(), None);
     // Enough answers since it, still slow: judged on them.
-    assert!(t.observe(&slow, Some(t0)).is_some());
+    assert!(t.observe(&slow, Some(t0), t0).is_some());
     assert_eq!(t.judged_since(), Some(Some(t0)));
     // Fine: gone.
-    assert!(t.observe(&fine, Some(t0)).is_none());
+    assert!(t.observe(&fine, Some(t0), t0).is_none());
     assert_eq!(t.judged_since(), None);
     // No peers to compare: judged alone, as without [fleet].
-    assert!(t.observe(&slow, None).is_some());
+    assert!(t.observe(&slow, None, t0).is_some());
     let alone = compare(&lat(50.0, 200), &peers(&[(5.0, 200)]), 3.0);
-    assert!(t.observe(&alone, None).is_none());
+    assert!(t.observe(&alone, None, t0).is_none());
+}
+
+/// The answers after a restart compare alike at first and slow two seconds later (a
+/// restarted server's CPU quota unspent): the restart is judged on the slow ones, not
+/// recovered on the quick ones; alike for RECOVER_FOR, it recovered.
+#[test]
+fn a_restart_recovers_only_after_its_answers_stay_alike() {
+    let t0 = Instant::now();
+    let s = Duration::from_secs(1);
+    let slow = compare(&lat(50.0, 200), &peers(&[(5.0, 200), (5.0, 200)]), 3.0);
+    let fine = compare(&lat(5.0, 20), &peers(&[(5.0, 200), (5.0, 200)]), 3.0);
+    let mut t = SlowTracker::default();
+    assert!(t.observe(&slow, None, t0).is_some());
+    // The restart returned at t0 + 1 s; its first answers are quick: held, not judged.
+    let back = Some(t0 + s);
+    assert!(t.observe(&fine, back, t0 + 2 * s).is_some());
+    assert_eq!(t.judged_since(), None);
+    assert!(t.observe(&fine, back, t0 + 3 * s).is_some());
+    // Slow again: judged on the answers after the return (the restart failed).
+    assert!(t.observe(&slow, back, t0 + 4 * s).is_some());
+    assert_eq!(t.judged_since(), Some(back));
+
+    // Another incident, another restart whose answers stay alike: recovered after
+    // RECOVER_FOR of them, not before.
+    let mut t = SlowTracker::default();
+    assert!(t.observe(&slow, None, t0).is_some());
+    assert!(t.observe(&fine, back, t0 + 2 * s).is_some());
+    assert!(t
+        .observe(&fine, back, t0 + 2 * s + RECOVER_FOR - s)
+        .is_some());
+    assert!(t.observe(&fine, back, t0 + 2 * s + RECOVER_FOR).is_none());
+    // Once recovered, alike answers clear a new judgement at once (no restart being judged).
+    assert!(t.observe(&slow, back, t0 + 20 * s).is_some());
+    assert!(t.observe(&fine, back, t0 + 21 * s).is_none());
 }
 
 #[test]

@@ -205,6 +205,7 @@ impl WebMonitor {
         Some(Mark {
             at: now,
             requests: c.arrivals(),
+            answered: c.exchanges_out,
             latency,
             answers,
             probes: self.probes_made,

@@ -190,6 +190,17 @@ impl WebMonitor {
             return;
         }
         let thin = self.counting_since.is_some() && self.window_too_thin(now);
+        let window_figures = self
+            .open_span(now)
+            .map(|s| {
+                format!(
+                    "{} requests, {} answered, {} timed",
+                    s.requests,
+                    s.answered,
+                    s.latency.buckets.iter().sum::<u64>()
+                )
+            })
+            .unwrap_or_default();
         let Some(k) = self.kernel.as_mut() else {
             return;
         };
@@ -241,7 +252,11 @@ impl WebMonitor {
                     self.last_counters = None;
                 }
                 Ok(()) if self.counted_at == Some(now) => {
-                    tracing::debug!("counting window of port {} closed", self.cfg.port);
+                    tracing::debug!(
+                        "counting window of port {} closed: {}",
+                        self.cfg.port,
+                        window_figures
+                    );
                 }
                 Ok(()) => tracing::info!(
                     "connection programs detached: nothing suspicious for {}s; sock_diag reads \
@@ -293,9 +308,8 @@ impl WebMonitor {
     /// answered: too few to say how fast the backend answers. A backend starved of CPU answers
     /// after the short window has closed, and its latency would never be seen.
     fn window_too_thin(&self, now: Instant) -> bool {
-        self.open_span(now).is_some_and(|s| {
-            s.requests > 0 && s.latency.buckets.iter().sum::<u64>() < WINDOW_ANSWERS
-        })
+        self.open_span(now)
+            .is_some_and(|s| s.requests > 0 && s.answered < WINDOW_ANSWERS)
     }
 
     /// With `socket_tracing = "on_suspicion"` in the full tier: attaches the answer programs
