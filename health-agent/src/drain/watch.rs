@@ -3,7 +3,7 @@
 //! before is a new arrival, and new bytes received on one already seen are a new request (several
 //! keep-alive requests within one read count once); both are kept with the peer's address. In
 //! flight: connections in the accept queue, with a request unread, or read and unanswered. The
-//! agent's own probe connections are left out (`probe::own_sources`): a new connection is
+//! agent's own probe connections are left out (the probe's ledger): a new connection is
 //! counted one read late, once the probe has had time to say it is its own.
 //!
 //! A connection that opens and closes between two reads is not seen: a sender that keeps
@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Drain, RECENT};
 use crate::{
-    checks::probe::{self, SharedProbeTarget},
+    checks::probe::{ProbeLedger, SharedProbeTarget},
     net::{Diag, ListenAddrs, TcpConn, TCP_CLOSE_WAIT},
     netns::Namespace,
 };
@@ -170,11 +170,12 @@ impl Reader {
     fn read(
         &mut self,
         target: &SharedProbeTarget,
+        probes: &ProbeLedger,
         port: u16,
         now: Instant,
     ) -> std::io::Result<Read> {
         let (conns, closed) = self.connections(target, port)?;
-        let own: HashSet<SocketAddr> = probe::own_sources().into_iter().map(key).collect();
+        let own: HashSet<SocketAddr> = probes.own_sources().into_iter().map(key).collect();
         let mut out = Read {
             in_flight: 0,
             arrivals: Vec::new(),
@@ -238,10 +239,12 @@ impl Reader {
     }
 }
 
-/// Reads the backend's connections while a drain runs; sleeps until one starts otherwise.
+/// Reads the backend's connections while a drain runs (leaving out what `probes` says is the
+/// agent's own); sleeps until one starts otherwise.
 pub fn spawn_watch(
     drain: Drain,
     target: Option<SharedProbeTarget>,
+    probes: ProbeLedger,
     port: u16,
     shutdown: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
@@ -258,7 +261,7 @@ pub fn spawn_watch(
             loop {
                 let now = Instant::now();
                 let read = match &target {
-                    Some(t) if port != 0 => reader.read(t, port, now),
+                    Some(t) if port != 0 => reader.read(t, &probes, port, now),
                     _ => Ok(Read {
                         in_flight: 0,
                         arrivals: Vec::new(),

@@ -129,11 +129,8 @@ impl Composer {
         );
         self.web.observe(now);
         if draining {
-            self.drain.note_kernel(
-                self.web.kernel_arrivals(),
-                crate::checks::probe::probes_started(),
-                now,
-            );
+            self.drain
+                .note_kernel(self.web.kernel_arrivals(), self.web.probes().started(), now);
         }
         let answered = self.web.answered_at();
         self.witness.update(|e| e.web_answered = answered);

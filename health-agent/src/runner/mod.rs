@@ -106,6 +106,7 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
         crate::fleet::Witness::new(slots.0.database.is_some().then(|| slots.1.recheck.clone()));
     let Checks {
         web,
+        probes,
         system,
         docker,
         ..
@@ -120,6 +121,7 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
     crate::drain::spawn_watch(
         drain.clone(),
         Some(web.probe_target()),
+        probes,
         cfg.web.port,
         shutdown.clone(),
     );

@@ -23,7 +23,7 @@ use super::{
     Following, KernelCounters, KernelState, KernelStatus, ProcessView, WebReport,
 };
 use crate::{
-    checks::probe::{ProbeResult, ProbeTarget, SharedProbeTarget},
+    checks::probe::{ProbeLedger, ProbeResult, ProbeTarget, SharedProbeTarget},
     config::{AcceptTracing, KernelTier, SocketTracing, WebConfig},
     docker::ContainerNet,
     ebpf::{KernelSample, KernelView, PortSample},
@@ -48,6 +48,8 @@ pub struct WebMonitor {
     container_net: Option<Result<ContainerNet, crate::docker::DockerError>>,
     /// Where the probe task connects: set from the listeners seen.
     probe_target: SharedProbeTarget,
+    /// What the agent's own probes put on the port: left out of what sock_diag shows.
+    probes: ProbeLedger,
     kernel: Option<KernelView>,
     kernel_status: KernelStatus,
     owners: Vec<u32>,
@@ -229,11 +231,12 @@ const ANSWERS_EVERY: Duration = Duration::from_secs(30);
 
 impl WebMonitor {
     /// A monitor on `kernel` (loaded by `load_kernel`, or None: probe, accept queue and /proc
-    /// only), whose reports carry `kernel_status`.
+    /// only), whose reports carry `kernel_status`; `probes` is the probe task's ledger.
     pub fn new(
         cfg: WebConfig,
         mut kernel: Option<KernelView>,
         kernel_status: KernelStatus,
+        probes: ProbeLedger,
     ) -> Self {
         if let Some(k) = kernel.as_mut() {
             k.set_probe_path(&cfg.probe_path);
@@ -244,6 +247,7 @@ impl WebMonitor {
             target: None,
             container_net: None,
             probe_target: SharedProbeTarget::default(),
+            probes,
             kernel,
             kernel_status,
             owners: Vec::new(),
@@ -505,6 +509,11 @@ impl WebMonitor {
         self.probe_target.clone()
     }
 
+    /// The probe task's ledger, which this monitor reads.
+    pub fn probes(&self) -> &ProbeLedger {
+        &self.probes
+    }
+
     /// The answers' evidence for the peers and for judging a restart: since when the window
     /// runs, and when it last showed real answers mostly fine.
     pub fn answers_window(&self) -> &AnswerWindow {
@@ -551,7 +560,7 @@ mod tests {
         };
         let (kernel, status) = load_kernel(&cfg);
         assert_eq!(status.state, KernelState::Disabled);
-        let mut m = WebMonitor::new(cfg, kernel, status);
+        let mut m = WebMonitor::new(cfg, kernel, status, ProbeLedger::default());
         let t0 = Instant::now();
         // A real failure starts the clock; then the agent runs out of descriptors for a minute.
         m.record_probe(failed(false), t0);
@@ -591,7 +600,7 @@ mod tests {
             ..WebConfig::default()
         };
         let (kernel, status) = load_kernel(&cfg);
-        let mut m = WebMonitor::new(cfg, kernel, status);
+        let mut m = WebMonitor::new(cfg, kernel, status, ProbeLedger::default());
         let t0 = Instant::now();
         let answered = |status| ProbeResult {
             ok: false,
@@ -621,7 +630,7 @@ mod tests {
             ..WebConfig::default()
         };
         let (kernel, status) = load_kernel(&cfg);
-        let mut m = WebMonitor::new(cfg, kernel, status);
+        let mut m = WebMonitor::new(cfg, kernel, status, ProbeLedger::default());
         let t0 = Instant::now();
         let missing = || Err(crate::docker::DockerError::NoSuchContainer("wbe".into()));
         m.set_container(missing());

@@ -77,7 +77,7 @@ impl WebMonitor {
         match t.diag.server_connections(t.port, &self.listen_addrs) {
             Ok(conns) => {
                 let v = SocketView::of(&conns);
-                let own = crate::checks::probe::own_sources();
+                let own = self.probes.own_sources();
                 let moves = self.socket_moves.update(&conns, &v, &own);
                 if let (Some(a), Some(b)) = (cpu_before, process::thread_cpu_time()) {
                     self.quiet_every = (b.saturating_sub(a) * QUIET_BUDGET)
