@@ -127,15 +127,33 @@ impl Composer {
                 .then_some("a drain counts every new connection and request")
                 .or_else(|| self.slow.measuring(now)),
         );
+        self.web.want_port_reads(draining);
         self.web.observe(now);
         if draining {
             self.drain
                 .note_kernel(self.web.kernel_arrivals(), self.web.probes().started(), now);
+            if let Some(read) = self.web.take_port_read() {
+                self.drain.note_port(read, now);
+            }
         }
         let answered = self.web.answered_at();
         self.witness.update(|e| e.web_answered = answered);
         if let Some(s) = self.web.load_sample() {
             self.meter.tick(now, s);
+        }
+    }
+
+    /// When a drain wants the port read between ticks (None: no drain runs).
+    pub fn next_port_read(&self) -> Option<Instant> {
+        self.drain.next_read()
+    }
+
+    /// Between ticks, once the drain's read is due: the web monitor reads the port for it. The
+    /// round and the monitor's own view keep their tick.
+    pub fn read_port_for_drain(&mut self, now: Instant) {
+        if self.drain.next_read().is_some_and(|t| t <= now) {
+            let read = self.web.read_port();
+            self.drain.note_port(read, now);
         }
     }
 

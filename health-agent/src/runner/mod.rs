@@ -106,7 +106,6 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
         crate::fleet::Witness::new(slots.0.database.is_some().then(|| slots.1.recheck.clone()));
     let Checks {
         web,
-        probes,
         system,
         docker,
         ..
@@ -117,13 +116,6 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
         Some(cfg.drain.state_file.clone()),
         cfg.web.port != 0,
         cfg.checks.boot_grace,
-    );
-    crate::drain::spawn_watch(
-        drain.clone(),
-        Some(web.probe_target()),
-        probes,
-        cfg.web.port,
-        shutdown.clone(),
     );
     let mut composer = Composer::new(cfg.clone(), started, web, system, healer, slots)
         .with_witness(witness.clone())
@@ -172,6 +164,7 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
     let loop_publisher = publisher.clone();
     let loop_shutdown = shutdown.clone();
     let loop_drain = drain.clone();
+    let drain_started = drain.woken();
     let composer = tokio::spawn(async move {
         let publisher = loop_publisher;
         // Pinged once per completed round below: a loop stuck in a round stops the pings.
@@ -180,12 +173,20 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let look = composer.web.next_look(Instant::now());
-            tokio::select! {
+            let port_read = composer.next_port_read();
+            let between = tokio::select! {
                 _ = loop_shutdown.cancelled() => break,
-                _ = tick.tick() => {}
-                _ = sleep_until(look) => {}
-            }
+                _ = tick.tick() => false,
+                _ = sleep_until(look) => false,
+                _ = sleep_until(port_read) => true,
+                _ = drain_started.notified() => true,
+            };
             let now = Instant::now();
+            if between {
+                // A drain reads the port more often than a tick may come.
+                composer.read_port_for_drain(now);
+                continue;
+            }
             if let Some(w) = watchdog.as_mut() {
                 w.kick(now);
             }

@@ -16,7 +16,7 @@ use super::{
     latency::LatencyWindow,
     process::{self, CpuMeter, WorkerView},
     progress::{Moves, Progress},
-    sockets::{SocketMoves, SocketView},
+    sockets::{PortRead, SocketMoves, SocketView},
     tally::{Tally, CLASSES as ANSWER_CLASSES},
     target::{self, Target, Unresolved},
     verdict::{self, Evidence, KernelEvidence},
@@ -35,6 +35,7 @@ mod evaluate;
 mod evidence;
 mod load;
 mod look;
+mod port;
 mod steer;
 
 pub use load::load_kernel;
@@ -50,6 +51,10 @@ pub struct WebMonitor {
     probe_target: SharedProbeTarget,
     /// What the agent's own probes put on the port: left out of what sock_diag shows.
     probes: ProbeLedger,
+    /// Others (the drain) want each tick's read of the port (see `port.rs`)…
+    port_wanted: bool,
+    /// … and this tick's, until they take it.
+    port_read: Option<std::io::Result<PortRead>>,
     kernel: Option<KernelView>,
     kernel_status: KernelStatus,
     owners: Vec<u32>,
@@ -248,6 +253,8 @@ impl WebMonitor {
             container_net: None,
             probe_target: SharedProbeTarget::default(),
             probes,
+            port_wanted: false,
+            port_read: None,
             kernel,
             kernel_status,
             owners: Vec::new(),
@@ -318,9 +325,11 @@ impl WebMonitor {
     pub fn observe(&mut self, now: Instant) {
         // With `socket_tracing = "on_suspicion"`, or below the `full` tier, the port's
         // connections (one sock_diag dump filtered by port): what moved on them, and whether
-        // anything is suspicious.
+        // anything is suspicious. While others want the port read, that read comes first and
+        // serves this one when it can.
+        let shared = self.read_port_for_tick();
         let seen = if self.sockets_due(now) {
-            self.read_sockets(now)
+            self.read_sockets(now, shared)
         } else {
             None
         };
