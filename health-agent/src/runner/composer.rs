@@ -143,20 +143,6 @@ impl Composer {
         }
     }
 
-    /// When a drain wants the port read between ticks (None: no drain runs).
-    pub fn next_port_read(&self) -> Option<Instant> {
-        self.drain.next_read()
-    }
-
-    /// Between ticks, once the drain's read is due: the web monitor reads the port for it. The
-    /// round and the monitor's own view keep their tick.
-    pub fn read_port_for_drain(&mut self, now: Instant) {
-        if self.drain.next_read().is_some_and(|t| t <= now) {
-            let read = self.web.read_port();
-            self.drain.note_port(read, now);
-        }
-    }
-
     /// S from the meter, the host's CPU and memory, and whether a dependency fault holds.
     fn saturation(&mut self, report: &Report, now: Instant) -> SaturationReport {
         let withheld = withheld(report)

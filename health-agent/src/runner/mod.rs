@@ -173,7 +173,7 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let look = composer.web.next_look(Instant::now());
-            let port_read = composer.next_port_read();
+            let port_read = loop_drain.next_read();
             let between = tokio::select! {
                 _ = loop_shutdown.cancelled() => break,
                 _ = tick.tick() => false,
@@ -183,8 +183,11 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
             };
             let now = Instant::now();
             if between {
-                // A drain reads the port more often than a tick may come.
-                composer.read_port_for_drain(now);
+                // A drain reads the port more often than a tick may come: the web monitor reads
+                // it for the drain, and the round keeps its tick.
+                if loop_drain.next_read().is_some_and(|t| t <= now) {
+                    loop_drain.note_port(composer.web.read_port(), now);
+                }
                 continue;
             }
             if let Some(w) = watchdog.as_mut() {
