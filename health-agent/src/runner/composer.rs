@@ -118,6 +118,8 @@ impl Composer {
 
     /// Every tick: the kernel view (one map read) and the saturation meter.
     pub fn observe(&mut self, now: Instant) {
+        // A drain takes each tick's read of the port (below).
+        self.web.want_port_reads(self.drain.draining());
         if self.witness.take_answers_wanted() {
             self.web.sample_answers_soon(now);
         }
@@ -127,7 +129,6 @@ impl Composer {
                 .then_some("a drain counts every new connection and request")
                 .or_else(|| self.slow.measuring(now)),
         );
-        self.web.want_port_reads(draining);
         self.web.observe(now);
         if draining {
             self.drain

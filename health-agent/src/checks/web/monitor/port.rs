@@ -112,8 +112,9 @@ mod tests {
         probes.note_own(client.local_addr().unwrap(), Instant::now());
         std::thread::sleep(Duration::from_millis(20));
 
-        // Read only when asked: a tick without the drain makes none.
-        let t = Instant::now();
+        // Read only when asked: a tick without the drain makes none. (A quiet second after
+        // the first look: the monitor reads the port itself at both ticks.)
+        let t = Instant::now() + QUIET_READ_EVERY;
         m.observe(t);
         assert!(m.take_port_read().is_none());
         m.want_port_reads(true);
@@ -125,6 +126,9 @@ mod tests {
         assert!(read.connections[0].request_unanswered(), "{read:?}");
         assert!(read.closed.contains(&gone_peer), "{read:?}");
         assert_eq!(read.own, vec![client.local_addr().unwrap()]);
+        // The monitor's own view of the tick, from the same dump: the request in service.
+        let v = m.sockets.clone().expect("the monitor read the port too");
+        assert_eq!((v.connections, v.pending), (1, 1), "{v:?}");
 
         // Nothing listens: nothing can reach it, whatever connections remain.
         drop(l);
