@@ -33,7 +33,7 @@ use serde::Serialize;
 
 pub use figures::FiguresReport;
 pub use latency::{percentiles, LatencySummary};
-pub use monitor::{load_kernel, WebMonitor};
+pub use monitor::{load_kernel, TickSample, WebMonitor};
 pub use process::{DependencyWait, WorkerView};
 pub use sockets::PortRead;
 pub use tally::{TallyReport, CLASSES as ANSWER_CLASSES};

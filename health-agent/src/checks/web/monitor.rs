@@ -39,6 +39,7 @@ mod port;
 mod steer;
 
 pub use load::load_kernel;
+pub use port::TickSample;
 
 pub struct WebMonitor {
     cfg: WebConfig,
@@ -53,7 +54,7 @@ pub struct WebMonitor {
     probes: ProbeLedger,
     /// Others (the drain) want each tick's read of the port (see `port.rs`)…
     port_wanted: bool,
-    /// … and this tick's, until they take it.
+    /// … and this tick's, until `observe` hands it over.
     port_read: Option<std::io::Result<PortRead>>,
     kernel: Option<KernelView>,
     kernel_status: KernelStatus,
@@ -320,9 +321,22 @@ impl WebMonitor {
         self.next_look.filter(|&t| t > now)
     }
 
+    /// Every tick: what the tick saw of the port, for whoever else reads it (the drain, the
+    /// saturation meter, the peers' view of this instance), handed over once.
+    pub fn observe(&mut self, now: Instant) -> TickSample {
+        self.watch(now);
+        TickSample {
+            port: self.port_read.take(),
+            kernel_arrivals: self.kernel_arrivals(),
+            probes_started: self.probes.started(),
+            answered_at: self.answered_at(),
+            load: self.load_sample(),
+        }
+    }
+
     /// Reads the kernel counters (one map read) and notes what moved since the previous tick.
     /// Runs on every tick, so the time of the last answer is known to within one tick.
-    pub fn observe(&mut self, now: Instant) {
+    fn watch(&mut self, now: Instant) {
         // With `socket_tracing = "on_suspicion"`, or below the `full` tier, the port's
         // connections (one sock_diag dump filtered by port): what moved on them, and whether
         // anything is suspicious. While others want the port read, that read comes first and
@@ -387,7 +401,7 @@ impl WebMonitor {
     /// What the saturation meter needs from the latest tick: the kernel's counters (read by
     /// `observe`, no map read here) and the server processes' CPU time (one small /proc read
     /// each). None without the kernel view or before the backend is found.
-    pub fn load_sample(&self) -> Option<crate::saturation::LoadSample> {
+    fn load_sample(&self) -> Option<crate::saturation::LoadSample> {
         self.target.as_ref()?;
         if self.kernel.as_ref().is_some_and(|k| !k.following()) && !self.counted_detaching {
             // Detached: requests in service and connections waiting, read from sock_diag —
@@ -436,7 +450,7 @@ impl WebMonitor {
     /// Arrivals the kernel counted (every connection and keep-alive request, the agent's probes
     /// included) while the connection programs are attached; None while they are not. The
     /// count restarts at each attach.
-    pub fn kernel_arrivals(&self) -> Option<u64> {
+    fn kernel_arrivals(&self) -> Option<u64> {
         self.kernel.as_ref().filter(|k| k.following())?;
         self.last_counters.as_ref().map(|c| c.arrivals())
     }
@@ -516,11 +530,6 @@ impl WebMonitor {
     /// Where the probe task should connect; None until the backend's listener is seen.
     pub fn probe_target(&self) -> SharedProbeTarget {
         self.probe_target.clone()
-    }
-
-    /// The probe task's ledger, which this monitor reads.
-    pub fn probes(&self) -> &ProbeLedger {
-        &self.probes
     }
 
     /// The answers' evidence for the peers and for judging a restart: since when the window

@@ -1,24 +1,39 @@
-//! The port read for others: while the drain watches the backend's port, the monitor reads the
-//! port's connections and those the server closed lately from its own sock_diag socket, every
-//! tick (`observe`) and between ticks when the drain asks (`read_port`), and hands each read
-//! over (`PortRead`). A tick's read serves the monitor's own view of the connections too when
-//! both look at the same listeners, so the port is dumped once.
+//! What a tick hands to the others that read the port (`TickSample`), and the port read for
+//! them: while the drain watches the backend's port, the monitor reads the port's connections
+//! and those the server closed lately from its own sock_diag socket, every tick (`observe`) and
+//! between ticks when the drain asks (`read_port`). A tick's read serves the monitor's own view
+//! of the connections too when both look at the same listeners, so the port is dumped once.
 
 use super::*;
 use crate::checks::web::sockets::PortRead;
 
+/// What one tick saw of the port, for the others that read it: the drain (the read, the
+/// kernel's count of arrivals, the probes), the saturation meter (the load), the peers' view of
+/// this instance (the last answer).
+#[derive(Debug)]
+pub struct TickSample {
+    /// The port's connections, read this tick while others want them (`want_port_reads`).
+    pub port: Option<std::io::Result<PortRead>>,
+    /// Arrivals the kernel counted (every connection and keep-alive request, the agent's probes
+    /// included) while the connection programs are attached; None while they are not. The
+    /// count restarts at each attach.
+    pub kernel_arrivals: Option<u64>,
+    /// The agent's probes begun so far (the probe's ledger).
+    pub probes_started: u64,
+    /// When the backend last answered (`WebMonitor::answered_at`).
+    pub answered_at: Option<Instant>,
+    /// What the saturation meter takes from this tick; None without the kernel view, before
+    /// the backend is found, or on a tick between two reads of the port while detached.
+    pub load: Option<crate::saturation::LoadSample>,
+}
+
 impl WebMonitor {
-    /// Whether each tick's `observe` reads the port for others (`take_port_read`).
+    /// Whether each tick's `observe` reads the port for others (`TickSample::port`).
     pub fn want_port_reads(&mut self, want: bool) {
         self.port_wanted = want;
         if !want {
             self.port_read = None;
         }
-    }
-
-    /// The read this tick's `observe` made for others, once.
-    pub fn take_port_read(&mut self) -> Option<std::io::Result<PortRead>> {
-        self.port_read.take()
     }
 
     /// The port now: its connections and the peers of those the server closed lately, while a
@@ -29,7 +44,7 @@ impl WebMonitor {
     }
 
     /// At the start of a tick, while others want the port: the read for them, kept for
-    /// `take_port_read`; and its connections when they are also what the monitor's own read
+    /// `observe` to hand over; and its connections when they are also what the monitor's own read
     /// would find (the same listeners), for `read_sockets`.
     pub(super) fn read_port_for_tick(&mut self) -> Option<Vec<net::TcpConn>> {
         if !self.port_wanted {
@@ -115,12 +130,13 @@ mod tests {
         // Read only when asked: a tick without the drain makes none. (A quiet second after
         // the first look: the monitor reads the port itself at both ticks.)
         let t = Instant::now() + QUIET_READ_EVERY;
-        m.observe(t);
-        assert!(m.take_port_read().is_none());
+        assert!(m.observe(t).port.is_none());
         m.want_port_reads(true);
-        m.observe(t);
-        let read = m.take_port_read().expect("a read this tick").unwrap();
-        assert!(m.take_port_read().is_none(), "handed over once");
+        probes.begin();
+        let tick = m.observe(t);
+        assert_eq!(tick.probes_started, 1);
+        let read = tick.port.expect("a read this tick").unwrap();
+        assert!(m.port_read.is_none(), "handed over once");
         let remotes: Vec<_> = read.connections.iter().map(|c| c.remote).collect();
         assert_eq!(remotes, vec![peer], "{read:?}");
         assert!(read.connections[0].request_unanswered(), "{read:?}");
