@@ -89,6 +89,7 @@ pub const KERNEL_NOT_LOADED: &str = "not loaded by the one-shot check: the kerne
 async fn decide(cfg: &Config) -> (Decision, Report) {
     let Checks {
         mut web,
+        probes,
         mut system,
         docker,
         docker_error,
@@ -110,7 +111,8 @@ async fn decide(cfg: &Config) -> (Decision, Report) {
     // The first look finds the listener, and with it the address to probe.
     web.evaluate(start);
     let probed = if probe_wanted(cfg) {
-        probe::probe_shared(&web.probe_target(), &probe::ProbeSpec::of(&cfg.web)).await
+        let spec = probe::ProbeSpec::of(&cfg.web);
+        probe::probe_shared(&web.probe_target(), &spec, &probes).await
     } else {
         None
     };

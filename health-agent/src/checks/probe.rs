@@ -12,7 +12,10 @@
 //! against the backend.
 
 mod answer;
+mod ledger;
 mod tls;
+
+pub use self::ledger::ProbeLedger;
 
 use std::{
     net::SocketAddr,
@@ -105,7 +108,8 @@ pub struct ProbeResult {
     pub misconfigured: Option<String>,
 }
 
-pub async fn probe(target: &ProbeTarget, spec: &ProbeSpec) -> ProbeResult {
+/// Probes `target` as `spec` says, noting in `ledger` what the probe puts on the port.
+pub async fn probe(target: &ProbeTarget, spec: &ProbeSpec, ledger: &ProbeLedger) -> ProbeResult {
     if let Some(Err(why)) = &spec.tls {
         // No client to make: the configuration's mistake, not the backend's.
         return ProbeResult {
@@ -118,7 +122,7 @@ pub async fn probe(target: &ProbeTarget, spec: &ProbeSpec) -> ProbeResult {
     let start = Instant::now();
     // Where the request went: the fallback once the first address could not be tried.
     let tried = Arc::new(Mutex::new(target.addr));
-    let outcome = tokio::time::timeout(spec.timeout, request(target, spec, &tried)).await;
+    let outcome = tokio::time::timeout(spec.timeout, request(target, spec, &tried, ledger)).await;
     let latency_ms = start.elapsed().as_secs_f64() * 1000.0;
     let addr = *tried.lock().unwrap_or_else(|e| e.into_inner());
     let target_text = addr.to_string();
@@ -179,7 +183,7 @@ pub async fn probe(target: &ProbeTarget, spec: &ProbeSpec) -> ProbeResult {
     if spec.scheme == ProbeScheme::Http
         && nothing
         && !answered_plain
-        && speaks_tls(target, spec.timeout).await
+        && speaks_tls(target, spec.timeout, ledger).await
     {
         r.timed_out = false;
         r.misconfigured = Some(format!(
@@ -203,7 +207,7 @@ fn host_header(spec: &ProbeSpec, addr: SocketAddr) -> String {
 }
 
 /// Whether the port answers a TLS handshake (any certificate, within `timeout`, at most 1 s).
-async fn speaks_tls(target: &ProbeTarget, timeout: Duration) -> bool {
+async fn speaks_tls(target: &ProbeTarget, timeout: Duration, ledger: &ProbeLedger) -> bool {
     let Ok(config) = tls::client_config(false) else {
         return false;
     };
@@ -212,7 +216,7 @@ async fn speaks_tls(target: &ProbeTarget, timeout: Duration) -> bool {
         let s = connect(target, timeout, &tried).await?;
         // The agent's own connection, as the probe's: its close is no answer of the backend.
         if let Ok(local) = s.local_addr() {
-            note_own(local);
+            ledger.note_own(local, Instant::now());
         }
         let name = tls::server_name("", target.addr);
         tokio_rustls::TlsConnector::from(config)
@@ -263,45 +267,14 @@ fn cannot_be_tried(e: &std::io::Error) -> bool {
     )
 }
 
-/// How long a probe connection's local address is remembered: longer than the backend may keep
-/// its side of the connection after the probe closed its own.
-const OWN_KEEP: Duration = Duration::from_secs(30);
-
-/// The local addresses of this process's recent probe connections, newest last.
-static OWN: Mutex<std::collections::VecDeque<(Instant, SocketAddr)>> =
-    Mutex::new(std::collections::VecDeque::new());
-
-/// The local addresses of the agent's own probe connections of the last OWN_KEEP: the drain
-/// leaves them out of what still reaches the backend.
-pub fn own_sources() -> Vec<SocketAddr> {
-    let own = OWN.lock().unwrap_or_else(|e| e.into_inner());
-    own.iter().map(|(_, a)| *a).collect()
-}
-
-/// Probes begun since the agent started, counted before they connect: the kernel's count of
-/// arrivals less these is what others sent.
-static PROBES_STARTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-pub fn probes_started() -> u64 {
-    PROBES_STARTED.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-fn note_own(local: SocketAddr) {
-    let now = Instant::now();
-    let mut own = OWN.lock().unwrap_or_else(|e| e.into_inner());
-    while own
-        .front()
-        .is_some_and(|(t, _)| now.saturating_duration_since(*t) > OWN_KEEP)
-    {
-        own.pop_front();
-    }
-    own.push_back((now, local));
-}
-
 /// Probes wherever the web monitor last saw the backend listen; None before it has.
-pub async fn probe_shared(target: &SharedProbeTarget, spec: &ProbeSpec) -> Option<ProbeResult> {
+pub async fn probe_shared(
+    target: &SharedProbeTarget,
+    spec: &ProbeSpec,
+    ledger: &ProbeLedger,
+) -> Option<ProbeResult> {
     let current = target.lock().unwrap_or_else(|e| e.into_inner()).clone()?;
-    Some(probe(&current, spec).await)
+    Some(probe(&current, spec, ledger).await)
 }
 
 /// Connects to `addr`, else — when that cannot even be tried — to `fallback`, noting in
@@ -357,11 +330,12 @@ async fn request(
     target: &ProbeTarget,
     spec: &ProbeSpec,
     tried: &Arc<Mutex<SocketAddr>>,
+    ledger: &ProbeLedger,
 ) -> std::io::Result<(u16, Option<String>)> {
-    PROBES_STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    ledger.begin();
     let s = connect(target, spec.timeout, tried).await?;
     if let Ok(local) = s.local_addr() {
-        note_own(local);
+        ledger.note_own(local, Instant::now());
     }
     let addr = *tried.lock().unwrap_or_else(|e| e.into_inner());
     let req = format!(
@@ -452,7 +426,7 @@ mod tests {
             probe_tls_verify: false,
             ..WebConfig::default()
         });
-        let r = probe(&target, &spec).await;
+        let r = probe(&target, &spec, &ProbeLedger::default()).await;
         let why = r.misconfigured.clone().unwrap_or_default();
         assert!(why.contains("web.probe_scheme = \"http\""), "{r:?}");
         assert!(!r.ok && !r.timed_out, "{r:?}");
@@ -480,18 +454,26 @@ mod tests {
             fallback: None,
             ns: ns.clone(),
         };
-        let r = probe(&at(port), &spec(Duration::from_secs(2))).await;
+        let ledger = ProbeLedger::default();
+        let r = probe(&at(port), &spec(Duration::from_secs(2)), &ledger).await;
         assert_eq!((r.ok, r.status), (false, Some(503)));
         assert_eq!(r.target, format!("127.0.0.1:{port}"));
-        let r = probe(&at(port), &spec(Duration::from_millis(200))).await;
+        let r = probe(&at(port), &spec(Duration::from_millis(200)), &ledger).await;
         assert!(r.timed_out && !r.ok, "{r:?}");
         let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let cport = closed.local_addr().unwrap().port();
         drop(closed);
-        let r = probe(&at(cport), &spec(Duration::from_secs(1))).await;
+        let r = probe(&at(cport), &spec(Duration::from_secs(1)), &ledger).await;
         assert!(
             !r.ok && !r.timed_out && r.refused && r.error.is_some(),
             "{r:?}"
         );
+        // Each probe was counted before it connected. The agent's own connections: the two
+        // probes that connected, and the TLS check after the one that got nothing back (a
+        // fresh spec: the port had not answered plain HTTP to it); the refused one made none.
+        assert_eq!(ledger.started(), 3);
+        let own = ledger.own_sources();
+        assert_eq!(own.len(), 3, "{own:?}");
+        assert!(own.iter().all(|a| a.ip().is_loopback() && a.port() != port));
     }
 }

@@ -89,7 +89,7 @@ pub fn peer_list(peers: &[(Option<IpAddr>, u32)]) -> String {
 }
 
 /// When a drain is done, for a caller that asked at `since` with `quiet` and `timeout`:
-/// drained once the watcher has read the connections twice since, nothing is in flight and
+/// drained once the port has been read twice since, nothing is in flight and
 /// nothing new arrived for `quiet` (counted from the drain's start at the earliest); timed out
 /// once `timeout` has passed since `since`.
 pub fn judge(

@@ -6,8 +6,8 @@
 //!   and the composer), what it does to the policy's decision (`apply`), and the state file
 //!   that keeps a drain across agent restarts;
 //! - `judge`: when a drain is done, the command's progress line, `details.drain`;
-//! - `watch`: the backend port's connections read through sock_diag while a drain runs: new
-//!   connections and requests by peer, and what is in flight;
+//! - `watch`: the backend port's connections while a drain runs, as the web monitor reads
+//!   them for it: new connections and requests by peer, and what is in flight;
 //! - `control`: the root-only Unix socket and the commands' client side;
 //! - `lifecycle`: the auto-scaling group's termination hook (IMDSv2, CompleteLifecycleAction).
 
@@ -30,7 +30,7 @@ pub use self::{
     judge::{
         judge, peer_list, peer_name, DrainReport, Judgement, PeerCount, ProgressLines, UNSEEN,
     },
-    watch::{spawn_watch, Progress},
+    watch::Progress,
 };
 use crate::{
     policy::Decision,
@@ -118,6 +118,8 @@ enum Phase {
 struct Inner {
     phase: Phase,
     progress: Progress,
+    /// The connections between two reads of the port.
+    reader: watch::Reader,
     kernel: KernelCount,
     /// Counts the judgements kept (`Draining::result` changed), so a command can wait until
     /// `/health` serves the one it prints.
@@ -142,7 +144,7 @@ const PROBE_CREDIT: Duration = Duration::from_secs(2);
 #[derive(Debug, Clone)]
 pub struct Drain {
     inner: Arc<Mutex<Inner>>,
-    /// Wakes the watcher when a drain starts.
+    /// Wakes the composer when a drain starts: the port is read at once.
     wake: Arc<Notify>,
     state_file: Option<PathBuf>,
     /// Whether a backend is watched at all (`web.port` set).
@@ -204,6 +206,7 @@ impl Drain {
             inner: Arc::new(Mutex::new(Inner {
                 phase,
                 progress: Progress::default(),
+                reader: watch::Reader::default(),
                 kernel: KernelCount::default(),
                 judged: 0,
             })),
@@ -260,6 +263,7 @@ impl Drain {
             result: None,
         });
         g.progress = Progress::default();
+        g.reader = watch::Reader::default();
         drop(g);
         tracing::info!(
             "draining (started by the {}): /health answers 503",
@@ -313,7 +317,7 @@ impl Drain {
         !matches!(self.lock().phase, Phase::Serving)
     }
 
-    /// The watcher's view, and when the drain started.
+    /// What the reads of the port showed, and when the drain started.
     pub fn progress(&self) -> Option<(Progress, Instant)> {
         let g = self.lock();
         match &g.phase {
@@ -530,13 +534,14 @@ impl Drain {
         p.kernel_total += came - probes_in;
     }
 
-    /// For the watcher: the progress to update while a drain runs, else None.
+    /// For the reads: the progress to update while a drain runs, else None.
     fn progress_mut(&self) -> Option<MutexGuard<'_, Inner>> {
         let g = self.lock();
         matches!(g.phase, Phase::Draining(_)).then_some(g)
     }
 
-    fn woken(&self) -> Arc<Notify> {
+    /// Notified when a drain starts (`next_read` is then due).
+    pub fn woken(&self) -> Arc<Notify> {
         self.wake.clone()
     }
 }

@@ -10,6 +10,7 @@ use crate::{
     checks::{
         database::DatabaseMonitor,
         disk::{self, DiskReport},
+        probe::ProbeLedger,
         system::SystemMonitor,
         web::{load_kernel, WebMonitor},
     },
@@ -39,6 +40,8 @@ pub enum Database {
 
 pub struct Checks {
     pub web: WebMonitor,
+    /// The probe's ledger: written by the probe task, read by the web monitor and the drain.
+    pub probes: ProbeLedger,
     pub system: SystemMonitor,
     /// For the container check, `web.container` and container restarts; None when nothing
     /// needs Docker or its client could not be made (`docker_error` then says why).
@@ -63,7 +66,8 @@ impl Checks {
             },
         };
         let (kernel, kernel_status) = load_kernel(&web_cfg);
-        let web = WebMonitor::new(web_cfg, kernel, kernel_status);
+        let probes = ProbeLedger::default();
+        let web = WebMonitor::new(web_cfg, kernel, kernel_status, probes.clone());
 
         let (docker, docker_error) = if wants_docker(cfg) {
             match Docker::connect(
@@ -107,6 +111,7 @@ impl Checks {
 
         Self {
             web,
+            probes,
             system: SystemMonitor::new(cfg.scaling.clone()),
             docker,
             docker_error,

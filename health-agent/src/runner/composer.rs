@@ -118,6 +118,7 @@ impl Composer {
 
     /// Every tick: the kernel view (one map read) and the saturation meter.
     pub fn observe(&mut self, now: Instant) {
+        self.web.want_port_reads(self.drain.draining());
         if self.witness.take_answers_wanted() {
             self.web.sample_answers_soon(now);
         }
@@ -127,17 +128,16 @@ impl Composer {
                 .then_some("a drain counts every new connection and request")
                 .or_else(|| self.slow.measuring(now)),
         );
-        self.web.observe(now);
+        let tick = self.web.observe(now);
         if draining {
-            self.drain.note_kernel(
-                self.web.kernel_arrivals(),
-                crate::checks::probe::probes_started(),
-                now,
-            );
+            self.drain
+                .note_kernel(tick.kernel_arrivals, tick.probes_started, now);
+            if let Some(read) = tick.port {
+                self.drain.note_port(read, now);
+            }
         }
-        let answered = self.web.answered_at();
-        self.witness.update(|e| e.web_answered = answered);
-        if let Some(s) = self.web.load_sample() {
+        self.witness.update(|e| e.web_answered = tick.answered_at);
+        if let Some(s) = tick.load {
             self.meter.tick(now, s);
         }
     }

@@ -117,12 +117,6 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
         cfg.web.port != 0,
         cfg.checks.boot_grace,
     );
-    crate::drain::spawn_watch(
-        drain.clone(),
-        Some(web.probe_target()),
-        cfg.web.port,
-        shutdown.clone(),
-    );
     let mut composer = Composer::new(cfg.clone(), started, web, system, healer, slots)
         .with_witness(witness.clone())
         .with_drain(drain.clone());
@@ -170,6 +164,7 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
     let loop_publisher = publisher.clone();
     let loop_shutdown = shutdown.clone();
     let loop_drain = drain.clone();
+    let drain_started = drain.woken();
     let composer = tokio::spawn(async move {
         let publisher = loop_publisher;
         // Pinged once per completed round below: a loop stuck in a round stops the pings.
@@ -178,12 +173,23 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let look = composer.web.next_look(Instant::now());
-            tokio::select! {
+            let port_read = loop_drain.next_read();
+            let between = tokio::select! {
                 _ = loop_shutdown.cancelled() => break,
-                _ = tick.tick() => {}
-                _ = sleep_until(look) => {}
-            }
+                _ = tick.tick() => false,
+                _ = sleep_until(look) => false,
+                _ = sleep_until(port_read) => true,
+                _ = drain_started.notified() => true,
+            };
             let now = Instant::now();
+            if between {
+                // A drain reads the port more often than a tick may come: the web monitor reads
+                // it for the drain, and the round keeps its tick.
+                if loop_drain.next_read().is_some_and(|t| t <= now) {
+                    loop_drain.note_port(composer.web.read_port(), now);
+                }
+                continue;
+            }
             if let Some(w) = watchdog.as_mut() {
                 w.kick(now);
             }

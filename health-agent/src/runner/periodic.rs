@@ -198,6 +198,7 @@ fn spawn_probe(
 ) -> Slot<Option<ProbeResult>> {
     let interval = cfg.checks.interval;
     let (target, spec) = (checks.web.probe_target(), Arc::new(ProbeSpec::of(&cfg.web)));
+    let ledger = checks.probes.clone();
     let t = spec.timeout;
     spawn_periodic(
         interval,
@@ -205,11 +206,11 @@ fn spawn_probe(
         t.saturating_add(Duration::from_secs(2)),
         shutdown.clone(),
         move || {
-            let (target, spec) = (target.clone(), spec.clone());
+            let (target, spec, ledger) = (target.clone(), spec.clone(), ledger.clone());
             async move {
                 // At start the monitor has not looked yet: give it a moment.
                 for _ in 0..20 {
-                    if let Some(r) = probe::probe_shared(&target, &spec).await {
+                    if let Some(r) = probe::probe_shared(&target, &spec, &ledger).await {
                         return Some(r);
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;

@@ -10,11 +10,13 @@
 //! - `process`: the server's processes — stopped or frozen, CPU, outbound waits, and each
 //!   worker's own unanswered requests (a partial hang);
 //! - `latency`: server-side latency over a sliding window;
-//! - `sockets`: the port's connections from sock_diag alone, and what attaches the programs;
+//! - `sockets`: the port's connections from sock_diag alone, what attaches the programs, and
+//!   the read of the port the monitor hands to the drain (`PortRead`);
 //! - `answers`: what it answers by status class over `web.errors_window` (`erroring`);
 //! - `figures`: request rate, answers by class and latency over `web.latency_window`, counted
 //!   or estimated from the programs' counting windows;
-//! - `monitor`: gathers the evidence each round and builds the report.
+//! - `monitor`: gathers the evidence each round and builds the report; the only reader of the
+//!   port's connections.
 
 pub mod answers;
 mod figures;
@@ -31,8 +33,9 @@ use serde::Serialize;
 
 pub use figures::FiguresReport;
 pub use latency::{percentiles, LatencySummary};
-pub use monitor::{load_kernel, WebMonitor};
+pub use monitor::{load_kernel, TickSample, WebMonitor};
 pub use process::{DependencyWait, WorkerView};
+pub use sockets::PortRead;
 pub use tally::{TallyReport, CLASSES as ANSWER_CLASSES};
 pub use target::NamespaceView;
 

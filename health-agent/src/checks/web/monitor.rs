@@ -16,14 +16,14 @@ use super::{
     latency::LatencyWindow,
     process::{self, CpuMeter, WorkerView},
     progress::{Moves, Progress},
-    sockets::{SocketMoves, SocketView},
+    sockets::{PortRead, SocketMoves, SocketView},
     tally::{Tally, CLASSES as ANSWER_CLASSES},
     target::{self, Target, Unresolved},
     verdict::{self, Evidence, KernelEvidence},
     Following, KernelCounters, KernelState, KernelStatus, ProcessView, WebReport,
 };
 use crate::{
-    checks::probe::{ProbeResult, ProbeTarget, SharedProbeTarget},
+    checks::probe::{ProbeLedger, ProbeResult, ProbeTarget, SharedProbeTarget},
     config::{AcceptTracing, KernelTier, SocketTracing, WebConfig},
     docker::ContainerNet,
     ebpf::{KernelSample, KernelView, PortSample},
@@ -35,9 +35,11 @@ mod evaluate;
 mod evidence;
 mod load;
 mod look;
+mod port;
 mod steer;
 
 pub use load::load_kernel;
+pub use port::TickSample;
 
 pub struct WebMonitor {
     cfg: WebConfig,
@@ -48,6 +50,12 @@ pub struct WebMonitor {
     container_net: Option<Result<ContainerNet, crate::docker::DockerError>>,
     /// Where the probe task connects: set from the listeners seen.
     probe_target: SharedProbeTarget,
+    /// What the agent's own probes put on the port: left out of what sock_diag shows.
+    probes: ProbeLedger,
+    /// Others (the drain) want each tick's read of the port (see `port.rs`)…
+    port_wanted: bool,
+    /// … and this tick's, until `observe` hands it over.
+    port_read: Option<std::io::Result<PortRead>>,
     kernel: Option<KernelView>,
     kernel_status: KernelStatus,
     owners: Vec<u32>,
@@ -229,11 +237,12 @@ const ANSWERS_EVERY: Duration = Duration::from_secs(30);
 
 impl WebMonitor {
     /// A monitor on `kernel` (loaded by `load_kernel`, or None: probe, accept queue and /proc
-    /// only), whose reports carry `kernel_status`.
+    /// only), whose reports carry `kernel_status`; `probes` is the probe task's ledger.
     pub fn new(
         cfg: WebConfig,
         mut kernel: Option<KernelView>,
         kernel_status: KernelStatus,
+        probes: ProbeLedger,
     ) -> Self {
         if let Some(k) = kernel.as_mut() {
             k.set_probe_path(&cfg.probe_path);
@@ -244,6 +253,9 @@ impl WebMonitor {
             target: None,
             container_net: None,
             probe_target: SharedProbeTarget::default(),
+            probes,
+            port_wanted: false,
+            port_read: None,
             kernel,
             kernel_status,
             owners: Vec::new(),
@@ -309,14 +321,29 @@ impl WebMonitor {
         self.next_look.filter(|&t| t > now)
     }
 
+    /// Every tick: what the tick saw of the port, for whoever else reads it (the drain, the
+    /// saturation meter, the peers' view of this instance), handed over once.
+    pub fn observe(&mut self, now: Instant) -> TickSample {
+        self.watch(now);
+        TickSample {
+            port: self.port_read.take(),
+            kernel_arrivals: self.kernel_arrivals(),
+            probes_started: self.probes.started(),
+            answered_at: self.answered_at(),
+            load: self.load_sample(),
+        }
+    }
+
     /// Reads the kernel counters (one map read) and notes what moved since the previous tick.
     /// Runs on every tick, so the time of the last answer is known to within one tick.
-    pub fn observe(&mut self, now: Instant) {
+    fn watch(&mut self, now: Instant) {
         // With `socket_tracing = "on_suspicion"`, or below the `full` tier, the port's
         // connections (one sock_diag dump filtered by port): what moved on them, and whether
-        // anything is suspicious.
+        // anything is suspicious. While others want the port read, that read comes first and
+        // serves this one when it can.
+        let shared = self.read_port_for_tick();
         let seen = if self.sockets_due(now) {
-            self.read_sockets(now)
+            self.read_sockets(now, shared)
         } else {
             None
         };
@@ -374,7 +401,7 @@ impl WebMonitor {
     /// What the saturation meter needs from the latest tick: the kernel's counters (read by
     /// `observe`, no map read here) and the server processes' CPU time (one small /proc read
     /// each). None without the kernel view or before the backend is found.
-    pub fn load_sample(&self) -> Option<crate::saturation::LoadSample> {
+    fn load_sample(&self) -> Option<crate::saturation::LoadSample> {
         self.target.as_ref()?;
         if self.kernel.as_ref().is_some_and(|k| !k.following()) && !self.counted_detaching {
             // Detached: requests in service and connections waiting, read from sock_diag —
@@ -423,7 +450,7 @@ impl WebMonitor {
     /// Arrivals the kernel counted (every connection and keep-alive request, the agent's probes
     /// included) while the connection programs are attached; None while they are not. The
     /// count restarts at each attach.
-    pub fn kernel_arrivals(&self) -> Option<u64> {
+    fn kernel_arrivals(&self) -> Option<u64> {
         self.kernel.as_ref().filter(|k| k.following())?;
         self.last_counters.as_ref().map(|c| c.arrivals())
     }
@@ -551,7 +578,7 @@ mod tests {
         };
         let (kernel, status) = load_kernel(&cfg);
         assert_eq!(status.state, KernelState::Disabled);
-        let mut m = WebMonitor::new(cfg, kernel, status);
+        let mut m = WebMonitor::new(cfg, kernel, status, ProbeLedger::default());
         let t0 = Instant::now();
         // A real failure starts the clock; then the agent runs out of descriptors for a minute.
         m.record_probe(failed(false), t0);
@@ -591,7 +618,7 @@ mod tests {
             ..WebConfig::default()
         };
         let (kernel, status) = load_kernel(&cfg);
-        let mut m = WebMonitor::new(cfg, kernel, status);
+        let mut m = WebMonitor::new(cfg, kernel, status, ProbeLedger::default());
         let t0 = Instant::now();
         let answered = |status| ProbeResult {
             ok: false,
@@ -621,7 +648,7 @@ mod tests {
             ..WebConfig::default()
         };
         let (kernel, status) = load_kernel(&cfg);
-        let mut m = WebMonitor::new(cfg, kernel, status);
+        let mut m = WebMonitor::new(cfg, kernel, status, ProbeLedger::default());
         let t0 = Instant::now();
         let missing = || Err(crate::docker::DockerError::NoSuchContainer("wbe".into()));
         m.set_container(missing());

@@ -149,6 +149,21 @@ impl SocketView {
     }
 }
 
+/// One read of the backend port, made by the web monitor and handed to whoever else watches
+/// it (the drain), so that nothing else opens a sock_diag socket for the port.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PortRead {
+    /// The server side of the port's connections (`Diag::server_connections`): none while
+    /// nothing listens, or before the backend has been found.
+    pub connections: Vec<TcpConn>,
+    /// The peers of the connections the server closed lately (TIME_WAIT, which the kernel
+    /// keeps for a minute).
+    pub closed: Vec<SocketAddr>,
+    /// The local addresses of the agent's own probe connections, as the probe's ledger said
+    /// at the read.
+    pub own: Vec<SocketAddr>,
+}
+
 /// What moved on the port's connections between two reads: bytes acknowledged (an answer went
 /// out) or received (a request came in), a queued connection taken up. Connections are told
 /// apart by their peer's address; one that closed in between shows nothing.

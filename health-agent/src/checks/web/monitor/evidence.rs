@@ -19,7 +19,7 @@ impl WebMonitor {
                 || (self.sockets.is_some() && !self.sockets_due(now))
         });
         if !fresh {
-            let seen = self.read_sockets(now);
+            let seen = self.read_sockets(now, None);
             if let Some(mut seen) = seen {
                 if !self.kernel.as_ref().is_some_and(KernelView::following) {
                     seen.answered |= self.segments_sent();

@@ -65,19 +65,28 @@ impl WebMonitor {
     /// With `socket_tracing = "on_suspicion"`, or below the `full` tier: reads the port's
     /// connections into `self.sockets` (None when there is no target yet or sock_diag failed:
     /// the failure is itself a reason to follow, see `suspicion`) and returns what moved on
-    /// them since the previous read.
-    pub(super) fn read_sockets(&mut self, now: Instant) -> Option<Moves> {
+    /// them since the previous read. `shared`: this tick's connections, already read for the
+    /// drain (see `port.rs`): not read again, and not what a read costs.
+    pub(super) fn read_sockets(
+        &mut self,
+        now: Instant,
+        shared: Option<Vec<net::TcpConn>>,
+    ) -> Option<Moves> {
         self.sockets = None;
         self.sockets_error = None;
         if !self.reads_sockets() {
             return None;
         }
         let t = self.target.as_ref()?;
-        let cpu_before = process::thread_cpu_time();
-        match t.diag.server_connections(t.port, &self.listen_addrs) {
+        let cpu_before = process::thread_cpu_time().filter(|_| shared.is_none());
+        let read = match shared {
+            Some(conns) => Ok(conns),
+            None => t.diag.server_connections(t.port, &self.listen_addrs),
+        };
+        match read {
             Ok(conns) => {
                 let v = SocketView::of(&conns);
-                let own = crate::checks::probe::own_sources();
+                let own = self.probes.own_sources();
                 let moves = self.socket_moves.update(&conns, &v, &own);
                 if let (Some(a), Some(b)) = (cpu_before, process::thread_cpu_time()) {
                     self.quiet_every = (b.saturating_sub(a) * QUIET_BUDGET)
