@@ -79,6 +79,31 @@ impl Backend {
     }
 }
 
+/// A trivial HTTP server on 127.0.0.1 answering `200 {}` and closing, for as long as the
+/// process runs: what a client's latency to it shows is the host's own delay (scheduling on a
+/// loaded machine), the baseline `/health`'s latency is read against. Returns its address.
+pub fn control_server() -> std::net::SocketAddr {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding the control server");
+    let addr = listener.local_addr().expect("control address");
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            let mut buf = [0u8; 4096];
+            let mut seen = Vec::new();
+            while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                match stream.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => seen.extend_from_slice(&buf[..n]),
+                }
+            }
+            let _ = stream.write_all(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
+            );
+        }
+    });
+    addr
+}
+
 /// The agent's process figures at one moment.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ProcFigures {

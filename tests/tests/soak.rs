@@ -532,8 +532,7 @@ fn soak_under_churn_nothing_grows_nothing_wrong_nothing_lost() {
     let a_pid = a.pid();
     let progs_before = soak::prog_count();
     let poller = HealthPoller::unbounded(a.addr);
-    let control = Receiver::ok();
-    let control_poller = HealthPoller::unbounded(SocketAddr::from(([127, 0, 0, 1], control.port)));
+    let control_poller = HealthPoller::unbounded(soak::control_server());
     let stop = Arc::new(AtomicBool::new(false));
     let sampling = sampler(a_pid, a.addr, Instant::now(), stop.clone());
     let mut s = Soak {
