@@ -46,7 +46,7 @@ fn kill_9_at_random_moments_leaves_no_program_and_consistent_state() {
     let hook = Receiver::start(move |_, _| {
         ar.fetch_add(1, Ordering::SeqCst);
         if st.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_secs(20));
+            std::thread::sleep(Duration::from_secs(10));
         }
         (200, "{}".into())
     });
