@@ -22,8 +22,8 @@ use health_agent_tests::{
     fleet::{free_port_on_all, gauge, loopback, StubServer},
     require_root,
     soak::{self, Backend, Fault, Sampled, Series},
-    undrain, web_config, Agent, DrainInBackground, Fixture, HealthPoller, Load, Postgres, Receiver,
-    Tmpfs,
+    undrain, web_config, Agent, DrainInBackground, Fixture, HealthPoller, Load, LoadStats,
+    Postgres, Receiver, Tmpfs,
 };
 
 /// The database role's password, which the soak changes and restores.
@@ -322,6 +322,36 @@ fn remount(path: &std::path::Path, how: &str) {
     assert!(ok, "remount {how} {}", path.display());
 }
 
+/// About 20 requests a second to the backend, each on a new connection.
+fn traffic(port: u16) -> Load {
+    Load::new_connections(
+        port,
+        "/",
+        2,
+        Duration::from_millis(100),
+        Duration::from_secs(5),
+    )
+}
+
+/// Cycles of every fault under traffic until `run_for` has passed, at least one: the end of
+/// the first (the warm-up: every path has made what it keeps), and the traffic's last figures.
+fn churn(s: &mut Soak, run_for: Duration, port: u16) -> (Duration, Option<LoadStats>) {
+    // The load generator stops itself after a while: a new one every 150 s.
+    let mut load = traffic(port);
+    let mut load_since = Instant::now();
+    let mut warm_up = None;
+    while warm_up.is_none() || s.now() < run_for {
+        if load_since.elapsed() > Duration::from_secs(150) {
+            load.stop();
+            load = traffic(port);
+            load_since = Instant::now();
+        }
+        s.cycle();
+        warm_up.get_or_insert(s.now());
+    }
+    (warm_up.unwrap_or_default(), Some(load.stop()))
+}
+
 /// Every few seconds: the agent's /proc figures, its hash maps' entries and the bounded
 /// lists and snapshot age `/metrics` shows.
 fn sampler(
@@ -518,14 +548,6 @@ fn soak_under_churn_nothing_grows_nothing_wrong_nothing_lost() {
         &[("PGPASSWORD", DB_PASSWORD)],
     );
 
-    let mut load = Some(Load::new_connections(
-        load_port,
-        "/",
-        2,
-        Duration::from_millis(100),
-        Duration::from_secs(5),
-    ));
-    let mut load_since = Instant::now();
     a.wait_health(Duration::from_secs(30), "A healthy at the start", |c, b| {
         c == 200 && b["checks"]["database"] == "connected"
     });
@@ -553,27 +575,7 @@ fn soak_under_churn_nothing_grows_nothing_wrong_nothing_lost() {
         peer_kills: (0, 0),
         drain_kills: Vec::new(),
     };
-    // Warm-up: one whole cycle, so that every path has made what it keeps.
-    let mut cycles = 0;
-    let mut warm_up = Duration::ZERO;
-    while cycles == 0 || s.now() < run_for {
-        if load_since.elapsed() > Duration::from_secs(150) {
-            load.take().map(Load::stop);
-            load = Some(Load::new_connections(
-                load_port,
-                "/",
-                2,
-                Duration::from_millis(100),
-                Duration::from_secs(5),
-            ));
-            load_since = Instant::now();
-        }
-        s.cycle();
-        cycles += 1;
-        if cycles == 1 {
-            warm_up = s.now();
-        }
-    }
+    let (warm_up, load_stats) = churn(&mut s, run_for, load_port);
     // Quiet at the end: every incident resolves and its alerts go out.
     let settle = Instant::now();
     let (queued, _, _) = alert_log(&s.a.logs());
@@ -587,7 +589,6 @@ fn soak_under_churn_nothing_grows_nothing_wrong_nothing_lost() {
     let samples = sampling.join().expect("sampler");
     let timed = s.poller.timed();
     let control_timed = control_poller.stop_timed();
-    let load_stats = load.take().map(Load::stop);
     let progs_after = soak::prog_count();
     let control = soak::latency_ms(&control_timed);
     let run = Run {
@@ -725,7 +726,7 @@ struct Run {
     warm_up: Duration,
     /// `bpftool prog show` counts before and after.
     progs: (usize, usize),
-    load: Option<health_agent_tests::LoadStats>,
+    load: Option<LoadStats>,
 }
 
 /// Judges the run and prints its table (to `HEALTH_AGENT_SOAK_REPORT` too, when set).
