@@ -509,7 +509,7 @@ fn containers_and_databases(o: &mut Out, r: &crate::checks::Report, detailed: bo
     }
 }
 
-/// Self-heal and the fleet's view.
+/// Self-heal, the alert queues and the fleet's view.
 fn heal_and_fleet(o: &mut Out, s: &Snapshot) {
     let h = &s.heal;
     o.counter(
@@ -532,6 +532,13 @@ fn heal_and_fleet(o: &mut Out, s: &Snapshot) {
         "Restarts counted against the budget",
         f64::from(h.restarts_in_window),
     );
+    if let Some(n) = s.alerts_queued {
+        o.gauge(
+            "alerts_queued",
+            "Alert messages waiting for delivery, all destinations (each queue bounded by alerts.queue_size)",
+            n as f64,
+        );
+    }
     let f = &s.fleet;
     if f.configured {
         o.gauge(
@@ -586,6 +593,30 @@ mod tests {
                 socket_tracing: SocketTracing::OnSuspicion,
             },
         )
+    }
+
+    /// The alert queues' length is a gauge with `[alerts]`, absent without: the soak reads it
+    /// to show the queues stay bounded.
+    #[test]
+    fn alert_queue_length_is_a_gauge_only_with_alerts() {
+        let report = Report {
+            web: crate::checks::web::WebReport::not_configured(),
+            disk: crate::checks::disk::DiskReport {
+                level: crate::status::DiskLevel::Ok,
+                mounts: Vec::new(),
+            },
+            system: None,
+            containers: ContainersReport::not_configured(),
+            database: DatabaseReport::not_configured(),
+        };
+        let decision = evaluate(&crate::policy::PolicyInput::of(&report, false));
+        let snap = Snapshot::new(decision, report, HealLog::default(), 1, 1);
+        assert!(!om(&snap, true).contains("alerts_queued"));
+        let text = om(&snap.with_alerts_queued(Some(3)), false);
+        assert!(
+            text.contains("health_agent_alerts_queued 3.0\n"),
+            "no queue gauge in:\n{text}"
+        );
     }
 
     #[test]

@@ -42,6 +42,9 @@ pub struct Snapshot {
     pub cloudwatch: Option<crate::cloudwatch::Status>,
     /// A drain holding the instance out (`details.drain`); None while serving.
     pub drain: Option<crate::drain::DrainReport>,
+    /// Alert messages waiting in the destinations' queues when this was published; None
+    /// without alerts.
+    pub alerts_queued: Option<usize>,
     /// Rendered bodies, indexed by [`Rendering`].
     bodies: [OnceLock<Bytes>; 4],
 }
@@ -132,6 +135,7 @@ impl Snapshot {
             saturation: SaturationReport::unknown(std::time::Duration::ZERO),
             cloudwatch: None,
             drain: None,
+            alerts_queued: None,
             bodies: Default::default(),
         }
     }
@@ -143,6 +147,13 @@ impl Snapshot {
         self.saturation
             .ratio
             .filter(|_| self.saturation.withheld.is_none())
+    }
+
+    pub fn with_alerts_queued(self, alerts_queued: Option<usize>) -> Self {
+        Self {
+            alerts_queued,
+            ..self
+        }
     }
 
     pub fn with_saturation(self, saturation: SaturationReport) -> Self {
@@ -176,6 +187,7 @@ impl Snapshot {
             saturation: self.saturation.clone(),
             cloudwatch: self.cloudwatch.clone(),
             drain: self.drain.clone(),
+            alerts_queued: self.alerts_queued,
             bodies: Default::default(),
         }
     }

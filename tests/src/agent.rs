@@ -227,6 +227,11 @@ impl Agent {
         self.child.pid()
     }
 
+    /// Sends `sig` (SIGKILL: the agent dies with no clean-up of its own).
+    pub fn signal(&self, sig: i32) {
+        self.child.signal(sig);
+    }
+
     pub fn logs(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }

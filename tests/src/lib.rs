@@ -28,6 +28,7 @@
 //! | `release` | the release artifacts that UserData installs: `cargo xtask dist`'s, or stand-ins built from the static agent |
 //! | `qemu` | Debian's Linux 6.1, x86_64 or arm64, booted under qemu, running scenarios inside (`bin/vm-init/`); what the VM tests assert on them (`qemu::verdicts`) |
 //! | `prometheus` | a real Prometheus scraping the test's agents and evaluating rule files; its HTTP API; `promtool check metrics` |
+//! | `soak` | the soak's backend restarted on its ports, the agent's /proc and BPF figures, the faults and the verdict over them |
 //! | `fleet` | stub servers, `/etc/hosts` lines, `/metrics` gauges for the fleet tests |
 
 pub mod agent;
@@ -59,6 +60,7 @@ pub mod rack;
 pub mod receiver;
 pub mod redis;
 pub mod release;
+pub mod soak;
 pub mod stack;
 pub mod story;
 pub mod tmpfs;

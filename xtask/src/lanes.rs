@@ -37,6 +37,8 @@ const QUIET: &[&str] = &["socket_tracing", "saturation", "prometheus"];
 /// plan's weights; a binary not listed weighs DEFAULT_SECS.
 const MEASURED: &[(&str, u64)] = &[
     ("old_kernel", 198),
+    ("soak", 250),
+    ("soak_kill", 60),
     ("slow_peers", 200),
     ("prometheus", 160),
     ("verdicts", 150),

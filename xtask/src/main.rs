@@ -12,7 +12,8 @@
 //! - `demo`: the narrated demo; `live`: the agent and the bundled backend for `demo` and `bench`;
 //! - `bench/`: one file per section, `report` writing docs/BENCHMARKS.md; servers and guards
 //!   from the `tests` harness;
-//! - `fuzz`: cargo-fuzz over the parsers.
+//! - `fuzz`: cargo-fuzz over the parsers;
+//! - `soak`: the soak test binary for N minutes, its table for docs/BENCHMARKS.md.
 // Unsafe only in the few libc calls marked `#[allow(unsafe_code)]`.
 #![deny(unsafe_code)]
 
@@ -30,6 +31,7 @@ mod package;
 mod run;
 mod services;
 mod setup;
+mod soak;
 mod test;
 
 use std::process::ExitCode;
@@ -81,6 +83,10 @@ enum Command {
     Test(test::Args),
     /// Coverage-guided fuzzing of the parsers (cargo-fuzz, nightly), each target for --seconds.
     Fuzz(fuzz::Args),
+    /// The soak (tests/tests/soak.rs) for --minutes: churn and faults against real parts, the
+    /// agent's memory, descriptors, threads, BPF maps and lists sampled, every answer judged;
+    /// fails on a figure that grows, a wrong 503, an alert lost or doubled. Needs root.
+    Soak(soak::Args),
 }
 
 fn main() -> ExitCode {
@@ -96,6 +102,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Fuzz(args) => fuzz::run(&args),
+        Command::Soak(args) => soak::run(&args),
     };
     // The cause chain says what failed and how to fix it; with RUST_BACKTRACE set, anyhow's
     // default report would bury that under a backtrace of this small program.

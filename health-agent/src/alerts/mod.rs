@@ -152,7 +152,24 @@ pub struct Alerts {
     fleet: Option<fleet::Fleet>,
 }
 
+/// The destinations' queues, read when a snapshot is published: the messages waiting, all
+/// destinations together (each queue bounded by `alerts.queue_size`; one being sent is out of
+/// its queue).
+#[derive(Clone, Default)]
+pub struct Queued(Vec<Arc<Queue>>);
+
+impl Queued {
+    pub fn total(&self) -> usize {
+        self.0.iter().map(|q| q.len()).sum()
+    }
+}
+
 impl Alerts {
+    /// A handle on the queues' lengths, kept after the alerts move into their task.
+    pub fn queued(&self) -> Queued {
+        Queued(self.queues.iter().map(|(_, q)| q.clone()).collect())
+    }
+
     /// None when no destination is configured. Spawns the sender task (needs a tokio runtime).
     pub fn start(
         cfg: &AlertsConfig,

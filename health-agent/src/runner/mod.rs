@@ -59,6 +59,8 @@ struct Publisher {
     alerts: Option<broadcast::Sender<Arc<Snapshot>>>,
     /// The CloudWatch publisher, whose state each snapshot carries.
     cloudwatch: Option<cloudwatch::Handle>,
+    /// The alert queues, whose length each snapshot carries (for `/metrics`).
+    alerts_queued: Option<alerts::Queued>,
 }
 
 impl Publisher {
@@ -67,6 +69,7 @@ impl Publisher {
             Some(cw) => snap.with_cloudwatch(Some(cw.status())),
             None => snap,
         };
+        let snap = snap.with_alerts_queued(self.alerts_queued.as_ref().map(alerts::Queued::total));
         let snap = Arc::new(snap);
         self.shared.store(snap.clone());
         if let Some(tx) = &self.alerts {
@@ -122,7 +125,7 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
         .with_drain(drain.clone());
 
     // The alerts follow the snapshots on their own task.
-    let (alerts_tx, alerts_task) =
+    let (alerts_tx, alerts_task, alerts_queued) =
         match Alerts::start(&cfg.alerts, alerts::hostname(), shutdown.clone()) {
             Some(a) => {
                 // The fleet's incidents go out once, from one agent: the peers agree which.
@@ -133,9 +136,10 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
                     a
                 };
                 let (tx, rx) = broadcast::channel(ALERT_BACKLOG);
-                (Some(tx), Some(tokio::spawn(a.follow(rx))))
+                let queued = a.queued();
+                (Some(tx), Some(tokio::spawn(a.follow(rx))), Some(queued))
             }
-            None => (None, None),
+            None => (None, None, None),
         };
 
     // The first snapshot should not say "unknown" only because a check has not had its first
@@ -159,6 +163,7 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
         shared,
         alerts: alerts_tx,
         cloudwatch,
+        alerts_queued,
     };
     let out = publisher.shared.clone();
     let loop_publisher = publisher.clone();

@@ -40,7 +40,7 @@ mod cloudwatch;
 mod fleet;
 mod flood;
 mod hang;
-mod report;
+pub(crate) mod report;
 mod saturation;
 mod scaling;
 mod socket_costs;
