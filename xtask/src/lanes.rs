@@ -39,7 +39,7 @@ const MEASURED: &[(&str, u64)] = &[
     ("old_kernel", 198),
     ("soak", 250),
     ("soak_kill", 60),
-    ("slow_peers", 200),
+    ("slow_peers", 130),
     ("prometheus", 160),
     ("verdicts", 150),
     ("fleet", 132),
