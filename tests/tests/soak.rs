@@ -91,6 +91,10 @@ struct Soak {
     hangs: (u64, u64),
     /// Peers killed, and those whose programs all left the kernel.
     peer_kills: (u64, u64),
+    /// Peers restarted as systemd does, and those that exited 0 within 10 s of SIGTERM with
+    /// every program released; what the others did.
+    peer_stops: (u64, u64),
+    unclean_stops: Vec<String>,
     drain_kills: Vec<String>,
 }
 
@@ -195,6 +199,29 @@ impl Soak {
         self.peer_kills.1 += u64::from(!progs.is_empty() && soak::released(&progs));
     }
 
+    /// B restarted as `systemctl restart` does: SIGTERM, a clean exit (status 0) within 10 s,
+    /// its BPF programs gone from the kernel, then started again on the same config.
+    fn peer_systemd_restart(&mut self) {
+        let t = self.now();
+        let (progs, _) = soak::bpf_objects(self.b.pid());
+        let status = self.b.terminate(Duration::from_secs(10));
+        if status.is_none() {
+            self.b.signal(libc::SIGKILL);
+        }
+        let released = !progs.is_empty() && soak::released(&progs);
+        let clean = status.is_some_and(|s| s.success()) && released;
+        self.peer_stops.0 += 1;
+        self.peer_stops.1 += u64::from(clean);
+        if !clean {
+            self.unclean_stops.push(format!(
+                "exit {status:?}, {} programs, released: {released}",
+                progs.len()
+            ));
+        }
+        self.restart_b();
+        self.record("peer agent restarted as systemd does (SIGTERM)", t, false);
+    }
+
     fn restart_b(&mut self) {
         let addr = self.b.addr;
         let extra = web_config(self.b_backend.port, &self.b_extra);
@@ -291,6 +318,8 @@ impl Soak {
         self.password_changed();
         sleep(2.0);
         self.peer_restart();
+        sleep(2.0);
+        self.peer_systemd_restart();
         sleep(2.0);
         self.drain_a();
         sleep(2.0);
@@ -573,6 +602,8 @@ fn soak_under_churn_nothing_grows_nothing_wrong_nothing_lost() {
         counts: BTreeMap::new(),
         hangs: (0, 0),
         peer_kills: (0, 0),
+        peer_stops: (0, 0),
+        unclean_stops: Vec::new(),
         drain_kills: Vec::new(),
     };
     let (warm_up, load_stats) = churn(&mut s, run_for, load_port);
@@ -828,6 +859,16 @@ fn verdict(s: &Soak, run: &Run, dests: &[Destination]) {
         failures.push(format!(
             "a killed peer's BPF programs stayed: {} of {} released",
             s.peer_kills.1, s.peer_kills.0
+        ));
+    }
+    out.push_str(&format!(
+        "| peers restarted by SIGTERM that exited 0 with every program released | {} of {} |\n",
+        s.peer_stops.1, s.peer_stops.0
+    ));
+    if !s.unclean_stops.is_empty() {
+        failures.push(format!(
+            "a peer stopped by SIGTERM did not stop cleanly: {:?}",
+            s.unclean_stops
         ));
     }
     out.push_str(&format!(

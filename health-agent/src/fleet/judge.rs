@@ -123,9 +123,24 @@ impl Judge {
             .is_some_and(|t| now.saturating_duration_since(t) <= self.max_age)
     }
 
+    /// Judges `own`, a dependency fault among them being the web backend waiting on one (a
+    /// peer whose backend answers speaks against it, database check or not).
     pub fn judge(
         &mut self,
         own: &[FaultClass],
+        round: Option<&Round>,
+        now: Instant,
+    ) -> FleetReport {
+        self.judge_own(own, false, round, now)
+    }
+
+    /// Judges `own`; `database_down`: this instance's dependency fault is its database
+    /// (unreachable or slow), of which a peer that checks no database can say nothing — its
+    /// backend answering is no sign it reaches that database.
+    pub fn judge_own(
+        &mut self,
+        own: &[FaultClass],
+        database_down: bool,
         round: Option<&Round>,
         now: Instant,
     ) -> FleetReport {
@@ -189,6 +204,12 @@ impl Judge {
             let onset = self.onset.get(&class).copied().unwrap_or(now);
             let mut tally = Tally::default();
             for (addr, view) in &round.answered {
+                let blind = class == FaultClass::Dependency
+                    && database_down
+                    && view.database == DbState::NotConfigured;
+                if blind {
+                    continue;
+                }
                 match word(view, class, onset, started, self.settle) {
                     Word::With => tally.with.push(addr),
                     Word::Fine => tally.fine.push(addr),

@@ -518,6 +518,33 @@ mod tests {
         assert!(r.judgements[0].reason.contains("2/2 peers"), "{r:?}");
     }
 
+    /// A peer without a database check has its backend answering, which speaks against the
+    /// backend waiting on a dependency, not against this instance's database being down: the
+    /// fault stays the fleet's (200), not this instance's own (503).
+    #[test]
+    fn a_peer_that_checks_no_database_says_nothing_of_ours() {
+        let t0 = Instant::now();
+        let mut j = Judge::new(S, S, 8 * S);
+        let own = [FaultClass::Dependency];
+        let no_db = PeerView {
+            database: DbState::NotConfigured,
+            ..fine(WebVerdict::Up, 100)
+        };
+        j.judge_own(&own, true, None, t0);
+        let at = t0 + 6 * S;
+        let peers = round(at, &[no_db.clone(), no_db.clone()]);
+        let r = j.judge_own(&own, true, Some(&peers), at);
+        assert!(
+            r.judgements.iter().all(|j| j.scope != Scope::Local),
+            "{r:?}"
+        );
+        // The backend waiting on a dependency: their answers speak, the fault is its own.
+        let mut j = Judge::new(S, S, 8 * S);
+        j.judge(&own, None, t0);
+        let r = j.judge(&own, Some(&peers), at);
+        assert_eq!(r.judgements[0].scope, Scope::Local, "{r:?}");
+    }
+
     /// A peer's view with evidence of each class `ms` old.
     fn fine(web: WebVerdict, ms: u64) -> PeerView {
         PeerView {

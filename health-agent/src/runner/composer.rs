@@ -354,7 +354,11 @@ impl Composer {
             );
             let round = slot.borrow();
             let round = round.as_ref().map(|t| &t.value);
-            let mut f = self.judge.judge(&own, round, now);
+            let database_down = matches!(
+                report.database.state,
+                crate::status::DbState::Unreachable | crate::status::DbState::Slow
+            );
+            let mut f = self.judge.judge_own(&own, database_down, round, now);
             let answered = round.filter(|r| self.judge.fresh(r, now));
             let since = self.healer.last_return();
             slow_vs_peers = self
