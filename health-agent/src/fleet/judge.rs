@@ -125,6 +125,7 @@ impl Judge {
 
     /// Judges `own`, a dependency fault among them being the web backend waiting on one (a
     /// peer whose backend answers speaks against it, database check or not).
+    #[cfg(test)]
     pub fn judge(
         &mut self,
         own: &[FaultClass],
