@@ -6,6 +6,7 @@
 //! subscribe; `supervise` watches the loop from outside. A check that hangs shows up as a
 //! stale result; it never blocks the others or the HTTP server.
 
+mod answer_log;
 pub mod checks;
 mod composer;
 mod periodic;
