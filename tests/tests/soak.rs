@@ -5,6 +5,7 @@
 //! grows after warm-up, on a wrong 503, on an alert lost or doubled, on a drain stuck on.
 //!
 //! One agent (A, on 127.0.0.2) watches a fixture backend under traffic, a private PostgreSQL,
+//! a container on the host's Docker daemon (`[containers]`, restarted by A when killed),
 //! a small tmpfs as its disk, its state file on another tmpfs, and sends alerts to Slack,
 //! PagerDuty and webhook stand-ins. Its `[fleet]` peers are two real agents (B and C) and two
 //! stand-in peers, one answering garbage and one too slow (after 180 s both stop accepting:
@@ -18,12 +19,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use health_agent_tests::{
-    drain,
+    docker, drain,
     fleet::{free_port_on_all, gauge, loopback, StubServer},
     require_root,
     soak::{self, Backend, Fault, Sampled, Series},
-    undrain, web_config, Agent, DrainInBackground, Fixture, HealthPoller, Load, LoadStats,
-    Postgres, Receiver, Tmpfs,
+    undrain, web_config, Agent, Container, DrainInBackground, Fixture, HealthPoller, Load,
+    LoadStats, Postgres, Receiver, Tmpfs,
 };
 
 /// The database role's password, which the soak changes and restores.
@@ -95,6 +96,10 @@ struct Soak {
     /// every program released; what the others did.
     peer_stops: (u64, u64),
     unclean_stops: Vec<String>,
+    /// A container A expects running (`[containers]`, through the Docker daemon).
+    side: Container,
+    /// Times it was killed, and those A started again within 20 s.
+    side_kills: (u64, u64),
     drain_kills: Vec<String>,
 }
 
@@ -222,6 +227,27 @@ impl Soak {
         self.record("peer agent restarted as systemd does (SIGTERM)", t, false);
     }
 
+    /// The container A expects, killed: A restarts it through the Docker Engine API, 200
+    /// `recovering` meanwhile, never 503.
+    fn container_killed(&mut self) {
+        let t = self.now();
+        let name = self.side.name.clone();
+        let started = |n: &str| docker(&["inspect", "-f", "{{.State.StartedAt}}", n]);
+        let before = started(&name);
+        docker(&["kill", &name]);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut back = false;
+        while !back && Instant::now() < deadline {
+            sleep(0.25);
+            back = docker(&["inspect", "-f", "{{.State.Running}}", &name]) == "true"
+                && started(&name) != before;
+        }
+        self.side_kills.0 += 1;
+        self.side_kills.1 += u64::from(back);
+        sleep(1.0);
+        self.record("container killed (docker kill), restarted by A", t, false);
+    }
+
     fn restart_b(&mut self) {
         let addr = self.b.addr;
         let extra = web_config(self.b_backend.port, &self.b_extra);
@@ -320,6 +346,8 @@ impl Soak {
         self.peer_restart();
         sleep(2.0);
         self.peer_systemd_restart();
+        sleep(2.0);
+        self.container_killed();
         sleep(2.0);
         self.drain_a();
         sleep(2.0);
@@ -527,11 +555,17 @@ fn soak_under_churn_nothing_grows_nothing_wrong_nothing_lost() {
         "[database]\nurl = \"postgres://app@127.0.0.1:{}/postgres\"\ninterval = \"1s\"\ntimeout = \"1s\"\nfail_after = 2\n",
         pg.port
     );
+    // A container A expects running, on the host's Docker daemon. Its kills come every cycle,
+    // a month's compressed into minutes: the budget is raised to match (3 per 10 minutes
+    // would be spent in the fourth cycle, and a spent budget is a 503 by design).
+    let side = Container::serving("soak-side", &[]);
     let a_extra = format!(
-        "[disk]\npaths = [\"{}\"]\nwarn_percent = 80.0\nfail_percent = 90.0\n\
+        "[containers]\nnames = [\"{}\"]\n[heal]\nmax_restarts = 30\n\
+         [disk]\npaths = [\"{}\"]\nwarn_percent = 80.0\nfail_percent = 90.0\n\
          [drain]\nstate_file = \"{}\"\n\
          [alerts]\nslack_webhook_url = \"{}\"\npagerduty_routing_key = \"R0UT1NGKEY0123456789abcdefABCDEF\"\n\
          pagerduty_url = \"{}\"\nwebhook_url = \"{}\"\nresolve_after = \"3s\"\ntimeout = \"3s\"\n{database}{}",
+        side.name,
         disk.path.display(),
         state.path.join("drain.json").display(),
         dests[0].receiver.url("/services/T000/B000/XXXX"),
@@ -604,6 +638,8 @@ fn soak_under_churn_nothing_grows_nothing_wrong_nothing_lost() {
         peer_kills: (0, 0),
         peer_stops: (0, 0),
         unclean_stops: Vec::new(),
+        side,
+        side_kills: (0, 0),
         drain_kills: Vec::new(),
     };
     let (warm_up, load_stats) = churn(&mut s, run_for, load_port);
@@ -859,6 +895,16 @@ fn verdict(s: &Soak, run: &Run, dests: &[Destination]) {
         failures.push(format!(
             "a killed peer's BPF programs stayed: {} of {} released",
             s.peer_kills.1, s.peer_kills.0
+        ));
+    }
+    out.push_str(&format!(
+        "| containers killed that A restarted (Docker Engine API) within 20 s | {} of {} |\n",
+        s.side_kills.1, s.side_kills.0
+    ));
+    if s.side_kills.1 < s.side_kills.0 {
+        failures.push(format!(
+            "A did not restart its container: {} of {} kills healed",
+            s.side_kills.1, s.side_kills.0
         ));
     }
     out.push_str(&format!(
