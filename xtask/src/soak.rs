@@ -78,8 +78,9 @@ fn publish(report: &Path, minutes: f64, outcome: &str) -> Result<()> {
          the same 2-core machine as other work), not by `cargo xtask bench`, which keeps it as \
          a note. The run {outcome}. One agent (A) under churn: its backend restarted, hung, \
          made to answer 5xx and slow; the database stopped and its password changed; a peer \
-         agent killed, and killed mid-drain; its disk filled past warn and fail; its state \
-         directory read-only; its alert receivers failing and stalling — then the same cycle \
+         agent killed, killed mid-drain, and restarted as systemd does (SIGTERM); a container \
+         it expects killed on the host's Docker daemon; its disk filled past warn and fail; \
+         its state directory read-only; its alert receivers failing and stalling — then the same cycle \
          again until the time is up (tests/tests/soak.rs). The first cycle is the warm-up. \
          Then kill -9 of an agent at random moments (tests/tests/soak_kill.rs).\n\n\
          {tables}\n{close}\n",
