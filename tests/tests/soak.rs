@@ -887,36 +887,27 @@ fn verdict(s: &Soak, run: &Run, dests: &[Destination]) {
             s.drain_kills
         ));
     }
-    out.push_str(&format!(
-        "| peers killed whose BPF programs all left the kernel | {} of {} |\n",
-        s.peer_kills.1, s.peer_kills.0
-    ));
-    if s.peer_kills.1 < s.peer_kills.0 {
-        failures.push(format!(
-            "a killed peer's BPF programs stayed: {} of {} released",
-            s.peer_kills.1, s.peer_kills.0
-        ));
-    }
-    out.push_str(&format!(
-        "| containers killed that A restarted (Docker Engine API) within 20 s | {} of {} |\n",
-        s.side_kills.1, s.side_kills.0
-    ));
-    if s.side_kills.1 < s.side_kills.0 {
-        failures.push(format!(
-            "A did not restart its container: {} of {} kills healed",
-            s.side_kills.1, s.side_kills.0
-        ));
-    }
-    out.push_str(&format!(
-        "| peers restarted by SIGTERM that exited 0 with every program released | {} of {} |\n",
-        s.peer_stops.1, s.peer_stops.0
-    ));
-    if !s.unclean_stops.is_empty() {
-        failures.push(format!(
-            "a peer stopped by SIGTERM did not stop cleanly: {:?}",
+    all_of(
+        (&mut out, &mut failures),
+        "peers killed whose BPF programs all left the kernel",
+        s.peer_kills,
+        "a killed peer's BPF programs stayed, released".into(),
+    );
+    all_of(
+        (&mut out, &mut failures),
+        "containers killed that A restarted (Docker Engine API) within 20 s",
+        s.side_kills,
+        "A did not restart its container, kills healed".into(),
+    );
+    all_of(
+        (&mut out, &mut failures),
+        "peers restarted by SIGTERM that exited 0 with every program released",
+        s.peer_stops,
+        format!(
+            "a peer stopped by SIGTERM did not stop cleanly ({:?}), clean",
             s.unclean_stops
-        ));
-    }
+        ),
+    );
     out.push_str(&format!(
         "| killed mid-drain and found inconsistent after | {} |\n",
         s.drain_kills.len()
@@ -964,4 +955,17 @@ fn verdict(s: &Soak, run: &Run, dests: &[Destination]) {
         failures.join("\n"),
         explain(&wrong, &s.faults)
     );
+}
+
+/// A row "`done` of `of`" of the table, and `failure` ("…: done of of") when not all were.
+fn all_of(
+    (out, failures): (&mut String, &mut Vec<String>),
+    row: &str,
+    (of, done): (u64, u64),
+    failure: String,
+) {
+    out.push_str(&format!("| {row} | {done} of {of} |\n"));
+    if done < of {
+        failures.push(format!("{failure}: {done} of {of}"));
+    }
 }
