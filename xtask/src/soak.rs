@@ -88,6 +88,9 @@ fn publish(report: &Path, minutes: f64, outcome: &str) -> Result<()> {
         close = report::NOTES_CLOSE,
         tables = tables.trim()
     );
+    // The splice keeps a section's notes, and all of this one is notes: its last run goes
+    // first, or every run would pile up under the heading.
+    let before = without_section(&before, number);
     fs::write(&path, report::splice(&before, &section)).context("writing docs/BENCHMARKS.md")?;
     println!("soak: section {number} of {}", path.display());
     Ok(())
@@ -111,9 +114,53 @@ fn section_number(text: &str) -> u32 {
     highest + 1
 }
 
+/// `text` with section `number`'s body cut (its heading stays, for the splice to find its
+/// place): up to the next `## ` heading, or the end.
+fn without_section(text: &str, number: u32) -> String {
+    let mut out = String::new();
+    let mut inside = false;
+    for line in text.split_inclusive('\n') {
+        if let Some((n, _)) = numbered(line.trim_end()) {
+            if inside && n != number {
+                inside = false;
+            }
+            if n == number {
+                inside = true;
+                out.push_str(line);
+                out.push('\n');
+                continue;
+            }
+        } else if inside && line.starts_with("## ") {
+            inside = false;
+        }
+        if !inside {
+            out.push_str(line);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_new_run_replaces_the_last_one() {
+        let text = format!(
+            "## 12. L\n\nl\n\n## 13. {TITLE}: x\n\n<!-- notes -->\nold run\n<!-- /notes -->\n\n\
+             ## 14. M\n\nm\n"
+        );
+        let cut = without_section(&text, 13);
+        assert!(!cut.contains("old run"), "{cut}");
+        assert!(
+            cut.contains("## 12. L\n\nl\n") && cut.contains("## 14. M\n\nm\n"),
+            "{cut}"
+        );
+        assert!(cut.contains(&format!("## 13. {TITLE}: x\n")), "{cut}");
+        let last =
+            format!("## 12. L\n\n## 13. {TITLE}: x\n\n<!-- notes -->\nold\n<!-- /notes -->\n");
+        assert!(!without_section(&last, 13).contains("old"));
+    }
 
     #[test]
     fn the_section_keeps_its_number_or_comes_last() {

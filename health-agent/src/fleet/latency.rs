@@ -277,6 +277,7 @@ fn counted_after(p: &PeerLatency, asked: Option<Instant>, after: Instant) -> boo
 impl SlowTracker {
     /// Takes in this round's comparison, made on the answers since `since`; returns the
     /// judgement: slow (with its figures) or not.
+    ///
     /// A judgement from before the latest restart holds through RECOVER_FOR of alike answers
     /// after it (`now`).
     pub fn observe(
