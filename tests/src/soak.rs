@@ -177,6 +177,15 @@ pub fn bpf_objects(pid: u32) -> (Vec<u32>, Vec<MapRef>) {
 /// Entries in the hash maps (`BPF_MAP_TYPE_HASH`, `PERCPU_HASH`, `LRU_HASH`,
 /// `LRU_PERCPU_HASH`) of `maps`, by map name, with their capacity: the ones whose fill could
 /// grow. Arrays and ring buffers have a fixed size.
+/// `bpftool -j map <verb> id <id>`'s JSON (None if it failed).
+fn map_json(verb: &str, id: u32) -> Option<serde_json::Value> {
+    let out = Command::new("bpftool")
+        .args(["-j", "map", verb, "id", &id.to_string()])
+        .output()
+        .ok()?;
+    serde_json::from_slice(&out.stdout).ok()
+}
+
 pub fn hash_map_entries(maps: &[MapRef]) -> BTreeMap<String, (u64, u32)> {
     let mut out = BTreeMap::new();
     for MapRef {
@@ -188,21 +197,10 @@ pub fn hash_map_entries(maps: &[MapRef]) -> BTreeMap<String, (u64, u32)> {
         if ![1, 5, 9, 10].contains(kind) {
             continue;
         }
-        let info = Command::new("bpftool")
-            .args(["-j", "map", "show", "id", &id.to_string()])
-            .output();
-        let name = info
-            .ok()
-            .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
+        let name = map_json("show", *id)
             .and_then(|v| v["name"].as_str().map(str::to_string))
             .unwrap_or_else(|| format!("map{id}"));
-        let dump = Command::new("bpftool")
-            .args(["-j", "map", "dump", "id", &id.to_string()])
-            .output();
-        let n = dump
-            .ok()
-            .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
-            .and_then(|v| v.as_array().map(|a| a.len() as u64));
+        let n = map_json("dump", *id).and_then(|v| v.as_array().map(|a| a.len() as u64));
         if let Some(n) = n {
             let e = out.entry(name).or_insert((0, 0));
             e.0 += n;

@@ -40,7 +40,9 @@ const MEASURE_FOR: Duration = Duration::from_secs(30);
 /// compared alike this long: a restarted server's first answers can be quick (its CPU quota
 /// unspent, its clients still reconnecting) and the slowness back seconds later — one
 /// restart that did not help, not two.
-pub const RECOVER_FOR: Duration = Duration::from_secs(10);
+/// Short beside `heal.timeout` (30 s), which must still see a restart that helped recover: at
+/// one answer a second, the 10 answers a comparison needs and this fit well inside it.
+pub const RECOVER_FOR: Duration = Duration::from_secs(5);
 /// A difference smaller than this is no slowness, whatever the ratio.
 pub const MIN_GAP_MS: f64 = 10.0;
 
