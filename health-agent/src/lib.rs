@@ -11,7 +11,8 @@
 //! - `redact`: secrets out of log lines and messages (a leaf used by `config` and `alerts`);
 //! - `aws`: AWS without an SDK (`sigv4`, `imds`, `credentials`, `query`, `xml`), for
 //!   `cloudwatch` and `fleet`;
-//! - `docker`: the Docker Engine API client;
+//! - `engine`: the container engines' clients (`docker`: the Engine API, Docker's and Podman's;
+//!   `containerd`: its gRPC API);
 //! - `netns`: network namespaces, where the web backend's sockets live;
 //! - `sd_notify`: systemd readiness and watchdog;
 //! - `logging`: the log lines (text or JSON; the journal's priority prefixes);
@@ -58,9 +59,9 @@ pub mod checks;
 pub mod cloudwatch;
 pub mod config;
 pub(crate) mod dburl;
-pub(crate) mod docker;
 pub mod drain;
 pub(crate) mod ebpf;
+pub(crate) mod engine;
 pub(crate) mod fleet;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use crate::{
     checks::{disk::DiskReport, probe, ContainersReport, DatabaseReport, Report},
     config::{Config, FromEnv, Origin},
-    docker::DockerError,
+    engine::EngineError,
     heal::HealLog,
     policy::{evaluate, Decision},
     runner::checks::{check_disk, containers_wanted, probe_wanted, Checks, Database, Mode},
@@ -91,17 +91,18 @@ async fn decide(cfg: &Config) -> (Decision, Report) {
         mut web,
         probes,
         mut system,
-        docker,
-        docker_error,
+        engine,
+        engine_error,
         database,
         ..
     } = Checks::build(cfg, Mode::Once);
     if !cfg.web.container.is_empty() {
-        let net = match (&docker, &docker_error) {
+        let net = match (&engine, &engine_error) {
             (Some(d), _) => d.network_of(&cfg.web.container).await,
-            (None, e) => Err(e.clone().unwrap_or_else(|| DockerError::Address {
-                host: crate::docker::engine_host(&cfg.containers.docker_host),
-                reason: "no Docker client".into(),
+            (None, e) => Err(e.clone().unwrap_or_else(|| EngineError::Address {
+                key: "containers",
+                address: crate::runner::checks::engine_address(cfg).to_string(),
+                reason: "no container engine client".into(),
             })),
         };
         web.set_container(net);
@@ -128,7 +129,7 @@ async fn decide(cfg: &Config) -> (Decision, Report) {
     let containers = if !containers_wanted(cfg) {
         ContainersReport::not_configured()
     } else {
-        match (&docker, docker_error) {
+        match (&engine, engine_error) {
             (Some(d), _) => crate::checks::containers::check(d, &cfg.containers).await,
             // Always an error here: the container check is configured, so a client was wanted.
             (None, e) => ContainersReport::unknown(e.map(|e| e.to_string()).unwrap_or_default()),

@@ -18,7 +18,7 @@
 //! | `open_loop` | `OpenLoop`: requests on Poisson arrival times, on new or keep-alive connections |
 //! | `story` | what the verdict tests share: `web_config`, `since`, `assert_answered`, `Restarts`; `Watch`, the one way to wait for a verdict; `Watched`, a Puma watched by an agent (and the "under load, then hang" start) |
 //! | `markdown` | fenced blocks of the README and docs/ pages, for the tests that run them |
-//! | `fixture`, `nginx`, `postgres`, `redis`, `puma`, `docker`, `receiver`, `tmpfs`, `moto` | one server each |
+//! | `fixture`, `nginx`, `postgres`, `redis`, `puma`, `docker`, `containerd`, `receiver`, `tmpfs`, `moto` | one server each |
 //! | `rack` | a Rack app under Puma that is strict about its Host and scheme, over HTTP, TLS or both |
 //! | `haproxy`, `caddy` | a real load balancer each, on a config the test writes (HAProxy's `show stat`) |
 //! | `certs` | a CA and the certificates it signs, made with the openssl CLI |
@@ -36,6 +36,7 @@ pub mod bpf_stats;
 pub mod build;
 pub mod caddy;
 pub mod certs;
+pub mod containerd;
 pub mod docker;
 pub mod drain;
 pub mod fixture;
@@ -70,6 +71,7 @@ pub use agent::{check_json, merge_toml, Agent, SECRET_VARS};
 pub use build::{agent_binary, binary, newest, target_dir, workspace};
 pub use caddy::Caddy;
 pub use certs::{Ca, Issued};
+pub use containerd::CtrContainer;
 pub use docker::{docker, fixture_image, BridgeContainer, Container, Engine};
 pub use drain::{drain, undrain, CommandRun, DrainInBackground};
 pub use fixture::{AddrFixture, Fixture};

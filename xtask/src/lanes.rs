@@ -60,6 +60,7 @@ const MEASURED: &[(&str, u64)] = &[
     ("probe_speaks", 24),
     ("database_config", 20),
     ("containers", 54),
+    ("containerd", 30),
     ("workers", 20),
     ("web_backend", 19),
     ("database_alerts", 17),

@@ -4,7 +4,7 @@
 //! and cargo. Each verb is one module:
 //! - `cmd`: child processes, and the one-line steps setup and services print;
 //! - `setup`: what a fresh Debian 12 machine needs (`for_demo`: the demo's part only);
-//! - `services`: dockerd, Podman's API service and PostgreSQL 15;
+//! - `services`: dockerd, Podman's API service, containerd and PostgreSQL 15;
 //! - `run`: `build` and `run`;
 //! - `dist/`: the release artifacts for x86_64 and aarch64, and their checks; `package`: the
 //!   host's .deb and `image`: the DaemonSet's FROM-scratch image, both built by `dist`'s code;
@@ -54,10 +54,10 @@ enum Command {
     /// Make this machine ready for everything, tests included (run as root; a second run
     /// changes nothing): nightly rust-src, bpf-linker on the nightly's LLVM, Debian packages,
     /// the musl target, tracefs, the deploy-file validators and moto, dockerd, Podman's API
-    /// service and PostgreSQL.
+    /// service, containerd and PostgreSQL.
     /// `demo` installs only its own part (rust-src, bpf-linker, tracefs).
     Setup(setup::Args),
-    /// Start dockerd, Podman's API service and PostgreSQL 15 if they are not running.
+    /// Start dockerd, Podman's API service, containerd and PostgreSQL 15 if they are not running.
     Services,
     /// Build the agent; its build.rs builds and embeds the eBPF programs.
     Build(run::BuildArgs),

@@ -1,5 +1,5 @@
 //! `cargo xtask services`: the daemons the integration tests and the bench talk to, dockerd,
-//! Podman's API service and PostgreSQL 15. These machines have no systemd, so all are started
+//! Podman's API service, containerd and PostgreSQL 15. These machines have no systemd, so all are started
 //! directly.
 
 use std::{
@@ -18,6 +18,9 @@ use crate::cmd::{self, step, Outcome};
 
 const DOCKERD_LOG: &str = "/var/log/dockerd.log";
 const PODMAN_LOG: &str = "/var/log/podman-service.log";
+const CONTAINERD_LOG: &str = "/var/log/containerd.log";
+/// containerd's own socket, as on a Kubernetes node (not dockerd's, under /run/docker).
+const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
 /// Rootful Podman's Docker-compatible API socket, where the agent looks after Docker's.
 const PODMAN_SOCKET: &str = "/run/podman/podman.sock";
 const CONTAINERS_CONF: &str = "/etc/containers/containers.conf";
@@ -30,6 +33,7 @@ const POSTGRES: SocketAddr =
 pub fn run(verb: &str) -> Result<()> {
     step(verb, "dockerd", docker)?;
     step(verb, "podman API service", podman)?;
+    step(verb, "containerd", containerd)?;
     step(verb, "postgresql 15", postgres)
 }
 
@@ -157,6 +161,49 @@ fn podman() -> Result<Outcome> {
     bail!(
         "podman did not answer on {PODMAN_SOCKET} within 30 s; the end of {PODMAN_LOG}:\n{}",
         tail(PODMAN_LOG)
+    )
+}
+
+/// Whether containerd answers `ctr version` on [`CONTAINERD_SOCKET`].
+fn containerd_up() -> bool {
+    cmd::succeeds(Command::new("ctr").args(["--address", CONTAINERD_SOCKET, "version"]))
+}
+
+/// containerd on [`CONTAINERD_SOCKET`], with the Debian package's config.
+fn containerd() -> Result<Outcome> {
+    if containerd_up() {
+        return Ok(Outcome::Ok("already running"));
+    }
+    let log = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(CONTAINERD_LOG)
+        .with_context(|| format!("cannot open {CONTAINERD_LOG} — run as root"))?;
+    eprintln!("+ setsid containerd >>{CONTAINERD_LOG} 2>&1 &");
+    let mut child = Command::new("setsid")
+        .arg("containerd")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .context("cannot start containerd — install containerd (cargo xtask setup)")?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if containerd_up() {
+            return Ok(Outcome::Done("started"));
+        }
+        if let Some(status) = child.try_wait()?.filter(|status| !status.success()) {
+            bail!(
+                "containerd exited ({status}); the end of {CONTAINERD_LOG}:\n{}",
+                tail(CONTAINERD_LOG)
+            );
+        }
+        sleep(Duration::from_millis(500));
+    }
+    bail!(
+        "containerd did not answer on {CONTAINERD_SOCKET} within 30 s; the end of \
+         {CONTAINERD_LOG}:\n{}",
+        tail(CONTAINERD_LOG)
     )
 }
 

@@ -1,11 +1,20 @@
 //! The expected-containers check ("N/M running", state, own HEALTHCHECK, restart count, CPU
-//! and memory — the old `docker:status`), through the Engine API client in `crate::docker`. A
-//! daemon that does not answer is `unknown` with the reason: a warning, never a 503 storm.
+//! and memory — the old `docker:status`), through the engine clients in `crate::engine`: the
+//! Engine API (Docker, Podman) or containerd. A daemon that does not answer is `unknown` with
+//! the reason: a warning, never a 503 storm.
 
 use bollard::models::{ContainerInspectResponse, ContainerStateStatusEnum, HealthStatusEnum};
 use serde::Serialize;
 
-use crate::{config::ContainersConfig, docker::Docker, status::ContainersState};
+use crate::{
+    config::ContainersConfig,
+    engine::{
+        containerd::{self, Containerd},
+        docker::Docker,
+        Engine, EngineError,
+    },
+    status::ContainersState,
+};
 
 /// Containers slot: filled by the containers check when `[containers]` names any.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -75,6 +84,20 @@ pub struct ContainerInfo {
 }
 
 impl ContainerInfo {
+    fn missing(name: String) -> Self {
+        Self {
+            name,
+            state: "missing".into(),
+            health: "none".into(),
+            restart_count: 0,
+            exit_code: None,
+            cpu_percent: None,
+            memory_bytes: None,
+            memory_percent: None,
+            completed: false,
+        }
+    }
+
     fn faulty(&self) -> bool {
         !self.completed && (self.state != "running" || self.health == "unhealthy")
     }
@@ -95,9 +118,13 @@ fn completed_job(
 }
 
 /// Checks the expected containers. Never fails: an unreachable daemon is `unknown`.
-pub async fn check(docker: &Docker, cfg: &ContainersConfig) -> ContainersReport {
-    let engine = docker.engine().await;
-    match inspect_expected(docker, cfg).await {
+pub async fn check(engine: &Engine, cfg: &ContainersConfig) -> ContainersReport {
+    let found = match engine {
+        Engine::Api(d) => inspect_expected(d, cfg).await.map_err(|e| e.to_string()),
+        Engine::Containerd(c) => containerd_expected(c, cfg).await.map_err(|e| e.to_string()),
+    };
+    let name = engine.engine().await;
+    match found {
         Ok(infos) => {
             let completed = infos.iter().filter(|c| c.completed).count();
             let expected = infos.len() - completed;
@@ -132,14 +159,17 @@ pub async fn check(docker: &Docker, cfg: &ContainersConfig) -> ContainersReport 
                     format!("{running}/{expected} running, {completed} completed")
                 },
                 reason,
-                engine,
+                engine: name,
                 faulty: faulty.iter().map(|c| c.name.clone()).collect(),
                 containers: infos,
             }
         }
         Err(e) => ContainersReport::unknown(format!(
             "{} did not answer: {e}",
-            engine.as_deref().unwrap_or("Docker")
+            name.as_deref().unwrap_or(match engine {
+                Engine::Api(_) => "Docker",
+                Engine::Containerd(_) => "containerd",
+            })
         )),
     }
 }
@@ -152,11 +182,7 @@ async fn inspect_expected(
     let mut expected: Vec<String> = cfg.names.clone();
     for c in &all {
         let labels = c.labels.clone().unwrap_or_default();
-        let matches = cfg.labels.iter().any(|want| match want.split_once('=') {
-            Some((k, v)) => labels.get(k).is_some_and(|have| have == v),
-            None => labels.contains_key(want),
-        });
-        if matches {
+        if labels_match(&cfg.labels, &labels) {
             if let Some(name) = c.names.as_ref().and_then(|n| n.first()) {
                 let name = name.trim_start_matches('/').to_string();
                 if !expected.contains(&name) {
@@ -172,21 +198,75 @@ async fn inspect_expected(
             Ok(inspect) => out.push(describe(docker, &name, inspect, by_label_only).await),
             Err(bollard::errors::Error::DockerResponseServerError {
                 status_code: 404, ..
-            }) => out.push(ContainerInfo {
-                name,
-                state: "missing".into(),
-                health: "none".into(),
-                restart_count: 0,
-                exit_code: None,
-                cpu_percent: None,
-                memory_bytes: None,
-                memory_percent: None,
-                completed: false,
-            }),
+            }) => out.push(ContainerInfo::missing(name)),
             Err(e) => return Err(e),
         }
     }
     Ok(out)
+}
+
+/// The expected containers in containerd: named ones, then those whose labels match.
+async fn containerd_expected(
+    client: &Containerd,
+    cfg: &ContainersConfig,
+) -> Result<Vec<ContainerInfo>, EngineError> {
+    let all = client.list().await?;
+    let mut expected: Vec<String> = cfg.names.clone();
+    for f in &all {
+        if labels_match(&cfg.labels, &f.labels) {
+            let name = f.name();
+            if !expected.contains(&name) {
+                expected.push(name);
+            }
+        }
+    }
+    Ok(expected
+        .into_iter()
+        .map(|name| {
+            let by_label_only = !cfg.names.contains(&name);
+            match client.choose(&all, &name) {
+                Some(f) => describe_containerd(client, &name, f, by_label_only),
+                None => ContainerInfo::missing(name),
+            }
+        })
+        .collect())
+}
+
+fn describe_containerd(
+    client: &Containerd,
+    name: &str,
+    found: &containerd::Found,
+    by_label_only: bool,
+) -> ContainerInfo {
+    use containerd::State;
+    let (status, exit_code) = match found.state() {
+        State::Running => (ContainerStateStatusEnum::RUNNING, None),
+        State::Paused => (ContainerStateStatusEnum::PAUSED, None),
+        State::Created => (ContainerStateStatusEnum::CREATED, None),
+        State::Exited(code) => (ContainerStateStatusEnum::EXITED, code.map(i64::from)),
+    };
+    let usage = client.usage(found);
+    ContainerInfo {
+        name: name.to_string(),
+        state: status.to_string(),
+        // containerd runs no HEALTHCHECK; a pod's probes are the kubelet's.
+        health: "none".into(),
+        restart_count: 0,
+        exit_code,
+        cpu_percent: usage.cpu_percent,
+        memory_bytes: usage.memory_bytes,
+        memory_percent: usage.memory_percent,
+        // containerd keeps no restart policy: a job found by label that exited 0 is done.
+        completed: completed_job(by_label_only, status, exit_code, None),
+    }
+}
+
+/// Whether `labels` carry any of `wanted` ("key" or "key=value").
+fn labels_match(wanted: &[String], labels: &std::collections::HashMap<String, String>) -> bool {
+    wanted.iter().any(|want| match want.split_once('=') {
+        Some((k, v)) => labels.get(k).is_some_and(|have| have == v),
+        None => labels.contains_key(want),
+    })
 }
 
 async fn describe(

@@ -289,8 +289,12 @@ impl Default for DiskConfig {
 pub struct ContainersConfig {
     pub names: Vec<String>,
     pub labels: Vec<String>,
-    /// The Engine API's address; "" finds it (`docker::engine_host`).
+    /// The Engine API's address (Docker's or Podman's); "" finds an engine (`engine::address`).
     pub docker_host: String,
+    /// containerd's socket, to use its API instead of the Engine API; "" finds an engine.
+    pub containerd_socket: String,
+    /// containerd namespaces looked in, in order; empty: `k8s.io`, then `default`.
+    pub containerd_namespaces: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -220,6 +220,15 @@ fn type_errors_say_the_range_and_the_form() {
             "[heal]\nenabled = \"yes\"\n",
             "key `heal.enabled`: must be true or false, without quotes (got string \"yes\")",
         ),
+        (
+            "[containers]\ndocker_host = \"unix:///var/run/docker.sock\"\n\
+             containerd_socket = \"/run/containerd/containerd.sock\"\n",
+            "set docker_host (the Engine API: Docker, Podman) or containerd_socket, not both",
+        ),
+        (
+            "[containers]\ncontainerd_socket = \"run/containerd.sock\"\n",
+            "must be an absolute path such as /run/containerd/containerd.sock",
+        ),
     ] {
         let e = err(toml);
         assert!(e.contains(says), "{toml:?}:\n  {e}\nwants\n  {says}");

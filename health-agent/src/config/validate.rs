@@ -214,6 +214,34 @@ impl Config {
                 ));
             }
         }
+        let c = &self.containers;
+        if !c.docker_host.is_empty() && !c.containerd_socket.is_empty() {
+            return Err((
+                "containers.containerd_socket",
+                "set docker_host (the Engine API: Docker, Podman) or containerd_socket, not both"
+                    .into(),
+            ));
+        }
+        if !c.containerd_socket.is_empty()
+            && !c
+                .containerd_socket
+                .trim_start_matches("unix://")
+                .starts_with('/')
+        {
+            return Err((
+                "containers.containerd_socket",
+                format!(
+                    "{:?} must be an absolute path such as /run/containerd/containerd.sock",
+                    c.containerd_socket
+                ),
+            ));
+        }
+        if c.containerd_namespaces.iter().any(|n| n.trim().is_empty()) {
+            return Err((
+                "containers.containerd_namespaces",
+                "entries must be namespace names such as \"k8s.io\"".into(),
+            ));
+        }
         Ok(())
     }
 

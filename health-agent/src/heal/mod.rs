@@ -1,5 +1,5 @@
 //! Self-healing: detect → restart → re-check, before any 503. One state machine per incident:
-//! a healable fault starts a restart (container via the Docker Engine API, or
+//! a healable fault starts a restart (container via its engine's API, or
 //! `web.restart_command`); `/health` says `recovering` while that restart is really under way —
 //! its action runs, or, once it returned, the listener is gone, new processes are coming up or
 //! the old ones run again (`judge`) — never past `heal.timeout`. A restart that returned and
@@ -36,7 +36,7 @@ pub use self::{
 };
 use crate::{
     config::{HealConfig, WebConfig},
-    docker::Docker,
+    engine::Engine,
     policy::{Decision, Fault},
     status::WebVerdict,
     status::{HealPhase, Status},
@@ -48,10 +48,10 @@ const LOG_LEN: usize = 20;
 /// Why a restart attempt failed. The messages are what the heal log and `/health` show.
 #[derive(Debug, thiserror::Error)]
 pub enum HealError {
-    #[error("Docker is not configured")]
-    NoDocker,
+    #[error("no container engine is configured")]
+    NoEngine,
     #[error(transparent)]
-    Docker(#[from] crate::docker::DockerError),
+    Engine(#[from] crate::engine::EngineError),
     #[error(transparent)]
     Command(#[from] CommandError),
     #[error(transparent)]
@@ -127,7 +127,11 @@ pub fn applied(mut decision: Decision, phase: HealPhase) -> Decision {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
-    RestartContainer(String),
+    /// `via`: the engine client restarting it ("docker", "containerd").
+    RestartContainer {
+        name: String,
+        via: &'static str,
+    },
     Command(String),
     /// One stuck worker of a pre-fork server, which its master replaces (`worker.rs`).
     ReplaceWorker(worker::Target),
@@ -136,7 +140,7 @@ pub enum Action {
 impl Action {
     fn describe(&self) -> String {
         match self {
-            Self::RestartContainer(n) => format!("docker restart {n}"),
+            Self::RestartContainer { name, via } => format!("{via} restart {name}"),
             Self::Command(c) => format!("restart_command `{c}`"),
             Self::ReplaceWorker(t) => format!(
                 "replace worker {} of master {} (SIGTERM, SIGKILL after a grace)",
@@ -156,7 +160,7 @@ pub struct HealAttempt {
     /// under way.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub why: Option<String>,
-    /// The action's own failure (the command's exit, Docker's error, the timeout).
+    /// The action's own failure (the command's exit, the engine's error, the timeout).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -209,7 +213,7 @@ enum State {
 pub struct Healer {
     cfg: HealConfig,
     web: WebConfig,
-    docker: Option<Docker>,
+    engine: Option<Engine>,
     state: State,
     restarts: VecDeque<Instant>,
     /// The current incident already had a failed attempt.
@@ -226,7 +230,7 @@ pub struct Healer {
 }
 
 impl Healer {
-    pub fn new(cfg: HealConfig, web: WebConfig, docker: Option<Docker>) -> Self {
+    pub fn new(cfg: HealConfig, web: WebConfig, engine: Option<Engine>) -> Self {
         let log = HealLog {
             enabled: cfg.enabled,
             max_restarts: cfg.max_restarts,
@@ -235,7 +239,7 @@ impl Healer {
         Self {
             cfg,
             web,
-            docker,
+            engine,
             state: State::Idle,
             restarts: VecDeque::new(),
             incident_failed: false,
@@ -269,15 +273,23 @@ impl Healer {
     /// What a restart would do for `fault`, if anything can.
     fn action_for(&self, fault: Fault, faulty_containers: &[String]) -> Option<Action> {
         match fault {
-            f if f.restarts_web() && !self.web.container.is_empty() && self.docker.is_some() => {
-                Some(Action::RestartContainer(self.web.container.clone()))
+            f if f.restarts_web() && !self.web.container.is_empty() => {
+                let engine = self.engine.as_ref()?;
+                Some(Action::RestartContainer {
+                    name: self.web.container.clone(),
+                    via: engine.kind(),
+                })
             }
             f if f.restarts_web() && !self.web.restart_command.is_empty() => {
                 Some(Action::Command(self.web.restart_command.clone()))
             }
-            Fault::Containers if self.docker.is_some() => faulty_containers
-                .first()
-                .map(|n| Action::RestartContainer(n.clone())),
+            Fault::Containers => {
+                let via = self.engine.as_ref()?.kind();
+                faulty_containers.first().map(|n| Action::RestartContainer {
+                    name: n.clone(),
+                    via,
+                })
+            }
             _ => None,
         }
     }
@@ -498,7 +510,7 @@ impl Healer {
         let reason = decision.reasons.join("; ");
         tracing::warn!(action = %action.describe(), %reason, "self-heal: restarting");
         self.begin_attempt(&action, reason, now);
-        let docker = self.docker.clone();
+        let engine = self.engine.clone();
         let timeout = self.cfg.timeout;
         let attempt = Attempt {
             started: now,
@@ -506,7 +518,7 @@ impl Healer {
             before: self.signs.clone(),
         };
         self.incident_started.get_or_insert(now);
-        let task = tokio::spawn(async move { run(action, docker, timeout).await });
+        let task = tokio::spawn(async move { run(action, engine, timeout).await });
         self.state = State::Running { attempt, task };
         HealPhase::Recovering
     }
@@ -580,17 +592,17 @@ fn futures_now<T>(task: &mut JoinHandle<T>) -> Option<T> {
 
 async fn run(
     action: Action,
-    docker: Option<Docker>,
+    engine: Option<Engine>,
     timeout: Duration,
 ) -> Result<String, HealError> {
     match action {
-        Action::RestartContainer(name) => {
-            let docker = docker.ok_or(HealError::NoDocker)?;
-            docker
+        Action::RestartContainer { name, .. } => {
+            let engine = engine.ok_or(HealError::NoEngine)?;
+            engine
                 .restart(&name, timeout)
                 .await
                 .map(|()| String::new())
-                .map_err(HealError::Docker)
+                .map_err(HealError::Engine)
         }
         Action::Command(cmd) => Ok(run_command(&cmd, timeout).await?),
         Action::ReplaceWorker(t) => Ok(worker::replace(t, timeout).await?),

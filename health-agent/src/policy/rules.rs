@@ -396,7 +396,7 @@ impl<'a> Findings<'a> {
         if i.containers == ContainersState::Unknown {
             self.degraded = true;
             self.reasons
-                .push("container state unknown: Docker did not answer".into());
+                .push("container state unknown: the container engine did not answer".into());
         }
     }
 

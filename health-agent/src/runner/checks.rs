@@ -15,7 +15,7 @@ use crate::{
         web::{load_kernel, WebMonitor},
     },
     config::{Config, DatabaseConfig, DiskConfig, WebConfig},
-    docker::{engine_host, Docker},
+    engine::{self, Engine},
     fleet::exchange::Exchange,
 };
 
@@ -44,9 +44,9 @@ pub struct Checks {
     pub probes: ProbeLedger,
     pub system: SystemMonitor,
     /// For the container check, `web.container` and container restarts; None when nothing
-    /// needs Docker or its client could not be made (`docker_error` then says why).
-    pub docker: Option<Docker>,
-    pub docker_error: Option<crate::docker::DockerError>,
+    /// needs a container engine or its client could not be made (`engine_error` then says why).
+    pub engine: Option<Engine>,
+    pub engine_error: Option<crate::engine::EngineError>,
     pub database: Database,
     /// The peers' views (`fleet`), serve only.
     pub fleet: Option<Arc<Exchange>>,
@@ -69,9 +69,10 @@ impl Checks {
         let probes = ProbeLedger::default();
         let web = WebMonitor::new(web_cfg, kernel, kernel_status, probes.clone());
 
-        let (docker, docker_error) = if wants_docker(cfg) {
-            match Docker::connect(
-                &engine_host(&cfg.containers.docker_host),
+        let (engine, engine_error) = if wants_engine(cfg) {
+            match Engine::connect(
+                &engine_address(cfg),
+                &cfg.containers.containerd_namespaces,
                 cfg.checks.timeout,
             ) {
                 Ok(d) => (Some(d), None),
@@ -113,8 +114,8 @@ impl Checks {
             web,
             probes,
             system: SystemMonitor::new(cfg.scaling.clone()),
-            docker,
-            docker_error,
+            engine,
+            engine_error,
             database,
             fleet,
             fleet_error,
@@ -122,8 +123,16 @@ impl Checks {
     }
 }
 
-/// Whether any check or restart needs the Docker client.
-fn wants_docker(cfg: &Config) -> bool {
+/// The container engine `[containers]` names or the host has.
+pub fn engine_address(cfg: &Config) -> engine::Address {
+    engine::address(
+        &cfg.containers.docker_host,
+        &cfg.containers.containerd_socket,
+    )
+}
+
+/// Whether any check or restart needs a container engine's client.
+fn wants_engine(cfg: &Config) -> bool {
     containers_wanted(cfg) || !cfg.web.container.is_empty()
 }
 

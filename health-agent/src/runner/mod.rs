@@ -95,7 +95,7 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
     let started = Instant::now();
     // Loads the kernel programs; the probe goes wherever the web monitor sees the backend.
     let checks = Checks::build(&cfg, Mode::Serve);
-    if let Some(e) = &checks.docker_error {
+    if let Some(e) = &checks.engine_error {
         tracing::error!("{e}; container checks and container restarts are off");
     }
     if let Some(e) = &checks.fleet_error {
@@ -111,10 +111,10 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
     let Checks {
         web,
         system,
-        docker,
+        engine,
         ..
     } = checks;
-    let healer = Healer::new(cfg.heal.clone(), cfg.web.clone(), docker);
+    let healer = Healer::new(cfg.heal.clone(), cfg.web.clone(), engine);
     // A drain kept on disk holds from the first snapshot on.
     let drain = crate::drain::Drain::new(
         Some(cfg.drain.state_file.clone()),

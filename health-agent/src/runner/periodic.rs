@@ -18,7 +18,7 @@ use crate::{
         ContainersReport, DatabaseReport,
     },
     config::Config,
-    docker::{ContainerNet, DockerError},
+    engine::{ContainerNet, EngineError},
     fleet::{exchange::Exchange, Round},
 };
 
@@ -37,7 +37,7 @@ pub(super) struct Slots {
     pub probe: Option<Slot<Option<ProbeResult>>>,
     /// Where the backend's container lives, asked again every round: a restart moves it.
     /// (`String`: the Docker client's errors are text, see `docker.rs`.)
-    pub web_container: Option<Slot<Result<ContainerNet, DockerError>>>,
+    pub web_container: Option<Slot<Result<ContainerNet, EngineError>>>,
     pub containers: Option<Slot<ContainersReport>>,
     pub database: Option<Slot<DatabaseReport>>,
     /// The peers' views, asked off the request path on the fleet's own cadence.
@@ -66,7 +66,7 @@ impl Slots {
     ) -> (Self, DatabaseWiring) {
         let interval = cfg.checks.interval;
         let timeout = cfg.checks.timeout;
-        let docker_late = move || DockerError::Timeout(timeout.as_secs());
+        let engine_late = move || EngineError::Timeout(timeout.as_secs());
 
         let disk_cfg = cfg.disk.clone();
         let disk = spawn_periodic(
@@ -80,7 +80,7 @@ impl Slots {
         let probe = probe_wanted(cfg).then(|| spawn_probe(cfg, checks, shutdown));
 
         let web_container = checks
-            .docker
+            .engine
             .clone()
             .filter(|_| !cfg.web.container.is_empty())
             .map(|d| {
@@ -93,12 +93,12 @@ impl Slots {
                         let (d, name) = (d.clone(), name.clone());
                         async move { d.network_of(&name).await }
                     },
-                    move || Err(docker_late()),
+                    move || Err(engine_late()),
                 )
             });
 
         let containers = checks
-            .docker
+            .engine
             .clone()
             .filter(|_| containers_wanted(cfg))
             .map(|d| {
@@ -111,7 +111,7 @@ impl Slots {
                         let (d, c) = (d.clone(), ccfg.clone());
                         async move { crate::checks::containers::check(&d, &c).await }
                     },
-                    move || ContainersReport::unknown(docker_late().to_string()),
+                    move || ContainersReport::unknown(engine_late().to_string()),
                 )
             });
 

@@ -13,6 +13,9 @@ const PACKAGES: &[&str] = &[
     // The container tests' second engine: rootful Podman's Docker-compatible API socket
     // (`cargo xtask services` writes its containers.conf and starts `podman system service`).
     "podman",
+    // The third: containerd's own API, on its own socket as on a Kubernetes node (dockerd runs
+    // another containerd of its own, under /run/docker); `ctr` drives it in the tests.
+    "containerd",
     "nginx-light",
     "puma",
     "ruby-pg",

@@ -25,8 +25,8 @@ use super::{
 use crate::{
     checks::probe::{ProbeLedger, ProbeResult, ProbeTarget, SharedProbeTarget},
     config::{AcceptTracing, KernelTier, SocketTracing, WebConfig},
-    docker::ContainerNet,
     ebpf::{KernelSample, KernelView, PortSample},
+    engine::ContainerNet,
     net::{self, ListenAddrs},
     status::WebVerdict,
 };
@@ -47,7 +47,7 @@ pub struct WebMonitor {
     target: Option<Target>,
     /// The latest Docker report on `web.container`'s network (`String`: the Docker client's
     /// errors are text, see `docker.rs`).
-    container_net: Option<Result<ContainerNet, crate::docker::DockerError>>,
+    container_net: Option<Result<ContainerNet, crate::engine::EngineError>>,
     /// Where the probe task connects: set from the listeners seen.
     probe_target: SharedProbeTarget,
     /// What the agent's own probes put on the port: left out of what sock_diag shows.
@@ -523,7 +523,7 @@ impl WebMonitor {
 
     /// Takes in Docker's latest report on `web.container`'s network (the runner asks every
     /// `checks.interval`): a restarted container is found in its new namespace.
-    pub fn set_container(&mut self, net: Result<ContainerNet, crate::docker::DockerError>) {
+    pub fn set_container(&mut self, net: Result<ContainerNet, crate::engine::EngineError>) {
         self.container_net = Some(net);
     }
 
@@ -650,7 +650,12 @@ mod tests {
         let (kernel, status) = load_kernel(&cfg);
         let mut m = WebMonitor::new(cfg, kernel, status, ProbeLedger::default());
         let t0 = Instant::now();
-        let missing = || Err(crate::docker::DockerError::NoSuchContainer("wbe".into()));
+        let missing = || {
+            Err(crate::engine::EngineError::NoSuchContainer {
+                engine: "Docker".into(),
+                name: "wbe".into(),
+            })
+        };
         m.set_container(missing());
         let r = m.evaluate(t0);
         assert_eq!(r.verdict, WebVerdict::Unknown, "{}", r.detail);

@@ -18,7 +18,7 @@ use serde::Serialize;
 
 use crate::{
     config::WebConfig,
-    docker::ContainerNet,
+    engine::ContainerNet,
     net::{self, Diag, Listener},
     netns::Namespace,
 };
@@ -102,21 +102,21 @@ pub enum Unresolved {
 pub fn resolve(
     cfg: &WebConfig,
     current: Option<Target>,
-    container: Option<&Result<ContainerNet, crate::docker::DockerError>>,
+    container: Option<&Result<ContainerNet, crate::engine::EngineError>>,
 ) -> Result<Target, Unresolved> {
     let unknown = |what: String| Unresolved::Unknown(what);
     if !cfg.container.is_empty() {
         let net = match container {
             None => {
                 return Err(unknown(format!(
-                    "waiting for Docker to report container {}",
+                    "waiting for the container engine to report container {}",
                     cfg.container
                 )))
             }
-            Some(Err(crate::docker::DockerError::NoSuchContainer(name))) => {
+            Some(Err(crate::engine::EngineError::NoSuchContainer { engine, name })) => {
                 return Err(Unresolved::NotFound {
                     key: "web.container",
-                    what: format!("container {name:?} not found (docker inspect: 404)"),
+                    what: format!("container {name:?} not found ({engine} has none of that name)"),
                 })
             }
             Some(Err(e)) => return Err(unknown(e.to_string())),
@@ -284,7 +284,8 @@ mod tests {
             resolve(&cfg, None, Some(&stopped)),
             Err(Unresolved::NotRunning(m)) if m.contains("web")
         ));
-        let docker_down = Err(crate::docker::DockerError::Call {
+        let docker_down = Err(crate::engine::EngineError::Call {
+            engine: "docker",
             call: "inspect",
             name: "web".into(),
             reason: "connection refused".into(),
@@ -313,7 +314,10 @@ mod tests {
             container: "wbe".into(),
             ..WebConfig::default()
         };
-        let missing = Err(crate::docker::DockerError::NoSuchContainer("wbe".into()));
+        let missing = Err(crate::engine::EngineError::NoSuchContainer {
+            engine: "Docker".into(),
+            name: "wbe".into(),
+        });
         assert!(matches!(
             resolve(&cfg, None, Some(&missing)),
             Err(Unresolved::NotFound { key: "web.container", what }) if what.contains("wbe")

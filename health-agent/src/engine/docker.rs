@@ -1,4 +1,4 @@
-//! The Docker Engine API client (bollard): connecting, where a container's network lives,
+//! The Docker Engine API client (bollard; Podman serves the same API): connecting, where a container's network lives,
 //! restarts for self-healing, and the calls the containers check (`checks::containers`) is made
 //! of — list, inspect and one-shot stats with the CPU % bookkeeping between two of them.
 
@@ -17,25 +17,15 @@ use bollard::{
 };
 use futures_util::StreamExt as _;
 
-/// The sockets tried, in order, when `containers.docker_host` is not set: Docker's, then
-/// rootful Podman's Docker-compatible API socket.
-pub const DISCOVERED_SOCKETS: [&str; 2] = ["/var/run/docker.sock", "/run/podman/podman.sock"];
+use super::types::{ContainerNet, EngineError, Usage};
 
-/// The Engine API address: `configured` when set, else the first of [`DISCOVERED_SOCKETS`]
-/// that exists (Docker's when none does, so the error names the usual one).
-pub fn engine_host(configured: &str) -> String {
-    engine_host_among(configured, &DISCOVERED_SOCKETS)
-}
-
-fn engine_host_among(configured: &str, sockets: &[&str]) -> String {
-    if !configured.is_empty() {
-        return configured.to_string();
+fn call_error(call: &'static str, name: &str, e: impl std::fmt::Display) -> EngineError {
+    EngineError::Call {
+        engine: "docker",
+        call,
+        name: name.to_string(),
+        reason: e.to_string(),
     }
-    let found = sockets
-        .iter()
-        .find(|p| std::path::Path::new(p).exists())
-        .unwrap_or(&sockets[0]);
-    format!("unix://{found}")
 }
 
 /// The engine behind a /version answer: Podman lists a "Podman Engine" component, Docker an
@@ -55,62 +45,12 @@ fn engine_name(v: bollard::models::SystemVersion) -> String {
 /// Seconds between SIGTERM and SIGKILL when self-healing restarts a container.
 const RESTART_GRACE_SECS: i32 = 2;
 
-/// Where a container's network lives: its main process (whose network namespace is the
-/// container's) and the ports it publishes on the host.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ContainerNet {
-    /// Its main process on the host; None while it is not running.
-    pub pid: Option<u32>,
-    /// `--network host`: it shares the host's namespace.
-    pub host_network: bool,
-    /// (container port, host port) for every TCP port published on the host.
-    pub published: Vec<(u16, u16)>,
-}
-
-impl ContainerNet {
-    /// The port inside the container for `port`: a published host port maps to its container
-    /// port (and is returned as the second value), any other port is taken as the container's.
-    pub fn inside_port(&self, port: u16) -> (u16, Option<u16>) {
-        match self.published.iter().find(|&&(_, host)| host == port) {
-            Some(&(inside, host)) if !self.host_network => (inside, Some(host)),
-            _ => (port, None),
-        }
-    }
-}
-
-/// What went wrong talking to Docker. Cloneable (results travel through watch channels), so
-/// the Engine API's own error is kept as its message.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum DockerError {
-    #[error("containers.docker_host {host:?}: {reason}")]
-    Address { host: String, reason: String },
-    #[error("docker {call} {name}: {reason}")]
-    Call {
-        call: &'static str,
-        name: String,
-        reason: String,
-    },
-    /// The daemon did not answer within the check's deadline.
-    #[error("Docker did not answer within {0}s")]
-    Timeout(u64),
-    /// Docker answered: it has no container of that name (a typo, or one being recreated).
-    #[error("Docker has no container named {0:?}")]
-    NoSuchContainer(String),
-}
-
-impl DockerError {
-    fn call(call: &'static str, name: &str, e: impl std::fmt::Display) -> Self {
-        Self::Call {
-            call,
-            name: name.to_string(),
-            reason: e.to_string(),
-        }
-    }
-}
-
 #[derive(Clone)]
 pub struct Docker {
     client: bollard::Docker,
+    /// "Podman" when the address is Podman's socket, else "Docker": who is said to have no
+    /// container of a name.
+    label: &'static str,
     /// Previous (container cpu, system cpu) per container, for CPU % between two checks.
     cpu: Arc<Mutex<HashMap<String, (u64, u64)>>>,
 }
@@ -118,24 +58,31 @@ pub struct Docker {
 impl Docker {
     /// `unix:///path` or `http://127.0.0.1:2375`. Connecting is lazy: this never fails because
     /// the daemon is down, only when the address is malformed.
-    pub fn connect(host: &str, timeout: Duration) -> Result<Self, DockerError> {
+    pub fn connect(host: &str, timeout: Duration) -> Result<Self, EngineError> {
         let secs = timeout.as_secs().max(1);
         let client = if host.starts_with("unix://") || host.starts_with('/') {
             bollard::Docker::connect_with_unix(host, secs, bollard::API_DEFAULT_VERSION)
         } else if host.starts_with("http://") || host.starts_with("tcp://") {
             bollard::Docker::connect_with_http(host, secs, bollard::API_DEFAULT_VERSION)
         } else {
-            return Err(DockerError::Address {
-                host: host.to_string(),
+            return Err(EngineError::Address {
+                key: "containers.docker_host",
+                address: host.to_string(),
                 reason: "use unix:///var/run/docker.sock or http://HOST:PORT".into(),
             });
         }
-        .map_err(|e| DockerError::Address {
-            host: host.to_string(),
+        .map_err(|e| EngineError::Address {
+            key: "containers.docker_host",
+            address: host.to_string(),
             reason: e.to_string(),
         })?;
         Ok(Self {
             client,
+            label: if host.contains("podman") {
+                "Podman"
+            } else {
+                "Docker"
+            },
             cpu: Arc::default(),
         })
     }
@@ -148,7 +95,7 @@ impl Docker {
     }
 
     /// Restarts `name` within `timeout` (the whole call, including Docker's stop grace).
-    pub async fn restart(&self, name: &str, timeout: Duration) -> Result<(), DockerError> {
+    pub async fn restart(&self, name: &str, timeout: Duration) -> Result<(), EngineError> {
         let client = self.client.clone().with_timeout(timeout);
         // A frozen process cannot act on SIGTERM: thaw it first, or the stop waits out the grace.
         let paused = client
@@ -170,12 +117,12 @@ impl Docker {
         client
             .restart_container(name, Some(opts))
             .await
-            .map_err(|e| DockerError::call("restart", name, e))
+            .map_err(|e| call_error("restart", name, e))
     }
 
     /// Where `name`'s network lives (Engine API inspect): re-read every round, since a restarted
     /// container has a new process and a new namespace.
-    pub async fn network_of(&self, name: &str) -> Result<ContainerNet, DockerError> {
+    pub async fn network_of(&self, name: &str) -> Result<ContainerNet, EngineError> {
         let info = self
             .client
             .inspect_container(name, None::<InspectContainerOptions>)
@@ -183,8 +130,11 @@ impl Docker {
             .map_err(|e| match e {
                 bollard::errors::Error::DockerResponseServerError {
                     status_code: 404, ..
-                } => DockerError::NoSuchContainer(name.to_string()),
-                e => DockerError::call("inspect", name, e),
+                } => EngineError::NoSuchContainer {
+                    engine: self.label.to_string(),
+                    name: name.to_string(),
+                },
+                e => call_error("inspect", name, e),
             })?;
         let state = info.state.unwrap_or_default();
         let pid = state
@@ -281,14 +231,6 @@ impl Docker {
     }
 }
 
-/// A container's resource use from one stats call.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Usage {
-    pub cpu_percent: Option<f64>,
-    pub memory_bytes: Option<u64>,
-    pub memory_percent: Option<f64>,
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -301,51 +243,5 @@ mod tests {
         let name = |json: &str| engine_name(serde_json::from_str(json).unwrap());
         assert_eq!(name(docker), "Docker 20.10.24+dfsg1");
         assert_eq!(name(podman), "Podman 4.3.1");
-    }
-
-    #[test]
-    fn the_first_existing_socket_is_used_unless_one_is_configured() {
-        let dir = tempfile::tempdir().unwrap();
-        let docker = dir.path().join("docker.sock");
-        let podman = dir.path().join("podman.sock");
-        let (d, p) = (docker.to_str().unwrap(), podman.to_str().unwrap());
-        let sockets = [d, p];
-        assert_eq!(
-            engine_host_among("", &sockets),
-            format!("unix://{d}"),
-            "none exists: Docker's, named in the error"
-        );
-        std::fs::write(&podman, "").unwrap();
-        assert_eq!(engine_host_among("", &sockets), format!("unix://{p}"));
-        std::fs::write(&docker, "").unwrap();
-        assert_eq!(engine_host_among("", &sockets), format!("unix://{d}"));
-        assert_eq!(
-            engine_host_among("http://127.0.0.1:2375", &sockets),
-            "http://127.0.0.1:2375"
-        );
-    }
-
-    #[test]
-    fn a_published_host_port_maps_to_the_container_port() {
-        let net = ContainerNet {
-            pid: Some(42),
-            host_network: false,
-            published: vec![(80, 8081), (9000, 19000)],
-        };
-        assert_eq!(net.inside_port(19000), (9000, Some(19000)));
-        assert_eq!(
-            net.inside_port(9000),
-            (9000, None),
-            "the container's own port"
-        );
-        let host = ContainerNet {
-            host_network: true,
-            ..net
-        };
-        assert_eq!(
-            host.inside_port(19000),
-            (19000, None),
-            "host network: no mapping"
-        );
     }
 }

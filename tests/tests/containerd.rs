@@ -1,0 +1,217 @@
+//! Containers and self-healing on a real containerd (Debian's, on its own socket as on a
+//! Kubernetes node), through its gRPC API: a killed container restarted before any 503, one
+//! that dies on every start 503 once the restart budget is spent, and a pod's container in
+//! `k8s.io` found by its Kubernetes names with its sandbox left out.
+
+use std::{
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use health_agent_tests::{containerd::SOCKET, get, require_root, wait_until, Agent, CtrContainer};
+
+const WAIT: Duration = Duration::from_secs(40);
+
+/// Polls /health in the background and remembers whether any answer was a 503.
+fn watch_503(port: u16) -> (Arc<AtomicBool>, Arc<AtomicBool>) {
+    let (seen, stop) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let (s, st) = (seen.clone(), stop.clone());
+    std::thread::spawn(move || {
+        while !st.load(Ordering::Relaxed) {
+            if get(port, "/health").is_ok_and(|(c, _)| c == 503) {
+                s.store(true, Ordering::Relaxed);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    (seen, stop)
+}
+
+/// `[containers]` naming containerd's socket: this host has Docker's too, which the agent
+/// would find first.
+fn containerd_config(web: &CtrContainer, name: &str, heal: &str) -> String {
+    format!(
+        "[checks]\ninterval = \"500ms\"\n[web]\nport = {}\ncontainer = \"{name}\"\nhung_after = \"2s\"\n\
+         probe_timeout = \"1s\"\n[containers]\nnames = [\"{name}\"]\ncontainerd_socket = \"{SOCKET}\"\n\
+         [heal]\n{heal}",
+        web.port
+    )
+}
+
+#[test]
+fn killed_containerd_container_is_restarted_without_a_503() {
+    require_root();
+    let name = format!("web-{}", std::process::id());
+    let web = CtrContainer::serving("default", "killed", &[("nerdctl/name", &name)], &[]);
+    let agent = Agent::start(&containerd_config(&web, &name, "timeout = \"20s\"\n"));
+    let (_, body) = agent.wait_health(WAIT, "healthy", |c, b| c == 200 && b["status"] == "healthy");
+    assert_eq!(body["checks"]["containers"], "1/1 running", "{body}");
+    let engine = body["details"]["containers"]["engine"]
+        .as_str()
+        .unwrap_or("");
+    assert!(engine.starts_with("containerd "), "{engine:?}");
+    let before = web.pid().expect("a running task");
+
+    let (saw_503, stop) = watch_503(agent.port);
+    let killed = Instant::now();
+    web.kill();
+    let (_, body) = agent.wait_health(WAIT, "healed", |c, b| {
+        c == 200 && b["status"] == "healthy" && b["details"]["heal"]["total_recovered"] == 1
+    });
+    let healed = killed.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    eprintln!(
+        "{engine}: kill -9 to healthy again {:.2} s",
+        healed.as_secs_f64()
+    );
+    assert!(
+        !saw_503.load(Ordering::Relaxed),
+        "self-heal must come before any 503"
+    );
+    let heal = &body["details"]["heal"];
+    assert_eq!(heal["total_attempts"], 1, "{heal}");
+    assert_eq!(
+        heal["attempts"][0]["action"],
+        format!("containerd restart {name}")
+    );
+    assert_eq!(heal["attempts"][0]["outcome"], "recovered");
+    assert_eq!(web.status(), "RUNNING");
+    let after = web.pid().expect("a running task again");
+    assert_ne!(before, after, "a new task, not the old one");
+    assert_eq!(get(web.port, "/up").map(|(c, _)| c).ok(), Some(200));
+}
+
+#[test]
+fn crash_looping_containerd_container_turns_503_within_the_budget() {
+    require_root();
+    let name = format!("crashloop-{}", std::process::id());
+    // The fixture in `exit` mode dies at once, on every start.
+    let web = CtrContainer::run(
+        "default",
+        "crashloop",
+        &[("nerdctl/name", &name)],
+        &["--mode", "exit"],
+    );
+    wait_until(Duration::from_secs(10), "the task to stop", || {
+        (web.status() == "STOPPED").then_some(())
+    });
+    let started = Instant::now();
+    let agent = Agent::start(&containerd_config(
+        &web,
+        &name,
+        "max_restarts = 2\nwindow = \"10m\"\ntimeout = \"3s\"\n",
+    ));
+    let (code, body) = agent.wait_health(WAIT, "503 once heals failed", |c, b| {
+        c == 503
+            && b["details"]["heal"]["budget_spent"] == true
+            && b["details"]["heal"]["phase"] == "exhausted"
+    });
+    eprintln!(
+        "containerd: agent start to 503 after 2 failed restarts {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(code, 503);
+    assert_eq!(body["checks"]["containers"], "0/1 running");
+    let reason = body["details"]["containers"]["reason"]
+        .as_str()
+        .unwrap_or("");
+    assert!(reason.contains(&format!("{name} exited")), "{body}");
+    // Give it time to (wrongly) try again: the budget holds.
+    std::thread::sleep(Duration::from_secs(6));
+    let (code, body) = agent.health();
+    assert_eq!(code, 503);
+    let heal = &body["details"]["heal"];
+    assert_eq!(
+        heal["total_attempts"], 2,
+        "no more than max_restarts: {heal}"
+    );
+    for a in heal["attempts"].as_array().unwrap() {
+        assert_eq!(a["outcome"], "failed", "{a}");
+        assert_eq!(a["action"], format!("containerd restart {name}"));
+    }
+}
+
+#[test]
+fn a_pods_container_in_k8s_io_is_found_by_its_kubernetes_names_and_left_to_the_kubelet() {
+    require_root();
+    let pid = std::process::id();
+    let (pod, namespace, uid) = (
+        format!("shop-{pid}"),
+        format!("ha-test-{pid}"),
+        format!("0000-{pid}"),
+    );
+    let pod_labels = [
+        ("io.kubernetes.pod.name", pod.as_str()),
+        ("io.kubernetes.pod.namespace", namespace.as_str()),
+        ("io.kubernetes.pod.uid", uid.as_str()),
+    ];
+    // The pod's sandbox, as the CRI plugin labels it: never a watched container.
+    let mut sandbox_labels = pod_labels.to_vec();
+    sandbox_labels.push(("io.cri-containerd.kind", "sandbox"));
+    let _sandbox = CtrContainer::serving("k8s.io", "sandbox", &sandbox_labels, &[]);
+    let mut labels = pod_labels.to_vec();
+    labels.extend([
+        ("io.cri-containerd.kind", "container"),
+        ("io.kubernetes.container.name", "puma"),
+    ]);
+    let puma = CtrContainer::serving("k8s.io", "puma", &labels, &[]);
+    // Found by label (its pod's namespace), and the web check follows it by container name.
+    let agent = Agent::start(&format!(
+        "[checks]\ninterval = \"500ms\"\n[web]\nport = {}\ncontainer = \"puma\"\n\
+         [containers]\nlabels = [\"io.kubernetes.pod.namespace={namespace}\"]\n\
+         containerd_socket = \"{SOCKET}\"\n[heal]\ntimeout = \"30s\"\n",
+        puma.port
+    ));
+    let (_, body) = agent.wait_health(WAIT, "healthy", |c, b| c == 200 && b["status"] == "healthy");
+    let containers = &body["details"]["containers"];
+    assert_eq!(body["checks"]["containers"], "1/1 running", "{containers}");
+    assert_eq!(containers["containers"][0]["name"], format!("{pod}/puma"));
+    assert_eq!(body["checks"]["webserver"], "up", "{body}");
+    let m = containers["containers"][0]["memory_bytes"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(m > 0, "memory from the task's cgroup: {containers}");
+
+    let (saw_503, stop) = watch_503(agent.port);
+    puma.kill();
+    let (_, body) = agent.wait_health(WAIT, "a restart attempt", |_, b| {
+        b["details"]["heal"]["total_attempts"] == 1
+    });
+    let attempt = &body["details"]["heal"]["attempts"][0];
+    assert_eq!(attempt["action"], "containerd restart puma", "{attempt}");
+    // The kubelet starts a pod's containers: the agent only stopped it, and started nothing.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        puma.status(),
+        "STOPPED",
+        "the agent must not start the kubelet's container"
+    );
+    let (_, body) = agent.health();
+    let c = &body["details"]["containers"]["containers"][0];
+    assert_eq!(
+        (&c["state"], &c["exit_code"]),
+        (&"exited".into(), &137.into()),
+        "{c}"
+    );
+
+    // The kubelet's replacement: a new container of the same names, the exited one kept.
+    let _replacement = CtrContainer::run_on_port("k8s.io", "puma2", &labels, puma.port, &[]);
+    let (_, body) = agent.wait_health(WAIT, "healed by the replacement", |c, b| {
+        c == 200 && b["status"] == "healthy" && b["details"]["heal"]["total_recovered"] == 1
+    });
+    stop.store(true, Ordering::Relaxed);
+    assert_eq!(
+        body["checks"]["containers"], "1/1 running",
+        "the running one of the two"
+    );
+    assert!(
+        !saw_503.load(Ordering::Relaxed),
+        "recovering, never 503, while the kubelet replaces it"
+    );
+}
