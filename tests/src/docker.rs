@@ -24,38 +24,91 @@ pub enum Engine {
     Docker,
     /// Rootful Podman: `podman system service` on /run/podman/podman.sock (`cargo xtask services`).
     Podman,
+    /// Rootless Podman: user [`ROOTLESS_USER`]'s `podman system service` on
+    /// /run/user/UID/podman/podman.sock (`cargo xtask services` makes the user and starts it).
+    PodmanRootless,
+}
+
+/// The user whose rootless Podman the tests drive.
+pub const ROOTLESS_USER: &str = "ha-rootless";
+
+/// [`ROOTLESS_USER`]'s UID.
+fn rootless_uid() -> u32 {
+    static UID: OnceLock<u32> = OnceLock::new();
+    *UID.get_or_init(|| {
+        stdout_of(Command::new("id").args(["-u", ROOTLESS_USER]))
+            .parse()
+            .expect("a numeric uid (cargo xtask services makes the user)")
+    })
 }
 
 impl Engine {
     pub fn cli(self) -> &'static str {
         match self {
             Self::Docker => "docker",
-            Self::Podman => "podman",
+            Self::Podman | Self::PodmanRootless => "podman",
+        }
+    }
+
+    /// The engine as `details.containers.engine` names it ("Docker 20.10.24").
+    pub fn product(self) -> &'static str {
+        match self {
+            Self::Docker => "Docker",
+            Self::Podman | Self::PodmanRootless => "Podman",
+        }
+    }
+
+    /// The CLI, run as the engine's user: [`ROOTLESS_USER`] with its runtime directory for
+    /// rootless Podman.
+    pub fn command(self) -> Command {
+        match self {
+            Self::PodmanRootless => {
+                let uid = rootless_uid();
+                let mut c = Command::new("runuser");
+                c.args(["-u", ROOTLESS_USER, "--", "env"])
+                    .arg(format!("XDG_RUNTIME_DIR=/run/user/{uid}"))
+                    .arg(format!("HOME=/home/{ROOTLESS_USER}"))
+                    .arg("podman")
+                    // Not the test's directory, which the user may not enter.
+                    .current_dir("/");
+                c
+            }
+            _ => Command::new(self.cli()),
         }
     }
 
     /// `containers.docker_host` for an agent watching this engine's containers.
-    pub fn host(self) -> &'static str {
+    pub fn host(self) -> String {
         match self {
-            Self::Docker => "unix:///var/run/docker.sock",
-            Self::Podman => "unix:///run/podman/podman.sock",
+            Self::Docker => "unix:///var/run/docker.sock".into(),
+            Self::Podman => "unix:///run/podman/podman.sock".into(),
+            Self::PodmanRootless => {
+                format!("unix:///run/user/{}/podman/podman.sock", rootless_uid())
+            }
         }
     }
 
     /// Runs the engine's CLI with `args` and returns stdout; panics with stderr on failure.
     pub fn run(self, args: &[&str]) -> String {
-        stdout_of(Command::new(self.cli()).args(args))
+        stdout_of(self.command().args(args))
     }
 
-    /// The fixture image in this engine, imported once per test process.
+    /// The fixture image in this engine, imported once per test process (from stdin: the
+    /// tarball's directory is root's).
     pub fn fixture_image(self) -> &'static str {
-        static IMPORTED: [OnceLock<()>; 2] = [OnceLock::new(), OnceLock::new()];
+        static IMPORTED: [OnceLock<()>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
         IMPORTED[self as usize].get_or_init(|| {
+            let tar = std::fs::File::open(fixture_tar()).expect("the fixture tarball");
             succeed(
-                Command::new(self.cli())
-                    .args(["import", "--change", "ENTRYPOINT [\"/fixture-backend\"]"])
-                    .arg(fixture_tar())
-                    .arg(FIXTURE_TAG),
+                self.command()
+                    .args([
+                        "import",
+                        "--change",
+                        "ENTRYPOINT [\"/fixture-backend\"]",
+                        "-",
+                    ])
+                    .arg(FIXTURE_TAG)
+                    .stdin(tar),
             );
         });
         FIXTURE_TAG
@@ -213,7 +266,9 @@ impl Container {
 
 impl Drop for Container {
     fn drop(&mut self) {
-        let _ = Command::new(self.engine.cli())
+        let _ = self
+            .engine
+            .command()
             .args(["rm", "-f", &self.name])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -223,7 +278,8 @@ impl Drop for Container {
 
 /// `docker logs NAME`, stdout and stderr together; empty when the engine cannot say.
 fn container_logs(engine: Engine, name: &str) -> String {
-    Command::new(engine.cli())
+    engine
+        .command()
         .args(["logs", name])
         .output()
         .map(|o| {
@@ -266,7 +322,8 @@ fn sweep_stale_containers() {
 fn remove_container(engine: Engine, name: &str) {
     // A paused container is unpaused first, so nothing of it stays frozen if removal fails.
     for args in [&["unpause", name][..], &["rm", "-f", name][..]] {
-        let _ = Command::new(engine.cli())
+        let _ = engine
+            .command()
             .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -336,7 +393,8 @@ impl BridgeContainer {
             let control = format!("127.0.0.1:{control_host_port}:{}", c.container_control_port);
             let listen = format!("{ip}:{}", c.container_port);
             let control_listen = format!("0.0.0.0:{}", c.container_control_port);
-            let out = Command::new(engine.cli())
+            let out = engine
+                .command()
                 .args(["run", "-d", "--name", &c.name, "--network", "bridge"])
                 .args(["-p", &web, "-p", &control, image])
                 .args(["--listen", &listen, "--control", &control_listen])

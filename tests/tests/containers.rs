@@ -65,7 +65,7 @@ fn web_container_config(c: &Container, extra: &str) -> String {
 fn found_or_configured(engine: Engine) -> String {
     match engine {
         Engine::Docker => String::new(),
-        Engine::Podman => format!("docker_host = {:?}\n", engine.host()),
+        Engine::Podman | Engine::PodmanRootless => format!("docker_host = {:?}\n", engine.host()),
     }
 }
 
@@ -79,6 +79,11 @@ fn killed_podman_container_is_restarted_without_a_503() {
     killed_container_is_restarted_without_a_503(Engine::Podman);
 }
 
+#[test]
+fn killed_rootless_podman_container_is_restarted_without_a_503() {
+    killed_container_is_restarted_without_a_503(Engine::PodmanRootless);
+}
+
 /// The agent restarts a killed container through `engine`'s Engine API before any 503.
 fn killed_container_is_restarted_without_a_503(engine: Engine) {
     require_root();
@@ -90,7 +95,7 @@ fn killed_container_is_restarted_without_a_503(engine: Engine) {
         .as_str()
         .unwrap_or("");
     assert!(
-        answered.starts_with(&format!("{engine:?} ")),
+        answered.starts_with(&format!("{} ", engine.product())),
         "{engine:?} answered: {answered:?}"
     );
 
@@ -170,6 +175,11 @@ fn crash_looping_container_turns_503_within_the_budget() {
 #[test]
 fn crash_looping_podman_container_turns_503_within_the_budget() {
     crash_looping_turns_503_within_the_budget(Engine::Podman);
+}
+
+#[test]
+fn crash_looping_rootless_podman_container_turns_503_within_the_budget() {
+    crash_looping_turns_503_within_the_budget(Engine::PodmanRootless);
 }
 
 /// A container that dies on every start, in `engine`: restarted `max_restarts` times, then 503.

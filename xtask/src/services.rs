@@ -1,5 +1,6 @@
 //! `cargo xtask services`: the daemons the integration tests and the bench talk to, dockerd,
-//! Podman's API service, containerd and PostgreSQL 15. These machines have no systemd, so all are started
+//! Podman's API service (rootful, and rootless as user `ha-rootless`), containerd and
+//! PostgreSQL 15. These machines have no systemd, so all are started
 //! directly.
 
 use std::{
@@ -18,6 +19,11 @@ use crate::cmd::{self, step, Outcome};
 
 const DOCKERD_LOG: &str = "/var/log/dockerd.log";
 const PODMAN_LOG: &str = "/var/log/podman-service.log";
+const ROOTLESS_LOG: &str = "/var/log/podman-rootless-service.log";
+/// The user whose rootless Podman the container tests drive (tests/src/docker.rs).
+const ROOTLESS_USER: &str = "ha-rootless";
+/// Its subordinate IDs: 65536 of them, above the usual range of other users'.
+const ROOTLESS_SUBIDS: &str = "200000-265535";
 const CONTAINERD_LOG: &str = "/var/log/containerd.log";
 /// containerd's own socket, as on a Kubernetes node (not dockerd's, under /run/docker).
 const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
@@ -33,6 +39,7 @@ const POSTGRES: SocketAddr =
 pub fn run(verb: &str) -> Result<()> {
     step(verb, "dockerd", docker)?;
     step(verb, "podman API service", podman)?;
+    step(verb, "rootless podman API service", podman_rootless)?;
     step(verb, "containerd", containerd)?;
     step(verb, "postgresql 15", postgres)
 }
@@ -87,8 +94,13 @@ fn docker() -> Result<Outcome> {
 
 /// Whether Podman's API answers `GET /_ping` with `OK` on its socket.
 fn podman_up() -> bool {
+    pings(PODMAN_SOCKET)
+}
+
+/// Whether the Engine API on `socket` answers `GET /_ping` with `OK`.
+fn pings(socket: &str) -> bool {
     let ping = || -> std::io::Result<bool> {
-        let mut s = UnixStream::connect(PODMAN_SOCKET)?;
+        let mut s = UnixStream::connect(socket)?;
         s.set_read_timeout(Some(Duration::from_secs(2)))?;
         s.write_all(b"GET /_ping HTTP/1.0\r\nHost: d\r\n\r\n")?;
         let mut answer = String::new();
@@ -204,6 +216,81 @@ fn containerd() -> Result<Outcome> {
         "containerd did not answer on {CONTAINERD_SOCKET} within 30 s; the end of \
          {CONTAINERD_LOG}:\n{}",
         tail(CONTAINERD_LOG)
+    )
+}
+
+/// [`ROOTLESS_USER`] (made with its subordinate IDs and runtime directory when missing) and
+/// its rootless Podman's API on /run/user/UID/podman/podman.sock, where the agent looks for it.
+fn podman_rootless() -> Result<Outcome> {
+    let uid = || cmd::stdout(Command::new("id").args(["-u", ROOTLESS_USER]));
+    let uid = match uid() {
+        Ok(u) => u,
+        Err(_) => {
+            cmd::run(Command::new("useradd").args(["--create-home", ROOTLESS_USER]))?;
+            uid()?
+        }
+    };
+    let uid = uid.trim().to_string();
+    let has_subids = |file: &str| {
+        fs::read_to_string(file)
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.starts_with(&format!("{ROOTLESS_USER}:")))
+    };
+    if !has_subids("/etc/subuid") || !has_subids("/etc/subgid") {
+        cmd::run(Command::new("usermod").args([
+            "--add-subuids",
+            ROOTLESS_SUBIDS,
+            "--add-subgids",
+            ROOTLESS_SUBIDS,
+            ROOTLESS_USER,
+        ]))?;
+    }
+    let runtime = format!("/run/user/{uid}");
+    let socket = format!("{runtime}/podman/podman.sock");
+    if pings(&socket) {
+        return Ok(Outcome::Ok("already running"));
+    }
+    fs::create_dir_all(format!("{runtime}/podman"))?;
+    cmd::run(Command::new("chown").args(["-R", ROOTLESS_USER, &runtime]))?;
+    cmd::run(Command::new("chmod").args(["700", &runtime]))?;
+    let log = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(ROOTLESS_LOG)
+        .with_context(|| format!("cannot open {ROOTLESS_LOG} — run as root"))?;
+    let url = format!("unix://{socket}");
+    eprintln!(
+        "+ setsid runuser -u {ROOTLESS_USER} -- podman system service --time=0 {url} \
+         >>{ROOTLESS_LOG} 2>&1 &"
+    );
+    let mut child = Command::new("setsid")
+        .args(["runuser", "-u", ROOTLESS_USER, "--", "env"])
+        .arg(format!("XDG_RUNTIME_DIR={runtime}"))
+        .arg(format!("HOME=/home/{ROOTLESS_USER}"))
+        .args(["podman", "system", "service", "--time=0", &url])
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .context("cannot start rootless podman — install podman (cargo xtask setup)")?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if pings(&socket) {
+            return Ok(Outcome::Done("started"));
+        }
+        if let Some(status) = child.try_wait()?.filter(|status| !status.success()) {
+            bail!(
+                "rootless podman system service exited ({status}); the end of {ROOTLESS_LOG}:\n{}",
+                tail(ROOTLESS_LOG)
+            );
+        }
+        sleep(Duration::from_millis(500));
+    }
+    bail!(
+        "rootless podman did not answer on {socket} within 30 s; the end of {ROOTLESS_LOG}:\n{}",
+        tail(ROOTLESS_LOG)
     )
 }
 
