@@ -36,7 +36,6 @@ pub(super) struct Slots {
     pub disk: Slot<DiskReport>,
     pub probe: Option<Slot<Option<ProbeResult>>>,
     /// Where the backend's container lives, asked again every round: a restart moves it.
-    /// (`String`: the Docker client's errors are text, see `docker.rs`.)
     pub web_container: Option<Slot<Result<ContainerNet, EngineError>>>,
     pub containers: Option<Slot<ContainersReport>>,
     pub database: Option<Slot<DatabaseReport>>,

@@ -45,8 +45,7 @@ pub struct WebMonitor {
     cfg: WebConfig,
     /// Where the backend listens, once known.
     target: Option<Target>,
-    /// The latest Docker report on `web.container`'s network (`String`: the Docker client's
-    /// errors are text, see `docker.rs`).
+    /// The container engine's latest report on `web.container`'s network.
     container_net: Option<Result<ContainerNet, crate::engine::EngineError>>,
     /// Where the probe task connects: set from the listeners seen.
     probe_target: SharedProbeTarget,
