@@ -50,8 +50,8 @@ impl WebSigns {
                 .counters
                 .as_ref()
                 .map(|c| c.answered.saturating_add(c.sent)),
-            erroring_since: None,
-            answered: None,
+            erroring_since: web.signs.erroring_since,
+            answered: web.signs.answered_by_class,
             slow_judged_after: None,
         }
     }
@@ -59,14 +59,6 @@ impl WebSigns {
     /// With the peers' latency comparison (see `slow_judged_after`).
     pub fn with_slow(mut self, judged_after: Option<std::time::Instant>) -> Self {
         self.slow_judged_after = judged_after;
-        self
-    }
-
-    /// With the answers' evidence (see `erroring_since`).
-    pub fn with_answers(mut self, answers: &crate::checks::web::answers::AnswerWindow) -> Self {
-        let enough = answers.stats().answers > 0 && answers.erroring() && answers.judged();
-        self.erroring_since = enough.then(|| answers.since()).flatten();
-        self.answered = answers.answered_by_class();
         self
     }
 }

@@ -398,11 +398,8 @@ impl Composer {
             HealPhase::Idle
         } else {
             // Fresh evidence judges a restart that returned (did it take?).
-            self.healer.see(
-                heal::WebSigns::of(&report.web)
-                    .with_answers(self.web.answers_window())
-                    .with_slow(self.slow.judged_since().flatten()),
-            );
+            self.healer
+                .see(heal::WebSigns::of(&report.web).with_slow(self.slow.judged_since().flatten()));
             let phase = self.healer.step(&raw, &report.containers.faulty, now);
             self.healer.replace_worker(&report.web, now);
             phase
@@ -412,7 +409,7 @@ impl Composer {
         let decision = self.drain.apply(
             heal::applied(raw, phase),
             report.web.verdict,
-            self.web.answered_at(),
+            report.web.signs.answered_at,
             now,
         );
         let decision = self.guard.apply(decision, now);
@@ -445,11 +442,10 @@ impl Composer {
             .then(|| latest_at(self.slots.containers.as_ref()))
             .flatten();
         let configured = self.slots.database.is_some();
-        let answered = self.web.answered_at();
-        let answers_fine = self.web.answers_window().fine_at();
+        let signs = report.web.signs;
         self.witness.update(|e| {
-            e.web_answered = answered;
-            e.answers_fine = answers_fine;
+            e.web_answered = signs.answered_at;
+            e.answers_fine = signs.fine_at;
             e.database_configured = configured;
             e.database_ok = database.or(e.database_ok);
             e.containers_ok = containers.or(e.containers_ok);

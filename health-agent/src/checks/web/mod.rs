@@ -29,6 +29,8 @@ mod tally;
 mod target;
 mod verdict;
 
+use std::time::Instant;
+
 use serde::Serialize;
 
 pub use figures::FiguresReport;
@@ -208,6 +210,27 @@ pub struct WebReport {
     /// never evidence against the backend, never a 503.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub agent_error: bool,
+    /// What the round's later steps weigh and /health does not show: the heal judge, the
+    /// drain and the peers' view read it here, after the verdict, not from the monitor.
+    #[serde(skip)]
+    pub signs: AnswerSigns,
+}
+
+/// When the backend last answered and what its real answers say, as the round's verdict
+/// leaves them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AnswerSigns {
+    /// The kernel view's last response byte on the port, or the last probe that passed,
+    /// whichever is later.
+    pub answered_at: Option<Instant>,
+    /// When its real answers were last judged mostly not 5xx.
+    pub fine_at: Option<Instant>,
+    /// While it errors on enough real answers: since when that evidence runs (the window
+    /// starts over at a restart).
+    pub erroring_since: Option<Instant>,
+    /// Real answers by class (1xx–5xx at 1–5) since the answer programs loaded, without the
+    /// agent's probe; None when they are not counted.
+    pub answered_by_class: Option<[u64; 6]>,
 }
 
 impl WebReport {
@@ -243,6 +266,7 @@ impl WebReport {
             responses_total: None,
             stuck_worker: None,
             agent_error: false,
+            signs: AnswerSigns::default(),
         }
     }
 

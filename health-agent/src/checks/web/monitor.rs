@@ -20,7 +20,7 @@ use super::{
     tally::{Tally, CLASSES as ANSWER_CLASSES},
     target::{self, Target, Unresolved},
     verdict::{self, Evidence, KernelEvidence},
-    Following, KernelCounters, KernelState, KernelStatus, ProcessView, WebReport,
+    AnswerSigns, Following, KernelCounters, KernelState, KernelStatus, ProcessView, WebReport,
 };
 use crate::{
     checks::probe::{ProbeLedger, ProbeResult, ProbeTarget, SharedProbeTarget},
@@ -533,15 +533,23 @@ impl WebMonitor {
 
     /// The answers' evidence for the peers and for judging a restart: since when the window
     /// runs, and when it last showed real answers mostly fine.
-    pub fn answers_window(&self) -> &AnswerWindow {
-        &self.answers
-    }
-
     /// When the backend last answered: the kernel view's last response byte on the port, or
     /// the last probe that passed, whichever is later. What the peers weigh against a fault of
     /// theirs (see `fleet::Evidence`).
-    pub fn answered_at(&self) -> Option<Instant> {
+    fn answered_at(&self) -> Option<Instant> {
         self.progress.answer_at().max(self.probe_passed_at)
+    }
+
+    /// The round's [`AnswerSigns`], for the report.
+    fn signs(&self) -> AnswerSigns {
+        let a = &self.answers;
+        let enough = a.stats().answers > 0 && a.erroring() && a.judged();
+        AnswerSigns {
+            answered_at: self.answered_at(),
+            fine_at: a.fine_at(),
+            erroring_since: enough.then(|| a.since()).flatten(),
+            answered_by_class: a.answered_by_class(),
+        }
     }
 }
 

@@ -59,6 +59,7 @@ impl WebMonitor {
                 .clone()
                 .or_else(|| self.probe_trouble.clone()),
             responses_total: self.tally.current(),
+            signs: self.signs(),
             ..WebReport::not_configured()
         }
         .with_port(self.cfg.port)
@@ -167,6 +168,7 @@ impl WebMonitor {
             processes,
             stuck_worker,
             agent_error,
+            signs: self.signs(),
         }
     }
 
