@@ -57,38 +57,12 @@ fn docker() -> Result<Outcome> {
     if docker_up() {
         return Ok(Outcome::Ok("already running"));
     }
-    let log = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(DOCKERD_LOG)
-        .with_context(|| format!("cannot open {DOCKERD_LOG} — run as root"))?;
-    eprintln!("+ setsid dockerd >>{DOCKERD_LOG} 2>&1 &");
-    // Its own session: dockerd outlives this process and the terminal that started it.
-    let mut child = Command::new("setsid")
-        .arg("dockerd")
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()
-        .context("cannot start dockerd — install docker.io (cargo xtask setup)")?;
-
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline {
-        if docker_up() {
-            return Ok(Outcome::Done("started"));
-        }
-        // setsid exits 0 at once when it has to fork; only a failure means dockerd died.
-        if let Some(status) = child.try_wait()?.filter(|status| !status.success()) {
-            bail!(
-                "dockerd exited ({status}); the end of {DOCKERD_LOG}:\n{}",
-                log_tail()
-            );
-        }
-        sleep(Duration::from_millis(500));
-    }
-    bail!(
-        "dockerd did not answer `docker info` within 30 s; the end of {DOCKERD_LOG}:\n{}",
-        log_tail()
+    start_daemon(
+        "dockerd",
+        &["dockerd".into()],
+        DOCKERD_LOG,
+        "install docker.io (cargo xtask setup)",
+        docker_up,
     )
 }
 
@@ -142,37 +116,15 @@ fn podman() -> Result<Outcome> {
             "already running"
         }));
     }
-    let log = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(PODMAN_LOG)
-        .with_context(|| format!("cannot open {PODMAN_LOG} — run as root"))?;
     fs::create_dir_all("/run/podman")?;
     let url = format!("unix://{PODMAN_SOCKET}");
-    eprintln!("+ setsid podman system service --time=0 {url} >>{PODMAN_LOG} 2>&1 &");
-    let mut child = Command::new("setsid")
-        .args(["podman", "system", "service", "--time=0", &url])
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()
-        .context("cannot start podman — install podman (cargo xtask setup)")?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline {
-        if podman_up() {
-            return Ok(Outcome::Done("started"));
-        }
-        if let Some(status) = child.try_wait()?.filter(|status| !status.success()) {
-            bail!(
-                "podman system service exited ({status}); the end of {PODMAN_LOG}:\n{}",
-                tail(PODMAN_LOG)
-            );
-        }
-        sleep(Duration::from_millis(500));
-    }
-    bail!(
-        "podman did not answer on {PODMAN_SOCKET} within 30 s; the end of {PODMAN_LOG}:\n{}",
-        tail(PODMAN_LOG)
+    let argv = ["podman", "system", "service", "--time=0", &url].map(String::from);
+    start_daemon(
+        "podman system service",
+        &argv,
+        PODMAN_LOG,
+        "install podman (cargo xtask setup)",
+        podman_up,
     )
 }
 
@@ -186,36 +138,12 @@ fn containerd() -> Result<Outcome> {
     if containerd_up() {
         return Ok(Outcome::Ok("already running"));
     }
-    let log = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(CONTAINERD_LOG)
-        .with_context(|| format!("cannot open {CONTAINERD_LOG} — run as root"))?;
-    eprintln!("+ setsid containerd >>{CONTAINERD_LOG} 2>&1 &");
-    let mut child = Command::new("setsid")
-        .arg("containerd")
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()
-        .context("cannot start containerd — install containerd (cargo xtask setup)")?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline {
-        if containerd_up() {
-            return Ok(Outcome::Done("started"));
-        }
-        if let Some(status) = child.try_wait()?.filter(|status| !status.success()) {
-            bail!(
-                "containerd exited ({status}); the end of {CONTAINERD_LOG}:\n{}",
-                tail(CONTAINERD_LOG)
-            );
-        }
-        sleep(Duration::from_millis(500));
-    }
-    bail!(
-        "containerd did not answer on {CONTAINERD_SOCKET} within 30 s; the end of \
-         {CONTAINERD_LOG}:\n{}",
-        tail(CONTAINERD_LOG)
+    start_daemon(
+        "containerd",
+        &["containerd".into()],
+        CONTAINERD_LOG,
+        "install containerd (cargo xtask setup)",
+        containerd_up,
     )
 }
 
@@ -254,48 +182,69 @@ fn podman_rootless() -> Result<Outcome> {
     fs::create_dir_all(format!("{runtime}/podman"))?;
     cmd::run(Command::new("chown").args(["-R", ROOTLESS_USER, &runtime]))?;
     cmd::run(Command::new("chmod").args(["700", &runtime]))?;
-    let log = OpenOptions::new()
+    let argv = [
+        "runuser",
+        "-u",
+        ROOTLESS_USER,
+        "--",
+        "env",
+        &format!("XDG_RUNTIME_DIR={runtime}"),
+        &format!("HOME=/home/{ROOTLESS_USER}"),
+        "podman",
+        "system",
+        "service",
+        "--time=0",
+        &format!("unix://{socket}"),
+    ]
+    .map(String::from);
+    start_daemon(
+        "rootless podman system service",
+        &argv,
+        ROOTLESS_LOG,
+        "install podman (cargo xtask setup)",
+        || pings(&socket),
+    )
+}
+
+/// Starts `argv` in a session of its own (it outlives this process and the terminal that
+/// started it), its output appended to `log`, and waits up to 30 s for `up`.
+fn start_daemon(
+    name: &str,
+    argv: &[String],
+    log: &str,
+    install: &str,
+    up: impl Fn() -> bool,
+) -> Result<Outcome> {
+    let file = OpenOptions::new()
         .create(true)
         .append(true)
-        .open(ROOTLESS_LOG)
-        .with_context(|| format!("cannot open {ROOTLESS_LOG} — run as root"))?;
-    let url = format!("unix://{socket}");
-    eprintln!(
-        "+ setsid runuser -u {ROOTLESS_USER} -- podman system service --time=0 {url} \
-         >>{ROOTLESS_LOG} 2>&1 &"
-    );
+        .open(log)
+        .with_context(|| format!("cannot open {log} — run as root"))?;
+    eprintln!("+ setsid {} >>{log} 2>&1 &", argv.join(" "));
     let mut child = Command::new("setsid")
-        .args(["runuser", "-u", ROOTLESS_USER, "--", "env"])
-        .arg(format!("XDG_RUNTIME_DIR={runtime}"))
-        .arg(format!("HOME=/home/{ROOTLESS_USER}"))
-        .args(["podman", "system", "service", "--time=0", &url])
+        .args(argv)
+        // Not the caller's directory, which a daemon run as another user may not enter.
         .current_dir("/")
         .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
+        .stdout(file.try_clone()?)
+        .stderr(file)
         .spawn()
-        .context("cannot start rootless podman — install podman (cargo xtask setup)")?;
+        .with_context(|| format!("cannot start {name} — {install}"))?;
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
-        if pings(&socket) {
+        if up() {
             return Ok(Outcome::Done("started"));
         }
+        // setsid exits 0 at once when it has to fork; only a failure means the daemon died.
         if let Some(status) = child.try_wait()?.filter(|status| !status.success()) {
-            bail!(
-                "rootless podman system service exited ({status}); the end of {ROOTLESS_LOG}:\n{}",
-                tail(ROOTLESS_LOG)
-            );
+            bail!("{name} exited ({status}); the end of {log}:\n{}", tail(log));
         }
         sleep(Duration::from_millis(500));
     }
     bail!(
-        "rootless podman did not answer on {socket} within 30 s; the end of {ROOTLESS_LOG}:\n{}",
-        tail(ROOTLESS_LOG)
+        "{name} did not answer within 30 s; the end of {log}:\n{}",
+        tail(log)
     )
-}
-
-fn log_tail() -> String {
-    tail(DOCKERD_LOG)
 }
 
 fn tail(path: &str) -> String {
