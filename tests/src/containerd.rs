@@ -102,13 +102,33 @@ impl CtrContainer {
         port: u16,
         fixture_args: &[&str],
     ) -> Self {
+        Self::start(namespace, label, labels, port, fixture_args, true)
+    }
+
+    /// [`CtrContainer::run`] in a network namespace of its own, as a pod's container has one:
+    /// nothing but its loopback, so only what enters the namespace reaches it.
+    pub fn run_isolated(namespace: &str, label: &str, labels: &[(&str, &str)]) -> Self {
+        Self::start(namespace, label, labels, free_port(), &[], false)
+    }
+
+    fn start(
+        namespace: &str,
+        label: &str,
+        labels: &[(&str, &str)],
+        port: u16,
+        fixture_args: &[&str],
+        host_network: bool,
+    ) -> Self {
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let id = format!("{PREFIX}{}-{n}-{label}", std::process::id());
         let image = image_in(namespace);
         let listen = format!("127.0.0.1:{port}");
         let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let mut args = vec!["run", "--detach", "--net-host"];
+        let mut args = vec!["run", "--detach"];
+        if host_network {
+            args.push("--net-host");
+        }
         for l in &labels {
             args.extend(["--label", l.as_str()]);
         }

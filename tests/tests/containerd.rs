@@ -1,7 +1,8 @@
 //! Containers and self-healing on a real containerd (Debian's, on its own socket as on a
 //! Kubernetes node), through its gRPC API: a killed container restarted before any 503, one
-//! that dies on every start 503 once the restart budget is spent, and a pod's container in
-//! `k8s.io` found by its Kubernetes names with its sandbox left out.
+//! that dies on every start 503 once the restart budget is spent, a pod's container in
+//! `k8s.io` found by its Kubernetes names with its sandbox left out, and a container in a
+//! network namespace of its own watched there and followed into its new one after a restart.
 
 use std::{
     sync::{
@@ -11,7 +12,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use health_agent_tests::{containerd::SOCKET, get, require_root, wait_until, Agent, CtrContainer};
+use health_agent_tests::{
+    check_json, containerd::SOCKET, get, netns_inode, require_root, wait_until, Agent, CtrContainer,
+};
 
 const WAIT: Duration = Duration::from_secs(40);
 
@@ -216,5 +219,80 @@ fn a_pods_container_in_k8s_io_is_found_by_its_kubernetes_names_and_left_to_the_k
     assert!(
         !saw_503.load(Ordering::Relaxed),
         "recovering, never 503, while the kubelet replaces it"
+    );
+}
+
+#[test]
+fn a_container_in_its_own_network_namespace_is_watched_there_and_followed_across_a_restart() {
+    require_root();
+    let name = format!("isolated-{}", std::process::id());
+    let web = CtrContainer::run_isolated("default", "isolated", &[("nerdctl/name", &name)]);
+    let agent = Agent::start(&containerd_config(&web, &name, "timeout = \"20s\"\n"));
+    // The probe reaches the backend only from inside its namespace: `up` is the agent there.
+    let (_, body) = agent.wait_health(WAIT, "healthy", |c, b| c == 200 && b["status"] == "healthy");
+    let ns = &body["details"]["web"]["namespace"];
+    let pid = web.pid().expect("a running task");
+    assert_eq!(ns["source"], "container", "{ns}");
+    assert_eq!(ns["path"], format!("/proc/{pid}/ns/net"), "{ns}");
+    let inode = netns_inode(format!("/proc/{pid}/ns/net"));
+    assert_eq!(ns["inode"], inode, "{ns}");
+    assert_ne!(
+        inode,
+        netns_inode("/proc/self/ns/net"),
+        "a namespace of its own"
+    );
+
+    let (saw_503, stop) = watch_503(agent.port);
+    web.kill();
+    let (_, body) = agent.wait_health(WAIT, "healed in a new namespace", |c, b| {
+        c == 200
+            && b["status"] == "healthy"
+            && b["details"]["heal"]["total_recovered"] == 1
+            && b["details"]["web"]["namespace"]["inode"] != inode
+    });
+    stop.store(true, Ordering::Relaxed);
+    assert!(
+        !saw_503.load(Ordering::Relaxed),
+        "self-heal must come before any 503"
+    );
+    let after = web.pid().expect("a running task again");
+    let ns = &body["details"]["web"]["namespace"];
+    assert_eq!(
+        ns["path"],
+        format!("/proc/{after}/ns/net"),
+        "followed: {ns}"
+    );
+    eprintln!(
+        "containerd, own namespace: inode {inode} before the kill, {} after the restart",
+        ns["inode"]
+    );
+}
+
+/// No containerd where the config says: the containers check cannot know, and says why; a
+/// warning, never a 503 (`health-agent check` exits 0).
+#[test]
+fn an_absent_containerd_is_unknown_never_503() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("containerd.sock");
+    let (code, body) = check_json(&format!(
+        "[containers]\nnames = [\"web\"]\ncontainerd_socket = {:?}\n",
+        socket.display().to_string()
+    ));
+    assert_eq!(code, Some(0), "{body}");
+    assert_eq!(body["status"], "degraded", "{body}");
+    assert_eq!(body["checks"]["containers"], "unknown");
+    let reason = body["details"]["containers"]["reason"]
+        .as_str()
+        .unwrap_or("");
+    assert!(
+        reason.starts_with("containerd did not answer")
+            && reason.contains(&socket.display().to_string()),
+        "{reason}"
+    );
+    assert!(
+        body["reasons"]
+            .to_string()
+            .contains("container state unknown: the container engine did not answer"),
+        "{body}"
     );
 }

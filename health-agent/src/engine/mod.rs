@@ -117,7 +117,7 @@ impl Engine {
                             .into(),
                     });
                 }
-                Ok(Self::Containerd(Containerd::new(path, namespaces)))
+                Ok(Self::Containerd(Containerd::new(path, namespaces, timeout)))
             }
         }
     }

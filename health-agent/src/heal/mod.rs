@@ -127,11 +127,8 @@ pub fn applied(mut decision: Decision, phase: HealPhase) -> Decision {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
-    /// `via`: the engine client restarting it ("docker", "containerd").
-    RestartContainer {
-        name: String,
-        via: &'static str,
-    },
+    /// A container by name, through an engine client ("docker", "containerd").
+    RestartContainer(String, &'static str),
     Command(String),
     /// One stuck worker of a pre-fork server, which its master replaces (`worker.rs`).
     ReplaceWorker(worker::Target),
@@ -140,7 +137,7 @@ pub enum Action {
 impl Action {
     fn describe(&self) -> String {
         match self {
-            Self::RestartContainer { name, via } => format!("{via} restart {name}"),
+            Self::RestartContainer(name, via) => format!("{via} restart {name}"),
             Self::Command(c) => format!("restart_command `{c}`"),
             Self::ReplaceWorker(t) => format!(
                 "replace worker {} of master {} (SIGTERM, SIGKILL after a grace)",
@@ -272,24 +269,18 @@ impl Healer {
 
     /// What a restart would do for `fault`, if anything can.
     fn action_for(&self, fault: Fault, faulty_containers: &[String]) -> Option<Action> {
+        let restart = |name: &String| {
+            let via = self.engine.as_ref()?.kind();
+            Some(Action::RestartContainer(name.clone(), via))
+        };
         match fault {
-            f if f.restarts_web() && !self.web.container.is_empty() => {
-                let engine = self.engine.as_ref()?;
-                Some(Action::RestartContainer {
-                    name: self.web.container.clone(),
-                    via: engine.kind(),
-                })
+            f if f.restarts_web() && !self.web.container.is_empty() && self.engine.is_some() => {
+                restart(&self.web.container)
             }
             f if f.restarts_web() && !self.web.restart_command.is_empty() => {
                 Some(Action::Command(self.web.restart_command.clone()))
             }
-            Fault::Containers => {
-                let via = self.engine.as_ref()?.kind();
-                faulty_containers.first().map(|n| Action::RestartContainer {
-                    name: n.clone(),
-                    via,
-                })
-            }
+            Fault::Containers => faulty_containers.first().and_then(restart),
             _ => None,
         }
     }
@@ -596,13 +587,10 @@ async fn run(
     timeout: Duration,
 ) -> Result<String, HealError> {
     match action {
-        Action::RestartContainer { name, .. } => {
+        Action::RestartContainer(name, _) => {
             let engine = engine.ok_or(HealError::NoEngine)?;
-            engine
-                .restart(&name, timeout)
-                .await
-                .map(|()| String::new())
-                .map_err(HealError::Engine)
+            engine.restart(&name, timeout).await?;
+            Ok(String::new())
         }
         Action::Command(cmd) => Ok(run_command(&cmd, timeout).await?),
         Action::ReplaceWorker(t) => Ok(worker::replace(t, timeout).await?),

@@ -2,7 +2,7 @@
 //! each message behind gRPC's 5-byte prefix, the status read from the trailers (or from the
 //! headers of a trailers-only answer). One connection serves every call of one operation.
 
-use std::path::Path;
+use std::{path::Path, time::Duration};
 
 use bytes::{BufMut as _, Bytes, BytesMut};
 use http_body_util::{BodyExt as _, Full};
@@ -37,19 +37,29 @@ impl CallError {
 pub struct Channel {
     send: http2::SendRequest<Full<Bytes>>,
     namespace: String,
+    /// Bounds the connect, and each call.
+    timeout: Duration,
 }
 
 impl Channel {
-    pub async fn connect(path: &Path, namespace: &str) -> Result<Self, CallError> {
+    pub async fn connect(
+        path: &Path,
+        namespace: &str,
+        timeout: Duration,
+    ) -> Result<Self, CallError> {
         let connect_error = |e: &dyn std::fmt::Display| CallError::Connect {
             path: path.display().to_string(),
             reason: e.to_string(),
         };
-        let stream = tokio::net::UnixStream::connect(path)
+        let connect = async {
+            let stream = tokio::net::UnixStream::connect(path).await?;
+            http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                .await
+                .map_err(std::io::Error::other)
+        };
+        let (send, conn) = tokio::time::timeout(timeout, connect)
             .await
-            .map_err(|e| connect_error(&e))?;
-        let (send, conn) = http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
-            .await
+            .map_err(|_| connect_error(&format!("no answer within {}s", timeout.as_secs())))?
             .map_err(|e| connect_error(&e))?;
         // Ends when `send` (and every clone) is dropped, or containerd closes the socket.
         tokio::spawn(async move {
@@ -60,11 +70,29 @@ impl Channel {
         Ok(Self {
             send,
             namespace: namespace.to_string(),
+            timeout,
         })
     }
 
-    /// Calls `method` ("/containerd.services.tasks.v1.Tasks/Get") with `request`.
+    /// Calls `method` ("/containerd.services.tasks.v1.Tasks/Get") with `request`, within the
+    /// channel's timeout.
     pub async fn call<Req, Resp>(&mut self, method: &str, request: &Req) -> Result<Resp, CallError>
+    where
+        Req: prost::Message,
+        Resp: prost::Message + Default,
+    {
+        let timeout = self.timeout;
+        tokio::time::timeout(timeout, self.exchange(method, request))
+            .await
+            .unwrap_or_else(|_| {
+                Err(CallError::Transport(format!(
+                    "{method}: no answer within {}s",
+                    timeout.as_secs()
+                )))
+            })
+    }
+
+    async fn exchange<Req, Resp>(&mut self, method: &str, request: &Req) -> Result<Resp, CallError>
     where
         Req: prost::Message,
         Resp: prost::Message + Default,

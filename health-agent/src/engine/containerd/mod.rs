@@ -45,6 +45,8 @@ const RESTART_GRACE: Duration = Duration::from_secs(2);
 pub struct Containerd {
     socket: PathBuf,
     namespaces: Vec<String>,
+    /// Bounds each connect and each call (`checks.timeout`).
+    timeout: Duration,
     /// Previous (cgroup CPU µs, when) per container ID, for CPU % between two checks.
     cpu: Arc<Mutex<HashMap<String, (u64, Instant)>>>,
 }
@@ -169,7 +171,7 @@ fn pick<'a>(found: impl IntoIterator<Item = &'a Found>, name: &str) -> Option<&'
 
 impl Containerd {
     /// `socket` "" is [`SOCKET`]; `namespaces` empty is [`NAMESPACES`].
-    pub fn new(socket: &str, namespaces: &[String]) -> Self {
+    pub fn new(socket: &str, namespaces: &[String], timeout: Duration) -> Self {
         let socket = socket.strip_prefix("unix://").unwrap_or(socket);
         Self {
             socket: PathBuf::from(if socket.is_empty() { SOCKET } else { socket }),
@@ -178,6 +180,7 @@ impl Containerd {
             } else {
                 namespaces.to_vec()
             },
+            timeout,
             cpu: Arc::default(),
         }
     }
@@ -187,7 +190,7 @@ impl Containerd {
     }
 
     async fn channel(&self, namespace: &str) -> Result<Channel, CallError> {
-        Channel::connect(&self.socket, namespace).await
+        Channel::connect(&self.socket, namespace, self.timeout).await
     }
 
     /// "containerd 1.6.20~ds1"; None when it does not answer.
@@ -268,10 +271,13 @@ impl Containerd {
     /// a new task from the same container. A container the kubelet manages is only stopped: the
     /// kubelet starts its replacement (a task started behind its back would be killed).
     pub async fn restart(&self, name: &str, timeout: Duration) -> Result<(), EngineError> {
-        let found = self.find(name).await?;
-        let work = self.restart_found(&found);
+        let work = async {
+            let found = self.find(name).await?;
+            let restarted = self.restart_found(&found).await;
+            restarted.map_err(|e| call_error("restart", name, e))
+        };
         match tokio::time::timeout(timeout, work).await {
-            Ok(r) => r.map_err(|e| call_error("restart", name, e)),
+            Ok(r) => r,
             Err(_) => Err(call_error(
                 "restart",
                 name,
@@ -521,12 +527,13 @@ mod tests {
 
     #[test]
     fn socket_and_namespaces_default_when_unset() {
-        let c = Containerd::new("", &[]);
+        let c = Containerd::new("", &[], Duration::from_secs(1));
         assert_eq!(c.socket(), Path::new(SOCKET));
         assert_eq!(c.namespaces, ["k8s.io", "default"]);
         let c = Containerd::new(
             "unix:///host/run/containerd/containerd.sock",
             &["apps".into()],
+            Duration::from_secs(1),
         );
         assert_eq!(
             c.socket(),
