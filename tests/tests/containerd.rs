@@ -4,36 +4,23 @@
 //! `k8s.io` found by its Kubernetes names with its sandbox left out, and a container in a
 //! network namespace of its own watched there and followed into its new one after a restart.
 
-use std::{
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
-    },
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use health_agent_tests::{
-    check_json, containerd::SOCKET, get, netns_inode, require_root, wait_until, Agent, CtrContainer,
+    check_json, containerd::SOCKET, get, netns_inode, require_root, timeline, wait_until, Agent,
+    CtrContainer, HealthPoller,
 };
 
 const WAIT: Duration = Duration::from_secs(40);
 
-/// Polls /health in the background and remembers whether any answer was a 503.
-fn watch_503(port: u16) -> (Arc<AtomicBool>, Arc<AtomicBool>) {
-    let (seen, stop) = (
-        Arc::new(AtomicBool::new(false)),
-        Arc::new(AtomicBool::new(false)),
+/// Panics, with the timeline, if `poller` recorded any 503.
+fn assert_no_503(poller: &HealthPoller, why: &str) {
+    let samples = poller.samples();
+    assert!(
+        samples.iter().all(|s| s.code != 503),
+        "{why}:\n{}",
+        timeline(&samples)
     );
-    let (s, st) = (seen.clone(), stop.clone());
-    std::thread::spawn(move || {
-        while !st.load(Ordering::Relaxed) {
-            if get(port, "/health").is_ok_and(|(c, _)| c == 503) {
-                s.store(true, Ordering::Relaxed);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    });
-    (seen, stop)
 }
 
 /// `[containers]` naming containerd's socket: this host has Docker's too, which the agent
@@ -61,22 +48,18 @@ fn killed_containerd_container_is_restarted_without_a_503() {
     assert!(engine.starts_with("containerd "), "{engine:?}");
     let before = web.pid().expect("a running task");
 
-    let (saw_503, stop) = watch_503(agent.port);
+    let poller = HealthPoller::start(agent.port);
     let killed = Instant::now();
     web.kill();
     let (_, body) = agent.wait_health(WAIT, "healed", |c, b| {
         c == 200 && b["status"] == "healthy" && b["details"]["heal"]["total_recovered"] == 1
     });
     let healed = killed.elapsed();
-    stop.store(true, Ordering::Relaxed);
     eprintln!(
         "{engine}: kill -9 to healthy again {:.2} s",
         healed.as_secs_f64()
     );
-    assert!(
-        !saw_503.load(Ordering::Relaxed),
-        "self-heal must come before any 503"
-    );
+    assert_no_503(&poller, "self-heal must come before any 503");
     let heal = &body["details"]["heal"];
     assert_eq!(heal["total_attempts"], 1, "{heal}");
     assert_eq!(
@@ -184,7 +167,7 @@ fn a_pods_container_in_k8s_io_is_found_by_its_kubernetes_names_and_left_to_the_k
         .unwrap_or(0);
     assert!(m > 0, "memory from the task's cgroup: {containers}");
 
-    let (saw_503, stop) = watch_503(agent.port);
+    let poller = HealthPoller::start(agent.port);
     puma.kill();
     let (_, body) = agent.wait_health(WAIT, "a restart attempt", |_, b| {
         b["details"]["heal"]["total_attempts"] == 1
@@ -211,14 +194,13 @@ fn a_pods_container_in_k8s_io_is_found_by_its_kubernetes_names_and_left_to_the_k
     let (_, body) = agent.wait_health(WAIT, "healed by the replacement", |c, b| {
         c == 200 && b["status"] == "healthy" && b["details"]["heal"]["total_recovered"] == 1
     });
-    stop.store(true, Ordering::Relaxed);
     assert_eq!(
         body["checks"]["containers"], "1/1 running",
         "the running one of the two"
     );
-    assert!(
-        !saw_503.load(Ordering::Relaxed),
-        "recovering, never 503, while the kubelet replaces it"
+    assert_no_503(
+        &poller,
+        "recovering, never 503, while the kubelet replaces it",
     );
 }
 
@@ -242,7 +224,7 @@ fn a_container_in_its_own_network_namespace_is_watched_there_and_followed_across
         "a namespace of its own"
     );
 
-    let (saw_503, stop) = watch_503(agent.port);
+    let poller = HealthPoller::start(agent.port);
     web.kill();
     let (_, body) = agent.wait_health(WAIT, "healed in a new namespace", |c, b| {
         c == 200
@@ -250,11 +232,7 @@ fn a_container_in_its_own_network_namespace_is_watched_there_and_followed_across
             && b["details"]["heal"]["total_recovered"] == 1
             && b["details"]["web"]["namespace"]["inode"] != inode
     });
-    stop.store(true, Ordering::Relaxed);
-    assert!(
-        !saw_503.load(Ordering::Relaxed),
-        "self-heal must come before any 503"
-    );
+    assert_no_503(&poller, "self-heal must come before any 503");
     let after = web.pid().expect("a running task again");
     let ns = &body["details"]["web"]["namespace"];
     assert_eq!(
