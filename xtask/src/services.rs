@@ -57,6 +57,10 @@ fn docker() -> Result<Outcome> {
     if docker_up() {
         return Ok(Outcome::Ok("already running"));
     }
+    // dockerd takes any file at containerd's socket for a running system containerd and
+    // dials it instead of starting its own; one left by a containerd that was killed would
+    // stop dockerd from starting at all.
+    clear_stale_socket(CONTAINERD_SOCKET)?;
     start_daemon(
         "dockerd",
         &["dockerd".into()],
@@ -204,6 +208,18 @@ fn podman_rootless() -> Result<Outcome> {
         "install podman (cargo xtask setup)",
         || pings(&socket),
     )
+}
+
+/// Removes `path` if it is a socket nothing listens on (connecting is refused), as a daemon
+/// that was killed leaves it; a live socket, or none, is left alone.
+fn clear_stale_socket(path: &str) -> Result<()> {
+    match UnixStream::connect(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            eprintln!("+ rm {path}  (stale: nothing listens on it)");
+            fs::remove_file(path).with_context(|| format!("cannot remove stale socket {path}"))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Starts `argv` in a session of its own (it outlives this process and the terminal that
