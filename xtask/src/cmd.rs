@@ -89,12 +89,35 @@ fn quote(word: &OsStr) -> String {
     }
 }
 
+/// `cargo` as a shell would run it, without the variables `cargo run` set for xtask itself
+/// (`CARGO_MANIFEST_DIR`, `CARGO_PKG_NAME`, …). A build script that reads one of them (ring's
+/// reads both) is run again whenever its value differs from the last build's: inherited, the
+/// xtask's own path would rebuild ring and all that depends on it (rustls, reqwest) in every
+/// clone, and after every build the tests or a shell made.
+pub fn cargo() -> Command {
+    const OWN_PREFIXES: &[&str] = &[
+        "CARGO_PKG_",
+        "CARGO_MANIFEST_",
+        "CARGO_BIN_",
+        "CARGO_CRATE_",
+    ];
+    let mut cargo = Command::new("cargo");
+    for (key, _) in env::vars_os() {
+        let name = key.to_string_lossy();
+        if name == "CARGO_PRIMARY_PACKAGE" || OWN_PREFIXES.iter().any(|p| name.starts_with(p)) {
+            cargo.env_remove(&key);
+        }
+    }
+    cargo
+}
+
 /// `cargo` for the eBPF crate, whose rust-toolchain.toml selects nightly.
 ///
 /// The outer `cargo xtask` runs on stable and leaves its choices in the environment:
 /// RUSTUP_TOOLCHAIN would override rust-toolchain.toml, CARGO/RUSTC point at stable binaries,
 /// RUSTFLAGS meant for the host would break the bpf target, and LD_LIBRARY_PATH holds stable's
-/// sysroot. Drop them all so the crate builds as a plain `cargo` there would.
+/// sysroot. Drop them all (and xtask's own, see [`cargo`]) so the crate builds as a plain
+/// `cargo` there would.
 pub fn ebpf_cargo() -> Command {
     const OUTER: &[&str] = &[
         "RUSTUP_TOOLCHAIN",
@@ -115,20 +138,10 @@ pub fn ebpf_cargo() -> Command {
         "CARGO_BUILD_RUSTFLAGS",
         "LD_LIBRARY_PATH",
     ];
-    const OUTER_PREFIXES: &[&str] = &[
-        "CARGO_PKG_",
-        "CARGO_MANIFEST_",
-        "CARGO_BIN_",
-        "CARGO_CRATE_",
-    ];
-
-    let mut cargo = Command::new("cargo");
+    let mut cargo = cargo();
     cargo.current_dir(root().join("health-agent-ebpf"));
-    for (key, _) in env::vars_os() {
-        let name = key.to_string_lossy();
-        if OUTER.contains(&name.as_ref()) || OUTER_PREFIXES.iter().any(|p| name.starts_with(p)) {
-            cargo.env_remove(&key);
-        }
+    for key in OUTER {
+        cargo.env_remove(key);
     }
     cargo
 }

@@ -171,7 +171,7 @@ fn config(dir: &Path, port: u16, backend_port: u16, restart_command: &str) -> St
 
 /// The agent and the bundled backend, built (debug): their paths.
 fn build() -> Result<(PathBuf, PathBuf)> {
-    cmd::run(Command::new("cargo").current_dir(cmd::root()).args([
+    cmd::run(cmd::cargo().current_dir(cmd::root()).args([
         "build",
         "--package",
         "health-agent",

@@ -2,7 +2,7 @@
 //! libFuzzer), each target for a bounded time. The targets' bodies live in
 //! `health_agent::fuzzing`; `cargo xtask test` runs the same bodies as a stable smoke stage.
 
-use std::{process::Command, time::Instant};
+use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 
@@ -29,7 +29,7 @@ pub fn run(args: &Args) -> Result<()> {
     cmd::step("fuzz", "cargo-fuzz", setup::cargo_fuzz)?;
     let fuzz_dir = cmd::root().join("fuzz");
     let cargo_fuzz = |target: &str| {
-        let mut c = Command::new("cargo");
+        let mut c = cmd::cargo();
         c.current_dir(&fuzz_dir)
             .args(["+nightly", "fuzz", "run", target]);
         c

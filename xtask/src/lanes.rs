@@ -99,7 +99,7 @@ const LIB: &str = "lib health_agent";
 
 /// Builds every test target and lists their executables.
 fn build(targets: &[&str]) -> Result<Vec<Binary>> {
-    let out = Command::new("cargo")
+    let out = cmd::cargo()
         .current_dir(cmd::root())
         .args([
             "test",

@@ -26,7 +26,7 @@ pub struct RunArgs {
 /// Builds the agent and returns the path of its binary.
 pub fn build(args: &BuildArgs) -> Result<PathBuf> {
     setup::ensure_toolchain()?;
-    let mut cargo = Command::new("cargo");
+    let mut cargo = cmd::cargo();
     cargo
         .current_dir(cmd::root())
         .args(["build", "--package", "health-agent"]);

@@ -73,7 +73,7 @@ pub fn run(args: &Args) -> Result<()> {
 /// Every crate the lock file names, so the stages after setup build from the local registry.
 fn fetch_crates() -> Result<Outcome> {
     cmd::run(
-        Command::new("cargo")
+        cmd::cargo()
             .current_dir(cmd::root())
             .args(["fetch", "--locked", "--quiet"]),
     )?;
@@ -174,10 +174,10 @@ fn musl_target() -> Result<Outcome> {
 /// cargo-fuzz, for `cargo xtask fuzz` only: a few minutes to build, so `cargo xtask test` (whose
 /// fuzz-smoke stage runs the same targets on stable) never installs it.
 pub fn cargo_fuzz() -> Result<Outcome> {
-    if cmd::succeeds(Command::new("cargo").args(["fuzz", "--version"])) {
+    if cmd::succeeds(cmd::cargo().args(["fuzz", "--version"])) {
         return Ok(Outcome::Ok("already installed"));
     }
-    cmd::run(Command::new("cargo").args(["install", "cargo-fuzz", "--locked"]))
+    cmd::run(cmd::cargo().args(["install", "cargo-fuzz", "--locked"]))
         .context("cargo install cargo-fuzz failed")?;
     Ok(Outcome::Done("installed"))
 }
@@ -394,7 +394,7 @@ fn install_bpf_linker(llvm: &NightlyLlvm, root: Option<&Path>) -> Result<()> {
 
     let feature = format!("llvm-{}", llvm.major);
     let install = |locked: bool| {
-        let mut cargo = Command::new("cargo");
+        let mut cargo = cmd::cargo();
         // Not in the workspace, so its .cargo/config.toml does not apply to this build.
         cargo.current_dir(&prefix).env("LLVM_PREFIX", &prefix);
         cargo.args([

@@ -3,7 +3,7 @@
 //! `<target>/soak-report.md` and, with `--benchmarks`, into docs/BENCHMARKS.md as a section of
 //! its own. Needs root, like the integration tests it is made of.
 
-use std::{fs, path::Path, process::Command};
+use std::{fs, path::Path};
 
 use anyhow::{Context, Result};
 
@@ -39,13 +39,13 @@ pub fn run(args: &Args) -> Result<()> {
     anyhow::ensure!(args.minutes > 0.0, "--minutes must be above 0");
     // The test binaries run the agent and the fixture backend: build them first.
     cmd::run(
-        Command::new("cargo")
+        cmd::cargo()
             .current_dir(cmd::root())
             .args(["build", "--bins"]),
     )
     .context("building the binaries the soak runs")?;
     let _ = fs::remove_file(&report);
-    let mut test = Command::new("cargo");
+    let mut test = cmd::cargo();
     test.current_dir(cmd::root())
         .args(["test", "-p", "health-agent-tests"])
         .args(["--test", "soak", "--test", "soak_kill", "--"])

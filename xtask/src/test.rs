@@ -45,7 +45,7 @@ enum Stage {
 
 pub fn run(args: &Args) -> Result<()> {
     let cargo = |words: &[&str]| {
-        let mut cargo = Command::new("cargo");
+        let mut cargo = cmd::cargo();
         cargo.current_dir(cmd::root()).args(words);
         Stage::Run(cargo)
     };
@@ -87,7 +87,7 @@ pub fn run(args: &Args) -> Result<()> {
     } else {
         &["--all-targets"]
     };
-    let mut test = Command::new("cargo");
+    let mut test = cmd::cargo();
     test.current_dir(cmd::root()).arg("test").args(targets);
     if !args.test_args.is_empty() {
         test.arg("--").args(&args.test_args);
@@ -111,7 +111,7 @@ pub fn run(args: &Args) -> Result<()> {
     } else {
         stages.push((name, Stage::Run(test)));
         for run in lib_runs {
-            let mut lib = Command::new("cargo");
+            let mut lib = cmd::cargo();
             lib.current_dir(cmd::root())
                 .args(["test", "-p", "health-agent", "--lib", "--"])
                 .args(&run.args)

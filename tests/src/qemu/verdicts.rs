@@ -11,7 +11,10 @@ pub fn t(v: &Value) -> f64 {
     v["t"].as_f64().unwrap_or(f64::NAN)
 }
 
-/// The answers from `ready` on, and a one-line-per-change story of them.
+/// The answers from `ready` on, and a one-line-per-change story of them: a change of code,
+/// status or webserver, or of the reasons' wording (their figures left out, which move every
+/// answer), so a failed assertion shows what the agent said all along, not only at the first
+/// answer of each status.
 pub fn answers(r: &Value) -> (Vec<Value>, String) {
     let ready = r["ready"].as_f64().expect("ready");
     let samples: Vec<Value> = r["samples"]
@@ -24,7 +27,12 @@ pub fn answers(r: &Value) -> (Vec<Value>, String) {
     let mut story = String::new();
     let mut last = String::new();
     for s in &samples {
-        let now = format!("{} {} {}", s["code"], s["status"], s["webserver"]);
+        let wording: String = s["reasons"]
+            .to_string()
+            .chars()
+            .filter(|c| !c.is_ascii_digit() && *c != '.')
+            .collect();
+        let now = format!("{} {} {} {wording}", s["code"], s["status"], s["webserver"]);
         if now != last {
             story.push_str(&format!("  {:6.2}s {now} {}\n", t(s), s["reasons"]));
             last = now;

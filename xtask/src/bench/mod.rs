@@ -184,7 +184,7 @@ pub fn run(args: &Args) -> Result<()> {
 
 fn build() -> Result<Bins> {
     let agent = run::build(&run::BuildArgs { release: true })?;
-    cmd::run(Command::new("cargo").current_dir(cmd::root()).args([
+    cmd::run(cmd::cargo().current_dir(cmd::root()).args([
         "build",
         "--release",
         "-p",

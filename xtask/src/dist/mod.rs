@@ -186,7 +186,7 @@ pub fn static_binary(target: &str) -> Result<PathBuf> {
         .iter()
         .find(|a| a.target == target)
         .with_context(|| format!("{target} is not a release target ({ARCHES:?})"))?;
-    let mut cargo = Command::new("cargo");
+    let mut cargo = cmd::cargo();
     cargo.current_dir(cmd::root()).args([
         "build",
         "--release",
