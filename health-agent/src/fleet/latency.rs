@@ -337,6 +337,38 @@ pub struct RoundInput<'a> {
     pub now: Instant,
 }
 
+/// What this instance's own answers show, read from the web monitor for the fleet's round.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OwnAnswers {
+    /// The latest answers' figures, when there are MIN_ANSWERS of them (see `own`).
+    pub judged: Option<PeerLatency>,
+    /// The newest span's figures, however few its answers.
+    pub newest: Option<PeerLatency>,
+    /// Most requests of its newest counting window went unanswered.
+    pub starved: bool,
+}
+
+impl OwnAnswers {
+    /// Read from `web`: the answers that began after `since` (the latest restart's return).
+    pub fn of(web: &WebMonitor, since: Option<Instant>, now: Instant) -> Self {
+        Self {
+            judged: own(web, now, since, MIN_ANSWERS),
+            newest: own(web, now, since, 1),
+            starved: web.newest_span_starved(now),
+        }
+    }
+}
+
+/// What the fleet's round asks of the web monitor's counting (the composer passes it on).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CountingAsks {
+    /// Count every answer from now on (`WebMonitor::sample_answers_soon`).
+    pub count_now: bool,
+    /// A restart returned at this instant: the span in progress ends at the next tick, so the
+    /// answers after it count apart (`WebMonitor::cut_span_after`).
+    pub cut_after: Option<Instant>,
+}
+
 /// The latest answers' latency of the backend `web` watches, as the peers compare it: those
 /// that began after `since` (the latest restart's return).
 pub fn own(
@@ -367,25 +399,26 @@ impl SlowTracker {
         }
     }
 
-    /// One round of the composer: this instance's figures from `web`, the peers' from
-    /// `round` (None when none is fresh), into `report`; returns what the policy reads. While a
-    /// judgement is held for want of answers after a restart, asks `web` to count them now
-    /// (with `"on_suspicion"`, rather than at the next window).
+    /// One round of the composer: this instance's figures (`own`, read from the web monitor
+    /// before), the peers' from `round` (None when none is fresh), into `report`. Returns what
+    /// the policy reads, and what the web monitor's counting is asked: while a judgement is
+    /// held for want of answers after a restart, to count them now (with `"on_suspicion"`,
+    /// rather than at the next window).
     pub fn round_of(
         &mut self,
-        web: &mut WebMonitor,
+        own: OwnAnswers,
         since: Option<Instant>,
         round: Option<&super::Round>,
         report: &mut super::FleetReport,
         now: Instant,
-    ) -> Option<crate::policy::SlowVsPeers> {
+    ) -> (Option<crate::policy::SlowVsPeers>, CountingAsks) {
         let instance_type = self.instance_type.clone();
         let typed = move |l: PeerLatency| PeerLatency {
             instance_type: instance_type.clone(),
             ..l
         };
         let input = RoundInput {
-            own: own(web, now, since, MIN_ANSWERS).map(&typed),
+            own: own.judged.map(&typed),
             since,
             answered: round.map(|r| r.answered.as_slice()),
             threshold: self.threshold,
@@ -403,28 +436,27 @@ impl SlowTracker {
             Some("judged slow")
         } else if report.asking_latency {
             Some("asking the peers")
-        } else if self.hint(own(web, now, since, 1).map(&typed), report) {
+        } else if self.hint(own.newest.map(&typed), report) {
             Some("its newest answers, too few to judge, are slow against the peers'")
-        } else if web.newest_span_starved(now) {
+        } else if own.starved {
             Some("most requests of its newest counting window went unanswered")
         } else {
             None
         };
+        let mut asks = CountingAsks::default();
         if let Some(why) = why {
             if self.measuring(now).is_none() {
                 tracing::info!("latency against the peers: {why}; counting every answer");
             }
-            web.sample_answers_soon(now);
+            asks.count_now = true;
             self.measure_until = Some(now + MEASURE_FOR);
         }
         // A restart returned: its answers count from the next tick, not from the next span.
         if since.is_some() && since != self.last_since {
-            if let Some(t) = since {
-                web.cut_span_after(t);
-            }
+            asks.cut_after = since;
         }
         self.last_since = since;
-        verdict
+        (verdict, asks)
     }
 
     /// Why the connection programs should stay attached (`WebMonitor::hold_following`): this

@@ -359,9 +359,15 @@ impl Composer {
             let mut f = self.judge.judge_own(&own, database_down, round, now);
             let answered = round.filter(|r| self.judge.fresh(r, now));
             let since = self.healer.last_return();
-            slow_vs_peers = self
-                .slow
-                .round_of(&mut self.web, since, answered, &mut f, now);
+            let own = latency::OwnAnswers::of(&self.web, since, now);
+            let (slow, asks) = self.slow.round_of(own, since, answered, &mut f, now);
+            slow_vs_peers = slow;
+            if asks.count_now {
+                self.web.sample_answers_soon(now);
+            }
+            if let Some(t) = asks.cut_after {
+                self.web.cut_span_after(t);
+            }
             f
         });
         self.ask_fleet_again(fleet.as_ref(), now);

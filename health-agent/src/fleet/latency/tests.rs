@@ -324,3 +324,64 @@ fn a_mixed_instances_group_compares_like_with_like() {
     let untyped = list(&[(10.0, None), (10.0, None)]);
     assert!(matches!(compare(&own, &untyped, 3.0), Comparison::Slow(_)));
 }
+
+/// The fleet's round reads this instance's figures as a value and answers what the web
+/// monitor's counting should do: nothing while all is alike; count every answer now when its
+/// newest window was starved or it looks slow; cut the span once, at a restart's return.
+#[test]
+fn the_round_asks_the_counting_what_its_figures_call_for() {
+    let t0 = Instant::now();
+    let s = Duration::from_secs(1);
+    let view = |i: u8, p50: f64| {
+        (
+            format!("10.0.0.{i}:8080"),
+            crate::fleet::PeerView {
+                instance: format!("i-{i}"),
+                latency: Some(lat(p50, 200)),
+                ..crate::fleet::PeerView::default()
+            },
+        )
+    };
+    let round = crate::fleet::Round {
+        started: Some(t0),
+        answered: vec![view(1, 5.0), view(2, 5.0)],
+        ..crate::fleet::Round::default()
+    };
+    let mut t = SlowTracker::new(3.0, None);
+    let mut report = crate::fleet::FleetReport::default();
+    let alike = OwnAnswers {
+        judged: Some(lat(5.0, 200)),
+        newest: Some(lat(5.0, 20)),
+        starved: false,
+    };
+    let (slow, asks) = t.round_of(alike.clone(), None, Some(&round), &mut report, t0);
+    assert!(slow.is_none());
+    assert_eq!(asks, CountingAsks::default(), "alike: nothing asked");
+
+    // Its newest counting window mostly unanswered: count every answer from now on.
+    let starved = OwnAnswers {
+        starved: true,
+        ..alike.clone()
+    };
+    let (slow, asks) = t.round_of(starved, None, Some(&round), &mut report, t0 + s);
+    assert!(slow.is_none());
+    assert!(asks.count_now && asks.cut_after.is_none(), "{asks:?}");
+    assert!(t.measuring(t0 + s).is_some());
+
+    // Three answers, slow against the peers: too few to judge, enough to count them all.
+    let few_slow = OwnAnswers {
+        judged: None,
+        newest: Some(lat(50.0, 3)),
+        starved: false,
+    };
+    let (slow, asks) = t.round_of(few_slow, None, Some(&round), &mut report, t0 + 2 * s);
+    assert!(slow.is_none());
+    assert!(asks.count_now, "{asks:?}");
+
+    // A restart returned at t0 + 3 s: the span is cut after it, once.
+    let back = Some(t0 + 3 * s);
+    let (_, asks) = t.round_of(alike.clone(), back, Some(&round), &mut report, t0 + 4 * s);
+    assert_eq!(asks.cut_after, back);
+    let (_, asks) = t.round_of(alike, back, Some(&round), &mut report, t0 + 5 * s);
+    assert_eq!(asks.cut_after, None, "the same return is cut once");
+}
