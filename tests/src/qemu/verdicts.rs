@@ -32,9 +32,10 @@ pub fn answers(r: &Value) -> (Vec<Value>, String) {
             .chars()
             .filter(|c| !c.is_ascii_digit() && *c != '.')
             .collect();
-        let now = format!("{} {} {} {wording}", s["code"], s["status"], s["webserver"]);
+        let said = format!("{} {} {}", s["code"], s["status"], s["webserver"]);
+        let now = format!("{said} {wording}");
         if now != last {
-            story.push_str(&format!("  {:6.2}s {now} {}\n", t(s), s["reasons"]));
+            story.push_str(&format!("  {:6.2}s {said} {}\n", t(s), s["reasons"]));
             last = now;
         }
     }
