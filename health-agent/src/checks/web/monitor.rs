@@ -531,8 +531,6 @@ impl WebMonitor {
         self.probe_target.clone()
     }
 
-    /// The answers' evidence for the peers and for judging a restart: since when the window
-    /// runs, and when it last showed real answers mostly fine.
     /// When the backend last answered: the kernel view's last response byte on the port, or
     /// the last probe that passed, whichever is later. What the peers weigh against a fault of
     /// theirs (see `fleet::Evidence`).
