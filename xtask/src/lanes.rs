@@ -96,6 +96,14 @@ pub struct LibRun {
     pub secs: u64,
 }
 
+/// A command run beside the quiet group (the release artifacts, at idle priority), which the
+/// lanes wait for: their tests use what it makes.
+pub struct Beside {
+    /// What it makes, as the log says it.
+    pub name: String,
+    pub command: Command,
+}
+
 /// The agent library's test binary, as cargo names it.
 const LIB: &str = "lib health_agent";
 
@@ -256,13 +264,41 @@ fn run_one(b: &Binary, test_args: &[String]) -> Ran {
     }
 }
 
-/// Builds the tests, runs them and `lib_runs` in `lanes` lanes, prints each binary's result as it
+/// Runs `beside` to its end with its output going to the terminal, as a [`Ran`] whose output
+/// says how it ended.
+fn run_beside(mut b: Beside) -> Ran {
+    let start = Instant::now();
+    println!(
+        "lanes: beside the quiet group: {}",
+        cmd::display(&b.command)
+    );
+    let status = b.command.status();
+    let (ok, output) = match status {
+        Ok(s) => (
+            s.success(),
+            format!("{} ended: {s} (its output is above)", b.name),
+        ),
+        Err(e) => (
+            false,
+            format!("cannot run {}: {e}", cmd::display(&b.command)),
+        ),
+    };
+    Ran {
+        name: b.name,
+        took: start.elapsed(),
+        ok,
+        output,
+    }
+}
+
+/// Builds the tests, runs the quiet group with `beside`, then them and `lib_runs` in `lanes` lanes, prints each binary's result as it
 /// ends (its output when it failed) and the lanes' times; fails when any binary failed.
 pub fn run(
     targets: &[&str],
     lanes: usize,
     test_args: &[String],
     lib_runs: &[LibRun],
+    beside: Option<Beside>,
 ) -> Result<()> {
     let mut all = build(targets)?;
     if !lib_runs.is_empty() {
@@ -286,6 +322,62 @@ pub fn run(
         let names: Vec<&str> = lane.iter().map(|b| b.name.as_str()).collect();
         println!("lanes: lane {i}: {}", names.join(", "));
     }
+    // The figures-against-a-known-load binaries, side by side with each other only: each keeps
+    // under a fifth of a core busy (sampled every 5 s: 3–20 %), while the lanes keep both cores
+    // 40–99 % busy, which is what moved their percentiles. Beside them, at idle priority, what
+    // the lanes' tests use is built.
+    let mut failed = Vec::new();
+    let mut total = (0, 0, 0);
+    let started = Instant::now();
+    let (quiet, beside): (Vec<Ran>, Option<Ran>) = std::thread::scope(|scope| {
+        let beside = beside.map(|b| scope.spawn(move || run_beside(b)));
+        let runs: Vec<_> = quiet
+            .iter()
+            .map(|b| (b, scope.spawn(|| run_one(b, test_args))))
+            .collect();
+        let quiet = runs
+            .into_iter()
+            .map(|(b, run)| {
+                // A runner that panicked ran nothing to its end: a failure, never a pass.
+                run.join().unwrap_or_else(|_| Ran {
+                    name: b.name.clone(),
+                    took: Duration::ZERO,
+                    ok: false,
+                    output: format!("the thread running {} panicked", b.name),
+                })
+            })
+            .collect();
+        let beside = beside.map(|run| {
+            run.join().unwrap_or_else(|_| Ran {
+                name: "beside the quiet group".into(),
+                took: Duration::ZERO,
+                ok: false,
+                output: "its thread panicked".into(),
+            })
+        });
+        (quiet, beside)
+    });
+    for r in quiet {
+        if !r.report("quiet", &mut total) {
+            failed.push(r.name);
+        }
+    }
+    println!(
+        "lanes: the quiet group {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    if let Some(r) = beside {
+        // Its output went to the log as it ran.
+        let status = if r.ok { "ok" } else { "FAILED" };
+        println!(
+            "lanes: beside the quiet group: {} {status} in {:.0} s",
+            r.name,
+            r.took.as_secs_f64()
+        );
+        if !r.ok {
+            bail!("{}: the lanes' tests need what it makes", r.output);
+        }
+    }
     let (tx, rx) = std::sync::mpsc::channel::<(usize, Ran)>();
     let mut handles = Vec::new();
     for (i, lane) in plan.into_iter().enumerate() {
@@ -300,8 +392,6 @@ pub fn run(
         }));
     }
     drop(tx);
-    let mut failed = Vec::new();
-    let mut total = (0, 0, 0);
     for (lane, r) in rx {
         if !r.report(&format!("lane {lane}"), &mut total) {
             failed.push(r.name);
@@ -317,36 +407,6 @@ pub fn run(
         .map(|(i, t)| format!("lane {i} {t:.0} s"))
         .collect();
     println!("lanes: {}", said.join(", "));
-    // The figures-against-a-known-load binaries, side by side with each other only: each keeps
-    // under a fifth of a core busy (sampled every 5 s: 3–20 %), while the lanes keep both cores
-    // 40–99 % busy, which is what moved their percentiles.
-    let started = Instant::now();
-    let quiet: Vec<Ran> = std::thread::scope(|scope| {
-        let runs: Vec<_> = quiet
-            .iter()
-            .map(|b| (b, scope.spawn(|| run_one(b, test_args))))
-            .collect();
-        runs.into_iter()
-            .map(|(b, run)| {
-                // A runner that panicked ran nothing to its end: a failure, never a pass.
-                run.join().unwrap_or_else(|_| Ran {
-                    name: b.name.clone(),
-                    took: Duration::ZERO,
-                    ok: false,
-                    output: format!("the thread running {} panicked", b.name),
-                })
-            })
-            .collect()
-    });
-    for r in quiet {
-        if !r.report("quiet", &mut total) {
-            failed.push(r.name);
-        }
-    }
-    println!(
-        "lanes: the quiet group {:.0} s",
-        started.elapsed().as_secs_f64()
-    );
     let mut still = Vec::new();
     // A binary that failed beside others runs again alone: a failure that holds alone is a
     // failure; one that does not was the contention, and is said as such.

@@ -3,7 +3,7 @@
 
 use std::{process::Command, time::Instant};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use crate::{cmd, deploy, dist, image, lanes, package, setup};
 
@@ -38,8 +38,14 @@ enum Stage {
     Image,
     /// The release artifacts for both architectures, proven (`cargo xtask dist --check`).
     Dist,
-    /// The test binaries in lanes (`--lanes N`), with the library's later runs folded in.
-    Lanes(Vec<&'static str>, usize, Vec<lanes::LibRun>),
+    /// The test binaries in lanes (`--lanes N`), with the library's later runs folded in, and
+    /// what runs beside the quiet group.
+    Lanes(
+        Vec<&'static str>,
+        usize,
+        Vec<lanes::LibRun>,
+        Option<lanes::Beside>,
+    ),
     Run(Command),
 }
 
@@ -74,13 +80,21 @@ pub fn run(args: &Args) -> Result<()> {
     stages.push(("deploy", Stage::Deploy));
     // The integration tests run the agent and fixture binaries: build them first.
     stages.push(("build", cargo(&["build", "--bins"])));
-    if !args.unit {
-        // tests/tests/service.rs installs it; tests/tests/systemd.rs boots systemd with it.
-        stages.push(("package", Stage::Package));
-        // tests/tests/image.rs runs it as the DaemonSet would.
-        stages.push(("image", Stage::Image));
-        // After package and image: the x86_64 release build is theirs, reused.
+    // The release artifacts: tests/tests/service.rs installs the .deb, systemd.rs boots systemd
+    // with it, image.rs runs the image as the DaemonSet would, old_kernel.rs and arm64_kernel.rs
+    // boot the static agents, aws_user_data.rs and install.rs serve dist/'s tarball and .rpm.
+    // dist first: it builds both architectures at once, and package and image reuse x86_64's.
+    const ARTIFACTS: [&str; 3] = ["dist", "package", "image"];
+    // A whole run in lanes makes them beside the quiet group instead, at idle priority: the
+    // quiet group keeps most of the machine idle, and the lanes, which use them, come after.
+    let beside_quiet = !args.unit && args.lanes > 1 && args.only.is_empty();
+    let mut beside = None;
+    if beside_quiet {
+        beside = Some(artifacts_beside(&ARTIFACTS)?);
+    } else if !args.unit {
         stages.push(("dist", Stage::Dist));
+        stages.push(("package", Stage::Package));
+        stages.push(("image", Stage::Image));
     }
     let targets: &[&str] = if args.unit {
         &["--lib", "--bins"]
@@ -107,7 +121,10 @@ pub fn run(args: &Args) -> Result<()> {
     let name = if args.unit { "test-unit" } else { "test" };
     if args.lanes > 1 {
         // Each a lane's job: the stage is as long as its longest lane, not the sum.
-        stages.push((name, Stage::Lanes(targets.to_vec(), args.lanes, lib_runs)));
+        stages.push((
+            name,
+            Stage::Lanes(targets.to_vec(), args.lanes, lib_runs, beside),
+        ));
     } else {
         stages.push((name, Stage::Run(test)));
         for run in lib_runs {
@@ -140,8 +157,8 @@ pub fn run(args: &Args) -> Result<()> {
             Stage::Package => package::run().map(|_| ()),
             Stage::Image => image::run().map(|_| ()),
             Stage::Dist => dist::run(&dist::Args { check: true }),
-            Stage::Lanes(ref targets, lanes, ref lib_runs) => {
-                lanes::run(targets, lanes, &args.test_args, lib_runs)
+            Stage::Lanes(targets, lanes, lib_runs, beside) => {
+                lanes::run(&targets, lanes, &args.test_args, &lib_runs, beside)
             }
             Stage::Run(mut command) => cmd::run(&mut command),
         };
@@ -161,6 +178,29 @@ pub fn run(args: &Args) -> Result<()> {
         timings.join(", ")
     );
     Ok(())
+}
+
+/// This xtask's own `test --only <stages>`, under SCHED_IDLE (`chrt --idle 0`) when the
+/// kernel lets it: its compilations then take only the CPU time no test wants.
+fn artifacts_beside(stages: &[&str]) -> Result<lanes::Beside> {
+    let xtask = std::env::current_exe().context("where this xtask is")?;
+    let idle = cmd::succeeds(Command::new("chrt").args(["--idle", "0", "true"]));
+    let mut command = if idle {
+        let mut chrt = Command::new("chrt");
+        chrt.args(["--idle", "0"]).arg(&xtask);
+        chrt
+    } else {
+        println!("test: `chrt --idle 0` is refused here: the artifacts build at normal priority");
+        Command::new(&xtask)
+    };
+    command
+        .current_dir(cmd::root())
+        .args(["test", "--only", &stages.join(",")])
+        .stdin(std::process::Stdio::null());
+    Ok(lanes::Beside {
+        name: stages.join(", "),
+        command,
+    })
 }
 
 /// The parsers' fuzz targets (`health_agent::fuzzing`) on stable, 10 s each from a fresh seed:

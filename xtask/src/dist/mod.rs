@@ -134,10 +134,8 @@ fn build_all() -> Result<Artifacts> {
         fs::remove_dir_all(&dir).with_context(|| format!("cannot clear {}", dir.display()))?;
     }
     fs::create_dir_all(&dir)?;
-    let mut bins = Vec::new();
-    for arch in &ARCHES {
-        bins.push(static_binary(arch.target)?);
-    }
+    let targets: Vec<&str> = ARCHES.iter().map(|a| a.target).collect();
+    let bins = static_binaries(&targets)?;
     // The default config is the same on every architecture: the host's binary writes it.
     let config = payload::default_config(&bins[0])?;
     let mut per_arch = Vec::new();
@@ -176,32 +174,51 @@ pub fn stage_host(out: &Path) -> Result<(Payload, Release)> {
     Ok((payload, Release::current()?))
 }
 
-/// The release agent for `target` (a triple of [`ARCHES`]): `cargo build --release --target`,
-/// at `$CARGO_TARGET_DIR/<target>/release/health-agent`, unstripped. Checked to be an ELF
-/// file of that architecture that asks for no dynamic loader, so it starts with no library
-/// from the host (an image `FROM scratch`, Amazon Linux 2's glibc 2.26, a qemu guest's
-/// initramfs).
+/// The release agent for `target` (a triple of [`ARCHES`]): see [`static_binaries`].
 pub fn static_binary(target: &str) -> Result<PathBuf> {
-    let arch = ARCHES
+    let mut bins = static_binaries(&[target])?;
+    bins.pop().context("a build of one target gave no binary")
+}
+
+/// The release agents for `targets` (triples of [`ARCHES`]), in their order: one
+/// `cargo build --release` with a `--target` for each, so that their compilations share the
+/// cores (the agent crate's own compilation is mostly on one). Each is at
+/// `$CARGO_TARGET_DIR/<target>/release/health-agent`, unstripped, checked to be an ELF file of
+/// that architecture that asks for no dynamic loader, so it starts with no library from the
+/// host (an image `FROM scratch`, Amazon Linux 2's glibc 2.26, a qemu guest's initramfs).
+pub fn static_binaries(targets: &[&str]) -> Result<Vec<PathBuf>> {
+    let arches = targets
         .iter()
-        .find(|a| a.target == target)
-        .with_context(|| format!("{target} is not a release target ({ARCHES:?})"))?;
+        .map(|target| {
+            ARCHES
+                .iter()
+                .find(|a| a.target == *target)
+                .with_context(|| format!("{target} is not a release target ({ARCHES:?})"))
+        })
+        .collect::<Result<Vec<_>>>()?;
     let mut cargo = cmd::cargo();
-    cargo.current_dir(cmd::root()).args([
-        "build",
-        "--release",
-        "--package",
-        NAME,
-        "--target",
-        target,
-    ]);
+    cargo
+        .current_dir(cmd::root())
+        .args(["build", "--release", "--package", NAME]);
+    for target in targets {
+        cargo.args(["--target", target]);
+    }
     cmd::run(&mut cargo).with_context(|| {
         format!(
-            "the static build for {target} failed — `cargo xtask setup` installs its target and \
-             C toolchain (musl-tools, gcc-aarch64-linux-gnu, musl-dev:arm64)"
+            "the static build for {} failed — `cargo xtask setup` installs their targets and \
+             C toolchains (musl-tools, gcc-aarch64-linux-gnu, musl-dev:arm64)",
+            targets.join(" and ")
         )
     })?;
-    let bin = cmd::target_dir().join(target).join("release").join(NAME);
+    arches.into_iter().map(checked_static).collect()
+}
+
+/// The built agent for `arch`, once checked to be a static ELF file of its machine.
+fn checked_static(arch: &Arch) -> Result<PathBuf> {
+    let bin = cmd::target_dir()
+        .join(arch.target)
+        .join("release")
+        .join(NAME);
     ensure!(bin.is_file(), "no binary at {}", bin.display());
     let elf = elf::Header::read(&bin)?;
     if elf.machine != arch.elf_machine {
