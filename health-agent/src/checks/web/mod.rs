@@ -10,13 +10,15 @@
 //! - `process`: the server's processes — stopped or frozen, CPU, outbound waits, and each
 //!   worker's own unanswered requests (a partial hang);
 //! - `latency`: server-side latency over a sliding window;
-//! - `sockets`: the port's connections from sock_diag alone, what attaches the programs, and
-//!   the read of the port the monitor hands to the drain (`PortRead`);
+//! - `sockets`: what the port's connections say (`SocketView`, the `Moves` between two reads,
+//!   the `PortRead` the drain gets);
+//! - `reader`: every sock_diag read of the port's connections (`PortReader`), the monitor's own
+//!   on a cadence that follows the traffic and the drain's, one dump serving both;
 //! - `answers`: what it answers by status class over `web.errors_window` (`erroring`);
 //! - `figures`: request rate, answers by class and latency over `web.latency_window`, counted
 //!   or estimated from the programs' counting windows;
-//! - `monitor`: gathers the evidence each round and builds the report; the only reader of the
-//!   port's connections.
+//! - `monitor`: gathers the evidence each round and builds the report; its `PortReader` is the
+//!   only reader of the port's connections.
 
 pub mod answers;
 mod figures;
@@ -24,6 +26,7 @@ mod latency;
 mod monitor;
 pub(crate) mod process;
 mod progress;
+mod reader;
 pub(crate) mod sockets;
 mod tally;
 mod target;

@@ -16,7 +16,8 @@ use super::{
     latency::LatencyWindow,
     process::{self, CpuMeter, WorkerView},
     progress::{Moves, Progress},
-    sockets::{PortRead, SocketMoves, SocketView},
+    reader::PortReader,
+    sockets::SocketView,
     tally::{Tally, CLASSES as ANSWER_CLASSES},
     target::{self, Target, Unresolved},
     verdict::{self, Evidence, KernelEvidence},
@@ -27,7 +28,7 @@ use crate::{
     config::{AcceptTracing, KernelTier, SocketTracing, WebConfig},
     ebpf::{KernelSample, KernelView, PortSample},
     engine::ContainerNet,
-    net::{self, ListenAddrs},
+    net,
     status::WebVerdict,
 };
 
@@ -51,10 +52,8 @@ pub struct WebMonitor {
     probe_target: SharedProbeTarget,
     /// What the agent's own probes put on the port: left out of what sock_diag shows.
     probes: ProbeLedger,
-    /// Others (the drain) want each tick's read of the port (see `port.rs`)…
-    port_wanted: bool,
-    /// … and this tick's, until `observe` hands it over.
-    port_read: Option<std::io::Result<PortRead>>,
+    /// Every read of the port's connections (sock_diag): the monitor's own and the drain's.
+    reader: PortReader,
     kernel: Option<KernelView>,
     kernel_status: KernelStatus,
     owners: Vec<u32>,
@@ -102,9 +101,6 @@ pub struct WebMonitor {
     missing_since: Option<Instant>,
     /// The port's counters as the latest tick read them (for the saturation meter).
     last_counters: Option<PortCounters>,
-    /// `socket_tracing = "on_suspicion"`: the port's connections as sock_diag showed them at
-    /// the latest evaluation.
-    sockets: Option<SocketView>,
     /// The latest evaluation that found something suspicious, and what.
     last_suspicion: Option<(Instant, String)>,
     /// Attaching the following programs failed once: do not retry (and warn) every tick.
@@ -112,24 +108,11 @@ pub struct WebMonitor {
     /// Why the connection programs stay attached whatever the suspicion (a drain counting
     /// arrivals); None: the suspicion decides.
     held: Option<&'static str>,
-    /// Why the latest read of the port's connections failed.
-    sockets_error: Option<String>,
     /// The latest read found something suspicious: evaluate every tick.
     suspicious: bool,
     /// A counting window (COUNT_FOR) opened then; the previous one closed at `counted_at`.
     counting_since: Option<Instant>,
     counted_at: Option<Instant>,
-    /// What moved on the port's connections between two ticks (sock_diag).
-    socket_moves: SocketMoves,
-    /// When `sockets` was read.
-    sockets_at: Option<Instant>,
-    /// The latest read that saw traffic: something moved, or work was there.
-    traffic_at: Option<Instant>,
-    /// What moved on the port's connections between the two latest reads.
-    last_moves: Moves,
-    /// Where the port's listeners are bound: the connection reads ask for their families and
-    /// keep their sockets only.
-    listen_addrs: ListenAddrs,
     /// This tick detached the programs after reading their counters (`last_counters`): its
     /// load sample is still a counted one.
     counted_detaching: bool,
@@ -148,9 +131,6 @@ pub struct WebMonitor {
     /// Probes made so far, and attaches of the answer programs so far (see `Mark`).
     probes_made: u64,
     answers_attaches: u64,
-    /// How often the port's connections are read while nothing goes on: QUIET_READ_EVERY, or
-    /// longer when a read costs more than QUIET_BUDGET allows (see `read_sockets`).
-    quiet_every: Duration,
     /// What the backend answered over `web.errors_window`, by status class.
     answers: AnswerWindow,
     /// The kernel view's tier (`web.kernel_tier`, or what the kernel offers).
@@ -194,21 +174,6 @@ const UNWATCH_ACCEPTS_AFTER: Duration = Duration::from_secs(30);
 /// `socket_tracing = "on_suspicion"`: this long without anything suspicious detaches the
 /// programs that follow connections.
 const UNFOLLOW_AFTER: Duration = Duration::from_secs(30);
-/// … and reads the port's connections this often while nothing goes on (see `sockets_due`).
-const QUIET_READ_EVERY: Duration = Duration::from_secs(1);
-/// … unless a read takes more than this share of the agent's thread: then the quiet reads
-/// space out so that they stay within it (1 %). A read costs about 2 µs per connection of the
-/// port (10,000 idle ones: 15–20 ms), so past about 5,000 connections a request arriving on an
-/// idle one is seen a little later than QUIET_READ_EVERY; the probe and the listener's queue,
-/// read every tick, are not.
-const QUIET_BUDGET: u32 = 100;
-/// … but never further apart than this, whatever one read cost.
-const QUIET_READ_MAX: Duration = Duration::from_secs(5);
-/// … and every tick for this long after a read that saw traffic: short requests on their own
-/// connections (50 ms, a dozen a second) mostly live between two reads, so a read that finds
-/// the port empty says little; read once a second, their answers would show seconds apart and
-/// read as the server going quiet.
-const TRAFFIC_HOLD: Duration = Duration::from_secs(2);
 /// … and while sock_diag cannot tell keep-alive requests in service from answered ones
 /// (`Moves::unsure`), attaches the programs this long every COUNT_EVERY to count them for the
 /// saturation meter: the window closes on the first tick COUNT_FOR after it opened, the second
@@ -253,8 +218,7 @@ impl WebMonitor {
             container_net: None,
             probe_target: SharedProbeTarget::default(),
             probes,
-            port_wanted: false,
-            port_read: None,
+            reader: PortReader::default(),
             kernel,
             kernel_status,
             owners: Vec::new(),
@@ -283,20 +247,12 @@ impl WebMonitor {
             found_once: false,
             missing_since: None,
             last_counters: None,
-            sockets: None,
             last_suspicion: None,
             follow_failed: false,
             held: None,
-            sockets_error: None,
             suspicious: false,
             counting_since: None,
             counted_at: None,
-            socket_moves: SocketMoves::default(),
-            sockets_at: None,
-            traffic_at: None,
-            last_moves: Moves::default(),
-            listen_addrs: ListenAddrs::default(),
-            quiet_every: QUIET_READ_EVERY,
             counted_detaching: false,
             read_now: false,
             figures: Figures::default(),
@@ -325,7 +281,7 @@ impl WebMonitor {
     pub fn observe(&mut self, now: Instant) -> TickSample {
         self.watch(now);
         TickSample {
-            port: self.port_read.take(),
+            port: self.reader.take_for_others(),
             kernel_arrivals: self.kernel_arrivals(),
             probes_started: self.probes.started(),
             answered_at: self.answered_at(),
@@ -411,7 +367,7 @@ impl WebMonitor {
             if !self.read_now {
                 return None;
             }
-            let v = self.sockets.as_ref()?;
+            let v = self.reader.view()?;
             return Some(crate::saturation::LoadSample {
                 pending: u64::from(v.pending),
                 waiting: u64::from(v.unaccepted),
@@ -419,8 +375,8 @@ impl WebMonitor {
                 sampled: true,
                 // A connection the server had taken that is gone was served and closed (one
                 // request per connection lives between two reads): progress too.
-                moved: self.last_moves.answered || self.last_moves.gone,
-                unsure: self.last_moves.unsure,
+                moved: self.reader.last_moves().answered || self.reader.last_moves().gone,
+                unsure: self.reader.last_moves().unsure,
                 ..Default::default()
             });
         }

@@ -223,7 +223,7 @@ impl WebMonitor {
     /// queue has held connections, and the processes holding them (looked up again when the
     /// listener or one of them changed). Returns (listening, queue, its maximum).
     fn note_listeners(&mut self, listeners: &[net::Listener], now: Instant) -> (bool, u32, u32) {
-        self.listen_addrs = ListenAddrs::of(listeners);
+        self.reader.note_listeners(listeners);
         let queue: u32 = listeners.iter().map(|l| l.queue).sum();
         let queue_max: u32 = listeners.iter().map(|l| l.max_queue).sum();
         if queue > 0 {

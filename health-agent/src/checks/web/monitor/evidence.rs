@@ -14,10 +14,9 @@ impl WebMonitor {
         listeners: &[net::Listener],
         now: Instant,
     ) -> (Option<KernelCounters>, Option<KernelEvidence>) {
-        let fresh = self.sockets_at.is_some_and(|t| {
-            now.saturating_duration_since(t) < self.cfg.eval_interval / 2
-                || (self.sockets.is_some() && !self.sockets_due(now))
-        });
+        let fresh = self
+            .reader
+            .fresh(self.target.as_ref(), self.cfg.eval_interval / 2, now);
         if !fresh {
             let seen = self.read_sockets(now, None);
             if let Some(mut seen) = seen {
@@ -56,7 +55,7 @@ impl WebMonitor {
             latency: c.latency.clone(),
             answered: c.answered,
         });
-        if let Some(v) = &self.sockets {
+        if let Some(v) = self.reader.view() {
             kernel = Some(self.with_sockets(kernel, v, now));
         }
         // Attaching failed: sock_diag alone misses connections that opened and closed between

@@ -30,57 +30,24 @@ pub struct TickSample {
 impl WebMonitor {
     /// Whether each tick's `observe` reads the port for others (`TickSample::port`).
     pub fn want_port_reads(&mut self, want: bool) {
-        self.port_wanted = want;
-        if !want {
-            self.port_read = None;
-        }
+        self.reader.want_reads(want);
     }
 
     /// The port now: its connections and the peers of those the server closed lately, while a
     /// listener holds it; nothing before the backend is found or while nothing listens (then
     /// nothing can reach it).
     pub fn read_port(&mut self) -> std::io::Result<PortRead> {
-        self.read_port_with().map(|(read, _)| read)
+        self.reader
+            .read_for_others(self.target.as_ref(), self.probes.own_sources())
     }
 
     /// At the start of a tick, while others want the port: the read for them, kept for
     /// `observe` to hand over; and its connections when they are also what the monitor's own read
     /// would find (the same listeners), for `read_sockets`.
     pub(super) fn read_port_for_tick(&mut self) -> Option<Vec<net::TcpConn>> {
-        if !self.port_wanted {
-            return None;
-        }
-        let (read, shared) = match self.read_port_with() {
-            Ok((read, on)) => {
-                let shared =
-                    (on.as_ref() == Some(&self.listen_addrs)).then(|| read.connections.clone());
-                (Ok(read), shared)
-            }
-            Err(e) => (Err(e), None),
-        };
-        self.port_read = Some(read);
-        shared
-    }
-
-    /// The read, and the listeners' addresses its connections were filtered by (None: nothing
-    /// was dumped).
-    fn read_port_with(&mut self) -> std::io::Result<(PortRead, Option<ListenAddrs>)> {
-        let Some(t) = &self.target else {
-            return Ok((PortRead::default(), None));
-        };
-        let listeners = t.listeners()?;
-        if listeners.is_empty() {
-            return Ok((PortRead::default(), None));
-        }
-        let on = ListenAddrs::of(&listeners);
-        let connections = t.diag.server_connections(t.port, &on)?;
-        let closed = t.diag.server_time_wait(t.port, &on)?;
-        let read = PortRead {
-            connections,
-            closed,
-            own: self.probes.own_sources(),
-        };
-        Ok((read, Some(on)))
+        let probes = &self.probes;
+        self.reader
+            .read_for_tick(self.target.as_ref(), || probes.own_sources())
     }
 }
 
@@ -129,21 +96,25 @@ mod tests {
 
         // Read only when asked: a tick without the drain makes none. (A quiet second after
         // the first look: the monitor reads the port itself at both ticks.)
-        let t = Instant::now() + QUIET_READ_EVERY;
+        let t = Instant::now() + crate::checks::web::reader::QUIET_READ_EVERY;
         assert!(m.observe(t).port.is_none());
         m.want_port_reads(true);
         probes.begin();
         let tick = m.observe(t);
         assert_eq!(tick.probes_started, 1);
         let read = tick.port.expect("a read this tick").unwrap();
-        assert!(m.port_read.is_none(), "handed over once");
+        assert!(m.reader.take_for_others().is_none(), "handed over once");
         let remotes: Vec<_> = read.connections.iter().map(|c| c.remote).collect();
         assert_eq!(remotes, vec![peer], "{read:?}");
         assert!(read.connections[0].request_unanswered(), "{read:?}");
         assert!(read.closed.contains(&gone_peer), "{read:?}");
         assert_eq!(read.own, vec![client.local_addr().unwrap()]);
         // The monitor's own view of the tick, from the same dump: the request in service.
-        let v = m.sockets.clone().expect("the monitor read the port too");
+        let v = m
+            .reader
+            .view()
+            .cloned()
+            .expect("the monitor read the port too");
         assert_eq!((v.connections, v.pending), (1, 1), "{v:?}");
 
         // Nothing listens: nothing can reach it, whatever connections remain.

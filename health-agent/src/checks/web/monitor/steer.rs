@@ -63,99 +63,36 @@ impl WebMonitor {
     }
 
     /// With `socket_tracing = "on_suspicion"`, or below the `full` tier: reads the port's
-    /// connections into `self.sockets` (None when there is no target yet or sock_diag failed:
-    /// the failure is itself a reason to follow, see `suspicion`) and returns what moved on
-    /// them since the previous read. `shared`: this tick's connections, already read for the
-    /// drain (see `port.rs`): not read again, and not what a read costs.
+    /// connections (`PortReader::read`) and returns what moved on them since the previous
+    /// read; None when there is no target yet or sock_diag failed (the failure is itself a
+    /// reason to follow, see `suspicion`). `shared`: this tick's connections, already read for
+    /// the drain (see `port.rs`).
     pub(super) fn read_sockets(
         &mut self,
         now: Instant,
         shared: Option<Vec<net::TcpConn>>,
     ) -> Option<Moves> {
-        self.sockets = None;
-        self.sockets_error = None;
         if !self.reads_sockets() {
             return None;
         }
-        let t = self.target.as_ref()?;
-        let cpu_before = process::thread_cpu_time().filter(|_| shared.is_none());
-        let read = match shared {
-            Some(conns) => Ok(conns),
-            None => t.diag.server_connections(t.port, &self.listen_addrs),
-        };
-        match read {
-            Ok(conns) => {
-                let v = SocketView::of(&conns);
-                let own = self.probes.own_sources();
-                let moves = self.socket_moves.update(&conns, &v, &own);
-                if let (Some(a), Some(b)) = (cpu_before, process::thread_cpu_time()) {
-                    self.quiet_every = (b.saturating_sub(a) * QUIET_BUDGET)
-                        .clamp(QUIET_READ_EVERY, QUIET_READ_MAX);
-                }
-                if moves.read
-                    || moves.answered
-                    || moves.taken
-                    || moves.gone
-                    || v.unaccepted + v.unread + v.pending > 0
-                {
-                    self.traffic_at = Some(now);
-                }
-                self.last_moves = moves;
-                self.sockets = Some(v);
-                self.sockets_at = Some(now);
-                Some(moves)
-            }
-            Err(e) => {
-                self.sockets_error = Some(e.to_string());
-                None
-            }
-        }
+        let probes = &self.probes;
+        self.reader
+            .read(self.target.as_ref(), || probes.own_sources(), shared, now)
     }
 
-    /// Whether this tick reads the port's connections. A dump walks every TCP socket of the
-    /// namespace (the kernel filters by port only after that), so while nothing goes on it is
-    /// made once every QUIET_READ_EVERY (or less often, see QUIET_BUDGET); work or traffic
-    /// seen at the last read or a listener with connections in its queue (one read of the
-    /// listening table) make it every tick. The programs being attached do not: they see every new
-    /// connection and socket call, and the read covers the connections opened before them,
-    /// which show here as soon as they hold work (10,000 idle keep-alive connections read
-    /// every tick cost 6 % of a core).
+    /// Whether this tick reads the port's connections (`PortReader::due`).
     pub(super) fn sockets_due(&self, now: Instant) -> bool {
-        let Some(at) = self.sockets_at else {
-            return true;
-        };
-        let m = &self.last_moves;
-        if now.saturating_duration_since(at) >= self.quiet_every
-            || self.sockets_error.is_some()
-            || self
-                .traffic_at
-                .is_some_and(|t| now.saturating_duration_since(t) < TRAFFIC_HOLD)
-            // Traffic moved at the last read: requests come, so every tick's read counts
-            // them in service (the saturation's samples), not one a second.
-            || m.read
-            || m.answered
-            || m.taken
-            || m.gone
-            || self
-                .sockets
-                .as_ref()
-                .is_none_or(|v| v.unaccepted + v.unread + v.pending > 0)
-        {
-            return true;
-        }
-        self.target
-            .as_ref()
-            .is_some_and(|t| t.listeners().is_ok_and(|l| l.iter().any(|l| l.queue > 0)))
+        self.reader.due(self.target.as_ref(), now)
     }
 
     /// What, if anything, makes the programs that follow connections worth their cost now.
     pub(super) fn suspicion(&self) -> Option<String> {
-        if let Some(e) = &self.sockets_error {
+        if let Some(e) = self.reader.error() {
             return Some(format!("the port's connections could not be read ({e})"));
         }
         if let Some(why) = self
-            .sockets
-            .as_ref()
+            .reader
+            .view()
             .and_then(|v| v.suspicion(self.cfg.slow_after / 2))
         {
             return Some(why);
@@ -193,8 +130,8 @@ impl WebMonitor {
                     "the {} tier: sock_diag reads the port's connections",
                     self.tier.as_str()
                 ),
-                connections: self.sockets.clone(),
-                quiet_read_every_ms: Some(self.quiet_every.as_millis() as u64),
+                connections: self.reader.view().cloned(),
+                quiet_read_every_ms: Some(self.reader.quiet_every().as_millis() as u64),
             });
             return;
         }
@@ -308,8 +245,8 @@ impl WebMonitor {
             mode: self.cfg.socket_tracing,
             attached,
             why,
-            connections: self.sockets.clone(),
-            quiet_read_every_ms: Some(self.quiet_every.as_millis() as u64),
+            connections: self.reader.view().cloned(),
+            quiet_read_every_ms: Some(self.reader.quiet_every().as_millis() as u64),
         });
     }
 
