@@ -102,6 +102,8 @@ pub struct Beside {
     /// What it makes, as the log says it.
     pub name: String,
     pub command: Command,
+    /// What proves it, run as a lane job: `program` with `run.args`, from the workspace root.
+    pub proof: Option<(PathBuf, LibRun)>,
 }
 
 /// The agent library's test binary, as cargo names it.
@@ -314,6 +316,18 @@ pub fn run(
                 ..lib.clone()
             });
         }
+    }
+    if let Some((program, run)) = beside.as_ref().and_then(|b| b.proof.clone()) {
+        all.push(Binary {
+            name: format!(
+                "{} {}",
+                program.file_name().unwrap_or_default().to_string_lossy(),
+                run.args.join(" ")
+            ),
+            path: program,
+            dir: cmd::root().to_path_buf(),
+            run: Some(run),
+        });
     }
     let (quiet, laned): (Vec<_>, Vec<_>) =
         all.iter().cloned().partition(|b| QUIET.contains(&short(b)));

@@ -17,10 +17,10 @@ pub struct Args {
     unit: bool,
     /// Run the test stage's binaries in N lanes side by side (xtask/src/lanes.rs); 1: one
     /// after another.
-    #[arg(long, value_name = "N", default_value_t = 3)]
+    #[arg(long, value_name = "N", default_value_t = 4)]
     lanes: usize,
     /// Run only the stages of these names (setup, fmt, clippy, clippy-ebpf, deploy, build,
-    /// package, image, dist, test), in their usual order: `--only deploy`.
+    /// dist, package, image, dist-check, test), in their usual order: `--only deploy`.
     #[arg(long, value_name = "STAGE", value_delimiter = ',')]
     only: Vec<String>,
     /// Passed to the test binaries after `--`: a test name filter, --nocapture, ...
@@ -36,8 +36,10 @@ enum Stage {
     Package,
     /// The DaemonSet's image tests/tests/image.rs runs (`cargo xtask image`).
     Image,
-    /// The release artifacts for both architectures, proven (`cargo xtask dist --check`).
+    /// The release artifacts for both architectures (`cargo xtask dist`)…
     Dist,
+    /// … proven (`cargo xtask dist --check-only`).
+    DistCheck,
     /// The test binaries in lanes (`--lanes N`), with the library's later runs folded in, and
     /// what runs beside the quiet group.
     Lanes(
@@ -85,8 +87,9 @@ pub fn run(args: &Args) -> Result<()> {
     // boot the static agents, aws_user_data.rs and install.rs serve dist/'s tarball and .rpm.
     // dist first: it builds both architectures at once, and package and image reuse x86_64's.
     const ARTIFACTS: [&str; 3] = ["dist", "package", "image"];
-    // A whole run in lanes makes them beside the quiet group instead, at idle priority: the
-    // quiet group keeps most of the machine idle, and the lanes, which use them, come after.
+    // A whole run in lanes makes them beside the quiet group instead, at idle priority (the
+    // quiet group keeps much of the machine idle), and their proof a lane job: the lanes,
+    // which use them, come after.
     let beside_quiet = !args.unit && args.lanes > 1 && args.only.is_empty();
     let mut beside = None;
     if beside_quiet {
@@ -95,6 +98,7 @@ pub fn run(args: &Args) -> Result<()> {
         stages.push(("dist", Stage::Dist));
         stages.push(("package", Stage::Package));
         stages.push(("image", Stage::Image));
+        stages.push(("dist-check", Stage::DistCheck));
     }
     let targets: &[&str] = if args.unit {
         &["--lib", "--bins"]
@@ -156,7 +160,11 @@ pub fn run(args: &Args) -> Result<()> {
             Stage::Deploy => deploy::run(),
             Stage::Package => package::run().map(|_| ()),
             Stage::Image => image::run().map(|_| ()),
-            Stage::Dist => dist::run(&dist::Args { check: true }),
+            Stage::Dist => dist::run(&dist::Args::default()),
+            Stage::DistCheck => dist::run(&dist::Args {
+                check_only: true,
+                ..dist::Args::default()
+            }),
             Stage::Lanes(targets, lanes, lib_runs, beside) => {
                 lanes::run(&targets, lanes, &args.test_args, &lib_runs, beside)
             }
@@ -197,9 +205,16 @@ fn artifacts_beside(stages: &[&str]) -> Result<lanes::Beside> {
         .current_dir(cmd::root())
         .args(["test", "--only", &stages.join(",")])
         .stdin(std::process::Stdio::null());
+    let proof = lanes::LibRun {
+        name: "dist-check",
+        args: ["dist", "--check-only"].map(String::from).to_vec(),
+        env: Vec::new(),
+        secs: 70,
+    };
     Ok(lanes::Beside {
         name: stages.join(", "),
         command,
+        proof: Some((xtask, proof)),
     })
 }
 

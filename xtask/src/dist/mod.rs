@@ -91,13 +91,17 @@ pub fn host() -> &'static Arch {
     &ARCHES[0]
 }
 
-#[derive(clap::Args)]
+#[derive(clap::Args, Default)]
 pub struct Args {
     /// Then prove the artifacts (what CI's `dist` stage does): lintian and rpmlint, installs
     /// and an upgrade in scratch roots, the binary serving in a root without libc, the images
     /// loaded, the checksums.
     #[arg(long)]
     pub check: bool,
+    /// Prove what `dist/` holds, without building: the artifacts of the latest `cargo xtask
+    /// dist` (CI builds them beside its quiet tests and proves them beside the others).
+    #[arg(long, conflicts_with = "check")]
+    pub check_only: bool,
 }
 
 /// What `dist` made, for the checks.
@@ -118,12 +122,64 @@ pub struct ArchArtifacts {
 }
 
 pub fn run(args: &Args) -> Result<()> {
+    if args.check_only {
+        return check::run(&built()?);
+    }
     setup::ensure_toolchain()?;
     let artifacts = build_all()?;
     if args.check {
         check::run(&artifacts)?;
     }
     Ok(())
+}
+
+/// What the latest `build_all` left in `dist/`, found by the names its builders give: one of
+/// each kind per architecture.
+fn built() -> Result<Artifacts> {
+    let dir = cmd::root().join("dist");
+    let names: Vec<String> = fs::read_dir(&dir)
+        .with_context(|| format!("no {}: run `cargo xtask dist` first", dir.display()))?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    let one = |what: &str, matches: &dyn Fn(&str) -> bool| -> Result<PathBuf> {
+        let found: Vec<&String> = names.iter().filter(|n| matches(n)).collect();
+        match found.as_slice() {
+            [name] => Ok(dir.join(name)),
+            [] => bail!(
+                "no {what} in {}: run `cargo xtask dist` first",
+                dir.display()
+            ),
+            _ => bail!("more than one {what} in {}: {found:?}", dir.display()),
+        }
+    };
+    let mut per_arch = Vec::new();
+    for arch in &ARCHES {
+        let bin = dir.join(arch.name).join(NAME);
+        ensure!(
+            bin.is_file(),
+            "no {}: run `cargo xtask dist` first",
+            bin.display()
+        );
+        per_arch.push(ArchArtifacts {
+            arch,
+            bin,
+            tarball: one("tarball", &|n| {
+                n.ends_with(&format!("-{}.tar.gz", arch.name))
+            })?,
+            deb: one(".deb", &|n| n.ends_with(&format!("_{}.deb", arch.deb)))?,
+            rpm: one(".rpm", &|n| n.ends_with(&format!(".{}.rpm", arch.rpm)))?,
+            oci: one("OCI image", &|n| {
+                n.ends_with(&format!("-oci-{}.tar", arch.oci))
+            })?,
+        });
+    }
+    Ok(Artifacts {
+        dir,
+        release: Release::current()?,
+        per_arch,
+    })
 }
 
 /// Builds every artifact into `dist/` (emptied first) and lists them with their sizes.
