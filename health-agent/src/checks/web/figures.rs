@@ -103,10 +103,15 @@ impl Mark {
 /// Requests a span must have seen before its few answers say anything (`newest_starved`).
 const STARVED_MIN_REQUESTS: u64 = 4;
 
-/// The spans of the latest `web.latency_window`.
+/// The spans of the latest `web.latency_window`, and the one in progress.
 #[derive(Debug, Default)]
 pub struct Figures {
     spans: VecDeque<(Instant, Span)>,
+    /// Where the span in progress started (the programs attached, or the last cut of an
+    /// `"always"` span).
+    from: Option<Mark>,
+    /// The span in progress ends at the next tick if it began before this (`cut_span_after`).
+    cut_after: Option<Instant>,
     /// Every span's latency since the agent started, restarts included: `/metrics`' histogram
     /// (monotonic, as a Prometheus histogram must be).
     total: LatencyHist,
@@ -148,6 +153,71 @@ pub struct FiguresReport {
 }
 
 impl Figures {
+    /// One tick of the spans while the connection programs count: the first tick they are
+    /// `attached` opens one; it is cut every FIGURES_EVERY, at a `cut_span_after`, and when
+    /// they detach (their counts start from zero when they attach and stand still once
+    /// detached, so a counting window is one span). `mark`: the readings now, asked only when
+    /// a span opens or ends (None: nothing to read them from). `probe_class`: the class the
+    /// probe's latest answer had, which the probe path's answers come off.
+    pub fn track(
+        &mut self,
+        now: Instant,
+        attached: bool,
+        mark: impl FnOnce() -> Option<Mark>,
+        probe_class: usize,
+        window: Duration,
+    ) {
+        let cut = match &self.from {
+            None => {
+                if attached {
+                    self.from = mark();
+                }
+                return;
+            }
+            Some(from) => {
+                !attached
+                    || now.saturating_duration_since(from.at) >= FIGURES_EVERY
+                    || self.cut_after.is_some_and(|t| from.at < t)
+            }
+        };
+        self.cut_after = None;
+        if !cut {
+            return;
+        }
+        let Some(end) = mark() else {
+            self.from = None;
+            return;
+        };
+        if let Some(span) = self
+            .from
+            .as_ref()
+            .and_then(|f| f.span_to(&end, probe_class))
+        {
+            self.record(now, span, window);
+        }
+        self.from = attached.then_some(end);
+    }
+
+    /// The span in progress, counted up to `now` (`mark`: the readings now); None while the
+    /// programs are detached.
+    pub fn open_span(&self, now: Option<Mark>, probe_class: usize) -> Option<Span> {
+        self.from.as_ref()?.span_to(&now?, probe_class)
+    }
+
+    /// Whether a span is in progress (the programs attached).
+    pub fn span_open(&self) -> bool {
+        self.from.is_some()
+    }
+
+    /// Ends the span in progress at the next tick if it began before `t`: the figures asked
+    /// for answers since `t` (a restart's return, a peer's question) then count from the
+    /// next tick, not from the next FIGURES_EVERY.
+    pub fn cut_span_after(&mut self, t: Instant) {
+        if self.from.as_ref().is_some_and(|f| f.at < t) {
+            self.cut_after = Some(t);
+        }
+    }
+
     /// Takes in one span that ended at `now`; forgets those older than the lookback.
     pub fn record(&mut self, now: Instant, span: Span, window: Duration) {
         if span.seconds > 0.0 {
@@ -315,6 +385,39 @@ mod tests {
             answers,
             probes,
         }
+    }
+
+    #[test]
+    fn spans_open_at_the_attach_are_cut_every_five_seconds_at_an_ask_and_at_the_detach() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let window = Duration::from_secs(60);
+        let mut f = Figures::default();
+        let at = |secs: f64, requests: u64| Some(mark(t0 + s.mul_f64(secs), requests, 0, None));
+        // Detached: nothing opens, and the readings are never asked for.
+        f.track(t0, false, || panic!("no reading while detached"), 2, window);
+        assert!(!f.span_open());
+        f.track(t0, true, || at(0.0, 0), 2, window);
+        assert!(f.span_open());
+        // Within FIGURES_EVERY: nothing cut, and nothing read.
+        f.track(t0 + s, true, || panic!("no cut yet"), 2, window);
+        assert_eq!(f.open_span(at(2.0, 40), 2).map(|s| s.requests), Some(40));
+        f.track(t0 + 5 * s, true, || at(5.0, 100), 2, window);
+        let r = f.report(t0 + 5 * s, window, true);
+        assert_eq!((r.windows, r.requests_counted), (1, 100), "{r:?}");
+        // A peer asks for answers since 6 s: the span begun at 5 s ends at the next tick.
+        f.cut_span_after(t0 + 6 * s);
+        f.track(t0 + 7 * s, true, || at(7.0, 150), 2, window);
+        let r = f.report(t0 + 7 * s, window, true);
+        assert_eq!((r.windows, r.requests_counted), (2, 150), "{r:?}");
+        // The detach ends the span in progress and opens none.
+        f.track(t0 + 8 * s, false, || at(8.0, 170), 2, window);
+        assert!(!f.span_open());
+        assert_eq!(f.report(t0 + 8 * s, window, true).requests_counted, 170);
+        // Nothing to read at the cut: the span is dropped, not kept open.
+        f.track(t0 + 9 * s, true, || at(9.0, 0), 2, window);
+        f.track(t0 + 15 * s, true, || None, 2, window);
+        assert!(!f.span_open());
     }
 
     #[test]

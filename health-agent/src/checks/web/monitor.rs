@@ -12,7 +12,7 @@ use health_common::{AcceptKey, PortCounters};
 
 use super::{
     answers::{AnswerWindow, AnswersReport, Round},
-    figures::{Figures, FiguresReport, Mark, FIGURES_EVERY},
+    figures::{Figures, FiguresReport, Mark},
     latency::LatencyWindow,
     process::{self, CpuMeter, WorkerView},
     progress::{Moves, Progress},
@@ -123,11 +123,6 @@ pub struct WebMonitor {
     figures: Figures,
     /// The answers counter `/metrics` exports.
     tally: Tally,
-    /// Where the current span started (the programs attached, or the last cut of an
-    /// `"always"` span).
-    span_from: Option<Mark>,
-    /// The span in progress ends at the next tick if it began before this (`cut_span_after`).
-    cut_after: Option<Instant>,
     /// Probes made so far, and attaches of the answer programs so far (see `Mark`).
     probes_made: u64,
     answers_attaches: u64,
@@ -257,8 +252,6 @@ impl WebMonitor {
             read_now: false,
             figures: Figures::default(),
             tally: Tally::default(),
-            span_from: None,
-            cut_after: None,
             probes_made: 0,
             answers_attaches: 0,
             answers: AnswerWindow::default(),

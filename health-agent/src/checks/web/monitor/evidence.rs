@@ -194,62 +194,31 @@ impl WebMonitor {
     /// The cumulative readings a span is measured from: the port's counters and latency
     /// histogram, the answer programs' counters while they are attached, the probes made.
     pub(super) fn mark(&self, now: Instant) -> Option<Mark> {
-        let (k, port) = (self.kernel.as_ref()?, self.target.as_ref()?.port);
-        let (c, latency) = k.port_totals(port);
-        let answers = k
-            .answers_attached()
-            .then(|| k.answer_counters(port).ok())
-            .flatten()
-            .map(|a| (a, self.answers_attaches));
-        Some(Mark {
-            at: now,
-            requests: c.arrivals(),
-            answered: c.exchanges_out,
-            latency,
-            answers,
-            probes: self.probes_made,
-        })
+        mark(
+            self.kernel.as_ref(),
+            self.target.as_ref(),
+            self.answers_attaches,
+            self.probes_made,
+            now,
+        )
     }
 
-    /// Cuts the figures' spans while the connection programs are attached: every
-    /// FIGURES_EVERY (all the time with `"always"`; through a long suspicion with
-    /// `"on_suspicion"`), and at the detach (their counts start from zero when they attach and
-    /// stand still once detached, so a counting window is one span).
+    /// The figures' spans this tick (`Figures::track`), in the full tier.
     pub(super) fn track_span(&mut self, now: Instant) {
         if self.tier != KernelTier::Full {
             return;
         }
         let attached = self.kernel.as_ref().is_some_and(KernelView::following);
-        let cut = match &self.span_from {
-            None => {
-                if attached {
-                    self.span_from = self.mark(now);
-                }
-                return;
-            }
-            Some(from) => {
-                !attached
-                    || now.saturating_duration_since(from.at) >= FIGURES_EVERY
-                    || self.cut_after.is_some_and(|t| from.at < t)
-            }
-        };
-        self.cut_after = None;
-        if !cut {
-            return;
-        }
-        let Some(end) = self.mark(now) else {
-            self.span_from = None;
-            return;
-        };
         let probe_class = self.probe_class();
-        if let Some(span) = self
-            .span_from
-            .as_ref()
-            .and_then(|f| f.span_to(&end, probe_class))
-        {
-            self.figures.record(now, span, self.cfg.latency_window);
-        }
-        self.span_from = attached.then_some(end);
+        let (kernel, target) = (self.kernel.as_ref(), self.target.as_ref());
+        let (attaches, probes) = (self.answers_attaches, self.probes_made);
+        self.figures.track(
+            now,
+            attached,
+            || mark(kernel, target, attaches, probes, now),
+            probe_class,
+            self.cfg.latency_window,
+        );
     }
 
     /// The class the probe's latest answer had: the probe path's answers come off it.
@@ -262,17 +231,16 @@ impl WebMonitor {
 
     /// The span in progress, counted up to `now` (None while the programs are detached).
     pub(super) fn open_span(&self, now: Instant) -> Option<crate::checks::web::figures::Span> {
-        let from = self.span_from.as_ref()?;
-        from.span_to(&self.mark(now)?, self.probe_class())
+        if !self.figures.span_open() {
+            return None;
+        }
+        self.figures.open_span(self.mark(now), self.probe_class())
     }
 
-    /// Ends the span in progress at the next tick if it began before `t`: the figures asked
-    /// for answers since `t` (a restart's return, a peer's question) then count from the
-    /// next tick, not from the next FIGURES_EVERY.
+    /// Ends the span in progress at the next tick if it began before `t` (see
+    /// `Figures::cut_span_after`).
     pub fn cut_span_after(&mut self, t: Instant) {
-        if self.span_from.as_ref().is_some_and(|f| f.at < t) {
-            self.cut_after = Some(t);
-        }
+        self.figures.cut_span_after(t);
     }
 
     /// Adds this round's answers to the counter `/metrics` exports: the kernel's totals while
@@ -348,4 +316,30 @@ impl WebMonitor {
             )
         })
     }
+}
+
+/// The readings a span is measured from, off `kernel` for `target`'s port: None without either.
+/// `answers_attaches`: the answer programs' attaches so far; `probes`: the probes made so far.
+fn mark(
+    kernel: Option<&KernelView>,
+    target: Option<&Target>,
+    answers_attaches: u64,
+    probes: u64,
+    now: Instant,
+) -> Option<Mark> {
+    let (k, port) = (kernel?, target?.port);
+    let (c, latency) = k.port_totals(port);
+    let answers = k
+        .answers_attached()
+        .then(|| k.answer_counters(port).ok())
+        .flatten()
+        .map(|a| (a, answers_attaches));
+    Some(Mark {
+        at: now,
+        requests: c.arrivals(),
+        answered: c.exchanges_out,
+        latency,
+        answers,
+        probes,
+    })
 }
