@@ -1,17 +1,19 @@
-//! `cargo xtask test --lanes N` (3 by default, what CI runs; 1: one after another): the test
+//! `cargo xtask test --lanes N` (4 by default, what CI runs; 1: one after another): the test
 //! stage's binaries run in N lanes side by side. The integration tests time verdicts to the
 //! second, so a binary that fails beside others runs again alone: a failure that holds alone
 //! fails the stage, one that does not is printed as the contention's doing.
 //!
 //! Why it can pay: most tests wait for verdicts, not for CPU, so the machine is mostly idle
-//! during a sequential test stage (the figures are in docs/architecture.md). The qemu boot,
-//! which loads a core, has lane 0; the others are spread over the lanes by their measured time,
-//! longest first. The ones that measure figures against a known load (socket tracing,
-//! saturation, Prometheus' `rate()`: within 15 %; the soak's /health latency) run after the
-//! lanes, as the quiet group: side by side with each other only, since beside the busy lanes
-//! their latency percentiles move, while each alone keeps a small part of a core busy, so
-//! together they stay on a quiet machine. The library's kernel tests and fuzz smoke
-//! (`test-kernel`, `fuzz-smoke` on one thread) are lane jobs too ([`LibRun`]).
+//! during a sequential test stage (the figures are in docs/architecture.md). The lanes take
+//! the binaries from one queue, longest first by their measured time, but never more than a few
+//! of the heavy ones at once, nor two qemu boots ([`Queue`]). The ones that measure figures against a known load (socket tracing,
+//! saturation, Prometheus' `rate()`: within 15 %; the soak's /health latency) run first, as the
+//! quiet group: side by side with each other only, since beside the busy lanes their latency
+//! percentiles move. Together they leave much of the machine idle, which the release artifacts
+//! take ([`Beside`]: built at idle priority, so that they get only the CPU time no quiet test
+//! wants); the lanes, whose tests use the artifacts, start once both are done. The library's
+//! kernel tests and fuzz smoke (`test-kernel`, `fuzz-smoke` on one thread) and the artifacts'
+//! proof are lane jobs too ([`LibRun`]).
 
 use std::{
     collections::BTreeMap,
@@ -25,17 +27,34 @@ use serde_json::Value;
 
 use crate::cmd;
 
-/// Test binaries that load a core for minutes (the qemu boots, x86_64 and arm64): lane 0, one
-/// after the other.
-const HEAVY: &[&str] = &["old_kernel", "arm64_kernel"];
-/// Test binaries that measure against a known load: after the lanes, side by side with each
+/// Test binaries that boot a VM under qemu (TCG), each loading a core for minutes: one at a
+/// time.
+const VMS: &[&str] = &["old_kernel", "arm64_kernel"];
+/// Test binaries that keep much of the machine busy: the VMs, and several agents with their
+/// backends under generated load (fleets, rolling restarts behind a balancer, the verdict
+/// scenarios). At most HEAVY_AT_ONCE of them run at a time, whatever the number of lanes: three
+/// (a VM and two fleets) passed in every 3-lane run; four at once (a VM, `fleet`, `slow_peers`,
+/// `verdicts`) starved a fleet's peers of CPU until their database checks timed out and the
+/// fleet's judgement split.
+const HEAVY: &[&str] = &[
+    "old_kernel",
+    "arm64_kernel",
+    "fleet",
+    "slow_peers",
+    "verdicts",
+    "fleet_alerts",
+    "drain_rolling",
+];
+const HEAVY_AT_ONCE: usize = 3;
+/// Test binaries that measure against a known load: before the lanes, side by side with each
 /// other only (the quiet group). The soak bounds /health's p99 against a trivial server's:
 /// beside the qemu boots it failed that bound in every run, then passed alone, so it paid its
 /// whole length twice.
 const QUIET: &[&str] = &["socket_tracing", "saturation", "prometheus", "soak"];
 
 /// Seconds each binary took in its lane in a clean clone's CI run with 3 lanes: the lane
-/// plan's weights; a binary not listed weighs DEFAULT_SECS.
+/// plan's weights (only their order and proportions matter); a binary not listed weighs
+/// DEFAULT_SECS.
 const MEASURED: &[(&str, u64)] = &[
     ("soak", 278),
     ("old_kernel", 131),
@@ -168,24 +187,78 @@ fn weight(b: &Binary) -> u64 {
         .map_or(DEFAULT_SECS, |(_, s)| *s)
 }
 
-/// The heavy binaries in lane 0; the rest longest first, each to the lane that ends soonest.
-fn plan(binaries: Vec<Binary>, lanes: usize) -> Vec<Vec<Binary>> {
-    let mut out: Vec<Vec<Binary>> = vec![Vec::new(); lanes];
-    let mut load = vec![0u64; lanes];
-    let (heavy, mut rest): (Vec<_>, Vec<_>) = binaries
-        .into_iter()
-        .partition(|b| HEAVY.contains(&short(b)));
-    for b in heavy {
-        load[0] += weight(&b);
-        out[0].push(b);
+/// The binaries the lanes take, longest first: each lane takes the first one that may start
+/// (a heavy one while fewer than HEAVY_AT_ONCE run, a VM while none does).
+struct Queue {
+    pending: Vec<Binary>,
+    heavy: usize,
+    vm: bool,
+}
+
+impl Queue {
+    fn new(mut binaries: Vec<Binary>) -> Self {
+        binaries.sort_by_key(|b| std::cmp::Reverse(weight(b)));
+        Self {
+            pending: binaries,
+            heavy: 0,
+            vm: false,
+        }
     }
-    rest.sort_by_key(|b| std::cmp::Reverse(weight(b)));
-    for b in rest {
-        let lane = (0..lanes).min_by_key(|i| load[*i]).unwrap_or(0);
-        load[lane] += weight(&b);
-        out[lane].push(b);
+
+    /// The next binary that may start now, counted as started.
+    fn take(&mut self) -> Option<Binary> {
+        let i = self.pending.iter().position(|b| {
+            let name = short(b);
+            (!HEAVY.contains(&name) || self.heavy < HEAVY_AT_ONCE)
+                && (!VMS.contains(&name) || !self.vm)
+        })?;
+        let b = self.pending.remove(i);
+        self.heavy += usize::from(HEAVY.contains(&short(&b)));
+        self.vm |= VMS.contains(&short(&b));
+        Some(b)
     }
-    out
+
+    fn done(&mut self, b: &Binary) {
+        if HEAVY.contains(&short(b)) {
+            self.heavy -= 1;
+        }
+        if VMS.contains(&short(b)) {
+            self.vm = false;
+        }
+    }
+}
+
+/// One lane: takes binaries from `queue` until none is left, waiting while those left may not
+/// start yet; sends each result as it ends. Returns how long it ran.
+fn lane(
+    i: usize,
+    queue: &(std::sync::Mutex<Queue>, std::sync::Condvar),
+    test_args: &[String],
+    tx: &std::sync::mpsc::Sender<(usize, Ran)>,
+) -> Duration {
+    let start = Instant::now();
+    let (lock, turn) = queue;
+    loop {
+        let next = {
+            let mut q = lock.lock().unwrap_or_else(|e| e.into_inner());
+            loop {
+                if q.pending.is_empty() {
+                    break None;
+                }
+                if let Some(b) = q.take() {
+                    break Some(b);
+                }
+                q = turn.wait(q).unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        let Some(b) = next else {
+            return start.elapsed();
+        };
+        let ran = run_one(&b, test_args);
+        lock.lock().unwrap_or_else(|e| e.into_inner()).done(&b);
+        turn.notify_all();
+        let _ = tx.send((i, ran));
+    }
 }
 
 /// What one binary did.
@@ -331,11 +404,15 @@ pub fn run(
     }
     let (quiet, laned): (Vec<_>, Vec<_>) =
         all.iter().cloned().partition(|b| QUIET.contains(&short(b)));
-    let plan = plan(laned, lanes.max(1));
-    for (i, lane) in plan.iter().enumerate() {
-        let names: Vec<&str> = lane.iter().map(|b| b.name.as_str()).collect();
-        println!("lanes: lane {i}: {}", names.join(", "));
-    }
+    let queue = Queue::new(laned);
+    let names: Vec<&str> = queue.pending.iter().map(|b| b.name.as_str()).collect();
+    println!(
+        "lanes: {} lanes take, longest first, at most {HEAVY_AT_ONCE} heavy ({}) at once and one \
+         VM at a time: {}",
+        lanes.max(1),
+        HEAVY.join(", "),
+        names.join(", ")
+    );
     // The figures-against-a-known-load binaries, side by side with each other only: each keeps
     // under a fifth of a core busy (sampled every 5 s: 3–20 %), while the lanes keep both cores
     // 40–99 % busy, which is what moved their percentiles. Beside them, at idle priority, what
@@ -393,29 +470,26 @@ pub fn run(
         }
     }
     let (tx, rx) = std::sync::mpsc::channel::<(usize, Ran)>();
-    let mut handles = Vec::new();
-    for (i, lane) in plan.into_iter().enumerate() {
-        let tx = tx.clone();
-        let args = test_args.to_vec();
-        handles.push(std::thread::spawn(move || {
-            let start = Instant::now();
-            for b in &lane {
-                let _ = tx.send((i, run_one(b, &args)));
+    let queue = (std::sync::Mutex::new(queue), std::sync::Condvar::new());
+    let times: BTreeMap<usize, f64> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..lanes.max(1))
+            .map(|i| {
+                let (queue, tx) = (&queue, tx.clone());
+                scope.spawn(move || lane(i, queue, test_args, &tx))
+            })
+            .collect();
+        drop(tx);
+        for (lane, r) in rx {
+            if !r.report(&format!("lane {lane}"), &mut total) {
+                failed.push(r.name);
             }
-            start.elapsed()
-        }));
-    }
-    drop(tx);
-    for (lane, r) in rx {
-        if !r.report(&format!("lane {lane}"), &mut total) {
-            failed.push(r.name);
         }
-    }
-    let mut times = BTreeMap::new();
-    for (i, h) in handles.into_iter().enumerate() {
-        let took = h.join().map_or(0.0, |d| d.as_secs_f64());
-        times.insert(i, took);
-    }
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(i, h)| (i, h.join().map_or(0.0, |d| d.as_secs_f64())))
+            .collect()
+    });
     let said: Vec<String> = times
         .iter()
         .map(|(i, t)| format!("lane {i} {t:.0} s"))
@@ -444,4 +518,51 @@ pub fn run(
         bail!("failed: {}", still.join(", "));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn binary(name: &str) -> Binary {
+        Binary {
+            name: format!("test {name}"),
+            path: PathBuf::from(name),
+            dir: PathBuf::new(),
+            run: None,
+        }
+    }
+
+    #[test]
+    fn the_queue_goes_longest_first_but_holds_back_a_fourth_heavy_and_a_second_vm() {
+        let mut q = Queue::new(
+            [
+                "docs",
+                "old_kernel",
+                "fleet",
+                "slow_peers",
+                "verdicts",
+                "arm64_kernel",
+                "aws",
+            ]
+            .map(binary)
+            .to_vec(),
+        );
+        let took = |q: &mut Queue| q.take().map(|b| short(&b).to_owned());
+        assert_eq!(took(&mut q).as_deref(), Some("old_kernel"));
+        assert_eq!(took(&mut q).as_deref(), Some("fleet"));
+        assert_eq!(took(&mut q).as_deref(), Some("slow_peers"));
+        // Three heavy ones run: the next heavy ones wait, the light ones go past them.
+        assert_eq!(took(&mut q).as_deref(), Some("aws"));
+        assert_eq!(took(&mut q).as_deref(), Some("docs"));
+        assert_eq!(took(&mut q), None);
+        // A fleet ends: verdicts may start, not the second VM while the first runs.
+        q.done(&binary("fleet"));
+        assert_eq!(took(&mut q).as_deref(), Some("verdicts"));
+        q.done(&binary("slow_peers"));
+        assert_eq!(took(&mut q), None);
+        q.done(&binary("old_kernel"));
+        assert_eq!(took(&mut q).as_deref(), Some("arm64_kernel"));
+        assert!(q.pending.is_empty());
+    }
 }
