@@ -15,12 +15,15 @@
 //! - `reader`: every sock_diag read of the port's connections (`PortReader`), the monitor's own
 //!   on a cadence that follows the traffic and the drain's, one dump serving both;
 //! - `answers`: what it answers by status class over `web.errors_window` (`erroring`);
+//! - `cadence`: when the programs count with `socket_tracing = "on_suspicion"` (counting and
+//!   answer sampling windows), a clock with no program of its own;
 //! - `figures`: request rate, answers by class and latency over `web.latency_window`, counted
 //!   or estimated from the programs' counting windows;
 //! - `monitor`: gathers the evidence each round and builds the report; its `PortReader` is the
 //!   only reader of the port's connections.
 
 pub mod answers;
+mod cadence;
 mod figures;
 mod latency;
 mod monitor;

@@ -12,6 +12,7 @@ use health_common::{AcceptKey, PortCounters};
 
 use super::{
     answers::{AnswerWindow, AnswersReport, Round},
+    cadence::{Cadence, COUNT_EVERY, COUNT_FOR, COUNT_LONGEST, WINDOW_ANSWERS},
     figures::{Figures, FiguresReport, Mark},
     latency::LatencyWindow,
     process::{self, CpuMeter, WorkerView},
@@ -110,9 +111,9 @@ pub struct WebMonitor {
     held: Option<&'static str>,
     /// The latest read found something suspicious: evaluate every tick.
     suspicious: bool,
-    /// A counting window (COUNT_FOR) opened then; the previous one closed at `counted_at`.
-    counting_since: Option<Instant>,
-    counted_at: Option<Instant>,
+    /// `socket_tracing = "on_suspicion"`: when the programs count (counting windows, answer
+    /// sampling windows).
+    cadence: Cadence,
     /// This tick detached the programs after reading their counters (`last_counters`): its
     /// load sample is still a counted one.
     counted_detaching: bool,
@@ -132,9 +133,6 @@ pub struct WebMonitor {
     tier: KernelTier,
     /// In the `sock_diag` tier: the segments-sent count at the previous tick.
     segments: Option<u64>,
-    /// `socket_tracing = "on_suspicion"`: when the latest sampling window of the answer
-    /// programs opened (see ANSWERS_EVERY).
-    answers_sampled_at: Option<Instant>,
     /// Attaching the answer programs failed once, and why: not retried (nor warned) every
     /// tick, and the answers say the status is not visible.
     answers_attach_failed: Option<String>,
@@ -169,30 +167,6 @@ const UNWATCH_ACCEPTS_AFTER: Duration = Duration::from_secs(30);
 /// `socket_tracing = "on_suspicion"`: this long without anything suspicious detaches the
 /// programs that follow connections.
 const UNFOLLOW_AFTER: Duration = Duration::from_secs(30);
-/// … and while sock_diag cannot tell keep-alive requests in service from answered ones
-/// (`Moves::unsure`), attaches the programs this long every COUNT_EVERY to count them for the
-/// saturation meter: the window closes on the first tick COUNT_FOR after it opened, the second
-/// at the default 250 ms ticks (a tick a few ms early still closes it), and that tick reads the
-/// counts before detaching: two counted ticks, half a second attached in 15, a thirtieth of
-/// the per-call cost for a web part that is measured.
-const COUNT_FOR: Duration = Duration::from_millis(450);
-const COUNT_EVERY: Duration = Duration::from_secs(15);
-/// … but a window that saw requests and fewer than WINDOW_ANSWERS answers stays open until it
-/// has them, for at most COUNT_LONGEST: a backend starved of CPU answers after 450 ms, and
-/// its latency against its peers' (`fleet::latency`) would never be counted. A busy backend
-/// fills a window in its first 450 ms, so the cost stays where it matters little.
-const COUNT_LONGEST: Duration = Duration::from_secs(3);
-const WINDOW_ANSWERS: u64 = 10;
-/// `socket_tracing = "on_suspicion"`: the answer programs (status classes) run per packet of
-/// the watched port, so they too attach only while the programs that follow connections are
-/// (a counting window, a suspicion), for a longer sampling window of ANSWERS_FOR every
-/// ANSWERS_EVERY (opened with a counting window), and while the answers' latest second failed:
-/// a box that answers only 5xx is seen within COUNT_EVERY, then followed until the judgement
-/// is made.
-const ANSWERS_FOR: Duration = Duration::from_secs(1);
-/// … and a peer asking for fresh answers opens one at most this often.
-const ANSWERS_ON_ASK: Duration = Duration::from_secs(3);
-const ANSWERS_EVERY: Duration = Duration::from_secs(30);
 
 impl WebMonitor {
     /// A monitor on `kernel` (loaded by `load_kernel`, or None: probe, accept queue and /proc
@@ -246,8 +220,7 @@ impl WebMonitor {
             follow_failed: false,
             held: None,
             suspicious: false,
-            counting_since: None,
-            counted_at: None,
+            cadence: Cadence::default(),
             counted_detaching: false,
             read_now: false,
             figures: Figures::default(),
@@ -258,7 +231,6 @@ impl WebMonitor {
             answers_pids: Vec::new(),
             tier,
             segments: None,
-            answers_sampled_at: None,
             answers_attach_failed: None,
         }
     }

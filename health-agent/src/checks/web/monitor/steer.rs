@@ -135,7 +135,7 @@ impl WebMonitor {
             });
             return;
         }
-        let thin = self.counting_since.is_some() && self.window_too_thin(now);
+        let thin = self.cadence.counting() && self.window_too_thin(now);
         let window_figures = self
             .open_span(now)
             .map(|s| {
@@ -156,21 +156,10 @@ impl WebMonitor {
             .filter(|(t, _)| now.saturating_duration_since(*t) < UNFOLLOW_AFTER);
         // A counting window: opened while detached and sock_diag is unsure, closed after
         // COUNT_FOR (unless a suspicion keeps the programs on).
-        if let Some(t) = self.counting_since {
-            let open = now.saturating_duration_since(t);
-            if open >= COUNT_FOR && (open >= COUNT_LONGEST || !thin) {
-                self.counting_since = None;
-                self.counted_at = Some(now);
-            }
-        } else if recent.is_none()
-            && !k.following()
-            && self
-                .counted_at
-                .is_none_or(|t| now.saturating_duration_since(t) >= COUNT_EVERY)
-        {
-            self.counting_since = Some(now);
-        }
-        let counting = self.counting_since.is_some() && recent.is_none();
+        let closed = self
+            .cadence
+            .tick(now, thin, k.following(), recent.is_some());
+        let counting = self.cadence.counting() && recent.is_none();
         let want = (recent.is_some() || counting || self.held.is_some()) && !self.follow_failed;
         if want != k.following() {
             match k.follow(want) {
@@ -197,7 +186,7 @@ impl WebMonitor {
                     self.latency = LatencyWindow::default();
                     self.last_counters = None;
                 }
-                Ok(()) if self.counted_at == Some(now) => {
+                Ok(()) if closed => {
                     tracing::debug!(
                         "counting window of port {} closed: {}",
                         self.cfg.port,
@@ -275,20 +264,21 @@ impl WebMonitor {
         if k.answers_unavailable().is_some() {
             return;
         }
-        let since = |t: Option<Instant>| t.map(|t| now.saturating_duration_since(t));
         // They attach with the connection programs (a counting window every COUNT_EVERY, or
         // a suspicion): a box that answers only 5xx is seen within COUNT_EVERY. Due, their
         // longer sampling window opens with a counting window too (both at once cost less
         // than each on its own clock); they stay while the answers fail.
-        let due = since(self.answers_sampled_at).is_none_or(|d| d >= ANSWERS_EVERY)
-            && (k.following() || self.follow_failed);
-        let sampling = since(self.answers_sampled_at).is_some_and(|d| d < ANSWERS_FOR);
-        let want = due || sampling || k.following() || self.answers.failing();
+        let (want, due) = self.cadence.answers_wanted(
+            now,
+            k.following(),
+            self.follow_failed,
+            self.answers.failing(),
+        );
         if want == k.answers_attached() {
             return;
         }
         if want && due {
-            self.answers_sampled_at = Some(now);
+            self.cadence.answers_opened(now);
         }
         match k.attach_answers(want) {
             Ok(()) if want => {
@@ -308,19 +298,10 @@ impl WebMonitor {
 
     /// A peer's errors fault waits on this instance's word about its answers
     /// (`?fresh=answers`): with `"on_suspicion"` they are sampled only in windows, so the next
-    /// tick opens a counting window with an answers sampling window, unless one opened within
-    /// ANSWERS_ON_ASK (a peer asks four times a second while it waits).
+    /// tick opens a counting window with an answers sampling window (`Cadence::ask_soon`).
     pub fn sample_answers_soon(&mut self, now: Instant) {
-        if self.cfg.socket_tracing != SocketTracing::OnSuspicion {
-            return;
+        if self.cfg.socket_tracing == SocketTracing::OnSuspicion {
+            self.cadence.ask_soon(now);
         }
-        let recent = |t: Option<Instant>| {
-            t.is_some_and(|t| now.saturating_duration_since(t) < ANSWERS_ON_ASK)
-        };
-        if recent(self.answers_sampled_at) || self.counting_since.is_some() {
-            return;
-        }
-        self.counted_at = None;
-        self.answers_sampled_at = None;
     }
 }
