@@ -27,6 +27,7 @@ mod cadence;
 mod figures;
 mod latency;
 mod monitor;
+mod probed;
 pub(crate) mod process;
 mod progress;
 mod reader;

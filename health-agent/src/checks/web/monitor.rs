@@ -15,6 +15,7 @@ use super::{
     cadence::{Cadence, COUNT_EVERY, COUNT_FOR, COUNT_LONGEST, WINDOW_ANSWERS},
     figures::{Figures, FiguresReport, Mark},
     latency::LatencyWindow,
+    probed::Probed,
     process::{self, CpuMeter, WorkerView},
     progress::{Moves, Progress},
     reader::PortReader,
@@ -78,13 +79,8 @@ pub struct WebMonitor {
     /// The backend has been seen serving since the agent started.
     served: bool,
     queue_busy_since: Option<Instant>,
-    probe_failing_since: Option<Instant>,
-    /// When a probe last passed.
-    probe_passed_at: Option<Instant>,
-    last_probe: Option<ProbeResult>,
-    /// The latest probe the agent itself could not make (no descriptors, no local port):
-    /// shown, never evidence.
-    probe_trouble: Option<ProbeResult>,
+    /// What the probe found lately.
+    probed: Probed,
     drops_baseline: Option<net::ListenDrops>,
     /// Host-wide counters change slowly and only inform: read every DROPS_EVERY, not per tick.
     drops_seen: Option<(Instant, net::ListenDrops)>,
@@ -124,8 +120,7 @@ pub struct WebMonitor {
     figures: Figures,
     /// The answers counter `/metrics` exports.
     tally: Tally,
-    /// Probes made so far, and attaches of the answer programs so far (see `Mark`).
-    probes_made: u64,
+    /// Attaches of the answer programs so far (see `Mark`).
     answers_attaches: u64,
     /// What the backend answered over `web.errors_window`, by status class.
     answers: AnswerWindow,
@@ -202,10 +197,7 @@ impl WebMonitor {
             cpu: CpuMeter::default(),
             served: false,
             queue_busy_since: None,
-            probe_failing_since: None,
-            probe_passed_at: None,
-            last_probe: None,
-            probe_trouble: None,
+            probed: Probed::default(),
             drops_baseline: net::listen_drops().ok(),
             drops_seen: None,
             owner_name: None,
@@ -225,7 +217,6 @@ impl WebMonitor {
             read_now: false,
             figures: Figures::default(),
             tally: Tally::default(),
-            probes_made: 0,
             answers_attaches: 0,
             answers: AnswerWindow::default(),
             answers_pids: Vec::new(),
@@ -411,34 +402,10 @@ impl WebMonitor {
 
     /// Takes in a new probe result (the probe runs on its own cadence).
     pub fn record_probe(&mut self, p: ProbeResult, now: Instant) {
-        if p.agent_error {
-            // The agent's own failure: it knows nothing new about the backend, and what it
-            // knew before is no longer current.
-            tracing::warn!(
-                "the probe could not be made: {} (the agent's own error, not the backend's)",
-                p.error.as_deref().unwrap_or("?")
-            );
-            self.last_probe = None;
-            self.probe_failing_since = None;
-            self.probe_trouble = Some(p);
-            return;
-        }
-        self.probe_trouble = None;
-        if p.status.is_some() {
-            self.probes_made += 1;
+        if self.probed.record(p, now) {
             // The backend answered it: an answer went out, whatever sock_diag saw of it.
             self.progress.answered(now);
         }
-        if p.ok {
-            self.probe_failing_since = None;
-            self.probe_passed_at = Some(now);
-        } else if p.misconfigured.is_some() {
-            // Set up wrong, not failing: no clock runs against the backend.
-            self.probe_failing_since = None;
-        } else if self.probe_failing_since.is_none() {
-            self.probe_failing_since = Some(now);
-        }
-        self.last_probe = Some(p);
     }
 
     /// Takes in Docker's latest report on `web.container`'s network (the runner asks every
@@ -456,7 +423,7 @@ impl WebMonitor {
     /// the last probe that passed, whichever is later. What the peers weigh against a fault of
     /// theirs (see `fleet::Evidence`).
     fn answered_at(&self) -> Option<Instant> {
-        self.progress.answer_at().max(self.probe_passed_at)
+        self.progress.answer_at().max(self.probed.passed_at())
     }
 
     /// The round's [`AnswerSigns`], for the report.

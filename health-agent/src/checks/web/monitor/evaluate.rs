@@ -54,10 +54,7 @@ impl WebMonitor {
             detail,
             served: self.served,
             kernel: self.kernel_status.clone(),
-            probe: self
-                .last_probe
-                .clone()
-                .or_else(|| self.probe_trouble.clone()),
+            probe: self.probed.shown(),
             responses_total: self.tally.current(),
             signs: self.signs(),
             ..WebReport::not_configured()
@@ -117,10 +114,8 @@ impl WebMonitor {
                 .queue_busy_since
                 .map(|s| now.saturating_duration_since(s)),
             kernel,
-            probe: self.last_probe.clone(),
-            probe_failing_for: self
-                .probe_failing_since
-                .map(|s| now.saturating_duration_since(s)),
+            probe: self.probed.latest().cloned(),
+            probe_failing_for: self.probed.failing_for(now),
             ..Evidence::default()
         };
         let processes = self.look_at_processes(&mut evidence, now);
@@ -135,7 +130,7 @@ impl WebMonitor {
         self.served |= self.has_served(listening, &evidence);
         // Nothing but the agent's own trouble to go on: say so, so the policy never reads it
         // as the backend's failure.
-        let agent_error = verdict == WebVerdict::Unknown && self.probe_trouble.is_some();
+        let agent_error = verdict == WebVerdict::Unknown && self.probed.trouble().is_some();
         let (overflows, dropped) = self.listen_drops(now);
         let answers = self.answers.report(&self.cfg);
         let figures = self.figures(now);
@@ -160,10 +155,7 @@ impl WebMonitor {
             kernel: self.kernel_status.clone(),
             disagreement: verdict::disagreement(verdict, &evidence),
             counters,
-            probe: self
-                .last_probe
-                .clone()
-                .or_else(|| self.probe_trouble.clone()),
+            probe: self.probed.shown(),
             dependencies: std::mem::take(&mut evidence.dependencies),
             processes,
             stuck_worker,
@@ -255,7 +247,7 @@ impl WebMonitor {
         listening: bool,
         namespace: &target::NamespaceView,
     ) -> String {
-        if let Some(err) = self.probe_trouble.as_ref().and_then(|p| p.error.as_deref()) {
+        if let Some(err) = self.probed.trouble().and_then(|p| p.error.as_deref()) {
             detail.push_str(&format!(
                 "; the agent could not probe ({err}: its own error, not the backend's)"
             ));
@@ -280,10 +272,10 @@ impl WebMonitor {
         if self.cfg.probe_path.is_empty() {
             return listening;
         }
-        self.last_probe
-            .as_ref()
+        self.probed
+            .latest()
             .is_some_and(|p| p.status.is_some_and(|s| s < 500) || p.misconfigured.is_some())
-            || (self.probe_trouble.is_some()
+            || (self.probed.trouble().is_some()
                 && evidence.kernel.as_ref().is_some_and(|k| k.answered > 0))
     }
 
@@ -310,6 +302,6 @@ impl WebMonitor {
     /// The probe's answer proves the server answers and says the probe is set up wrong: what,
     /// and the key to set.
     fn probe_path_error(&self) -> Option<String> {
-        self.last_probe.as_ref()?.misconfigured.clone()
+        self.probed.latest()?.misconfigured.clone()
     }
 }

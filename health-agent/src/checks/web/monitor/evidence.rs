@@ -187,7 +187,7 @@ impl WebMonitor {
                     .unwrap_or_else(|| "the kernel view is not running".into()),
             ),
         };
-        let probe_status = self.last_probe.as_ref().and_then(|p| p.status);
+        let probe_status = self.probed.latest().and_then(|p| p.status);
         self.answers.observe(counters, probe_status, now, &self.cfg);
     }
 
@@ -198,7 +198,7 @@ impl WebMonitor {
             self.kernel.as_ref(),
             self.target.as_ref(),
             self.answers_attaches,
-            self.probes_made,
+            self.probed.answered(),
             now,
         )
     }
@@ -209,9 +209,9 @@ impl WebMonitor {
             return;
         }
         let attached = self.kernel.as_ref().is_some_and(KernelView::following);
-        let probe_class = self.probe_class();
+        let probe_class = self.probed.class();
         let (kernel, target) = (self.kernel.as_ref(), self.target.as_ref());
-        let (attaches, probes) = (self.answers_attaches, self.probes_made);
+        let (attaches, probes) = (self.answers_attaches, self.probed.answered());
         self.figures.track(
             now,
             attached,
@@ -221,20 +221,12 @@ impl WebMonitor {
         );
     }
 
-    /// The class the probe's latest answer had: the probe path's answers come off it.
-    fn probe_class(&self) -> usize {
-        self.last_probe
-            .as_ref()
-            .and_then(|p| p.status)
-            .map_or(2, |s| usize::from(s / 100))
-    }
-
     /// The span in progress, counted up to `now` (None while the programs are detached).
     pub(super) fn open_span(&self, now: Instant) -> Option<crate::checks::web::figures::Span> {
         if !self.figures.span_open() {
             return None;
         }
-        self.figures.open_span(self.mark(now), self.probe_class())
+        self.figures.open_span(self.mark(now), self.probed.class())
     }
 
     /// Ends the span in progress at the next tick if it began before `t` (see

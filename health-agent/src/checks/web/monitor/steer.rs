@@ -99,7 +99,7 @@ impl WebMonitor {
         }
         // A probe set up wrong (a 4xx, a redirect) runs no failing clock: the server answers,
         // and the config error is said apart.
-        if self.probe_failing_since.is_some() {
+        if self.probed.failing() {
             return Some("the probe fails".into());
         }
         let wrong = !matches!(
