@@ -11,7 +11,8 @@
 //! quiet group: side by side with each other only, since beside the busy lanes their latency
 //! percentiles move. Together they leave much of the machine idle, which the release artifacts
 //! take ([`Beside`]: built at idle priority, so that they get only the CPU time no quiet test
-//! wants); the lanes, whose tests use the artifacts, start once both are done. The library's
+//! wants). The lanes start when the quiet group is done; the binaries that use the artifacts,
+//! once those are made. The library's
 //! kernel tests and fuzz smoke (`test-kernel`, `fuzz-smoke` on one thread) and the artifacts'
 //! proof are lane jobs too ([`LibRun`]).
 
@@ -46,6 +47,17 @@ const HEAVY: &[&str] = &[
     "drain_rolling",
 ];
 const HEAVY_AT_ONCE: usize = 3;
+/// Test binaries that use the release artifacts [`Beside`] makes (the static agents, the .deb,
+/// the image, `dist/`): they start once it is done; the others start when the quiet group is.
+const NEEDS_ARTIFACTS: &[&str] = &[
+    "old_kernel",
+    "arm64_kernel",
+    "service",
+    "systemd",
+    "image",
+    "aws_user_data",
+    "install",
+];
 /// Test binaries that measure against a known load: before the lanes, side by side with each
 /// other only (the quiet group). The soak bounds /health's p99 against a trivial server's:
 /// beside the qemu boots it failed that bound in every run, then passed alone, so it paid its
@@ -193,15 +205,18 @@ struct Queue {
     pending: Vec<Binary>,
     heavy: usize,
     vm: bool,
+    /// The release artifacts are made (NEEDS_ARTIFACTS may start).
+    artifacts: bool,
 }
 
 impl Queue {
-    fn new(mut binaries: Vec<Binary>) -> Self {
+    fn new(mut binaries: Vec<Binary>, artifacts: bool) -> Self {
         binaries.sort_by_key(|b| std::cmp::Reverse(weight(b)));
         Self {
             pending: binaries,
             heavy: 0,
             vm: false,
+            artifacts,
         }
     }
 
@@ -211,6 +226,7 @@ impl Queue {
             let name = short(b);
             (!HEAVY.contains(&name) || self.heavy < HEAVY_AT_ONCE)
                 && (!VMS.contains(&name) || !self.vm)
+                && (self.artifacts || !needs_artifacts(b))
         })?;
         let b = self.pending.remove(i);
         self.heavy += usize::from(HEAVY.contains(&short(&b)));
@@ -227,6 +243,14 @@ impl Queue {
         }
     }
 }
+
+/// Whether `b` uses the release artifacts (its proof, a lane job, does too).
+fn needs_artifacts(b: &Binary) -> bool {
+    NEEDS_ARTIFACTS.contains(&short(b)) || b.run.as_ref().is_some_and(|r| r.name == PROOF)
+}
+
+/// The name of the artifacts' proof as a lane job ([`Beside::proof`]).
+pub const PROOF: &str = "dist-check";
 
 /// One lane: takes binaries from `queue` until none is left, waiting while those left may not
 /// start yet; sends each result as it ends. Returns how long it ran.
@@ -404,74 +428,68 @@ pub fn run(
     }
     let (quiet, laned): (Vec<_>, Vec<_>) =
         all.iter().cloned().partition(|b| QUIET.contains(&short(b)));
-    let queue = Queue::new(laned);
+    let queue = Queue::new(laned, beside.is_none());
     let names: Vec<&str> = queue.pending.iter().map(|b| b.name.as_str()).collect();
     println!(
         "lanes: {} lanes take, longest first, at most {HEAVY_AT_ONCE} heavy ({}) at once and one \
-         VM at a time: {}",
+         VM at a time, those that use the release artifacts ({}) once they are made: {}",
         lanes.max(1),
         HEAVY.join(", "),
+        NEEDS_ARTIFACTS.join(", "),
         names.join(", ")
     );
-    // The figures-against-a-known-load binaries, side by side with each other only: each keeps
-    // under a fifth of a core busy (sampled every 5 s: 3–20 %), while the lanes keep both cores
-    // 40–99 % busy, which is what moved their percentiles. Beside them, at idle priority, what
-    // the lanes' tests use is built.
+    let queue = (std::sync::Mutex::new(queue), std::sync::Condvar::new());
     let mut failed = Vec::new();
     let mut total = (0, 0, 0);
     let started = Instant::now();
-    let (quiet, beside): (Vec<Ran>, Option<Ran>) = std::thread::scope(|scope| {
-        let beside = beside.map(|b| scope.spawn(move || run_beside(b)));
+    let (beside, times) = std::thread::scope(|scope| {
+        // The release artifacts, at idle priority, from the start of the quiet group until
+        // they are made; then the binaries that use them may start.
+        let beside = beside.map(|b| {
+            let queue = &queue;
+            scope.spawn(move || {
+                let r = run_beside(b);
+                let status = if r.ok { "ok" } else { "FAILED" };
+                println!(
+                    "lanes: beside the quiet group: {} {status} in {:.0} s",
+                    r.name,
+                    r.took.as_secs_f64()
+                );
+                let mut q = queue.0.lock().unwrap_or_else(|e| e.into_inner());
+                if r.ok {
+                    q.artifacts = true;
+                } else {
+                    // Nothing to test them with: the stage fails on this, not on each.
+                    q.pending.retain(|b| !needs_artifacts(b));
+                }
+                queue.1.notify_all();
+                r
+            })
+        });
+        // The figures-against-a-known-load binaries, side by side with each other only: each
+        // keeps under a fifth of a core busy (sampled every 5 s: 3–20 %), while the lanes keep
+        // both cores 40–99 % busy, which is what moved their percentiles.
         let runs: Vec<_> = quiet
             .iter()
             .map(|b| (b, scope.spawn(|| run_one(b, test_args))))
             .collect();
-        let quiet = runs
-            .into_iter()
-            .map(|(b, run)| {
-                // A runner that panicked ran nothing to its end: a failure, never a pass.
-                run.join().unwrap_or_else(|_| Ran {
-                    name: b.name.clone(),
-                    took: Duration::ZERO,
-                    ok: false,
-                    output: format!("the thread running {} panicked", b.name),
-                })
-            })
-            .collect();
-        let beside = beside.map(|run| {
-            run.join().unwrap_or_else(|_| Ran {
-                name: "beside the quiet group".into(),
+        for (b, run) in runs {
+            // A runner that panicked ran nothing to its end: a failure, never a pass.
+            let r = run.join().unwrap_or_else(|_| Ran {
+                name: b.name.clone(),
                 took: Duration::ZERO,
                 ok: false,
-                output: "its thread panicked".into(),
-            })
-        });
-        (quiet, beside)
-    });
-    for r in quiet {
-        if !r.report("quiet", &mut total) {
-            failed.push(r.name);
+                output: format!("the thread running {} panicked", b.name),
+            });
+            if !r.report("quiet", &mut total) {
+                failed.push(r.name);
+            }
         }
-    }
-    println!(
-        "lanes: the quiet group {:.0} s",
-        started.elapsed().as_secs_f64()
-    );
-    if let Some(r) = beside {
-        // Its output went to the log as it ran.
-        let status = if r.ok { "ok" } else { "FAILED" };
         println!(
-            "lanes: beside the quiet group: {} {status} in {:.0} s",
-            r.name,
-            r.took.as_secs_f64()
+            "lanes: the quiet group {:.0} s",
+            started.elapsed().as_secs_f64()
         );
-        if !r.ok {
-            bail!("{}: the lanes' tests need what it makes", r.output);
-        }
-    }
-    let (tx, rx) = std::sync::mpsc::channel::<(usize, Ran)>();
-    let queue = (std::sync::Mutex::new(queue), std::sync::Condvar::new());
-    let times: BTreeMap<usize, f64> = std::thread::scope(|scope| {
+        let (tx, rx) = std::sync::mpsc::channel::<(usize, Ran)>();
         let handles: Vec<_> = (0..lanes.max(1))
             .map(|i| {
                 let (queue, tx) = (&queue, tx.clone());
@@ -484,12 +502,25 @@ pub fn run(
                 failed.push(r.name);
             }
         }
-        handles
+        let times: BTreeMap<usize, f64> = handles
             .into_iter()
             .enumerate()
             .map(|(i, h)| (i, h.join().map_or(0.0, |d| d.as_secs_f64())))
-            .collect()
+            .collect();
+        let beside = beside.map(|run| {
+            run.join().unwrap_or_else(|_| Ran {
+                name: "beside the quiet group".into(),
+                took: Duration::ZERO,
+                ok: false,
+                output: "its thread panicked".into(),
+            })
+        });
+        (beside, times)
     });
+    if let Some(r) = beside.filter(|r| !r.ok) {
+        // Its output went to the log as it ran.
+        bail!("{}: the lanes' tests need what it makes", r.output);
+    }
     let said: Vec<String> = times
         .iter()
         .map(|(i, t)| format!("lane {i} {t:.0} s"))
@@ -547,6 +578,7 @@ mod tests {
             ]
             .map(binary)
             .to_vec(),
+            true,
         );
         let took = |q: &mut Queue| q.take().map(|b| short(&b).to_owned());
         assert_eq!(took(&mut q).as_deref(), Some("old_kernel"));
@@ -564,5 +596,18 @@ mod tests {
         q.done(&binary("old_kernel"));
         assert_eq!(took(&mut q).as_deref(), Some("arm64_kernel"));
         assert!(q.pending.is_empty());
+    }
+
+    #[test]
+    fn those_that_use_the_artifacts_wait_for_them_and_the_others_go_past() {
+        let mut q = Queue::new(
+            ["service", "old_kernel", "docs"].map(binary).to_vec(),
+            false,
+        );
+        assert_eq!(q.take().map(|b| b.name).as_deref(), Some("test docs"));
+        assert!(q.take().is_none(), "the artifacts are not made yet");
+        q.artifacts = true;
+        assert_eq!(q.take().map(|b| b.name).as_deref(), Some("test old_kernel"));
+        assert_eq!(q.take().map(|b| b.name).as_deref(), Some("test service"));
     }
 }

@@ -206,7 +206,7 @@ fn artifacts_beside(stages: &[&str]) -> Result<lanes::Beside> {
         .args(["test", "--only", &stages.join(",")])
         .stdin(std::process::Stdio::null());
     let proof = lanes::LibRun {
-        name: "dist-check",
+        name: lanes::PROOF,
         args: ["dist", "--check-only"].map(String::from).to_vec(),
         env: Vec::new(),
         secs: 70,
