@@ -363,6 +363,30 @@ fn run_one(b: &Binary, test_args: &[String]) -> Ran {
     }
 }
 
+/// Runs each of the `failed` binaries again alone: a failure that holds alone is a failure; one
+/// that does not was the contention, and is said as such. The names of those that failed again.
+fn again_alone(
+    failed: &[String],
+    all: &[Binary],
+    test_args: &[String],
+    total: &mut (u64, u64, u64),
+) -> Vec<String> {
+    let mut still = Vec::new();
+    for name in failed {
+        let Some(b) = all.iter().find(|b| &b.name == name) else {
+            continue;
+        };
+        println!("lanes: {name} failed beside others: running it again alone");
+        if run_one(b, test_args).report("again alone", total) {
+            println!("lanes: {name} passed alone: it failed only beside the others");
+        } else {
+            println!("lanes: {name} FAILED alone too");
+            still.push(name.clone());
+        }
+    }
+    still
+}
+
 /// Runs `beside` to its end with its output going to the terminal, as a [`Ran`] whose output
 /// says how it ended.
 fn run_beside(mut b: Beside) -> Ran {
@@ -526,21 +550,7 @@ pub fn run(
         .map(|(i, t)| format!("lane {i} {t:.0} s"))
         .collect();
     println!("lanes: {}", said.join(", "));
-    let mut still = Vec::new();
-    // A binary that failed beside others runs again alone: a failure that holds alone is a
-    // failure; one that does not was the contention, and is said as such.
-    for name in &failed {
-        let Some(b) = all.iter().find(|b| &b.name == name) else {
-            continue;
-        };
-        println!("lanes: {name} failed beside others: running it again alone");
-        if run_one(b, test_args).report("again alone", &mut total) {
-            println!("lanes: {name} passed alone: it failed only beside the others");
-        } else {
-            println!("lanes: {name} FAILED alone too");
-            still.push(name.clone());
-        }
-    }
+    let still = again_alone(&failed, &all, test_args, &mut total);
     println!(
         "lanes: {} passed, {} failed, {} ignored",
         total.0, total.1, total.2
