@@ -88,8 +88,8 @@ pub fn run(args: &Args) -> Result<()> {
     // dist first: it builds both architectures at once, and package and image reuse x86_64's.
     const ARTIFACTS: [&str; 3] = ["dist", "package", "image"];
     // A whole run in lanes makes them beside the quiet group instead, at idle priority (the
-    // quiet group keeps much of the machine idle), and their proof a lane job: the lanes,
-    // which use them, come after.
+    // quiet group keeps much of the machine idle), and their proof a lane job; the lanes'
+    // binaries that use them wait for them.
     let beside_quiet = !args.unit && args.lanes > 1 && args.only.is_empty();
     let mut beside = None;
     if beside_quiet {
