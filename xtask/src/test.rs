@@ -98,7 +98,7 @@ pub fn run(args: &Args) -> Result<()> {
         stages.push(("dist", Stage::Dist));
         stages.push(("package", Stage::Package));
         stages.push(("image", Stage::Image));
-        stages.push(("dist-check", Stage::DistCheck));
+        stages.push((lanes::PROOF, Stage::DistCheck));
     }
     let targets: &[&str] = if args.unit {
         &["--lib", "--bins"]

@@ -198,15 +198,14 @@ impl Figures {
         self.from = attached.then_some(end);
     }
 
-    /// The span in progress, counted up to `now` (`mark`: the readings now); None while the
-    /// programs are detached.
-    pub fn open_span(&self, now: Option<Mark>, probe_class: usize) -> Option<Span> {
-        self.from.as_ref()?.span_to(&now?, probe_class)
-    }
-
-    /// Whether a span is in progress (the programs attached).
-    pub fn span_open(&self) -> bool {
-        self.from.is_some()
+    /// The span in progress, counted up to now (`mark`: the readings now, asked only while a
+    /// span is open); None while the programs are detached.
+    pub fn open_span(
+        &self,
+        mark: impl FnOnce() -> Option<Mark>,
+        probe_class: usize,
+    ) -> Option<Span> {
+        self.from.as_ref()?.span_to(&mark()?, probe_class)
     }
 
     /// Ends the span in progress at the next tick if it began before `t`: the figures asked
@@ -396,12 +395,19 @@ mod tests {
         let at = |secs: f64, requests: u64| Some(mark(t0 + s.mul_f64(secs), requests, 0, None));
         // Detached: nothing opens, and the readings are never asked for.
         f.track(t0, false, || panic!("no reading while detached"), 2, window);
-        assert!(!f.span_open());
+        let closed = |f: &Figures| {
+            f.open_span(|| panic!("no reading: no span open"), 2)
+                .is_none()
+        };
+        assert!(closed(&f));
         f.track(t0, true, || at(0.0, 0), 2, window);
-        assert!(f.span_open());
+        assert!(
+            f.open_span(|| at(0.5, 10), 2).is_some(),
+            "open from the attach"
+        );
         // Within FIGURES_EVERY: nothing cut, and nothing read.
         f.track(t0 + s, true, || panic!("no cut yet"), 2, window);
-        assert_eq!(f.open_span(at(2.0, 40), 2).map(|s| s.requests), Some(40));
+        assert_eq!(f.open_span(|| at(2.0, 40), 2).map(|s| s.requests), Some(40));
         f.track(t0 + 5 * s, true, || at(5.0, 100), 2, window);
         let r = f.report(t0 + 5 * s, window, true);
         assert_eq!((r.windows, r.requests_counted), (1, 100), "{r:?}");
@@ -412,12 +418,12 @@ mod tests {
         assert_eq!((r.windows, r.requests_counted), (2, 150), "{r:?}");
         // The detach ends the span in progress and opens none.
         f.track(t0 + 8 * s, false, || at(8.0, 170), 2, window);
-        assert!(!f.span_open());
+        assert!(closed(&f));
         assert_eq!(f.report(t0 + 8 * s, window, true).requests_counted, 170);
         // Nothing to read at the cut: the span is dropped, not kept open.
         f.track(t0 + 9 * s, true, || at(9.0, 0), 2, window);
         f.track(t0 + 15 * s, true, || None, 2, window);
-        assert!(!f.span_open());
+        assert!(closed(&f));
     }
 
     #[test]

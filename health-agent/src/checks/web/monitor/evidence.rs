@@ -223,10 +223,8 @@ impl WebMonitor {
 
     /// The span in progress, counted up to `now` (None while the programs are detached).
     pub(super) fn open_span(&self, now: Instant) -> Option<crate::checks::web::figures::Span> {
-        if !self.figures.span_open() {
-            return None;
-        }
-        self.figures.open_span(self.mark(now), self.probed.class())
+        self.figures
+            .open_span(|| self.mark(now), self.probed.class())
     }
 
     /// Ends the span in progress at the next tick if it began before `t` (see
