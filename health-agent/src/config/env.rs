@@ -8,7 +8,7 @@
 //! `fleet.token_env`) are read where they are used; [`Source`] lists them too, so that
 //! `config --effective` and `check` say where every secret comes from.
 
-use super::{validate::secret_url, Config, ConfigError, Details};
+use super::{loopback::secret_url, Config, ConfigError, Details};
 
 /// A secret key that may come from the environment.
 #[derive(Clone, Copy)]

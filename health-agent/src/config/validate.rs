@@ -4,7 +4,7 @@
 
 use std::{net::SocketAddr, time::Duration};
 
-use super::{bounds, validate_url, Config, ConfigError};
+use super::{bounds, loopback::secret_url, validate_url, Config, ConfigError};
 
 /// The key at fault and what is wrong with it.
 type Bad = (&'static str, String);
@@ -287,24 +287,6 @@ impl Config {
 /// How often the auto-scaling group is listed (`fleet.peers_refresh`).
 const PEERS_REFRESH_MIN: Duration = Duration::from_secs(5);
 const PEERS_REFRESH_MAX: Duration = Duration::from_secs(3600);
-
-/// A URL that carries a secret (a webhook's path, a token or key sent with the request):
-/// https://, or http:// to a loopback host only, where nothing crosses a network. The message
-/// never shows the URL.
-pub(super) fn secret_url(url: &str) -> Result<(), &'static str> {
-    let Ok(u) = reqwest::Url::parse(url) else {
-        return Err("must be an https:// URL (value not shown: it may be a secret)");
-    };
-    match u.scheme() {
-        "https" if u.host().is_some() => Ok(()),
-        "http" if super::loopback::loopback_host(&u) => Ok(()),
-        "http" => Err(
-            "must be https://; http:// only to a loopback host (127.0.0.0/8, ::1, \
-             localhost): it carries a secret (value not shown)",
-        ),
-        _ => Err("must be an https:// URL (value not shown: it may be a secret)"),
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -29,11 +29,7 @@ pub enum AnswersError {
     Object(String),
     #[error("reading {}: {detail}", path.display())]
     Mountinfo { path: PathBuf, detail: String },
-    #[error(
-        "no CAP_NET_ADMIN: the answer programs (cgroup-skb) attach only with CAP_NET_ADMIN or \
-         CAP_SYS_ADMIN, so the status of the backend's answers is not seen and it is never \
-         `erroring`: add CAP_NET_ADMIN to the agent's capabilities"
-    )]
+    #[error("{}", super::tier::NO_NET_ADMIN)]
     NoNetAdmin,
     #[error("no cgroup v2 hierarchy is mounted (cgroup2 at its root)")]
     NoCgroup2,

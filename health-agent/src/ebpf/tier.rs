@@ -48,16 +48,18 @@ pub fn offered(cfg: &WebConfig) -> Option<(KernelTier, Vec<String>)> {
         )
     };
     if no_net_admin() {
-        missing.push(format!(
-            "{ANSWERS_MISSING}: {}",
-            super::answers::AnswersError::NoNetAdmin
-        ));
+        missing.push(format!("{ANSWERS_MISSING}: {NO_NET_ADMIN}"));
     }
     Some((tier, missing))
 }
 
 /// How `details.web.kernel.missing` names the answers' status classes when it lacks them.
 pub const ANSWERS_MISSING: &str = "the answers' status classes (erroring)";
+
+/// Why the answer programs do not count without CAP_NET_ADMIN (`no_net_admin`).
+pub const NO_NET_ADMIN: &str = "no CAP_NET_ADMIN: the answer programs (cgroup-skb) attach only \
+    with CAP_NET_ADMIN or CAP_SYS_ADMIN, so the status of the backend's answers is not seen and \
+    it is never `erroring`: add CAP_NET_ADMIN to the agent's capabilities";
 
 /// Whether this process lacks what attaches the answer programs (cgroup-skb): CAP_NET_ADMIN
 /// or CAP_SYS_ADMIN. They load without it, and then fail at every attach.
