@@ -88,7 +88,7 @@ pub const KERNEL_NOT_LOADED: &str = "not loaded by the one-shot check: the kerne
 
 async fn decide(cfg: &Config) -> (Decision, Report) {
     let Checks {
-        mut web,
+        web: (mut web, mut port),
         probes,
         mut system,
         engine,
@@ -110,7 +110,7 @@ async fn decide(cfg: &Config) -> (Decision, Report) {
     let start = Instant::now();
     system.sample(start);
     // The first look finds the listener, and with it the address to probe.
-    web.evaluate(start);
+    web.evaluate(&mut port, start);
     let probed = if probe_wanted(cfg) {
         let spec = probe::ProbeSpec::of(&cfg.web);
         probe::probe_shared(&web.probe_target(), &spec, &probes).await
@@ -146,7 +146,7 @@ async fn decide(cfg: &Config) -> (Decision, Report) {
     };
     let now = Instant::now();
     let report = Report {
-        web: web.evaluate(now),
+        web: web.evaluate(&mut port, now),
         disk,
         system: system.sample(now),
         containers,

@@ -6,7 +6,7 @@
 //!   and the composer), what it does to the policy's decision (`apply`), and the state file
 //!   that keeps a drain across agent restarts;
 //! - `judge`: when a drain is done, the command's progress line, `details.drain`;
-//! - `watch`: the backend port's connections while a drain runs, as the web monitor reads
+//! - `watch`: the backend port's connections while a drain runs, as the port's watching reads
 //!   them for it: new connections and requests by peer, and what is in flight;
 //! - `control`: the root-only Unix socket and the commands' client side;
 //! - `lifecycle`: the auto-scaling group's termination hook (IMDSv2, CompleteLifecycleAction).

@@ -1,4 +1,4 @@
-//! While a drain runs: the backend port's connections as the web monitor reads them for the
+//! While a drain runs: the backend port's connections as the port's watching reads them for the
 //! drain (`PortRead`: every tick, and between ticks once READ_EVERY has passed; on every
 //! kernel tier, whatever the programs do). Between two reads, a connection not seen before is a new arrival, and new bytes
 //! received on one already seen are a new request (several keep-alive requests within one
@@ -214,7 +214,7 @@ impl Drain {
         })
     }
 
-    /// Takes in a read of the port made at `now` (the web monitor's), while a drain runs.
+    /// Takes in a read of the port made at `now` (the port's watching's), while a drain runs.
     pub fn note_port(&self, read: std::io::Result<PortRead>, now: Instant) {
         let Some(mut g) = self.progress_mut() else {
             return;

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::checks::web::WebMonitor;
+use crate::checks::web::PortWatch;
 
 /// Answers this instance, and each peer counted, must have in its window.
 pub const MIN_ANSWERS: u64 = 10;
@@ -337,7 +337,7 @@ pub struct RoundInput<'a> {
     pub now: Instant,
 }
 
-/// What this instance's own answers show, read from the web monitor for the fleet's round.
+/// What this instance's own answers show, read from the port's watching for the fleet's round.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct OwnAnswers {
     /// The latest answers' figures, when there are MIN_ANSWERS of them (see `own`).
@@ -350,7 +350,7 @@ pub struct OwnAnswers {
 
 impl OwnAnswers {
     /// Read from `web`: the answers that began after `since` (the latest restart's return).
-    pub fn of(web: &WebMonitor, since: Option<Instant>, now: Instant) -> Self {
+    pub fn of(web: &PortWatch, since: Option<Instant>, now: Instant) -> Self {
         Self {
             judged: own(web, now, since, MIN_ANSWERS),
             newest: own(web, now, since, 1),
@@ -359,20 +359,20 @@ impl OwnAnswers {
     }
 }
 
-/// What the fleet's round asks of the web monitor's counting (the composer passes it on).
+/// What the fleet's round asks of the port's watching's counting (the composer passes it on).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CountingAsks {
-    /// Count every answer from now on (`WebMonitor::sample_answers_soon`).
+    /// Count every answer from now on (`PortWatch::sample_answers_soon`).
     pub count_now: bool,
     /// A restart returned at this instant: the span in progress ends at the next tick, so the
-    /// answers after it count apart (`WebMonitor::cut_span_after`).
+    /// answers after it count apart (`PortWatch::cut_span_after`).
     pub cut_after: Option<Instant>,
 }
 
 /// The latest answers' latency of the backend `web` watches, as the peers compare it: those
 /// that began after `since` (the latest restart's return).
 pub fn own(
-    web: &WebMonitor,
+    web: &PortWatch,
     now: Instant,
     since: Option<Instant>,
     enough: u64,
@@ -399,9 +399,9 @@ impl SlowTracker {
         }
     }
 
-    /// One round of the composer: this instance's figures (`own`, read from the web monitor
+    /// One round of the composer: this instance's figures (`own`, read from the port's watching
     /// before), the peers' from `round` (None when none is fresh), into `report`. Returns what
-    /// the policy reads, and what the web monitor's counting is asked: while a judgement is
+    /// the policy reads, and what the watching's counting is asked: while a judgement is
     /// held for want of answers after a restart, to count them now (with `"on_suspicion"`,
     /// rather than at the next window).
     pub fn round_of(
@@ -459,7 +459,7 @@ impl SlowTracker {
         (verdict, asks)
     }
 
-    /// Why the connection programs should stay attached (`WebMonitor::hold_following`): this
+    /// Why the connection programs should stay attached (`Asks::hold`): this
     /// instance looked slow against its peers within MEASURE_FOR.
     pub fn measuring(&self, now: Instant) -> Option<&'static str> {
         self.measure_until

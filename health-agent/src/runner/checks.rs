@@ -12,7 +12,7 @@ use crate::{
         disk::{self, DiskReport},
         probe::ProbeLedger,
         system::SystemMonitor,
-        web::{load_kernel, WebMonitor},
+        web::{load_kernel, PortWatch, WebMonitor},
     },
     config::{Config, DatabaseConfig, DiskConfig, WebConfig},
     engine::{self, Engine},
@@ -39,8 +39,9 @@ pub enum Database {
 }
 
 pub struct Checks {
-    pub web: WebMonitor,
-    /// The probe's ledger: written by the probe task, read by the web monitor and the drain.
+    /// The judge of the web backend, and the watching of its port.
+    pub web: (WebMonitor, PortWatch),
+    /// The probe's ledger: written by the probe task, read by the port's watching and the drain.
     pub probes: ProbeLedger,
     pub system: SystemMonitor,
     /// For the container check, `web.container` and container restarts; None when nothing
@@ -67,7 +68,10 @@ impl Checks {
         };
         let (kernel, kernel_status) = load_kernel(&web_cfg);
         let probes = ProbeLedger::default();
-        let web = WebMonitor::new(web_cfg, kernel, kernel_status, probes.clone());
+        let web = (
+            WebMonitor::new(web_cfg.clone()),
+            PortWatch::new(web_cfg, kernel, kernel_status, probes.clone()),
+        );
 
         let (engine, engine_error) = if wants_engine(cfg) {
             match Engine::connect(

@@ -14,7 +14,10 @@ use super::answer_log::{log_answer_change, Answer};
 use super::periodic::{first_result, DatabaseWiring, Slot, Slots, Timed};
 use crate::{
     checks::{
-        disk, system::SystemMonitor, web::WebMonitor, ContainersReport, DatabaseReport, Report,
+        disk,
+        system::SystemMonitor,
+        web::{Asks, PortWatch, WebMonitor},
+        ContainersReport, DatabaseReport, Report,
     },
     config::Config,
     fleet::{classes_of, latency, Judge, Witness},
@@ -28,7 +31,10 @@ use crate::{
 pub(super) struct Composer {
     cfg: Arc<Config>,
     started: Instant,
+    /// The judge of the web backend.
     pub web: WebMonitor,
+    /// The watching of its port: every read of the port, for the judge and the others.
+    pub port: PortWatch,
     system: SystemMonitor,
     healer: Healer,
     guard: FlapGuard,
@@ -66,7 +72,7 @@ impl Composer {
     pub fn new(
         cfg: Arc<Config>,
         started: Instant,
-        web: WebMonitor,
+        (web, port): (WebMonitor, PortWatch),
         system: SystemMonitor,
         healer: Healer,
         (slots, database): (Slots, DatabaseWiring),
@@ -86,6 +92,7 @@ impl Composer {
             cfg,
             started,
             web,
+            port,
             system,
             healer,
             slots,
@@ -116,17 +123,15 @@ impl Composer {
 
     /// Every tick: the kernel view (one map read) and the saturation meter.
     pub fn observe(&mut self, now: Instant) {
-        self.web.want_port_reads(self.drain.draining());
-        if self.witness.take_answers_wanted() {
-            self.web.sample_answers_soon(now);
-        }
         let draining = self.drain.draining();
-        self.web.hold_following(
-            draining
+        let asks = Asks {
+            port_reads: draining,
+            hold: draining
                 .then_some("a drain counts every new connection and request")
                 .or_else(|| self.slow.measuring(now)),
-        );
-        let tick = self.web.observe(now);
+            answers_soon: self.witness.take_answers_wanted(),
+        };
+        let tick = self.port.tick(now, self.web.sight(), asks);
         if draining {
             self.drain
                 .note_kernel(tick.kernel_arrivals, tick.probes_started, now);
@@ -168,7 +173,7 @@ impl Composer {
             memory_high_percent: scaling.memory_high_percent,
             withheld,
             no_kernel: (self.cfg.web.port != 0)
-                .then(|| self.web.kernel_missing())
+                .then(|| report.web.kernel.unloaded_why())
                 .flatten(),
             window: scaling.window,
         };
@@ -200,7 +205,7 @@ impl Composer {
         {
             self.web.set_container(t.value);
         }
-        self.web.evaluate(Instant::now());
+        self.web.evaluate(&mut self.port, Instant::now());
         tokio::join!(
             first_result(Some(&slots.disk)),
             first_result(slots.probe.as_ref()),
@@ -247,6 +252,7 @@ impl Composer {
     pub fn due(&self, now: Instant) -> bool {
         now.saturating_duration_since(self.last_full) >= self.cfg.checks.interval
             || self.web.hot()
+            || self.port.hot()
             || self.healer.busy()
             || self.healer.replacing_worker()
             || self.guard.pending()
@@ -330,7 +336,7 @@ impl Composer {
             Some(slot) => self.database_report(slot, now),
         };
         let report = Report {
-            web: self.web.evaluate(now),
+            web: self.web.evaluate(&mut self.port, now),
             disk,
             system: self.last_system.as_ref().and_then(|(_, s)| s.clone()),
             containers,
@@ -359,14 +365,14 @@ impl Composer {
             let mut f = self.judge.judge_own(&own, database_down, round, now);
             let answered = round.filter(|r| self.judge.fresh(r, now));
             let since = self.healer.last_return();
-            let own = latency::OwnAnswers::of(&self.web, since, now);
+            let own = latency::OwnAnswers::of(&self.port, since, now);
             let (slow, asks) = self.slow.round_of(own, since, answered, &mut f, now);
             slow_vs_peers = slow;
             if asks.count_now {
-                self.web.sample_answers_soon(now);
+                self.port.sample_answers_soon(now);
             }
             if let Some(t) = asks.cut_after {
-                self.web.cut_span_after(t);
+                self.port.cut_span_after(t);
             }
             f
         });

@@ -189,10 +189,10 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
             };
             let now = Instant::now();
             if between {
-                // A drain reads the port more often than a tick may come: the web monitor reads
+                // A drain reads the port more often than a tick may come: the port's watching reads
                 // it for the drain, and the round keeps its tick.
                 if loop_drain.next_read().is_some_and(|t| t <= now) {
-                    loop_drain.note_port(composer.web.read_port(), now);
+                    loop_drain.note_port(composer.port.read_port(), now);
                 }
                 continue;
             }

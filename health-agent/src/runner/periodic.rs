@@ -196,7 +196,10 @@ fn spawn_probe(
     shutdown: &CancellationToken,
 ) -> Slot<Option<ProbeResult>> {
     let interval = cfg.checks.interval;
-    let (target, spec) = (checks.web.probe_target(), Arc::new(ProbeSpec::of(&cfg.web)));
+    let (target, spec) = (
+        checks.web.0.probe_target(),
+        Arc::new(ProbeSpec::of(&cfg.web)),
+    );
     let ledger = checks.probes.clone();
     let t = spec.timeout;
     spawn_periodic(

@@ -12,21 +12,25 @@
 //! - `latency`: server-side latency over a sliding window;
 //! - `sockets`: what the port's connections say (`SocketView`, the `Moves` between two reads,
 //!   the `PortRead` the drain gets);
-//! - `reader`: every sock_diag read of the port's connections (`PortReader`), the monitor's own
+//! - `reader`: every sock_diag read of the port's connections (`PortReader`), the watching's own
 //!   on a cadence that follows the traffic and the drain's, one dump serving both;
 //! - `answers`: what it answers by status class over `web.errors_window` (`erroring`);
 //! - `cadence`: when the programs count with `socket_tracing = "on_suspicion"` (counting and
 //!   answer sampling windows), a clock with no program of its own;
 //! - `figures`: request rate, answers by class and latency over `web.latency_window`, counted
 //!   or estimated from the programs' counting windows;
-//! - `monitor`: gathers the evidence each round and builds the report; its `PortReader` is the
-//!   only reader of the port's connections.
+//! - `port`: watches the port, and only watches: the kernel programs and their steering, the
+//!   counting and answer windows, and every read of the port's connections through its
+//!   `PortReader`; each tick a `TickSample`, each round one `PortSample`;
+//! - `monitor`: the judge (`WebMonitor`): the target, the listeners' owners, the probe and the
+//!   verdict's memory; it turns a round's `PortSample` into the report.
 
 pub mod answers;
 mod cadence;
 mod figures;
 mod latency;
 mod monitor;
+mod port;
 mod probed;
 pub(crate) mod process;
 mod progress;
@@ -42,7 +46,8 @@ use serde::Serialize;
 
 pub use figures::FiguresReport;
 pub use latency::{percentiles, LatencySummary};
-pub use monitor::{load_kernel, TickSample, WebMonitor};
+pub use monitor::{Found, WebMonitor};
+pub use port::{load_kernel, Asks, PortSample, PortWatch, ProbeSight, Sight, TickSample};
 pub use process::{DependencyWait, WorkerView};
 pub use sockets::PortRead;
 pub use tally::{TallyReport, CLASSES as ANSWER_CLASSES};
@@ -76,6 +81,17 @@ pub struct KernelStatus {
     pub tier: Option<crate::config::KernelTier>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub missing: Vec<String>,
+}
+
+impl KernelStatus {
+    /// Why there is no kernel view, when there is none.
+    pub fn unloaded_why(&self) -> Option<String> {
+        (self.state != KernelState::Active).then(|| {
+            self.reason
+                .clone()
+                .unwrap_or_else(|| "the kernel view is not loaded".into())
+        })
+    }
 }
 
 /// Whether the programs that follow connections are attached, and why.

@@ -1,4 +1,4 @@
-//! What the monitor remembers of the probe, which runs on its own cadence: its latest result on
+//! What the judge remembers of the probe, which runs on its own cadence: its latest result on
 //! the backend, the agent's own trouble making it (never evidence), since when it has failed,
 //! when it last passed, and how many the backend answered.
 
@@ -19,12 +19,13 @@ pub struct Probed {
     passed_at: Option<Instant>,
     /// Probes the backend answered so far, whatever the status.
     answered: u64,
+    /// When the backend last answered one, whatever the status.
+    answered_at: Option<Instant>,
 }
 
 impl Probed {
-    /// Takes in a result at `now`; whether the backend answered it (an answer went out,
-    /// whatever sock_diag saw of it).
-    pub fn record(&mut self, p: ProbeResult, now: Instant) -> bool {
+    /// Takes in a result at `now`.
+    pub fn record(&mut self, p: ProbeResult, now: Instant) {
         if p.agent_error {
             // The agent's own failure: it knows nothing new about the backend, and what it
             // knew before is no longer current.
@@ -35,11 +36,14 @@ impl Probed {
             self.latest = None;
             self.failing_since = None;
             self.trouble = Some(p);
-            return false;
+            return;
         }
         self.trouble = None;
         let answered = p.status.is_some();
         self.answered += u64::from(answered);
+        if answered {
+            self.answered_at = Some(now);
+        }
         if p.ok {
             self.failing_since = None;
             self.passed_at = Some(now);
@@ -50,7 +54,6 @@ impl Probed {
             self.failing_since = Some(now);
         }
         self.latest = Some(p);
-        answered
     }
 
     /// The latest result on the backend.
@@ -83,9 +86,16 @@ impl Probed {
         self.passed_at
     }
 
-    /// Probes the backend answered so far.
-    pub fn answered(&self) -> u64 {
-        self.answered
+    /// What the watching of the port needs of the probe (see `ProbeSight`).
+    pub fn sight(&self) -> super::port::ProbeSight {
+        super::port::ProbeSight {
+            failing: self.failing(),
+            status: self.latest.as_ref().and_then(|p| p.status),
+            class: self.class(),
+            answered: self.answered,
+            answered_at: self.answered_at,
+            passed_at: self.passed_at,
+        }
     }
 
     /// The status class of the latest answer (2 before any): the probe path's answers come
@@ -115,11 +125,14 @@ mod tests {
         let t0 = Instant::now();
         let s = Duration::from_secs(1);
         let mut p = Probed::default();
-        assert!(p.record(result(Some(200), true), t0));
+        p.record(result(Some(200), true), t0);
         assert_eq!((p.passed_at(), p.failing_for(t0)), (Some(t0), None));
-        assert!(p.record(result(Some(503), false), t0 + s));
-        assert!(
-            !p.record(result(None, false), t0 + 2 * s),
+        p.record(result(Some(503), false), t0 + s);
+        assert_eq!(p.sight().answered_at, Some(t0 + s), "a 503 went out");
+        p.record(result(None, false), t0 + 2 * s);
+        assert_eq!(
+            p.sight().answered_at,
+            Some(t0 + s),
             "no answer: none went out"
         );
         assert_eq!(
@@ -128,7 +141,7 @@ mod tests {
             "from the first failure"
         );
         assert_eq!(
-            (p.answered(), p.class()),
+            (p.sight().answered, p.class()),
             (2, 2),
             "the latest had no status"
         );
@@ -146,7 +159,12 @@ mod tests {
             error: Some("no local port".into()),
             ..ProbeResult::default()
         };
-        assert!(!p.record(trouble, t0));
+        p.record(trouble, t0 + Duration::from_secs(1));
+        assert_eq!(
+            p.sight().answered_at,
+            Some(t0),
+            "the agent's trouble: none went out"
+        );
         assert!(p.latest().is_none() && p.failing_for(t0).is_none());
         assert_eq!(
             p.shown().and_then(|r| r.error).as_deref(),
@@ -157,7 +175,8 @@ mod tests {
             misconfigured: Some("web.probe_path: 404".into()),
             ..ProbeResult::default()
         };
-        assert!(p.record(misconfigured, t0));
+        p.record(misconfigured, t0 + Duration::from_secs(2));
+        assert_eq!(p.sight().answered_at, Some(t0 + Duration::from_secs(2)));
         assert!(p.trouble().is_none());
         assert_eq!(
             (p.failing_for(t0), p.class()),

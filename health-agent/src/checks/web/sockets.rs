@@ -149,7 +149,7 @@ impl SocketView {
     }
 }
 
-/// One read of the backend port, made by the web monitor and handed to whoever else watches
+/// One read of the backend port, made by the port's watching (`PortWatch`) and handed to whoever else watches
 /// it (the drain), so that nothing else opens a sock_diag socket for the port.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PortRead {

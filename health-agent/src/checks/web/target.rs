@@ -101,9 +101,9 @@ pub enum Unresolved {
 /// Finds the target for the configured source, keeping the current one while it still holds.
 pub fn resolve(
     cfg: &WebConfig,
-    current: Option<Target>,
+    current: Option<Arc<Target>>,
     container: Option<&Result<ContainerNet, crate::engine::EngineError>>,
-) -> Result<Target, Unresolved> {
+) -> Result<Arc<Target>, Unresolved> {
     let unknown = |what: String| Unresolved::Unknown(what);
     if !cfg.container.is_empty() {
         let net = match container {
@@ -160,6 +160,7 @@ pub fn resolve(
             Some(cfg.container.clone()),
             published,
         )
+        .map(Arc::new)
         .map_err(|e| {
             Unresolved::AgentError(format!("sock_diag in container {}: {e}", cfg.container))
         });
@@ -181,11 +182,13 @@ pub fn resolve(
             _ => Unresolved::AgentError(format!("opening web.netns {}: {e}", path.display())),
         })?;
         return Target::new(ns, cfg.port, "netns", None, None)
+            .map(Arc::new)
             .map_err(|e| Unresolved::AgentError(format!("sock_diag in {}: {e}", path.display())));
     }
     let ns = Namespace::own()
         .map_err(|e| Unresolved::AgentError(format!("the agent's namespace: {e}")))?;
     Target::new(ns, cfg.port, "own", None, None)
+        .map(Arc::new)
         .map_err(|e| Unresolved::AgentError(format!("sock_diag: {e}")))
 }
 

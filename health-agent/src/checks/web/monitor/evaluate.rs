@@ -1,5 +1,5 @@
-//! One evaluation: find the backend, read its listeners, gather the evidence, decide, and
-//! report.
+//! One round: find the backend and read its listeners, take the port's sample from the
+//! watching, gather the evidence, decide, and report.
 
 use super::*;
 
@@ -10,9 +10,21 @@ enum NoListeners {
     AgentError(String),
 }
 
+/// What the round found of the backend's listeners.
+#[derive(Debug, Clone)]
+pub struct Found {
+    /// Where they were looked for.
+    pub namespace: target::NamespaceView,
+    /// Something listens on the port.
+    pub listening: bool,
+    /// Connections in their accept queues, and the queues' room.
+    pub queue: u32,
+    pub queue_max: u32,
+}
+
 impl WebMonitor {
-    /// Finds (or keeps) the target and points the kernel programs at it.
-    pub(super) fn resolve_target(&mut self) -> Result<&Target, Unresolved> {
+    /// Finds (or keeps) the target; the watching of the port follows it (`PortWatch::sample`).
+    fn resolve_target(&mut self) -> Result<&Target, Unresolved> {
         let before = self.target.as_ref().map(|t| (t.view.inode, t.port));
         let target = target::resolve(&self.cfg, self.target.take(), self.container_net.as_ref())?;
         self.found_once = true;
@@ -32,31 +44,28 @@ impl WebMonitor {
             );
             self.owners.clear();
             self.owners_inode = 0;
-            if let Some(k) = self.kernel.as_mut() {
-                if let Err(e) = k.watch(&[now]) {
-                    tracing::warn!(
-                        "kernel programs cannot watch port {} in namespace inode {}: {e}",
-                        now.1,
-                        now.0
-                    );
-                }
-            }
         }
         Ok(self.target.insert(target))
     }
 
     /// A report without a look at the backend: why there is nothing to look at.
-    pub(super) fn without_target(&mut self, verdict: WebVerdict, detail: String) -> WebReport {
+    fn without_target(
+        &mut self,
+        verdict: WebVerdict,
+        detail: String,
+        sample: &PortSample,
+    ) -> WebReport {
         self.last_verdict = verdict;
         self.next_look = None;
+        self.kernel_loaded = sample.kernel_loaded;
         WebReport {
             verdict,
             detail,
             served: self.served,
-            kernel: self.kernel_status.clone(),
+            kernel: sample.status.clone(),
             probe: self.probed.shown(),
-            responses_total: self.tally.current(),
-            signs: self.signs(),
+            responses_total: sample.responses_total.clone(),
+            signs: self.signs(sample),
             ..WebReport::not_configured()
         }
         .with_port(self.cfg.port)
@@ -65,7 +74,12 @@ impl WebMonitor {
     /// What `web.container` / `web.netns` names does not exist. Not found since the agent
     /// started: a configuration mistake. Found before: being recreated, until GONE_FOR_GOOD.
     /// Either way the agent cannot look, so the verdict is `unknown`, never evidence.
-    pub(super) fn not_found(&mut self, key: &'static str, what: String, now: Instant) -> WebReport {
+    fn not_found(
+        &mut self,
+        (key, what): (&'static str, String),
+        sample: &PortSample,
+        now: Instant,
+    ) -> WebReport {
         let gone = now.saturating_duration_since(*self.missing_since.get_or_insert(now));
         let config_error = if !self.found_once {
             Some(format!(
@@ -86,89 +100,91 @@ impl WebMonitor {
                 gone.as_secs_f64()
             ),
         };
-        let mut r = self.without_target(WebVerdict::Unknown, detail);
+        let mut r = self.without_target(WebVerdict::Unknown, detail, sample);
         r.config_error = config_error;
         r
     }
 
-    /// One round: the listeners, the kernel's evidence, the processes while work is stuck,
-    /// the verdict, and the report.
-    pub fn evaluate(&mut self, now: Instant) -> WebReport {
+    /// One round: the listeners, the port's sample from `port` (the watching), and the
+    /// judgement of both.
+    pub fn evaluate(&mut self, port: &mut PortWatch, now: Instant) -> WebReport {
         if self.cfg.port == 0 {
             return WebReport::not_configured();
         }
-        let (port, namespace, listeners) = match self.find_listeners() {
+        let (namespace, listeners) = match self.find_listeners() {
             Ok(found) => found,
-            Err(report) => return self.no_listeners(report, now),
+            Err(why) => return self.no_listeners(why, &port.at_rest(), now),
         };
-        let (listening, queue, queue_max) = self.note_listeners(&listeners, now);
-        let (counters, kernel) = self.kernel_evidence(port, &listeners, now);
-        self.observe_answers(port, listening, now);
-        self.track_span(now);
+        let found = self.note_listeners(namespace, &listeners, now);
+        let sample = port.sample(now, self.sight(), &listeners);
+        self.judge(&found, &sample, now)
+    }
+
+    /// The verdict on what the round `found` of the listeners and the port's `sample`, with
+    /// the probe's latest result and, while work is stuck, a look at the server's processes.
+    pub fn judge(&mut self, found: &Found, sample: &PortSample, now: Instant) -> WebReport {
+        self.kernel_loaded = sample.kernel_loaded;
+        let listening = found.listening;
         let mut evidence = Evidence {
-            answers: Some(self.answers.basis()),
-            erroring: self.answers.erroring(),
+            answers: Some(sample.answers_basis),
+            erroring: sample.erroring,
             listening,
-            queue,
+            queue: found.queue,
             queue_busy_for: self
                 .queue_busy_since
                 .map(|s| now.saturating_duration_since(s)),
-            kernel,
+            kernel: sample.kernel.clone(),
             probe: self.probed.latest().cloned(),
             probe_failing_for: self.probed.failing_for(now),
             ..Evidence::default()
         };
         let processes = self.look_at_processes(&mut evidence, now);
         let (verdict, detail) = verdict::decide(&evidence, &self.cfg);
-        let detail = self.explain(detail, listening, &namespace);
+        let detail = self.explain(detail, listening, &found.namespace);
         let stuck_worker = (verdict == WebVerdict::PartialHang)
             .then(|| verdict::stuck_process(&evidence, &self.cfg))
             .flatten();
         self.last_verdict = verdict;
         self.next_look = verdict::next_look(&evidence, &self.cfg, now);
-        self.steer_accept_tracing(evidence.kernel.as_ref().and_then(|k| k.oldest_waiting), now);
         self.served |= self.has_served(listening, &evidence);
         // Nothing but the agent's own trouble to go on: say so, so the policy never reads it
         // as the backend's failure.
         let agent_error = verdict == WebVerdict::Unknown && self.probed.trouble().is_some();
         let (overflows, dropped) = self.listen_drops(now);
-        let answers = self.answers.report(&self.cfg);
-        let figures = self.figures(now);
-        self.tally_answers(&answers, figures.as_ref(), now);
         WebReport {
             config_error: self.probe_path_error(),
-            answers: Some(answers),
-            figures,
-            responses_total: self.tally.current(),
+            answers: sample.answers.clone(),
+            figures: sample.figures.clone(),
+            responses_total: sample.responses_total.clone(),
             port: self.cfg.port,
-            namespace: Some(namespace),
+            namespace: Some(found.namespace.clone()),
             verdict,
             detail,
             served: self.served,
             listening,
             pids: self.owners.clone(),
             process: self.owner_name.clone(),
-            accept_queue: queue,
-            accept_queue_max: queue_max,
+            accept_queue: found.queue,
+            accept_queue_max: found.queue_max,
             listen_overflows: overflows,
             listen_drops: dropped,
-            kernel: self.kernel_status.clone(),
+            kernel: sample.status.clone(),
             disagreement: verdict::disagreement(verdict, &evidence),
-            counters,
+            counters: sample.counters.clone(),
             probe: self.probed.shown(),
             dependencies: std::mem::take(&mut evidence.dependencies),
             processes,
             stuck_worker,
             agent_error,
-            signs: self.signs(),
+            signs: self.signs(sample),
         }
     }
 
-    /// The backend's port, where it was looked for and its listeners, and the probe's target
-    /// from them; or, when the agent could not look, why.
+    /// Where the backend was looked for and its listeners, and the probe's target from them;
+    /// or, when the agent could not look, why.
     fn find_listeners(
         &mut self,
-    ) -> Result<(u16, target::NamespaceView, Vec<net::Listener>), NoListeners> {
+    ) -> Result<(target::NamespaceView, Vec<net::Listener>), NoListeners> {
         let target = self.resolve_target().map_err(NoListeners::Unresolved)?;
         let (port, namespace) = (target.port, target.view.clone());
         let listeners = target.listeners().map_err(|e| {
@@ -186,36 +202,39 @@ impl WebMonitor {
                 *shared = Some(ProbeTarget { addr, fallback, ns });
             }
         }
-        Ok((port, namespace, listeners))
+        Ok((namespace, listeners))
     }
 
     /// The report when the agent could not look at the listeners: never a verdict on the
     /// backend, except a container that is not running (down) or never found.
-    fn no_listeners(&mut self, why: NoListeners, now: Instant) -> WebReport {
+    fn no_listeners(&mut self, why: NoListeners, sample: &PortSample, now: Instant) -> WebReport {
         match why {
             NoListeners::Unresolved(Unresolved::Unknown(why)) => {
-                self.without_target(WebVerdict::Unknown, why)
+                self.without_target(WebVerdict::Unknown, why, sample)
             }
             NoListeners::Unresolved(Unresolved::AgentError(why)) | NoListeners::AgentError(why) => {
                 tracing::warn!("{why}");
-                let mut r = self.without_target(WebVerdict::Unknown, why);
+                let mut r = self.without_target(WebVerdict::Unknown, why, sample);
                 r.agent_error = true;
                 r
             }
             NoListeners::Unresolved(Unresolved::NotRunning(why)) => {
-                self.without_target(WebVerdict::Down, why)
+                self.without_target(WebVerdict::Down, why, sample)
             }
             NoListeners::Unresolved(Unresolved::NotFound { key, what }) => {
-                self.not_found(key, what, now)
+                self.not_found((key, what), sample, now)
             }
         }
     }
 
-    /// Notes what the listeners say: their addresses (for sock_diag's filter), how long the
-    /// queue has held connections, and the processes holding them (looked up again when the
-    /// listener or one of them changed). Returns (listening, queue, its maximum).
-    fn note_listeners(&mut self, listeners: &[net::Listener], now: Instant) -> (bool, u32, u32) {
-        self.reader.note_listeners(listeners);
+    /// Notes what the listeners say: how long the queue has held connections, and the
+    /// processes holding them (looked up again when the listener or one of them changed).
+    fn note_listeners(
+        &mut self,
+        namespace: target::NamespaceView,
+        listeners: &[net::Listener],
+        now: Instant,
+    ) -> Found {
         let queue: u32 = listeners.iter().map(|l| l.queue).sum();
         let queue_max: u32 = listeners.iter().map(|l| l.max_queue).sum();
         if queue > 0 {
@@ -237,7 +256,12 @@ impl WebMonitor {
             self.owners_inode = 0;
             self.owner_name = None;
         }
-        (!listeners.is_empty(), queue, queue_max)
+        Found {
+            namespace,
+            listening: !listeners.is_empty(),
+            queue,
+            queue_max,
+        }
     }
 
     /// The verdict's detail, with what the agent could not do and where it looked.

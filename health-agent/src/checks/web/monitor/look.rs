@@ -102,7 +102,7 @@ impl WebMonitor {
                 error,
             });
         }
-        let conns = match self.target.as_ref().map(Target::connections) {
+        let conns = match self.target.as_deref().map(Target::connections) {
             Some(Ok(conns)) => conns,
             Some(Err(err)) => {
                 error = Some(format!("reading the server's connections failed: {err}"));

@@ -1,28 +1,70 @@
-//! Evidence from the kernel: the programs' counters for the port, sock_diag's view merged
-//! in, the answers by status class, and the spans the figures are cut from.
+//! A round's sample of the port: the programs' counters, sock_diag's view merged in, the
+//! answers by status class, and the spans the figures are cut from.
 
 use super::*;
+use crate::{
+    checks::web::{answers::Round, figures::Mark, tally::CLASSES as ANSWER_CLASSES},
+    config::SocketTracing,
+    ebpf::{KernelSample, PortSample as KernelPort},
+    net,
+};
 
-impl WebMonitor {
-    /// The kernel's evidence this round: the programs' counters for `port` while they follow
-    /// connections, and sock_diag's view of its connections merged in. With `socket_tracing =
-    /// "on_suspicion"` the connections are as this tick's `observe` read them (or read now),
+impl PortWatch {
+    /// One round: the port as `sight` says where it is and `listeners` were read there, and
+    /// what the kernel programs, sock_diag and the answer programs saw of it. With `socket_tracing
+    /// = "on_suspicion"` the connections are as this tick's `tick` read them (or read now),
     /// which may attach the programs before they are read.
-    pub(super) fn kernel_evidence(
+    pub fn sample(
+        &mut self,
+        now: Instant,
+        sight: Sight,
+        listeners: &[net::Listener],
+    ) -> PortSample {
+        self.see(sight);
+        self.reader.note_listeners(listeners);
+        let Some(port) = self.sight.target.as_ref().map(|t| t.port) else {
+            return self.at_rest();
+        };
+        let (counters, kernel) = self.kernel_evidence(port, listeners, now);
+        self.observe_answers(port, !listeners.is_empty(), now);
+        self.track_span(now);
+        self.steer_accept_tracing(kernel.as_ref().and_then(|k| k.oldest_waiting), now);
+        let answers = self.answers.report(&self.cfg);
+        let figures = self.figures(now);
+        self.tally_answers(&answers, figures.as_ref(), now);
+        PortSample {
+            kernel_loaded: self.kernel.is_some(),
+            counters,
+            kernel,
+            answers_basis: self.answers.basis(),
+            erroring: self.answers.erroring(),
+            answers: Some(answers),
+            figures,
+            responses_total: self.tally.current(),
+            status: self.kernel_status.clone(),
+            signs: self.signs(),
+        }
+    }
+
+    /// The kernel's evidence this round: the programs' counters for `port` while they follow
+    /// connections, and sock_diag's view of its connections merged in.
+    fn kernel_evidence(
         &mut self,
         port: u16,
         listeners: &[net::Listener],
         now: Instant,
     ) -> (Option<KernelCounters>, Option<KernelEvidence>) {
-        let fresh = self
-            .reader
-            .fresh(self.target.as_ref(), self.cfg.eval_interval / 2, now);
+        let fresh = self.reader.fresh(
+            self.sight.target.as_deref(),
+            self.cfg.eval_interval / 2,
+            now,
+        );
         if !fresh {
             let seen = self.read_sockets(now, None);
             if let Some(mut seen) = seen {
                 if !self.kernel.as_ref().is_some_and(KernelView::following) {
                     seen.answered |= self.segments_sent();
-                    // Gone: served and closed between two reads (see `observe`).
+                    // Gone: served and closed between two reads (see `watch`).
                     seen.answered |= seen.gone && self.tier != KernelTier::SockDiag;
                     self.progress
                         .observe_moves(seen, now, self.cfg.latency_window);
@@ -99,7 +141,7 @@ impl WebMonitor {
 
     pub(super) fn kernel_counters(
         &mut self,
-        p: &PortSample,
+        p: &KernelPort,
         sample: Option<&KernelSample>,
         listeners: &[net::Listener],
         now: Instant,
@@ -163,14 +205,18 @@ impl WebMonitor {
     pub(super) fn observe_answers(&mut self, port: u16, listening: bool, now: Instant) {
         self.steer_answers(now);
         let replaced = !self.answers_pids.is_empty()
-            && !self.owners.is_empty()
-            && !self.owners.iter().any(|p| self.answers_pids.contains(p));
+            && !self.sight.owners.is_empty()
+            && !self
+                .sight
+                .owners
+                .iter()
+                .any(|p| self.answers_pids.contains(p));
         if !listening || replaced {
             self.answers.restart(now);
             self.figures.restart();
         }
-        if !self.owners.is_empty() || !listening {
-            self.answers_pids.clone_from(&self.owners);
+        if !self.sight.owners.is_empty() || !listening {
+            self.answers_pids.clone_from(&self.sight.owners);
         }
         let counters = match &self.kernel {
             Some(_) if self.answers_attach_failed.is_some() => {
@@ -187,7 +233,7 @@ impl WebMonitor {
                     .unwrap_or_else(|| "the kernel view is not running".into()),
             ),
         };
-        let probe_status = self.probed.latest().and_then(|p| p.status);
+        let probe_status = self.sight.probe.status;
         self.answers.observe(counters, probe_status, now, &self.cfg);
     }
 
@@ -196,9 +242,9 @@ impl WebMonitor {
     pub(super) fn mark(&self, now: Instant) -> Option<Mark> {
         mark(
             self.kernel.as_ref(),
-            self.target.as_ref(),
+            self.sight.target.as_deref(),
             self.answers_attaches,
-            self.probed.answered(),
+            self.sight.probe.answered,
             now,
         )
     }
@@ -209,9 +255,9 @@ impl WebMonitor {
             return;
         }
         let attached = self.kernel.as_ref().is_some_and(KernelView::following);
-        let probe_class = self.probed.class();
-        let (kernel, target) = (self.kernel.as_ref(), self.target.as_ref());
-        let (attaches, probes) = (self.answers_attaches, self.probed.answered());
+        let probe_class = self.sight.probe.class;
+        let (kernel, target) = (self.kernel.as_ref(), self.sight.target.as_deref());
+        let (attaches, probes) = (self.answers_attaches, self.sight.probe.answered);
         self.figures.track(
             now,
             attached,
@@ -224,7 +270,7 @@ impl WebMonitor {
     /// The span in progress, counted up to `now` (None while the programs are detached).
     pub(super) fn open_span(&self, now: Instant) -> Option<crate::checks::web::figures::Span> {
         self.figures
-            .open_span(|| self.mark(now), self.probed.class())
+            .open_span(|| self.mark(now), self.sight.probe.class)
     }
 
     /// Ends the span in progress at the next tick if it began before `t` (see

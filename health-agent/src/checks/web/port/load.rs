@@ -2,6 +2,10 @@
 //! says about it.
 
 use super::*;
+use crate::{
+    checks::web::{Following, KernelState},
+    config::{AcceptTracing, SocketTracing},
+};
 
 /// Loads the kernel programs when `cfg` asks for them, in the highest tier the kernel offers
 /// (or the one `web.kernel_tier` forces). A failure is not fatal: the monitor then decides from

@@ -1,73 +1,51 @@
-//! What a tick hands to the others that read the port (`TickSample`), and the port read for
-//! them: while the drain watches the backend's port, the monitor reads the port's connections
-//! and those the server closed lately from its own sock_diag socket, every tick (`observe`) and
-//! between ticks when the drain asks (`read_port`). A tick's read serves the monitor's own view
-//! of the connections too when both look at the same listeners, so the port is dumped once.
+//! The port read for the others that read it: while the drain watches the backend's port,
+//! the watching reads the port's connections and those the server closed lately from its own
+//! sock_diag socket, every tick (`tick`) and between ticks when the drain asks (`read_port`). A
+//! tick's read serves the watching's own view of the connections too when both look at the
+//! same listeners, so the port is dumped once.
 
 use super::*;
-use crate::checks::web::sockets::PortRead;
+use crate::{checks::web::sockets::PortRead, net};
 
-/// What one tick saw of the port, for the others that read it: the drain (the read, the
-/// kernel's count of arrivals, the probes), the saturation meter (the load), the peers' view of
-/// this instance (the last answer).
-#[derive(Debug)]
-pub struct TickSample {
-    /// The port's connections, read this tick while others want them (`want_port_reads`).
-    pub port: Option<std::io::Result<PortRead>>,
-    /// Arrivals the kernel counted (every connection and keep-alive request, the agent's probes
-    /// included) while the connection programs are attached; None while they are not. The
-    /// count restarts at each attach.
-    pub kernel_arrivals: Option<u64>,
-    /// The agent's probes begun so far (the probe's ledger).
-    pub probes_started: u64,
-    /// When the backend last answered (`WebMonitor::answered_at`).
-    pub answered_at: Option<Instant>,
-    /// What the saturation meter takes from this tick; None without the kernel view, before
-    /// the backend is found, or on a tick between two reads of the port while detached.
-    pub load: Option<crate::saturation::LoadSample>,
-}
-
-impl WebMonitor {
-    /// Whether each tick's `observe` reads the port for others (`TickSample::port`).
-    pub fn want_port_reads(&mut self, want: bool) {
-        self.reader.want_reads(want);
-    }
-
+impl PortWatch {
     /// The port now: its connections and the peers of those the server closed lately, while a
     /// listener holds it; nothing before the backend is found or while nothing listens (then
     /// nothing can reach it).
     pub fn read_port(&mut self) -> std::io::Result<PortRead> {
         self.reader
-            .read_for_others(self.target.as_ref(), self.probes.own_sources())
+            .read_for_others(self.sight.target.as_deref(), self.probes.own_sources())
     }
 
     /// At the start of a tick, while others want the port: the read for them, kept for
-    /// `observe` to hand over; and its connections when they are also what the monitor's own read
+    /// `tick` to hand over; and its connections when they are also what the watching's own read
     /// would find (the same listeners), for `read_sockets`.
     pub(super) fn read_port_for_tick(&mut self) -> Option<Vec<net::TcpConn>> {
         let probes = &self.probes;
         self.reader
-            .read_for_tick(self.target.as_ref(), || probes.own_sources())
+            .read_for_tick(self.sight.target.as_deref(), || probes.own_sources())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checks::probe::ProbeLedger;
+    use crate::checks::{probe::ProbeLedger, web::WebMonitor};
     use std::{
         io::{Read, Write},
         net::{TcpListener, TcpStream},
     };
 
-    fn monitor(port: u16, probes: ProbeLedger) -> WebMonitor {
+    fn watched(port: u16, probes: ProbeLedger) -> (WebMonitor, PortWatch) {
         let cfg = WebConfig {
             port,
             kernel: false,
             ..WebConfig::default()
         };
         let (kernel, status) = load_kernel(&cfg);
-        WebMonitor::new(cfg, kernel, status, probes)
+        (
+            WebMonitor::new(cfg.clone()),
+            PortWatch::new(cfg, kernel, status, probes),
+        )
     }
 
     #[test]
@@ -75,10 +53,10 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
         let probes = ProbeLedger::default();
-        let mut m = monitor(port, probes.clone());
+        let (mut web, mut m) = watched(port, probes.clone());
         // Before the backend is found: nothing to read, and no error.
         assert_eq!(m.read_port().unwrap(), PortRead::default());
-        m.evaluate(Instant::now());
+        web.evaluate(&mut m, Instant::now());
 
         let mut client = TcpStream::connect(("127.0.0.1", port)).unwrap();
         let (mut server, peer) = l.accept().unwrap();
@@ -95,12 +73,15 @@ mod tests {
         std::thread::sleep(Duration::from_millis(20));
 
         // Read only when asked: a tick without the drain makes none. (A quiet second after
-        // the first look: the monitor reads the port itself at both ticks.)
+        // the first look: the watching reads the port itself at both ticks.)
         let t = Instant::now() + crate::checks::web::reader::QUIET_READ_EVERY;
-        assert!(m.observe(t).port.is_none());
-        m.want_port_reads(true);
+        assert!(m.tick(t, web.sight(), Asks::default()).port.is_none());
         probes.begin();
-        let tick = m.observe(t);
+        let drain = Asks {
+            port_reads: true,
+            ..Asks::default()
+        };
+        let tick = m.tick(t, web.sight(), drain);
         assert_eq!(tick.probes_started, 1);
         let read = tick.port.expect("a read this tick").unwrap();
         assert!(m.reader.take_for_others().is_none(), "handed over once");
@@ -109,12 +90,12 @@ mod tests {
         assert!(read.connections[0].request_unanswered(), "{read:?}");
         assert!(read.closed.contains(&gone_peer), "{read:?}");
         assert_eq!(read.own, vec![client.local_addr().unwrap()]);
-        // The monitor's own view of the tick, from the same dump: the request in service.
+        // The watching's own view of the tick, from the same dump: the request in service.
         let v = m
             .reader
             .view()
             .cloned()
-            .expect("the monitor read the port too");
+            .expect("the watching read the port too");
         assert_eq!((v.connections, v.pending), (1, 1), "{v:?}");
 
         // Nothing listens: nothing can reach it, whatever connections remain.

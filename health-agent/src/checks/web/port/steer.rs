@@ -3,8 +3,16 @@
 //! attach and detach (counting windows, answer windows).
 
 use super::*;
+use crate::{
+    checks::web::{
+        cadence::{COUNT_EVERY, COUNT_FOR, COUNT_LONGEST, WINDOW_ANSWERS},
+        Following,
+    },
+    config::{AcceptTracing, SocketTracing},
+    net,
+};
 
-impl WebMonitor {
+impl PortWatch {
     /// With `accept_tracing = "on_stall"`, attaches the accept tracepoints once a connection
     /// has waited unclaimed for WATCH_ACCEPTS_AFTER and detaches them after
     /// UNWATCH_ACCEPTS_AFTER without one.
@@ -51,7 +59,8 @@ impl WebMonitor {
         if self.tier != KernelTier::SockDiag {
             return false;
         }
-        let (Some(k), Some(port)) = (&self.kernel, self.target.as_ref().map(|t| t.port)) else {
+        let (Some(k), Some(port)) = (&self.kernel, self.sight.target.as_deref().map(|t| t.port))
+        else {
             return false;
         };
         let Ok(sent) = k.answer_counters(port).map(|c| c.sent) else {
@@ -76,13 +85,17 @@ impl WebMonitor {
             return None;
         }
         let probes = &self.probes;
-        self.reader
-            .read(self.target.as_ref(), || probes.own_sources(), shared, now)
+        self.reader.read(
+            self.sight.target.as_deref(),
+            || probes.own_sources(),
+            shared,
+            now,
+        )
     }
 
     /// Whether this tick reads the port's connections (`PortReader::due`).
     pub(super) fn sockets_due(&self, now: Instant) -> bool {
-        self.reader.due(self.target.as_ref(), now)
+        self.reader.due(self.sight.target.as_deref(), now)
     }
 
     /// What, if anything, makes the programs that follow connections worth their cost now.
@@ -99,14 +112,14 @@ impl WebMonitor {
         }
         // A probe set up wrong (a 4xx, a redirect) runs no failing clock: the server answers,
         // and the config error is said apart.
-        if self.probed.failing() {
+        if self.sight.probe.failing {
             return Some("the probe fails".into());
         }
         let wrong = !matches!(
-            self.last_verdict,
+            self.sight.verdict,
             WebVerdict::Up | WebVerdict::Unknown | WebVerdict::NotConfigured
         );
-        wrong.then(|| format!("the backend is {}", self.last_verdict.as_str()))
+        wrong.then(|| format!("the backend is {}", self.sight.verdict.as_str()))
     }
 
     /// With `socket_tracing = "on_suspicion"`, attaches the programs that follow connections
@@ -303,5 +316,50 @@ impl WebMonitor {
         if self.cfg.socket_tracing == SocketTracing::OnSuspicion {
             self.cadence.ask_soon(now);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checks::{probe::ProbeResult, web::WebMonitor};
+
+    #[test]
+    fn a_probe_answered_4xx_is_a_wrong_path_not_a_reason_to_follow_every_connection() {
+        let cfg = WebConfig {
+            port: 9000,
+            kernel: false,
+            ..WebConfig::default()
+        };
+        let (kernel, status) = load_kernel(&cfg);
+        let mut port = PortWatch::new(cfg.clone(), kernel, status, ProbeLedger::default());
+        let mut judge = WebMonitor::new(cfg);
+        let t0 = Instant::now();
+        let answered = |status: Option<u16>| ProbeResult {
+            ok: false,
+            status,
+            error: status.is_none().then(|| "connection reset by peer".into()),
+            misconfigured: status.filter(|s| *s < 500).map(|s| format!("answered {s}")),
+            target: "127.0.0.1:9000".into(),
+            ..ProbeResult::default()
+        };
+        let mut after = |p, at| {
+            judge.record_probe(p, at);
+            port.see(judge.sight());
+            port.suspicion()
+        };
+        assert_eq!(
+            after(answered(Some(404)), t0),
+            None,
+            "the server answers: only the path is wrong"
+        );
+        assert_eq!(
+            after(answered(Some(503)), t0 + Duration::from_secs(1)).as_deref(),
+            Some("the probe fails")
+        );
+        assert_eq!(
+            after(answered(None), t0 + Duration::from_secs(2)).as_deref(),
+            Some("the probe fails")
+        );
     }
 }
