@@ -12,8 +12,9 @@
 //! - `latency`: server-side latency over a sliding window;
 //! - `sockets`: what the port's connections say (`SocketView`, the `Moves` between two reads,
 //!   the `PortRead` the drain gets);
-//! - `reader`: every sock_diag read of the port's connections (`PortReader`), the watching's own
-//!   on a cadence that follows the traffic and the drain's, one dump serving both;
+//! - `reader`: every sock_diag read of the port (`PortReader`, with its socket in the backend's
+//!   namespace, `PortSocket`): the listeners, the watching's own reads of the connections on a
+//!   cadence that follows the traffic and the drain's, one dump serving both;
 //! - `answers`: what it answers by status class over `web.errors_window` (`erroring`);
 //! - `cadence`: when the programs count with `socket_tracing = "on_suspicion"` (counting and
 //!   answer sampling windows), a clock with no program of its own;

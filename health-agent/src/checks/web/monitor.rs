@@ -31,6 +31,10 @@ mod look;
 
 pub use evaluate::Found;
 
+/// Reads every TCP connection of the backend's namespace for the look at what its processes
+/// wait on while work is stuck (`PortWatch::connections`); None: nothing to read them with.
+pub type Connections<'a> = &'a mut dyn FnMut() -> Option<std::io::Result<Vec<net::TcpConn>>>;
+
 pub struct WebMonitor {
     cfg: WebConfig,
     /// Where the backend listens, once known (shared with the watching of its port).
@@ -61,9 +65,6 @@ pub struct WebMonitor {
     kernel_loaded: bool,
     /// What the probe found lately.
     probed: Probed,
-    drops_baseline: Option<net::ListenDrops>,
-    /// Host-wide counters change slowly and only inform: read every DROPS_EVERY, not per tick.
-    drops_seen: Option<(Instant, net::ListenDrops)>,
     owner_name: Option<String>,
     last_verdict: WebVerdict,
     /// When `decide` could next change its mind on the evidence seen (see `next_look`).
@@ -78,7 +79,6 @@ pub struct WebMonitor {
 /// (docker compose up, a deploy's rm + run take seconds): it is reported as a config error.
 const GONE_FOR_GOOD: Duration = Duration::from_secs(60);
 
-const DROPS_EVERY: Duration = Duration::from_secs(2);
 /// How old the list of processes holding the listener may be when stuck work is looked at.
 const OWNERS_FRESH: Duration = Duration::from_secs(5);
 /// Work stuck this long makes the monitor look at the server's processes.
@@ -110,8 +110,6 @@ impl WebMonitor {
             queue_busy_since: None,
             kernel_loaded: false,
             probed: Probed::default(),
-            drops_baseline: net::listen_drops().ok(),
-            drops_seen: None,
             owner_name: None,
             last_verdict: WebVerdict::Unknown,
             next_look: None,

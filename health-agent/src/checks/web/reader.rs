@@ -1,8 +1,9 @@
-//! Every read of the backend port's connections through sock_diag, in one place: the monitor's
-//! own (on a cadence that follows the traffic), and the drain's (each tick while it wants them).
-//! When both look at the same listeners, one dump serves both. What a read saw is kept here as a
-//! value (`SocketView`, and the `Moves` since the read before); the monitor judges it, the drain
-//! gets the `PortRead`.
+//! Every read of the backend's port through sock_diag, in one place: its socket in the
+//! backend's namespace (`PortSocket`), the watching's own reads of the port's connections (on a
+//! cadence that follows the traffic), and the drain's (each tick while it wants them). When both
+//! look at the same listeners, one dump serves both. What a read saw is kept here as a value
+//! (`SocketView`, and the `Moves` since the read before); the judge weighs it, the drain gets the
+//! `PortRead`.
 
 use std::{
     net::SocketAddr,
@@ -15,7 +16,33 @@ use super::{
     sockets::{PortRead, SocketMoves, SocketView},
     target::Target,
 };
-use crate::net::{self, ListenAddrs};
+use crate::net::{self, Diag, ListenAddrs, Listener};
+
+/// The sock_diag socket the watching reads the backend's port with, made in its namespace.
+pub struct PortSocket {
+    diag: Diag,
+    port: u16,
+}
+
+impl PortSocket {
+    /// A socket in `target`'s namespace, for its port.
+    pub fn open(target: &Target) -> std::io::Result<Self> {
+        Ok(Self {
+            diag: Diag::new(&target.ns)?,
+            port: target.port,
+        })
+    }
+
+    /// The port's listeners.
+    pub fn listeners(&self) -> std::io::Result<Vec<Listener>> {
+        self.diag.listeners_on(self.port)
+    }
+
+    /// Every TCP connection of the namespace.
+    pub fn connections(&self) -> std::io::Result<Vec<net::TcpConn>> {
+        self.diag.connections()
+    }
+}
 
 /// How often the port's connections are read while nothing goes on.
 pub(super) const QUIET_READ_EVERY: Duration = Duration::from_secs(1);
@@ -97,7 +124,7 @@ impl PortReader {
     /// of the agent's probe connections.
     pub fn read_for_others(
         &self,
-        target: Option<&Target>,
+        target: Option<&PortSocket>,
         own: Vec<SocketAddr>,
     ) -> std::io::Result<PortRead> {
         Self::read_with(target, own).map(|(read, _)| read)
@@ -108,7 +135,7 @@ impl PortReader {
     /// would find (the same listeners), for `read`.
     pub fn read_for_tick(
         &mut self,
-        target: Option<&Target>,
+        target: Option<&PortSocket>,
         own: impl FnOnce() -> Vec<SocketAddr>,
     ) -> Option<Vec<net::TcpConn>> {
         if !self.wanted {
@@ -134,7 +161,7 @@ impl PortReader {
     /// The read, and the listeners' addresses its connections were filtered by (None: nothing
     /// was dumped).
     fn read_with(
-        target: Option<&Target>,
+        target: Option<&PortSocket>,
         own: Vec<SocketAddr>,
     ) -> std::io::Result<(PortRead, Option<ListenAddrs>)> {
         let Some(t) = target else {
@@ -165,7 +192,7 @@ impl PortReader {
     /// never the server moving.
     pub fn read(
         &mut self,
-        target: Option<&Target>,
+        target: Option<&PortSocket>,
         own: impl FnOnce() -> Vec<SocketAddr>,
         shared: Option<Vec<net::TcpConn>>,
         now: Instant,
@@ -214,7 +241,7 @@ impl PortReader {
     /// and socket call, and the read covers the connections opened before them, which show
     /// here as soon as they hold work (10,000 idle keep-alive connections read every tick cost
     /// 6 % of a core).
-    pub fn due(&self, target: Option<&Target>, now: Instant) -> bool {
+    pub fn due(&self, target: Option<&PortSocket>, now: Instant) -> bool {
         let Some(at) = self.at else {
             return true;
         };
@@ -242,7 +269,7 @@ impl PortReader {
 
     /// Whether the latest read is recent enough to stand for `now`: younger than `fresh_for`,
     /// or with no read due yet.
-    pub fn fresh(&self, target: Option<&Target>, fresh_for: Duration, now: Instant) -> bool {
+    pub fn fresh(&self, target: Option<&PortSocket>, fresh_for: Duration, now: Instant) -> bool {
         self.at.is_some_and(|t| {
             now.saturating_duration_since(t) < fresh_for
                 || (self.view.is_some() && !self.due(target, now))

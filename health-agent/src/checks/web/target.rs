@@ -16,12 +16,7 @@ use std::{
 
 use serde::Serialize;
 
-use crate::{
-    config::WebConfig,
-    engine::ContainerNet,
-    net::{self, Diag, Listener},
-    netns::Namespace,
-};
+use crate::{config::WebConfig, engine::ContainerNet, net::Listener, netns::Namespace};
 
 /// `details.web.namespace`: where the backend was looked for.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -39,10 +34,10 @@ pub struct NamespaceView {
     pub published_port: Option<u16>,
 }
 
-/// A resolved target: the namespace, the port in it, and a sock_diag socket made there.
+/// A resolved target: the namespace, and the port in it (the watching reads it there with a
+/// sock_diag socket of its own, `reader::PortSocket`).
 pub struct Target {
     pub ns: Arc<Namespace>,
-    pub diag: Diag,
     pub port: u16,
     pub view: NamespaceView,
 }
@@ -54,8 +49,7 @@ impl Target {
         source: &'static str,
         container: Option<String>,
         published_port: Option<u16>,
-    ) -> std::io::Result<Self> {
-        let diag = Diag::new(&ns)?;
+    ) -> Arc<Self> {
         let view = NamespaceView {
             source,
             path: ns.path().display().to_string(),
@@ -64,20 +58,11 @@ impl Target {
             container,
             published_port,
         };
-        Ok(Self {
+        Arc::new(Self {
             ns: Arc::new(ns),
-            diag,
             port,
             view,
         })
-    }
-
-    pub fn listeners(&self) -> std::io::Result<Vec<Listener>> {
-        self.diag.listeners_on(self.port)
-    }
-
-    pub fn connections(&self) -> std::io::Result<Vec<net::TcpConn>> {
-        self.diag.connections()
     }
 }
 
@@ -93,8 +78,8 @@ pub enum Unresolved {
     /// configuration mistake, or a container being recreated (the monitor tells these apart by
     /// whether it was ever found). Never a verdict on the backend.
     NotFound { key: &'static str, what: String },
-    /// The agent's own error: it cannot open the namespace or make its sock_diag socket there
-    /// (no permission). Never evidence against the backend.
+    /// The agent's own error: it cannot open the namespace (no permission). Never evidence
+    /// against the backend.
     AgentError(String),
 }
 
@@ -153,17 +138,13 @@ pub fn resolve(
                 Unresolved::AgentError(why)
             }
         })?;
-        return Target::new(
+        return Ok(Target::new(
             ns,
             port,
             "container",
             Some(cfg.container.clone()),
             published,
-        )
-        .map(Arc::new)
-        .map_err(|e| {
-            Unresolved::AgentError(format!("sock_diag in container {}: {e}", cfg.container))
-        });
+        ));
     }
     if let Some(t) = current {
         return Ok(t);
@@ -181,15 +162,11 @@ pub fn resolve(
             },
             _ => Unresolved::AgentError(format!("opening web.netns {}: {e}", path.display())),
         })?;
-        return Target::new(ns, cfg.port, "netns", None, None)
-            .map(Arc::new)
-            .map_err(|e| Unresolved::AgentError(format!("sock_diag in {}: {e}", path.display())));
+        return Ok(Target::new(ns, cfg.port, "netns", None, None));
     }
     let ns = Namespace::own()
         .map_err(|e| Unresolved::AgentError(format!("the agent's namespace: {e}")))?;
-    Target::new(ns, cfg.port, "own", None, None)
-        .map(Arc::new)
-        .map_err(|e| Unresolved::AgentError(format!("sock_diag: {e}")))
+    Ok(Target::new(ns, cfg.port, "own", None, None))
 }
 
 /// Whether `path` is (still) the namespace `ns`: a restarted container has a new one.

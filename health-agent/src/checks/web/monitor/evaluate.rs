@@ -105,24 +105,44 @@ impl WebMonitor {
         r
     }
 
-    /// One round: the listeners, the port's sample from `port` (the watching), and the
-    /// judgement of both.
+    /// One round: the backend found, its listeners and the port's sample from `port` (the
+    /// watching), and the judgement of both.
     pub fn evaluate(&mut self, port: &mut PortWatch, now: Instant) -> WebReport {
         if self.cfg.port == 0 {
             return WebReport::not_configured();
         }
-        let (namespace, listeners) = match self.find_listeners() {
-            Ok(found) => found,
-            Err(why) => return self.no_listeners(why, &port.at_rest(), now),
+        let namespace = match self.resolve_target() {
+            Ok(target) => target.view.clone(),
+            Err(why) => {
+                return self.no_listeners(NoListeners::Unresolved(why), &port.at_rest(), now)
+            }
         };
+        let listeners = match port.listeners(self.sight()) {
+            Ok(listeners) => listeners,
+            Err(e) => {
+                let why = format!(
+                    "sock_diag in {} failed: {e} (the agent's own error, not the backend's)",
+                    namespace.path
+                );
+                return self.no_listeners(NoListeners::AgentError(why), &port.at_rest(), now);
+            }
+        };
+        self.aim_probe(&listeners);
         let found = self.note_listeners(namespace, &listeners, now);
         let sample = port.sample(now, self.sight(), &listeners);
-        self.judge(&found, &sample, now)
+        self.judge(&found, &sample, now, &mut || port.connections())
     }
 
     /// The verdict on what the round `found` of the listeners and the port's `sample`, with
     /// the probe's latest result and, while work is stuck, a look at the server's processes.
-    pub fn judge(&mut self, found: &Found, sample: &PortSample, now: Instant) -> WebReport {
+    /// `connections` reads the namespace's connections when the look needs them.
+    pub fn judge(
+        &mut self,
+        found: &Found,
+        sample: &PortSample,
+        now: Instant,
+        connections: Connections<'_>,
+    ) -> WebReport {
         self.kernel_loaded = sample.kernel_loaded;
         let listening = found.listening;
         let mut evidence = Evidence {
@@ -138,7 +158,7 @@ impl WebMonitor {
             probe_failing_for: self.probed.failing_for(now),
             ..Evidence::default()
         };
-        let processes = self.look_at_processes(&mut evidence, now);
+        let processes = self.look_at_processes(&mut evidence, now, connections);
         let (verdict, detail) = verdict::decide(&evidence, &self.cfg);
         let detail = self.explain(detail, listening, &found.namespace);
         let stuck_worker = (verdict == WebVerdict::PartialHang)
@@ -150,7 +170,6 @@ impl WebMonitor {
         // Nothing but the agent's own trouble to go on: say so, so the policy never reads it
         // as the backend's failure.
         let agent_error = verdict == WebVerdict::Unknown && self.probed.trouble().is_some();
-        let (overflows, dropped) = self.listen_drops(now);
         WebReport {
             config_error: self.probe_path_error(),
             answers: sample.answers.clone(),
@@ -166,8 +185,8 @@ impl WebMonitor {
             process: self.owner_name.clone(),
             accept_queue: found.queue,
             accept_queue_max: found.queue_max,
-            listen_overflows: overflows,
-            listen_drops: dropped,
+            listen_overflows: sample.listen_drops.0,
+            listen_drops: sample.listen_drops.1,
             kernel: sample.status.clone(),
             disagreement: verdict::disagreement(verdict, &evidence),
             counters: sample.counters.clone(),
@@ -180,20 +199,12 @@ impl WebMonitor {
         }
     }
 
-    /// Where the backend was looked for and its listeners, and the probe's target from them;
-    /// or, when the agent could not look, why.
-    fn find_listeners(
-        &mut self,
-    ) -> Result<(target::NamespaceView, Vec<net::Listener>), NoListeners> {
-        let target = self.resolve_target().map_err(NoListeners::Unresolved)?;
-        let (port, namespace) = (target.port, target.view.clone());
-        let listeners = target.listeners().map_err(|e| {
-            NoListeners::AgentError(format!(
-                "sock_diag in {} failed: {e} (the agent's own error, not the backend's)",
-                namespace.path
-            ))
-        })?;
-        if let Some((addr, fallback)) = target::probe_addr(&listeners, port) {
+    /// Points the probe at the listeners seen (see `target::probe_addr`).
+    fn aim_probe(&mut self, listeners: &[net::Listener]) {
+        let Some(target) = self.target.as_ref() else {
+            return;
+        };
+        if let Some((addr, fallback)) = target::probe_addr(listeners, target.port) {
             let ns = target.ns.clone();
             let mut shared = self.probe_target.lock().unwrap_or_else(|e| e.into_inner());
             if shared.as_ref().is_none_or(|t| {
@@ -202,7 +213,6 @@ impl WebMonitor {
                 *shared = Some(ProbeTarget { addr, fallback, ns });
             }
         }
-        Ok((namespace, listeners))
     }
 
     /// The report when the agent could not look at the listeners: never a verdict on the
@@ -301,26 +311,6 @@ impl WebMonitor {
             .is_some_and(|p| p.status.is_some_and(|s| s < 500) || p.misconfigured.is_some())
             || (self.probed.trouble().is_some()
                 && evidence.kernel.as_ref().is_some_and(|k| k.answered > 0))
-    }
-
-    /// Listen overflows and drops since the agent started (the host's counters, read at most
-    /// every DROPS_EVERY).
-    fn listen_drops(&mut self, now: Instant) -> (u64, u64) {
-        let stale = self
-            .drops_seen
-            .is_none_or(|(t, _)| now.saturating_duration_since(t) >= DROPS_EVERY);
-        if stale {
-            if let Ok(d) = net::listen_drops() {
-                self.drops_seen = Some((now, d));
-            }
-        }
-        match (self.drops_seen.map(|(_, d)| d), self.drops_baseline) {
-            (Some(d), Some(b)) => (
-                d.overflows.saturating_sub(b.overflows),
-                d.drops.saturating_sub(b.drops),
-            ),
-            _ => (0, 0),
-        }
     }
 
     /// The probe's answer proves the server answers and says the probe is set up wrong: what,

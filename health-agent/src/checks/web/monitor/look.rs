@@ -36,6 +36,7 @@ impl WebMonitor {
         &mut self,
         e: &mut Evidence,
         now: Instant,
+        connections: Connections<'_>,
     ) -> Option<ProcessView> {
         let stuck = e
             .kernel
@@ -102,7 +103,7 @@ impl WebMonitor {
                 error,
             });
         }
-        let conns = match self.target.as_deref().map(Target::connections) {
+        let conns = match connections() {
             Some(Ok(conns)) => conns,
             Some(Err(err)) => {
                 error = Some(format!("reading the server's connections failed: {err}"));

@@ -149,6 +149,7 @@ fn sample(kernel: KernelEvidence) -> PortSample {
             tier: Some(KernelTier::Full),
             missing: Vec::new(),
         },
+        listen_drops: (0, 0),
         signs: AnswerSigns::default(),
     }
 }
@@ -168,7 +169,7 @@ fn a_sample_whose_connection_waits_unclaimed_past_hung_after_is_hung_and_keeps_t
         oldest_waiting: Some(Duration::from_secs(3)),
         ..KernelEvidence::default()
     });
-    let r = m.judge(&found(true, 1), &stuck, t0);
+    let r = m.judge(&found(true, 1), &stuck, t0, &mut || None);
     assert_eq!(r.verdict, WebVerdict::Hung, "{}", r.detail);
     assert_eq!((r.accept_queue, r.accept_queue_max), (1, 128));
     assert_eq!(r.kernel.tier, Some(KernelTier::Full), "the sample's status");
@@ -181,7 +182,7 @@ fn a_sample_whose_connection_waits_unclaimed_past_hung_after_is_hung_and_keeps_t
         oldest_waiting: Some(Duration::from_millis(1500)),
         ..KernelEvidence::default()
     });
-    let r = m.judge(&found(true, 1), &young, t0);
+    let r = m.judge(&found(true, 1), &young, t0, &mut || None);
     assert_ne!(r.verdict, WebVerdict::Hung, "{}", r.detail);
     let next = m.next_look(t0).map(|t| t.duration_since(t0));
     assert!(
@@ -196,12 +197,12 @@ fn a_sample_whose_connection_waits_unclaimed_past_hung_after_is_hung_and_keeps_t
         answered: 40,
         ..KernelEvidence::default()
     });
-    let r = m.judge(&found(true, 0), &moving, t0);
+    let r = m.judge(&found(true, 0), &moving, t0, &mut || None);
     assert_eq!(r.verdict, WebVerdict::Up, "{}", r.detail);
     assert!(!m.hot());
 
     // Nothing listens: down, whatever the kernel saw before.
-    let r = m.judge(&found(false, 0), &moving, t0);
+    let r = m.judge(&found(false, 0), &moving, t0, &mut || None);
     assert_eq!(r.verdict, WebVerdict::Down, "{}", r.detail);
 }
 
@@ -224,7 +225,7 @@ fn erroring_answers_in_a_sample_are_erroring_only_while_the_probe_passes() {
     };
     errors.signs.answered_at = Some(t0);
     // No probe result yet (a probe path is set): no word that the server itself is fine.
-    let r = m.judge(&found(true, 0), &errors, t0);
+    let r = m.judge(&found(true, 0), &errors, t0, &mut || None);
     assert_ne!(r.verdict, WebVerdict::Erroring, "{}", r.detail);
 
     let later = t0 + Duration::from_secs(1);
@@ -237,7 +238,7 @@ fn erroring_answers_in_a_sample_are_erroring_only_while_the_probe_passes() {
         },
         later,
     );
-    let r = m.judge(&found(true, 0), &errors, later);
+    let r = m.judge(&found(true, 0), &errors, later, &mut || None);
     assert_eq!(r.verdict, WebVerdict::Erroring, "{}", r.detail);
     assert!(
         r.detail.contains("90% of 100 real answers 5xx"),

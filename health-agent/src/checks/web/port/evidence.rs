@@ -42,7 +42,28 @@ impl PortWatch {
             figures,
             responses_total: self.tally.current(),
             status: self.kernel_status.clone(),
+            listen_drops: self.listen_drops(now),
             signs: self.signs(),
+        }
+    }
+
+    /// Listen overflows and drops since the agent started (the host's counters, read at most
+    /// every DROPS_EVERY).
+    fn listen_drops(&mut self, now: Instant) -> (u64, u64) {
+        let stale = self
+            .drops_seen
+            .is_none_or(|(t, _)| now.saturating_duration_since(t) >= DROPS_EVERY);
+        if stale {
+            if let Ok(d) = net::listen_drops() {
+                self.drops_seen = Some((now, d));
+            }
+        }
+        match (self.drops_seen.map(|(_, d)| d), self.drops_baseline) {
+            (Some(d), Some(b)) => (
+                d.overflows.saturating_sub(b.overflows),
+                d.drops.saturating_sub(b.drops),
+            ),
+            _ => (0, 0),
         }
     }
 
@@ -54,11 +75,9 @@ impl PortWatch {
         listeners: &[net::Listener],
         now: Instant,
     ) -> (Option<KernelCounters>, Option<KernelEvidence>) {
-        let fresh = self.reader.fresh(
-            self.sight.target.as_deref(),
-            self.cfg.eval_interval / 2,
-            now,
-        );
+        let fresh = self
+            .reader
+            .fresh(self.socket.as_ref(), self.cfg.eval_interval / 2, now);
         if !fresh {
             let seen = self.read_sockets(now, None);
             if let Some(mut seen) = seen {

@@ -23,7 +23,7 @@ use super::{
     latency::LatencyWindow,
     process,
     progress::{Moves, Progress},
-    reader::PortReader,
+    reader::{PortReader, PortSocket},
     sockets::SocketView,
     tally::{Tally, TallyReport},
     target::Target,
@@ -137,6 +137,8 @@ pub struct PortSample {
     pub figures: Option<FiguresReport>,
     pub responses_total: Option<TallyReport>,
     pub status: KernelStatus,
+    /// The host's listen overflows and drops since the agent started.
+    pub listen_drops: (u64, u64),
     /// The answers' signs, `answered_at` from the port alone (the judge adds the probe's).
     pub signs: AnswerSigns,
 }
@@ -151,6 +153,9 @@ pub struct PortWatch {
     probes: ProbeLedger,
     /// Every read of the port's connections (sock_diag): the watching's own and the drain's.
     reader: PortReader,
+    /// The sock_diag socket they are read with, in the backend's namespace (made at the round's
+    /// first read there, see `listeners`).
+    socket: Option<PortSocket>,
     kernel: Option<KernelView>,
     kernel_status: KernelStatus,
     /// The kernel view's tier (`web.kernel_tier`, or what the kernel offers).
@@ -191,6 +196,10 @@ pub struct PortWatch {
     answers_attaches: u64,
     /// What the backend answered over `web.errors_window`, by status class.
     answers: AnswerWindow,
+    /// The host's listen overflows and drops when the agent started, and as last read.
+    drops_baseline: Option<crate::net::ListenDrops>,
+    /// Host-wide counters change slowly and only inform: read every DROPS_EVERY, not per tick.
+    drops_seen: Option<(Instant, crate::net::ListenDrops)>,
     /// In the `sock_diag` tier: the segments-sent count at the previous tick.
     segments: Option<u64>,
     /// Attaching the answer programs failed once, and why: not retried (nor warned) every
@@ -210,6 +219,8 @@ const UNWATCH_ACCEPTS_AFTER: Duration = Duration::from_secs(30);
 /// `socket_tracing = "on_suspicion"`: this long without anything suspicious detaches the
 /// programs that follow connections.
 const UNFOLLOW_AFTER: Duration = Duration::from_secs(30);
+/// How often the host's listen overflows and drops are read.
+const DROPS_EVERY: Duration = Duration::from_secs(2);
 
 impl PortWatch {
     /// Watching on `kernel` (loaded by `load_kernel`, or None: sock_diag only), whose samples
@@ -230,6 +241,7 @@ impl PortWatch {
             watching: None,
             probes,
             reader: PortReader::default(),
+            socket: None,
             kernel,
             kernel_status,
             tier,
@@ -250,6 +262,8 @@ impl PortWatch {
             tally: Tally::default(),
             answers_attaches: 0,
             answers: AnswerWindow::default(),
+            drops_baseline: crate::net::listen_drops().ok(),
+            drops_seen: None,
             segments: None,
             answers_attach_failed: None,
             answers_pids: Vec::new(),
@@ -274,8 +288,30 @@ impl PortWatch {
                 }
             }
             self.watching = key;
+            self.socket = None;
         }
         self.sight = sight;
+    }
+
+    /// The port's listeners where `sight` says the backend is; the sock_diag socket is made
+    /// there first when there is none yet (the agent's own error when it cannot be).
+    pub fn listeners(&mut self, sight: Sight) -> std::io::Result<Vec<crate::net::Listener>> {
+        self.see(sight);
+        let Some(target) = self.sight.target.as_deref() else {
+            return Ok(Vec::new());
+        };
+        if self.socket.is_none() {
+            self.socket = Some(PortSocket::open(target)?);
+        }
+        self.socket
+            .as_ref()
+            .map_or_else(|| Ok(Vec::new()), PortSocket::listeners)
+    }
+
+    /// Every TCP connection of the backend's namespace (the judge's look at what its processes
+    /// wait on); None before there is a socket there.
+    pub fn connections(&self) -> Option<std::io::Result<Vec<crate::net::TcpConn>>> {
+        self.socket.as_ref().map(PortSocket::connections)
     }
 
     /// Every tick: reads the kernel counters (one map read) and notes what moved since the
@@ -451,6 +487,7 @@ impl PortWatch {
             figures: None,
             responses_total: self.tally.current(),
             status: self.kernel_status.clone(),
+            listen_drops: (0, 0),
             signs: self.signs(),
         }
     }

@@ -13,7 +13,7 @@ impl PortWatch {
     /// nothing can reach it).
     pub fn read_port(&mut self) -> std::io::Result<PortRead> {
         self.reader
-            .read_for_others(self.sight.target.as_deref(), self.probes.own_sources())
+            .read_for_others(self.socket.as_ref(), self.probes.own_sources())
     }
 
     /// At the start of a tick, while others want the port: the read for them, kept for
@@ -22,7 +22,7 @@ impl PortWatch {
     pub(super) fn read_port_for_tick(&mut self) -> Option<Vec<net::TcpConn>> {
         let probes = &self.probes;
         self.reader
-            .read_for_tick(self.sight.target.as_deref(), || probes.own_sources())
+            .read_for_tick(self.socket.as_ref(), || probes.own_sources())
     }
 }
 

@@ -59,7 +59,7 @@ impl PortWatch {
         if self.tier != KernelTier::SockDiag {
             return false;
         }
-        let (Some(k), Some(port)) = (&self.kernel, self.sight.target.as_deref().map(|t| t.port))
+        let (Some(k), Some(port)) = (&self.kernel, self.sight.target.as_ref().map(|t| t.port))
         else {
             return false;
         };
@@ -85,17 +85,13 @@ impl PortWatch {
             return None;
         }
         let probes = &self.probes;
-        self.reader.read(
-            self.sight.target.as_deref(),
-            || probes.own_sources(),
-            shared,
-            now,
-        )
+        self.reader
+            .read(self.socket.as_ref(), || probes.own_sources(), shared, now)
     }
 
     /// Whether this tick reads the port's connections (`PortReader::due`).
     pub(super) fn sockets_due(&self, now: Instant) -> bool {
-        self.reader.due(self.sight.target.as_deref(), now)
+        self.reader.due(self.socket.as_ref(), now)
     }
 
     /// What, if anything, makes the programs that follow connections worth their cost now.
