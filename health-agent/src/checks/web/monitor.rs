@@ -1,8 +1,8 @@
 //! The judge of the web backend: where it is (its target, found from the config and the
 //! container engine), which processes hold its listener, what the probe found, and the verdict
-//! it had. Each round it reads the listeners, takes the port's `PortSample` from the watching
-//! (`port::PortWatch`), looks at the server's processes while work is stuck, and turns all that
-//! into a `WebReport` through `verdict::decide`.
+//! it had. Each round it finds the backend, takes its listeners and the port's `PortSample` from
+//! the watching (`port::PortWatch`, which alone reads the port), looks at the server's processes
+//! while work is stuck, and turns all that into a `WebReport` through `verdict::decide`.
 
 use std::{
     collections::{HashMap, HashSet},

@@ -1,5 +1,5 @@
-//! One round: find the backend and read its listeners, take the port's sample from the
-//! watching, gather the evidence, decide, and report.
+//! One round: find the backend, take its listeners and the port's sample from the watching,
+//! gather the evidence, decide, and report.
 
 use super::*;
 
