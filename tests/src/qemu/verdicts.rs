@@ -14,7 +14,8 @@ pub fn t(v: &Value) -> f64 {
 /// The answers from `ready` on, and a one-line-per-change story of them: a change of code,
 /// status or webserver, or of the reasons' wording (their figures left out, which move every
 /// answer), so a failed assertion shows what the agent said all along, not only at the first
-/// answer of each status.
+/// answer of each status. Each line ends with what sock_diag saw of the port's connections then,
+/// which tells the evidence of an answer going out apart from what the kernel counted.
 pub fn answers(r: &Value) -> (Vec<Value>, String) {
     let ready = r["ready"].as_f64().expect("ready");
     let samples: Vec<Value> = r["samples"]
@@ -35,7 +36,12 @@ pub fn answers(r: &Value) -> (Vec<Value>, String) {
         let said = format!("{} {} {}", s["code"], s["status"], s["webserver"]);
         let now = format!("{said} {wording}");
         if now != last {
-            story.push_str(&format!("  {:6.2}s {said} {}\n", t(s), s["reasons"]));
+            story.push_str(&format!(
+                "  {:6.2}s {said} {} sockets {}\n",
+                t(s),
+                s["reasons"],
+                s["sockets"]
+            ));
             last = now;
         }
     }

@@ -102,6 +102,9 @@ impl Poller {
                                 "webserver": b["checks"]["webserver"],
                                 "heal": b["details"]["heal"]["total_attempts"],
                                 "reasons": b["reasons"],
+                                // What sock_diag saw of the port's connections (the sock_diag
+                                // tier's evidence of answers going out, `since_sent_ms`).
+                                "sockets": b["details"]["web"]["kernel"]["following"]["connections"],
                             })
                         }
                         Err(e) => json!({ "t": at, "error": e.to_string() }),
