@@ -23,7 +23,7 @@ pub struct Found {
 }
 
 impl WebMonitor {
-    /// Finds (or keeps) the target; the watching of the port follows it (`PortWatch::sample`).
+    /// Finds (or keeps) the target; the watching of the port follows it (`PortWatch::listeners`).
     fn resolve_target(&mut self) -> Result<&Target, Unresolved> {
         let before = self.target.as_ref().map(|t| (t.view.inode, t.port));
         let target = target::resolve(&self.cfg, self.target.take(), self.container_net.as_ref())?;

@@ -300,12 +300,11 @@ impl PortWatch {
         let Some(target) = self.sight.target.as_deref() else {
             return Ok(Vec::new());
         };
-        if self.socket.is_none() {
-            self.socket = Some(PortSocket::open(target)?);
-        }
-        self.socket
-            .as_ref()
-            .map_or_else(|| Ok(Vec::new()), PortSocket::listeners)
+        let socket = match self.socket.take() {
+            Some(socket) => socket,
+            None => PortSocket::open(target)?,
+        };
+        self.socket.insert(socket).listeners()
     }
 
     /// Every TCP connection of the backend's namespace (the judge's look at what its processes
