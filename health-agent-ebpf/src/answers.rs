@@ -4,14 +4,17 @@
 //! payload of a segment sits in page fragments that only `bpf_skb_load_bytes` can read
 //! (docs/kernel-view.md, "What it answers").
 //!
-//! - egress: a segment whose payload starts with `HTTP/1.x DDD` is the start of an answer and
-//!   counts in its status class; one that starts like a TLS record counts as TLS (its status is
-//!   not visible).
-//! - ingress: a segment whose payload starts with a request line counts as a request; one for
-//!   the probe path (`ANSWER_PROBE`: the agent's own probe, and a balancer's checks of the same
-//!   path) counts apart, so that user space can leave those answers out of the real traffic,
-//!   and marks its connection (`ConnState::probe`) so that the answer's latency stays out of
-//!   the histogram too; an HTTP/2 connection preface counts apart.
+//! - egress: a segment whose payload starts with `HTTP/1.x DDD` counts in its status class
+//!   when it is the first the server sends after a request (`due`): the same bytes at the
+//!   start of a body segment are content, not a status. One that starts like a TLS record
+//!   counts as TLS, wherever it is: the requests are encrypted too, so none says where an
+//!   answer starts, and a TLS count only says the status is not visible, never feeds a class.
+//! - ingress: a segment whose payload starts with a request line counts as a request and
+//!   records where its answer will start (`due::arm`); one for the probe path (`ANSWER_PROBE`:
+//!   the agent's own probe, and a balancer's checks of the same path) counts apart, so that
+//!   user space can leave those answers out of the real traffic, and marks its connection
+//!   (`ConnState::probe`) so that the answer's latency stays out of the histogram too; an
+//!   HTTP/2 connection preface counts apart.
 //!
 //! Both return 1 (pass) whatever they see: they only count. The first test is the local port
 //! against the watched-port bitmap, a field of the context and one array read, which turns away
@@ -31,6 +34,8 @@ use crate::{
     conn::{self, port_watched},
     offsets, tcp_state,
 };
+
+mod due;
 
 #[map]
 static ANSWERS: PerCpuArray<AnswerCounters> = PerCpuArray::with_max_entries(MAX_PORTS, 0);
@@ -85,12 +90,12 @@ fn sk_addr(ctx: &SkBuffContext) -> Option<u64> {
     unsafe { bpf_probe_read_kernel(&sk as *const _ as *const u64) }.ok()
 }
 
-/// Marks the connection's next exchange as the probe path's or a real one: the send program
-/// leaves the probe's latency out of the histogram. A connection the table does not follow
-/// is left alone.
+/// Marks the connection of socket `sk` for its next exchange as the probe path's or a real
+/// one: the send program leaves the probe's latency out of the histogram. A connection the
+/// table does not follow is left alone.
 #[inline(always)]
-fn mark_probe(ctx: &SkBuffContext, probe: bool) {
-    if let Some(conn) = sk_addr(ctx).and_then(conn::get_mut) {
+fn mark_probe(sk: Option<u64>, probe: bool) {
+    if let Some(conn) = sk.and_then(conn::get_mut) {
         conn.probe = u32::from(probe);
     }
 }
@@ -104,11 +109,18 @@ fn watched_port(ctx: &SkBuffContext) -> Option<u16> {
     port_watched(port).then_some(port)
 }
 
-/// Where the TCP payload starts (the context's data begins at the network header), when the
-/// packet is TCP and holds at least 12 payload bytes. A segment too short for that (an ACK,
-/// with or without timestamps) is turned away on its length alone, before any byte is read.
+/// Where a segment's TCP header and payload start, from the start of the context's data (the
+/// network header).
+struct Segment {
+    tcp: usize,
+    payload: usize,
+}
+
+/// Where the TCP header and payload start, when the packet is TCP and holds at least 12
+/// payload bytes. A segment too short for that (an ACK, with or without timestamps) is turned
+/// away on its length alone, before any byte is read.
 #[inline(always)]
-fn payload_offset(ctx: &SkBuffContext) -> Option<usize> {
+fn segment(ctx: &SkBuffContext) -> Option<Segment> {
     // IPv4 + TCP with timestamps + 12 bytes; IPv6 the same. Without timestamps a segment of
     // 12 to 23 payload bytes is turned away too: no status line or request line is that short.
     let min = if ctx.skb.family() == u32::from(AF_INET6) {
@@ -134,7 +146,10 @@ fn payload_offset(ctx: &SkBuffContext) -> Option<usize> {
     if (ctx.skb.len() as usize) < at + 12 {
         return None;
     }
-    Some(at)
+    Some(Segment {
+        tcp: ip_len,
+        payload: at,
+    })
 }
 
 /// What a segment's first bytes say: 1–5 the class of an `HTTP/1.x` status line, `TLS` a TLS
@@ -163,9 +178,14 @@ const TLS: u8 = 6;
 
 fn try_egress(ctx: &SkBuffContext) -> Option<()> {
     let port = watched_port(ctx)?;
-    let at = payload_offset(ctx)?;
-    let head: [u8; 12] = ctx.load(at).ok()?;
-    let kind = answer_kind(&head);
+    let seg = segment(ctx)?;
+    let head: [u8; 12] = ctx.load(seg.payload).ok()?;
+    let mut kind = answer_kind(&head);
+    // Only a segment that looks like a status line pays for the look-up that says whether it
+    // starts an answer.
+    if (1..=5).contains(&kind) {
+        kind = sk_addr(ctx).map_or(0, |sk| due::take(ctx, sk, &seg, &head, kind));
+    }
     // Every segment sent counts only where it is the evidence of answers going out (the
     // sock_diag tier); elsewhere a body segment leaves here, before any look-up.
     let count_sent = ANSWER_PROBE.get(0).is_some_and(|p| p.count_sent == 1);
@@ -192,7 +212,8 @@ fn try_egress(ctx: &SkBuffContext) -> Option<()> {
 
 fn try_ingress(ctx: &SkBuffContext) -> Option<()> {
     let port = watched_port(ctx)?;
-    let at = payload_offset(ctx)?;
+    let seg = segment(ctx)?;
+    let at = seg.payload;
     let head: [u8; 8] = ctx.load(at).ok()?;
     let path_at = if starts(&head, b"GET /") {
         4
@@ -213,8 +234,12 @@ fn try_ingress(ctx: &SkBuffContext) -> Option<()> {
     };
     let c = counters(ctx, port)?;
     c.requests += 1;
+    let sk = sk_addr(ctx);
+    if let Some(sk) = sk {
+        due::arm(ctx, sk, &seg);
+    }
     // A real request until the path says otherwise.
-    mark_probe(ctx, false);
+    mark_probe(sk, false);
     if path_at == 0 {
         return None;
     }
@@ -245,7 +270,7 @@ fn try_ingress(ctx: &SkBuffContext) -> Option<()> {
     let next: u8 = ctx.load(from + len).ok()?;
     if next == b' ' || next == b'?' {
         c.probe_requests += 1;
-        mark_probe(ctx, true);
+        mark_probe(sk, true);
     }
     Some(())
 }

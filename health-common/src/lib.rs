@@ -33,6 +33,9 @@ pub mod maps {
     pub const ANSWERS: &str = "ANSWERS";
     /// `Array<ProbePath>` with one entry: the probe path, whose requests are not real traffic.
     pub const ANSWER_PROBE: &str = "ANSWER_PROBE";
+    /// `LruHashMap<u64 sock pointer, _>`: where the answer each connection owes starts in its
+    /// byte stream (kernel-only state; user space sizes it as [`CONNS`]).
+    pub const ANSWER_DUE: &str = "ANSWER_DUE";
 }
 
 /// Index of [`maps::MAP_ERRORS`]: which kind of map update failed in the kernel. Each failure
@@ -48,7 +51,8 @@ pub enum MapErrorKind {
     /// A watched port's counter or histogram slot could not be looked up: the event is not
     /// counted.
     PortCounters = 1,
-    /// Any other map update (the accept maps): an accept goes uncounted.
+    /// Any other map update: an accept goes uncounted (the accept maps), or an answer does
+    /// (`ANSWER_DUE`).
     Other = 2,
 }
 
@@ -207,8 +211,9 @@ impl PortCounters {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AnswerCounters {
-    /// Segments sent that start with `HTTP/1.x D..`, by the status's first digit (index 1–5;
-    /// 0 unused): one per answer, keep-alive ones included.
+    /// Answers by the status's first digit (index 1–5; 0 unused): the first segment sent after
+    /// a request, when it starts with `HTTP/1.x D..` (a body segment that starts so is not
+    /// one), keep-alive answers included; an interim `1xx` (all but `101`) is not an answer.
     pub status: [u64; 6],
     /// Segments sent that start like a TLS record: answers whose status is not visible.
     pub tls: u64,

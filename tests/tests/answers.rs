@@ -9,6 +9,8 @@
 
 use std::{
     collections::BTreeMap,
+    io::{Read, Write},
+    net::{TcpListener, TcpStream},
     process::{Command, Stdio},
     sync::{
         atomic::{AtomicBool, Ordering},
@@ -537,6 +539,193 @@ fn tls_backend_status_not_visible_and_never_erroring() {
         body["status"], body["checks"]["webserver"]
     );
     println!("{}", timeline(&samples));
+}
+
+/// The body every real page of [`RelayingBackend`] carries: an upstream's whole 500 answer.
+const CAPTURED_500: &str = "HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain\r\n\
+                            Content-Length: 5\r\n\r\noops\n";
+
+/// A backend that relays a captured upstream answer: every real page is a `200` whose body is
+/// [`CAPTURED_500`], written after the head so that it starts a TCP segment of its own (as a
+/// proxy's relayed error page, or a large body whose later segment starts with those bytes);
+/// `/up` answers 200 `ok`. Threads of the test process, on keep-alive connections; stopped on
+/// drop.
+struct RelayingBackend {
+    port: u16,
+    stop: Arc<AtomicBool>,
+    accept: Option<std::thread::JoinHandle<()>>,
+}
+
+impl RelayingBackend {
+    fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("binding the backend");
+        let port = listener.local_addr().expect("the backend's address").port();
+        // Polled, so that the accept loop sees `stop`.
+        listener
+            .set_nonblocking(true)
+            .expect("a non-blocking listener");
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let accept = std::thread::spawn(move || {
+            while !flag.load(Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((conn, _)) => {
+                        let flag = flag.clone();
+                        std::thread::spawn(move || relay(conn, &flag));
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        Self {
+            port,
+            stop,
+            accept: Some(accept),
+        }
+    }
+}
+
+impl Drop for RelayingBackend {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.accept.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Answers the requests of one connection until the client closes it or `stop`.
+fn relay(mut conn: TcpStream, stop: &AtomicBool) {
+    // Each write goes out at once, in a segment of its own: the body's starts a segment.
+    if conn.set_nonblocking(false).is_err()
+        || conn.set_nodelay(true).is_err()
+        || conn
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .is_err()
+    {
+        return;
+    }
+    let mut pending = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !stop.load(Ordering::SeqCst) {
+        let Some(end) = pending.windows(4).position(|w| w == b"\r\n\r\n") else {
+            match conn.read(&mut chunk) {
+                Ok(0) => return,
+                Ok(n) => pending.extend_from_slice(&chunk[..n]),
+                // The read timeout: look at `stop` again.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(_) => return,
+            }
+            continue;
+        };
+        let head: Vec<u8> = pending.drain(..end + 4).collect();
+        let line = String::from_utf8_lossy(&head);
+        let mut words = line.split(' ');
+        let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+        let sent = if path == "/up" {
+            let body = if method == "HEAD" { "" } else { "ok\n" };
+            conn.write_all(format!("HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n{body}").as_bytes())
+        } else {
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n",
+                CAPTURED_500.len()
+            );
+            conn.write_all(head.as_bytes()).and_then(|()| {
+                // The head on the wire before the body is written: never one segment.
+                std::thread::sleep(Duration::from_millis(1));
+                conn.write_all(CAPTURED_500.as_bytes())
+            })
+        };
+        let close = line
+            .to_ascii_lowercase()
+            .contains("\r\nconnection: close\r\n");
+        if sent.is_err() || close {
+            return;
+        }
+    }
+}
+
+/// The value of the `/metrics` sample `name` (with its labels), if shown.
+fn metric(metrics: &str, name: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// A 200 whose body begins `HTTP/1.1 500 Internal Server Error` (a relayed upstream answer, in
+/// a TCP segment of its own) is a 2xx answer and nothing else: only the first segment the
+/// server sends after a request holds a status line. Under real traffic the agent shows the
+/// 2xx answers and no 5xx, in `/health` and `/metrics`, and never judges the box `erroring`
+/// (counted as a 5xx too, each answer would make the share 50 %, `web.error_share`).
+#[test]
+fn a_body_that_begins_like_a_500_status_line_is_not_a_5xx() {
+    require_root();
+    let backend = RelayingBackend::start();
+    // The fixture itself: a 200 whose body is the upstream's 500.
+    let fetched = get(backend.port, "/orders").expect("GET /orders from the backend");
+    assert_eq!(fetched, (200, CAPTURED_500.to_string()));
+    let agent = Agent::start(&web_config(
+        backend.port,
+        "[web]\nsocket_tracing = \"always\"\n",
+    ));
+    let poller = HealthPoller::start(agent.port);
+    poller.wait_for_explained(
+        WAIT,
+        "healthy before the traffic",
+        |s| s.code == 200 && s.status == "healthy" && s.webserver == "up",
+        || tail(&agent.logs(), 40),
+    );
+    let from = poller.elapsed();
+    let load = Load::keep_alive(backend.port, "/orders", 2, Duration::from_secs(5));
+    // Far more than `web.error_min_answers`, and longer than a run of failing seconds.
+    std::thread::sleep(Duration::from_secs(8));
+    let (code, body) = agent.health();
+    let metrics = agent.metrics();
+    let stats = load.stop();
+    let samples = poller.stop();
+    let ctx = explain(&agent, &samples, &stats.to_string(), "");
+    assert!(
+        stats.answers() > 100 && stats.count(200) == stats.answers(),
+        "the load got the backend's 200s: {stats}{ctx}"
+    );
+    if let Some(s) = samples.iter().filter(|s| s.at >= from).find(|s| {
+        s.code != 200 || s.webserver == "erroring" || s.web()["answers"]["erroring"] != false
+    }) {
+        panic!("a relayed 500 in a body judged as errors: {s}{ctx}");
+    }
+    assert_eq!(code, 200, "{body:#}{ctx}");
+    let answers = &body["details"]["web"]["answers"];
+    let class = |v: &serde_json::Value, c: &str| v[c].as_u64().unwrap_or(0);
+    assert_eq!(answers["status_visible"], true, "{answers:#}{ctx}");
+    // The programs saw this backend's answers: the 2xx are there, the bodies are not.
+    assert!(
+        class(&answers["by_class"], "2xx") > 100,
+        "the 200s counted: {answers:#}{ctx}"
+    );
+    assert_eq!(
+        (
+            class(&answers["by_class"], "5xx"),
+            class(&answers["total_by_class"], "5xx")
+        ),
+        (0, 0),
+        "a body counted as a 5xx: {answers:#}{ctx}"
+    );
+    assert_eq!(answers["share_5xx"].as_f64(), Some(0.0), "{answers:#}{ctx}");
+    let total = |c: &str| {
+        metric(
+            &metrics,
+            &format!("health_agent_web_responses_total{{class=\"{c}\"}}"),
+        )
+    };
+    assert!(
+        total("2xx").is_some_and(|n| n > 100.0) && total("5xx").unwrap_or(0.0) == 0.0,
+        "/metrics answers by class:\n{metrics}{ctx}"
+    );
+    println!("relayed 500 bodies: load {stats}\n  answers {answers}");
 }
 
 /// Whether `v` has at most `decimals` decimal places (as the nearest double has them).
