@@ -11,6 +11,7 @@ use crate::{
     policy::{evaluate, Decision},
     runner::checks::{check_disk, containers_wanted, probe_wanted, Checks, Database, Mode},
     snapshot::Snapshot,
+    text::clean,
 };
 
 /// Every check once, as the snapshot `/health` would serve (no heal, no fleet, no history).
@@ -158,7 +159,9 @@ async fn decide(cfg: &Config) -> (Decision, Report) {
     )
 }
 
-/// The readable table `check` prints without `--json`.
+/// The readable table `check` prints without `--json`. Each row is one line without control
+/// characters: names and errors come from outside (a database server's message, a container's
+/// name, the engine's error), and a terminal obeys an escape sequence in them.
 pub fn table(d: &Decision, r: &Report) -> String {
     let mut out = format!(
         "status          {} (HTTP {})\nrecommendation  {}\n",
@@ -166,7 +169,7 @@ pub fn table(d: &Decision, r: &Report) -> String {
         d.http,
         d.recommendation.as_str()
     );
-    let mut row = |k: &str, v: String| out.push_str(&format!("{k:<15} {v}\n"));
+    let mut row = |k: &str, v: String| out.push_str(&format!("{:<15} {}\n", clean(k), clean(&v)));
     row(
         "webserver",
         format!("{} — {}", r.web.verdict.as_str(), r.web.detail),
@@ -256,11 +259,11 @@ pub fn environment_rows(from_env: &FromEnv) -> String {
     for s in &from_env.secrets {
         // A key neither written nor in the environment is a destination not configured.
         if !(s.is_key() && s.origin == Origin::Unset) {
-            out.push_str(&format!("{:<15} {}\n", "secret", s.describe()));
+            out.push_str(&format!("{:<15} {}\n", "secret", clean(&s.describe())));
         }
     }
     for note in &from_env.notes {
-        out.push_str(&format!("{:<15} {note}\n", "hint"));
+        out.push_str(&format!("{:<15} {}\n", "hint", clean(note)));
     }
     out
 }
@@ -304,10 +307,43 @@ pub async fn aws_rows(cfg: &Config) -> String {
         Err(e) => format!("unknown — {e}"),
     };
     format!(
-        "{:<15} {credentials}\n{:<15} {region}\n",
-        "aws credentials", "aws region"
+        "{:<15} {}\n{:<15} {}\n",
+        "aws credentials",
+        clean(&credentials),
+        "aws region",
+        clean(&region)
     )
 }
 
 /// Per request of `check` to the credential sources and the metadata service.
 const AWS_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[cfg(test)]
+mod tests {
+    use crate::status::DbState;
+
+    #[test]
+    fn the_table_prints_what_came_from_outside_without_escapes_on_one_line_each() {
+        let snap = crate::alerts::tests::unhealthy_snapshot();
+        let (mut decision, mut report) = (snap.decision.clone(), snap.report.clone());
+        report.database = crate::checks::DatabaseReport {
+            state: DbState::Unreachable,
+            reason: Some("FATAL: \x1b[2J\x1b[31mall good\nstatus          healthy".into()),
+            databases: Vec::new(),
+        };
+        report.containers.reason = Some("engine said \u{9b}2J".into());
+        decision
+            .reasons
+            .push("peer \x1b]0;owned\x07web-1:8080 slow".into());
+        let plain = super::table(&snap.decision, &snap.report);
+        let t = super::table(&decision, &report);
+        assert!(!t.chars().any(|c| c.is_control() && c != '\n'), "{t:?}");
+        // The server's line break forges no row of its own.
+        assert_eq!(t.lines().count(), plain.lines().count() + 1, "{t}");
+        assert!(
+            t.contains("— FATAL: [2J[31mall good status          healthy\n"),
+            "{t}"
+        );
+        assert!(t.contains("peer ]0;ownedweb-1:8080 slow\n"), "{t}");
+    }
+}

@@ -1,14 +1,43 @@
-//! How values are shown: UTF-8-safe truncation, figures rounded to what they mean, and RFC 3339
-//! timestamps. A leaf: it imports nothing from the crate, so any module may use it.
+//! How values are shown: UTF-8-safe truncation, text from outside cleaned of control
+//! characters, figures rounded to what they mean, and RFC 3339 timestamps. A leaf: it imports
+//! nothing from the crate, so any module may use it.
 //!
 //! Figures are computed in full precision and rounded where they are written out (`shown`, the
 //! serde helpers): `5.3812809999999995` ms is noise, `5.38` is what was measured.
 
-use std::time::SystemTime;
+use std::{borrow::Cow, time::SystemTime};
 
 /// The longest prefix of `s` that is at most `limit` bytes and ends on a character boundary.
 pub fn cut(s: &str, limit: usize) -> &str {
     &s[..s.floor_char_boundary(limit)]
+}
+
+/// `s` on one line without control characters, for a terminal, a log line or an alert: text
+/// from outside (a peer's address or error, a database server's message, a container's name,
+/// a Consul value) may carry an escape sequence that repaints a terminal, a line break that
+/// forges a log line, or a bidirectional override that shows a name other than it is. C0 (tab
+/// and line breaks too), DEL, C1 and the bidirectional controls go: tab and line breaks become
+/// a space, so words stay apart; the rest are dropped.
+pub fn clean(s: &str) -> Cow<'_, str> {
+    if !s.chars().any(unclean) {
+        return Cow::Borrowed(s);
+    }
+    Cow::Owned(
+        s.chars()
+            .filter_map(|c| match c {
+                '\t' | '\n' | '\r' => Some(' '),
+                c if unclean(c) => None,
+                c => Some(c),
+            })
+            .collect(),
+    )
+}
+
+/// A control character (`char::is_control`: C0, DEL, C1) or a bidirectional embedding,
+/// override or isolate, or a direction mark.
+fn unclean(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
 /// Truncates to at most `limit` bytes on a character boundary, marking the cut with `…`
@@ -124,6 +153,21 @@ mod tests {
         assert_eq!(truncate("ééé", 4), "…");
         assert_eq!(truncate("abcdef", 5), "ab…");
         assert_eq!(truncate("abc", 5), "abc");
+    }
+
+    #[test]
+    fn clean_leaves_one_line_without_control_characters() {
+        assert!(matches!(clean("web-1:8080 — ok"), Cow::Borrowed(_)));
+        assert_eq!(clean("\x1b[31mred\x1b[0m"), "[31mred[0m");
+        assert_eq!(clean("\x1b[2Jgone"), "[2Jgone");
+        assert_eq!(
+            clean("line one\r\nINFO forged\tline"),
+            "line one  INFO forged line"
+        );
+        assert_eq!(clean("a\u{7f}b\u{9b}c\u{0}d"), "abcd");
+        assert_eq!(clean("evil\u{202e}gnp.exe"), "evilgnp.exe");
+        // Letters of every script stay.
+        assert_eq!(clean("héllo 日本"), "héllo 日本");
     }
 
     #[test]

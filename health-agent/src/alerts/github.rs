@@ -23,9 +23,9 @@ use super::{
     evidence::Pending,
     http::{Http, Pacer},
     incident::{human, Event, Kind},
-    report,
+    markdown, report,
 };
-use crate::text::rfc3339;
+use crate::text::{clean, rfc3339};
 
 /// How long a trigger waits for its process evidence before reporting without it.
 const EVIDENCE_WAIT: Duration = Duration::from_secs(10);
@@ -198,10 +198,11 @@ impl GitHub {
     /// Opens a test issue and closes it again: proves the token may create issues in the repo.
     pub async fn send_test(&mut self, http: &Http, host: &str) -> Result<(), AlertError> {
         let issue = json!({
-            "title": format!("[health-agent] test alert from {host}"),
+            "title": format!("[health-agent] test alert from {}", clean(host)),
             "body": format!(
-                "health-agent test message from `{host}` (`health-agent alert test`): incident \
-                 issues reach this repository. Closed automatically."
+                "health-agent test message from {} (`health-agent alert test`): incident \
+                 issues reach this repository. Closed automatically.",
+                markdown::code(host)
             ),
             "labels": ["health-agent"],
         });
@@ -220,7 +221,10 @@ impl GitHub {
 
 fn resolved_comment(ev: &Event) -> String {
     let (who, recurrence) = match &ev.fleet {
-        Some(_) => (format!("reported by `{}`, now", ev.host), "in this fleet"),
+        Some(_) => (
+            format!("reported by {}, now", markdown::code(&ev.host)),
+            "in this fleet",
+        ),
         None => ("Now".to_string(), "on this host"),
     };
     let mut s = format!(
@@ -234,7 +238,7 @@ fn resolved_comment(ev: &Event) -> String {
         ev.recommendation.as_str(),
     );
     for r in &ev.reasons {
-        s.push_str(&format!("\n- {r}"));
+        s.push_str(&format!("\n- {}", markdown::cell(r)));
     }
     s.push_str(&format!(
         "\n\nThe issue stays open for review; close it once the cause is understood. \

@@ -330,7 +330,11 @@ impl Event {
             status: snap.decision.status,
             http: snap.decision.http,
             recommendation: snap.decision.recommendation,
-            reasons: snap.decision.reasons.clone(),
+            // Every destination shows them on one line, and some of their words come from
+            // outside (a peer, a database server): no control characters from here on.
+            reasons: (snap.decision.reasons.iter())
+                .map(|r| crate::text::clean(r).into_owned())
+                .collect(),
             faults: snap.decision.faults.clone(),
             erroring: snap.report.web.verdict == WebVerdict::Erroring,
             brief: snap.body(crate::snapshot::Rendering::Brief).clone(),

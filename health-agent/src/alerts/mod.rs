@@ -21,6 +21,7 @@ pub mod fleet;
 pub mod github;
 pub mod http;
 pub mod incident;
+pub mod markdown;
 pub mod pagerduty;
 pub mod queue;
 pub mod report;

@@ -13,7 +13,7 @@ use super::{
     incident::{Event, Kind},
     sink::JsonSink,
 };
-use crate::text::{rfc3339, truncate};
+use crate::text::{clean, rfc3339, truncate};
 
 const SUMMARY_LIMIT: usize = 1024;
 
@@ -40,7 +40,7 @@ pub fn payload(ev: &Event, routing_key: &str) -> Value {
                     details["reported_by"] = json!(&*ev.host);
                     format!("fleet {}", f.name)
                 }
-                None => ev.host.to_string(),
+                None => clean(&ev.host).into_owned(),
             };
             json!({
                 "routing_key": routing_key,
@@ -48,7 +48,7 @@ pub fn payload(ev: &Event, routing_key: &str) -> Value {
                 "dedup_key": ev.fingerprint(),
                 "client": "health-agent",
                 "payload": {
-                    "summary": truncate(&ev.summary(), SUMMARY_LIMIT),
+                    "summary": truncate(&clean(&ev.summary()), SUMMARY_LIMIT),
                     "source": source,
                     "severity": ev.condition.pd_severity(),
                     "timestamp": rfc3339(ev.at),
@@ -86,8 +86,11 @@ fn test_payloads(routing_key: &str, host: &str) -> Vec<Value> {
         "dedup_key": test_key(host),
         "client": "health-agent",
         "payload": {
-            "summary": truncate(&format!("health-agent test alert from {host}"), SUMMARY_LIMIT),
-            "source": host,
+            "summary": truncate(
+                &format!("health-agent test alert from {}", clean(host)),
+                SUMMARY_LIMIT
+            ),
+            "source": clean(host),
             "severity": "info",
             "timestamp": rfc3339(SystemTime::now()),
             "component": "health-agent",

@@ -12,22 +12,12 @@ use serde_json::Value;
 use super::{
     evidence::{Evidence, TOP},
     incident::{human, instances, priority, Event, Kind},
+    markdown::{cell, code, fenced},
 };
-use crate::text::{rfc3339, truncate};
+use crate::text::{clean, rfc3339, truncate};
 
 /// GitHub rejects bodies above 65536 characters.
 const BODY_LIMIT: usize = 60_000;
-
-/// Text inside a table cell: no column breaks, no line breaks.
-fn cell(s: &str) -> String {
-    s.replace('|', "\\|").replace(['\n', '\r'], " ")
-}
-
-/// Untrusted text (process names, command lines) as inline code, so it cannot @-mention,
-/// link or format anything.
-fn code(s: &str) -> String {
-    format!("`{}`", cell(&s.replace('`', "'")))
-}
 
 fn bytes(b: u64) -> String {
     const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -54,7 +44,7 @@ fn text(v: &Value) -> String {
 
 fn json_block(out: &mut String, v: &Value) {
     let pretty = serde_json::to_string_pretty(v).unwrap_or_default();
-    let _ = writeln!(out, "```json\n{pretty}\n```\n");
+    let _ = writeln!(out, "{}\n", fenced("json", &pretty));
 }
 
 /// The hidden marker a later trigger looks for.
@@ -85,7 +75,8 @@ pub fn title(ev: &Event) -> String {
     if let Some(r) = ev.reasons.first() {
         let _ = write!(t, " — {r}");
     }
-    truncate(&t, 250)
+    // A title is plain text, but one line of it.
+    truncate(&clean(&t), 250)
 }
 
 pub fn labels(ev: &Event, evidence: Option<&Evidence>) -> Vec<&'static str> {
@@ -120,7 +111,8 @@ pub fn body(ev: &Event, evidence: Option<&Evidence>) -> String {
         };
         let _ = writeln!(
             o,
-            "<details><summary>Full snapshot{note}</summary>\n\n```json\n{full}\n```\n</details>\n"
+            "<details><summary>Full snapshot{note}</summary>\n\n{}\n</details>\n",
+            fenced("json", &full)
         );
     }
     if o.len() + footer.len() > BODY_LIMIT {
@@ -260,9 +252,10 @@ fn containers_database_fleet(o: &mut String, details: &Value) {
         o,
         "### Database\n\n{}{}\n",
         text(&db["state"]),
+        // The server's own words may be in it.
         db["reason"]
             .as_str()
-            .map(|r| format!(" — {}", cell(r)))
+            .map(|r| format!(" — {}", code(r)))
             .unwrap_or_default()
     );
 
@@ -435,6 +428,67 @@ mod tests {
         );
         // Without [fleet], no section.
         assert!(!body(&event(), None).contains("### Fleet"));
+    }
+
+    #[test]
+    fn what_peers_and_servers_said_cannot_write_markdown() {
+        let evil = "x`](http://evil)\n# hi";
+        let mut snap = unhealthy_snapshot().with_fleet(crate::fleet::FleetReport {
+            configured: true,
+            peers_asked: vec![evil.into()],
+            peers_answered: vec![evil.into()],
+            judgements: vec![crate::policy::Judgement {
+                class: crate::status::FaultClass::Web,
+                scope: crate::status::Scope::Local,
+                peers_with: 0,
+                peers_answered: 1,
+                reason: format!("1/1 peers answering ({evil}) have no web fault"),
+            }],
+            ..Default::default()
+        });
+        snap.decision.reasons = vec![format!("database unreachable: \x1b[2J```\n# owned {evil}")];
+        let t = super::super::incident::Transition {
+            kind: Kind::Trigger,
+            condition: Condition::Unhealthy,
+            scope: super::super::incident::Scope::Host,
+            incident: 1,
+            opened_at: std::time::SystemTime::now(),
+        };
+        let ev = Event::new(&t, &snap, "web-1".into(), None);
+        let b = body(&ev, None);
+        assert!(
+            b.contains("asked: `x'](http://evil) # hi`; answered: `x'](http://evil) # hi`\n"),
+            "{b}"
+        );
+        assert!(
+            b.contains(
+                "- web fault, local: 1/1 peers answering (x\\`\\](http://evil) \\# hi) have"
+            ),
+            "{b}"
+        );
+        assert!(
+            b.contains("- database unreachable: \\[2J\\`\\`\\` \\# owned x\\`"),
+            "{b}"
+        );
+        // No line the outside wrote starts a heading; every fence opened is closed by its own.
+        assert!(!b.lines().any(|l| l.starts_with("# ")), "{b}");
+        assert!(
+            b.contains("\n````json\n"),
+            "the fence outlasts the snapshot's ```: {b}"
+        );
+        assert!(!title(&ev).contains('\n'));
+        // Every destination has the reasons without control characters, on one line each.
+        let slack = super::super::slack::payload(&ev).to_string();
+        let pd = super::super::pagerduty::payload(&ev, "k").to_string();
+        let hook = super::super::webhook::payload(&ev)["payload"]["reasons"].to_string();
+        assert!(!b.contains('\x1b'), "{b:?}");
+        for sent in [&slack, &pd, &hook, &title(&ev)] {
+            assert!(
+                !sent.contains("\\u001b") && !sent.contains('\x1b'),
+                "{sent}"
+            );
+        }
+        assert!(slack.contains("[2J``` # owned"), "{slack}");
     }
 
     fn event() -> Event {

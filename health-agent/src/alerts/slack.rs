@@ -16,9 +16,10 @@ pub fn sink(url: &str, pacer: Pacer) -> JsonSink {
     JsonSink::new(url, pacer, payload, |host| vec![test_payload(host)])
 }
 
-/// Slack's mrkdwn control characters.
+/// Slack's mrkdwn control characters, on one line without control characters.
 fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
+    crate::text::clean(s)
+        .replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
 }
