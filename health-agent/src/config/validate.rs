@@ -116,13 +116,14 @@ impl Config {
                 .map_err(|m| ("fleet.aws_endpoint", m.to_string()))?;
         }
         for peer in &self.fleet.peers {
-            let ok = peer.rsplit_once(':').is_some_and(|(host, port)| {
-                !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0)
-            });
-            if !ok {
+            if let Err(why) = crate::fleet::addr::check(peer) {
                 return Err((
                     "fleet.peers",
-                    format!("{peer:?} must be host:port (the peer agent's health port)"),
+                    format!(
+                        "{:?} {why}: each entry is host:port (the peer agent's health port), \
+                         the host an IPv4 address, [IPv6] or a DNS name",
+                        crate::fleet::addr::shown(peer)
+                    ),
                 ));
             }
         }
@@ -303,6 +304,27 @@ mod tests {
         for bad in ["shop/eu", "shop eu", "ß"] {
             let e = err(&format!("[fleet]\nname = \"{bad}\"\n"));
             assert!(e.contains("`fleet.name`"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_static_peer_is_host_colon_port_and_nothing_more() {
+        let c = Config::parse(
+            "[fleet]\npeers = [\"10.0.0.3:8080\", \"[::1]:8080\", \"web-1.internal:8080\"]\n",
+            "x",
+        )
+        .unwrap();
+        assert_eq!(c.fleet.peers.len(), 3);
+        for (bad, why) in [
+            ("http://x:1/y", "scheme"),
+            ("a b:1", "whitespace"),
+            ("x:0", "port"),
+            ("x:99999", "port"),
+            ("\\u001b[31mx:1", "control character"),
+        ] {
+            let e = err(&format!("[fleet]\npeers = [\"{bad}\"]\n"));
+            assert!(e.contains("`fleet.peers`") && e.contains(why), "{bad}: {e}");
+            assert!(!e.contains('\x1b'), "{e:?}");
         }
     }
 

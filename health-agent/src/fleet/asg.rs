@@ -26,6 +26,7 @@ use crate::{
         xml::{self, Element},
     },
     config::FleetConfig,
+    text,
 };
 
 /// Per AWS request (metadata, credentials, each Describe call).
@@ -197,11 +198,12 @@ impl AsgPeers {
                     let changed = s.listed.as_ref().map(|l| (&l.group, &l.peers))
                         != Some((&listed.group, &listed.peers));
                     if changed || s.error.is_some() {
+                        // The group's name and the addresses come from AWS: one line, no escapes.
                         tracing::info!(
                             "fleet: auto-scaling group {}: {} peer(s) in service: {}",
-                            listed.group,
+                            text::clean(&listed.group),
                             listed.peers.len(),
-                            listed.peers.join(", ")
+                            text::clean(&listed.peers.join(", "))
                         );
                     }
                     s.listed = Some(listed);
@@ -210,7 +212,10 @@ impl AsgPeers {
                 }
                 Err(e) => {
                     if s.error.as_ref() != Some(&e) {
-                        tracing::warn!("fleet: auto-scaling group peers: {e}");
+                        tracing::warn!(
+                            "fleet: auto-scaling group peers: {}",
+                            text::clean(&e.to_string())
+                        );
                     }
                     let throttled = matches!(
                         e,
@@ -291,7 +296,13 @@ impl Lister {
             .addresses(&own, &creds, &members)
             .await?
             .into_iter()
-            .map(|ip| format!("{ip}:{}", self.port))
+            // One that is no IP address (a listing gone wrong) is kept as given: the round
+            // checks every address (`addr::admit`: from here, IP addresses only), drops it and
+            // says so.
+            .map(|ip| match ip.parse() {
+                Ok(ip) => super::addr::join(ip, self.port),
+                Err(_) => format!("{ip}:{}", self.port),
+            })
             .collect();
         peers.sort();
         Ok(Listed {

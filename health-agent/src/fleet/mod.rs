@@ -10,6 +10,7 @@
 //!   its database round trip passed, after the onset here); until most peers have said so,
 //!   or have the fault too, the fault is `asking`: never a 503, never a restart.
 
+pub mod addr;
 pub mod asg;
 pub mod exchange;
 pub mod kind;
