@@ -3,11 +3,12 @@
 //! keys without editing the packaged file. A later file wins key by key: tables merge, a
 //! scalar or an array replaces. Each file is parsed and checked for unknown keys on its own,
 //! so an error names the file it is in; the cross-checks run on the merged whole and name the
-//! file that sets the key.
+//! file that sets the key. Every file and `conf.d/` itself is read only once trust.rs trusts
+//! it: no user but root (or the agent's own) may be able to change it.
 
 use std::path::{Path, PathBuf};
 
-use super::{secrets, world_readable_warning, Config, ConfigError, FromEnv, DEFAULT_PATH};
+use super::{secrets, trust, world_readable_warning, Config, ConfigError, FromEnv, DEFAULT_PATH};
 
 /// The directory of drop-ins for the config file `path`: `conf.d` beside it.
 pub fn dropin_dir(path: &Path) -> PathBuf {
@@ -64,20 +65,18 @@ pub(super) struct Source {
 }
 
 /// Loads `path` and its drop-ins. A missing main file at the default path is an empty config;
-/// a missing `conf.d` is no drop-ins. Files that hold secrets and that every user may read are
-/// warned of, each by its own keys.
+/// a missing `conf.d` is no drop-ins. A file or `conf.d` that another user could change is
+/// refused (trust.rs). Files that hold secrets and that every user may read are warned of,
+/// each by its own keys.
 pub(super) fn load(path: &Path) -> Result<Loaded, ConfigError> {
-    let (main_text, main_found) = match std::fs::read_to_string(path) {
+    let (main_text, main_found) = match trust::read(path) {
         Ok(t) => (t, true),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && path == Path::new(DEFAULT_PATH) => {
+        Err(ConfigError::Read { ref error, .. })
+            if error.kind() == std::io::ErrorKind::NotFound && path == Path::new(DEFAULT_PATH) =>
+        {
             (String::new(), false)
         }
-        Err(error) => {
-            return Err(ConfigError::Read {
-                path: path.display().to_string(),
-                error,
-            })
-        }
+        Err(e) => return Err(e),
     };
     let dropins = list(&dropin_dir(path))?;
     let mut files = vec![(
@@ -88,10 +87,7 @@ pub(super) fn load(path: &Path) -> Result<Loaded, ConfigError> {
         },
     )];
     for p in &dropins {
-        let text = std::fs::read_to_string(p).map_err(|error| ConfigError::Read {
-            path: p.display().to_string(),
-            error,
-        })?;
+        let text = trust::read(p)?;
         let shown = p.display().to_string();
         files.push((p.clone(), Source { shown, text }));
     }
@@ -116,17 +112,17 @@ pub(super) fn load(path: &Path) -> Result<Loaded, ConfigError> {
 }
 
 /// The `*.toml` files of `dir` in file-name order (bytes, as `LC_ALL=C ls`). Hidden files
-/// (editor locks such as `.#x.toml`) and any other suffix (`.dpkg-old`, `~`) are skipped.
+/// (editor locks such as `.#x.toml`) and any other suffix (`.dpkg-old`, `~`) are skipped, and
+/// so never judged. `dir` itself must be trusted: whoever can write it can add a drop-in.
 fn list(dir: &Path) -> Result<Vec<PathBuf>, ConfigError> {
     let read_error = |error| ConfigError::Read {
         path: dir.display().to_string(),
         error,
     };
-    let entries = match std::fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(read_error(e)),
-    };
+    if !trust::check_dir(dir)? {
+        return Ok(Vec::new());
+    }
+    let entries = std::fs::read_dir(dir).map_err(read_error)?;
     let mut out = Vec::new();
     for entry in entries {
         let entry = entry.map_err(read_error)?;
@@ -287,6 +283,61 @@ mod tests {
         std::fs::write(dir.path().join("conf.d"), "").unwrap();
         let e = Config::load(&path).unwrap_err().to_string();
         assert!(e.contains("conf.d"), "{e}");
+    }
+
+    #[test]
+    fn files_and_conf_d_another_user_could_change_are_refused() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let chmod = |p: &Path, mode| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap()
+        };
+        let (dir, path) = setup(
+            "[web]\nport = 9000\n",
+            &[("50-x.toml", "[web]\nrestart_command = \"touch pwned\"\n")],
+        );
+        let conf_d = dir.path().join("conf.d");
+        let dropin = conf_d.join("50-x.toml");
+        let refused = |named: &Path, says: &str| {
+            let e = Config::load(&path).unwrap_err();
+            assert!(matches!(e, ConfigError::Untrusted { .. }), "{e}");
+            let e = e.to_string();
+            assert!(
+                e.starts_with(&format!("{} is ", named.display())) && e.contains(says),
+                "{e}"
+            );
+        };
+        for p in [&path, &dropin] {
+            chmod(p, 0o644);
+        }
+        chmod(&conf_d, 0o755);
+        let c = Config::load(&path).expect("root's files, writable by root alone");
+        assert_eq!(c.web.restart_command, "touch pwned");
+        chmod(&dropin, 0o666);
+        refused(&dropin, "mode 0666");
+        chmod(&dropin, 0o664);
+        refused(&dropin, "chmod go-w");
+        chmod(&dropin, 0o644);
+        // Whoever can write conf.d/ can add a drop-in.
+        chmod(&conf_d, 0o777);
+        refused(&conf_d, "mode 0777");
+        chmod(&conf_d, 0o755);
+        chmod(&path, 0o646);
+        refused(&path, "mode 0646");
+        chmod(&path, 0o644);
+        // What is not a drop-in is not read, so not judged.
+        let lock = conf_d.join(".#50-x.toml");
+        std::fs::write(&lock, "").unwrap();
+        chmod(&lock, 0o666);
+        Config::load(&path).expect("an editor's lock file is no drop-in");
+        if crate::sys::effective_uid() != 0 {
+            eprintln!("not root: chown to another user is not ours to test");
+            return;
+        }
+        std::os::unix::fs::chown(&dropin, Some(65534), None).unwrap();
+        refused(&dropin, "owned by uid 65534, not root");
+        std::os::unix::fs::chown(&dropin, Some(0), None).unwrap();
+        std::os::unix::fs::chown(&conf_d, Some(65534), None).unwrap();
+        refused(&conf_d, "chown root");
     }
 
     #[test]

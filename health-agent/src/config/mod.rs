@@ -22,6 +22,7 @@ mod secrets;
 mod sections;
 #[cfg(test)]
 mod tests;
+mod trust;
 mod validate;
 mod web_modes;
 
@@ -74,6 +75,18 @@ pub enum ConfigError {
     /// `config --effective` could not show the configuration (its secrets stay hidden).
     #[error("cannot show the configuration: {0}")]
     Render(String),
+    /// A config file or `conf.d/` that a user other than root, or the agent's own, could
+    /// change (trust.rs): never read, since a config sets commands the agent runs as root.
+    #[error("{}", trust::describe(path, *mode, *uid, *euid))]
+    Untrusted {
+        path: String,
+        /// Its permission bits (`st_mode & 0o7777`).
+        mode: u32,
+        /// Its owner.
+        uid: u32,
+        /// The user the agent runs as.
+        euid: u32,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]

@@ -110,7 +110,41 @@ fn tarball(arch: &ArchArtifacts) -> Result<()> {
         file_name(&arch.tarball),
         list.lines().count()
     );
+    // Unpacked by root, they keep these: the config and conf.d/ must be root's and writable by
+    // root alone, or the agent refuses them (it runs their commands as root).
+    let long = cmd::stdout(
+        Command::new("tar")
+            .args(["--numeric-owner", "-tvzf"])
+            .arg(&arch.tarball),
+    )?;
+    for line in long
+        .lines()
+        .filter(|l| l.ends_with("/health-agent.toml") || l.ends_with("/conf.d/"))
+    {
+        let mut fields = line.split_whitespace();
+        let (mode, owner) = (fields.next().unwrap_or(""), fields.next().unwrap_or(""));
+        let others_write = mode.len() != 10 || &mode[5..6] != "-" || &mode[8..9] != "-";
+        ensure!(
+            owner == "0/0" && !others_write,
+            "{}: `{line}`: the config must be root's (0/0) and writable by root alone",
+            arch.tarball.display()
+        );
+    }
+    println!("check: its config and conf.d/ are root's, writable by root alone");
     Ok(())
+}
+
+/// The agent's own `config --validate` on the config and conf.d/ the package installed in
+/// `root`: it refuses a file any user but root could change, so this proves what the package
+/// installs is root's and writable by root alone.
+fn validate_installed(root: &Root, bin: &std::path::Path) -> Result<String> {
+    let said = cmd::stdout(
+        Command::new(bin)
+            .args(["config", "--validate", "--config"])
+            .arg(root.at(CONFIG)),
+    )
+    .with_context(|| format!("the agent refuses the installed {CONFIG} or its conf.d/"))?;
+    Ok(said.trim().to_owned())
 }
 
 /// Runs a linter, shows all it said, and fails on an error it reports.
@@ -176,6 +210,10 @@ fn deb_install(a: &Artifacts, host: &ArchArtifacts) -> Result<()> {
         "{UNIT} is not enabled after the first install: Debian's convention enables it"
     );
     println!("check: deb-systemd-helper enabled {UNIT} (multi-user.target.wants)");
+    println!(
+        "check: config --validate: {}",
+        validate_installed(&root, &host.bin)?
+    );
     println!(
         "check: {}",
         root.verify_unit(&format!("{}/{UNIT}", deb::UNIT_DIR))?
@@ -326,6 +364,10 @@ fn rpm_install(a: &Artifacts, host: &ArchArtifacts) -> Result<()> {
         "{UNIT} is enabled though the preset policy says `disable *`"
     );
     println!("check: under the preset `disable *` (Fedora, Amazon Linux) {UNIT} is not enabled");
+    println!(
+        "check: config --validate: {}",
+        validate_installed(&root, &host.bin)?
+    );
     println!(
         "check: {}",
         root.verify_unit(&format!("{}/{UNIT}", rpm::UNIT_DIR))?
