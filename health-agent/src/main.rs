@@ -297,7 +297,6 @@ async fn serve(cfg: Arc<Config>) -> anyhow::Result<()> {
     let max_connections = connection_cap(&cfg);
     let (listeners, agent_check_listener) = bind_ports(&cfg, threads)?;
     let token = details_token(&cfg);
-    let fleet_token = fleet_token(&cfg);
     warn_when_nothing_is_watched(&cfg);
     let agent = runner::start(cfg.clone(), shutdown.clone()).await;
     let _lifecycle = drain::lifecycle::spawn(&cfg.drain, agent.drain.clone(), shutdown.clone());
@@ -307,7 +306,8 @@ async fn serve(cfg: Arc<Config>) -> anyhow::Result<()> {
         details: cfg.server.details,
         token,
         stale_after: cfg.checks.stale_after,
-        fleet_token,
+        fleet_access: server::FleetAccess::of(agent.fleet_key.as_ref()),
+        fresh_gate: server::FreshGate::new(cfg.fleet.interval),
         host: health_agent::alerts::hostname(),
         witness: agent.witness.clone(),
         socket_tracing: cfg.web.socket_tracing,
@@ -420,29 +420,6 @@ fn details_token(cfg: &Config) -> Option<String> {
             t
         }
         _ => None,
-    }
-}
-
-/// Who may read the peer view, from `[fleet]` and its token's environment variable.
-fn fleet_token(cfg: &Config) -> server::FleetToken {
-    if !cfg.fleet.enabled() {
-        server::FleetToken::NotConfigured
-    } else if cfg.fleet.token_env.is_empty() {
-        server::FleetToken::Open
-    } else {
-        match std::env::var(&cfg.fleet.token_env)
-            .ok()
-            .filter(|t| !t.is_empty())
-        {
-            Some(t) => server::FleetToken::Required(t),
-            None => {
-                tracing::warn!(
-                    "fleet.token_env names {}, which is empty: the peer view is closed and peers are asked without a token",
-                    cfg.fleet.token_env
-                );
-                server::FleetToken::Unset(cfg.fleet.token_env.clone())
-            }
-        }
     }
 }
 

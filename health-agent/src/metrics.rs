@@ -551,6 +551,15 @@ fn heal_and_fleet(o: &mut Out, s: &Snapshot) {
             "Peers that answered the latest round with a valid view",
             f.peers_answered.len() as f64,
         );
+        o.labeled_counter(
+            "fleet_peer_failures",
+            "Peer answers not counted since start, by reason: unproven (not signed with the fleet key for this ask), out_of_range, too_large, not_a_view, version, transport, status",
+            crate::fleet::exchange::FAILURE_REASONS
+                .iter()
+                .zip(f.failures)
+                .map(|(r, n)| (vec![("reason", (*r).to_string())], n))
+                .collect(),
+        );
         o.labeled(
             "fleet_judgement",
             "This instance's faults as the peers judge them: 1 for the current scope",

@@ -87,7 +87,7 @@ impl Keyed {
 }
 
 /// Every key that names a variable holding a secret, and the name it holds in `cfg`.
-fn env_keys(cfg: &Config) -> [(&'static str, &str); 7] {
+fn env_keys(cfg: &Config) -> [(&'static str, &str); 8] {
     [
         (Keyed::Slack.env_key(), Keyed::Slack.var(cfg)),
         (Keyed::Webhook.env_key(), Keyed::Webhook.var(cfg)),
@@ -95,7 +95,8 @@ fn env_keys(cfg: &Config) -> [(&'static str, &str); 7] {
         (Keyed::Database.env_key(), Keyed::Database.var(cfg)),
         ("alerts.github_token_env", &cfg.alerts.github_token_env),
         ("server.token_env", &cfg.server.token_env),
-        ("fleet.token_env", &cfg.fleet.token_env),
+        ("fleet.key_env", &cfg.fleet.key_env),
+        ("fleet.consul_token_env", &cfg.fleet.consul_token_env),
     ]
 }
 
@@ -259,10 +260,16 @@ pub(super) fn resolve(
             cfg.server.details == Details::Token,
         ),
         (
-            "the fleet token",
-            "fleet.token_env",
-            &cfg.fleet.token_env,
-            cfg.fleet.enabled() && !cfg.fleet.token_env.is_empty(),
+            "the fleet key",
+            "fleet.key_env",
+            &cfg.fleet.key_env,
+            cfg.fleet.enabled() && cfg.fleet.key_file.is_empty() && !cfg.fleet.key_env.is_empty(),
+        ),
+        (
+            "the Consul token",
+            "fleet.consul_token_env",
+            &cfg.fleet.consul_token_env,
+            !cfg.fleet.consul_addr.is_empty() && !cfg.fleet.consul_token_env.is_empty(),
         ),
     ];
     for (secret, env_key, var, used) in tokens {
@@ -470,7 +477,7 @@ mod tests {
             "alerts.github_token_env",
             "database.url_env",
             "server.token_env",
-            "fleet.token_env",
+            "fleet.key_env",
         ] {
             let (section, field) = key.split_once('.').unwrap();
             let e = resolved(

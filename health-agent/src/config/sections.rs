@@ -37,8 +37,20 @@ pub struct FleetConfig {
     /// regional endpoint; else one URL for both the Auto Scaling and the EC2 calls (a test
     /// server such as moto).
     pub aws_endpoint: String,
-    /// Env var holding the shared bearer token of the peer endpoint; empty: no token.
-    pub token_env: String,
+    /// A file holding the fleet key(s), one per line: the first signs, every one listed is
+    /// accepted (a rotation holds two). Owned by root (or the agent's user), no group or other
+    /// permission bits. "" = the variable `key_env` names.
+    pub key_file: String,
+    /// The variable holding the fleet key(s), separated by commas or whitespace, when
+    /// `key_file` is "". The key authenticates both directions of the peer exchange; without
+    /// one no peer is counted and the peer view is closed. (`token_env`, its former name, is
+    /// read as it.)
+    #[serde(alias = "token_env")]
+    pub key_env: String,
+    /// The variable holding a Consul ACL token, sent as `X-Consul-Token`; "" = none.
+    pub consul_token_env: String,
+    /// Or a file holding it (its first line); "" = none.
+    pub consul_token_file: String,
     /// Peers asked per round; a larger fleet is sampled at random.
     pub sample: usize,
     #[serde(with = "dur")]
@@ -67,7 +79,10 @@ impl Default for FleetConfig {
             peers_from: PeersFrom::Nothing,
             peers_refresh: Duration::from_secs(60),
             aws_endpoint: String::new(),
-            token_env: String::new(),
+            key_file: String::new(),
+            key_env: "HEALTH_AGENT_FLEET_KEY".into(),
+            consul_token_env: String::new(),
+            consul_token_file: String::new(),
             sample: 5,
             interval: Duration::from_secs(2),
             timeout: Duration::from_secs(1),

@@ -4,20 +4,28 @@
 //! A dead, slow or garbled peer costs at most `fleet.timeout` of a background task and is
 //! left out; nothing here is on the request path.
 
-use std::{net::SocketAddr, time::Instant};
-
-use serde::Deserialize;
-
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Mutex,
+    },
+    time::Instant,
+};
 
 use super::{
-    asg::AsgPeers, instance_id, PeerView, Round, FRESH_ANSWERS, FRESH_DEPENDENCY, VIEW_PATH,
-    VIEW_VERSION,
+    asg::AsgPeers,
+    instance_id,
+    key::{FleetKey, KeyError, Keyring},
+    proof::{self, ProofError},
+    view::{ViewError, MAX_VIEW_BYTES},
+    PeerView, Round, FRESH_ANSWERS, FRESH_DEPENDENCY, VIEW_PATH,
 };
 use crate::config::FleetConfig;
 
-/// Why a peer gave no usable view. Shown in `details.fleet.peers_failed`, never a reason to
-/// change this instance's answer.
+/// Why a peer gave no usable view. Shown in `details.fleet.peers_failed`, counted by reason in
+/// `/metrics`, never a reason to change this instance's answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PeerError {
     /// Connecting, sending or reading failed (reqwest's own short reason).
@@ -25,17 +33,56 @@ pub enum PeerError {
     Transport(String),
     #[error("HTTP {0}")]
     Status(u16),
-    #[error("not a peer view: {0}")]
-    NotAView(String),
-    #[error("peer view version {0}")]
-    Version(u32),
+    /// The answer grew past `view::MAX_VIEW_BYTES`: cut off there, not read on.
+    #[error("an answer over {} KiB: cut off", MAX_VIEW_BYTES / 1024)]
+    TooLarge,
+    /// The answer is not proven to come from a holder of the fleet key for this ask.
+    #[error("unproven: {0}")]
+    Unproven(#[from] ProofError),
+    #[error("{0}")]
+    View(#[from] ViewError),
 }
+
+impl PeerError {
+    /// The reason's label in `/metrics` (`health_agent_fleet_peer_failures_total{reason}`).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Transport(_) => "transport",
+            Self::Status(_) => "status",
+            Self::TooLarge => "too_large",
+            Self::Unproven(_) => "unproven",
+            Self::View(ViewError::NotJson(_)) => "not_a_view",
+            Self::View(ViewError::Version(_)) => "version",
+            Self::View(ViewError::Field { .. }) => "out_of_range",
+        }
+    }
+
+    /// Whether a peer that answers so is worth a log line (once): it answered, but not as a
+    /// member of the fleet. A peer that is down or slow is not news for the log.
+    fn untrusted(&self) -> bool {
+        !matches!(self, Self::Transport(_) | Self::Status(_))
+    }
+}
+
+/// Every `PeerError::reason`, in the order `/metrics` lists them.
+pub const FAILURE_REASONS: [&str; 7] = [
+    "transport",
+    "status",
+    "too_large",
+    "unproven",
+    "not_a_view",
+    "version",
+    "out_of_range",
+];
 
 /// Why the peers could not be listed, or the exchange not set up.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DiscoveryError {
     #[error("fleet HTTP client: {0}")]
     Client(String),
+    /// No fleet key: no peer is asked or counted.
+    #[error("{0}: no peer is asked or counted (judged alone)")]
+    NoKey(KeyError),
     #[error("resolving fleet.peers_dns {host}: {reason}")]
     Dns { host: String, reason: String },
     #[error("Consul catalog {service}: {reason}")]
@@ -43,6 +90,9 @@ pub enum DiscoveryError {
     /// The auto-scaling group's members: none listed yet, or the list is stale (`asg`).
     #[error("fleet.peers_from = \"asg\": {0}")]
     Asg(String),
+    /// Addresses a source gave that are no peer's `host:port` (`addr::check`): dropped.
+    #[error("{0}")]
+    Dropped(super::addr::Dropped),
     /// More than one source failed.
     #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     All(Vec<DiscoveryError>),
@@ -54,10 +104,12 @@ pub struct Exchange {
     own_port: u16,
     /// Our own address, never asked.
     own_addr: SocketAddr,
-    token: Option<String>,
+    /// The fleet key that proves our asks and their answers; without one no peer is asked.
+    key: FleetKey,
     http: reqwest::Client,
     /// `fleet.peers_from = "asg"`.
     asg: Option<AsgPeers>,
+    consul: Option<super::consul::Consul>,
     /// This instance has a dependency fault: peers are asked to check theirs afresh
     /// (`?fresh=dependency`), so their word on it is newer than the fault.
     fresh_dependency: AtomicBool,
@@ -65,19 +117,30 @@ pub struct Exchange {
     /// (`?fresh=answers`: with `socket_tracing = "on_suspicion"` they are counted only in
     /// windows), so their word on them is newer than the fault.
     fresh_answers: AtomicBool,
+    /// Peers' failures since start, by `PeerError::reason`.
+    failures: [AtomicU64; FAILURE_REASONS.len()],
+    /// The reason last logged for each peer that answered but was not counted: logged once
+    /// per peer and reason, not every round.
+    logged: Mutex<HashMap<String, &'static str>>,
 }
+
+/// Peers remembered in `Exchange::logged`; past this the memory starts over (a flood of
+/// addresses from DNS or Consul must not grow the agent).
+const MAX_LOGGED: usize = 1024;
 
 impl Exchange {
     pub fn new(
         cfg: &FleetConfig,
         own_addr: SocketAddr,
-        token: Option<String>,
+        key: FleetKey,
     ) -> Result<Self, DiscoveryError> {
         let http = reqwest::Client::builder()
             .timeout(cfg.timeout)
             .connect_timeout(cfg.timeout)
             // Peers are asked by address: no proxy from the environment in between.
             .no_proxy()
+            // A peer's redirect is not followed: it answers itself or not at all.
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| DiscoveryError::Client(e.to_string()))?;
         let asg = cfg
@@ -89,23 +152,39 @@ impl Exchange {
             cfg: cfg.clone(),
             own_port: own_addr.port(),
             own_addr,
-            token,
+            key,
+            consul: super::consul::Consul::from_config(cfg, &http)?,
             http,
             asg,
             fresh_dependency: AtomicBool::new(false),
             fresh_answers: AtomicBool::new(false),
+            failures: Default::default(),
+            logged: Mutex::new(HashMap::new()),
         })
     }
 
     pub async fn round(&self) -> Round {
         let started = Instant::now();
+        let key = match &self.key {
+            FleetKey::Held(k) => k.clone(),
+            FleetKey::Missing(e) => {
+                return Round {
+                    started: Some(started),
+                    discovery_error: Some(DiscoveryError::NoKey(e.clone())),
+                    ..Round::default()
+                }
+            }
+        };
         let (mut peers, discovery_error) = self.peers().await;
         peers.retain(|p| *p != self.own_addr.to_string());
         peers.sort();
         peers.dedup();
         fastrand::shuffle(&mut peers);
         peers.truncate(self.cfg.sample);
-        let asks = peers.iter().map(|p| async move { (p, self.ask(p).await) });
+        let asks = peers.iter().map(|p| {
+            let key = &key;
+            async move { (p, self.ask(key, p).await) }
+        });
         let results = futures_util::future::join_all(asks).await;
         let mut round = Round {
             started: Some(started),
@@ -117,14 +196,58 @@ impl Exchange {
             match result {
                 // A peer list may hold this agent itself (DNS, Consul): it is no witness.
                 Ok(v) if v.instance == instance_id() => {}
-                Ok(v) => round.answered.push((peer.clone(), v)),
-                Err(e) => round.failed.push((peer.clone(), e)),
+                Ok(v) => {
+                    self.forget(peer);
+                    round.answered.push((peer.clone(), v));
+                }
+                Err(e) => {
+                    self.note_failure(peer, &e);
+                    round.failed.push((peer.clone(), e));
+                }
             }
         }
         round.asked.sort();
         round.answered.sort_by(|a, b| a.0.cmp(&b.0));
+        round.failures = self.failures();
         round.took = started.elapsed();
         round
+    }
+
+    /// Peers' failures since start, by reason (`FAILURE_REASONS`' order).
+    pub fn failures(&self) -> [u64; FAILURE_REASONS.len()] {
+        std::array::from_fn(|i| self.failures[i].load(Ordering::Relaxed))
+    }
+
+    /// Counts a failure, and logs a peer that answered but is not counted, once per reason.
+    fn note_failure(&self, peer: &str, e: &PeerError) {
+        if let Some(i) = FAILURE_REASONS.iter().position(|r| *r == e.reason()) {
+            self.failures[i].fetch_add(1, Ordering::Relaxed);
+        }
+        if !e.untrusted() {
+            return;
+        }
+        let Ok(mut logged) = self.logged.lock() else {
+            return;
+        };
+        if logged.get(peer) == Some(&e.reason()) {
+            return;
+        }
+        if logged.len() >= MAX_LOGGED {
+            logged.clear();
+        }
+        logged.insert(peer.to_string(), e.reason());
+        let why = e.to_string();
+        tracing::warn!(
+            "fleet: peer {peer} answered but is not counted: {}",
+            crate::text::clean(&why)
+        );
+    }
+
+    /// A peer counted again is logged again should it fail later.
+    fn forget(&self, peer: &str) {
+        if let Ok(mut logged) = self.logged.lock() {
+            logged.remove(peer);
+        }
     }
 
     /// Whether the next rounds ask the peers to check their dependencies afresh.
@@ -137,71 +260,74 @@ impl Exchange {
         self.fresh_answers.store(yes, Ordering::Relaxed);
     }
 
-    async fn ask(&self, peer: &str) -> Result<PeerView, PeerError> {
-        let fresh: Vec<&str> = [
-            (
-                self.fresh_dependency.load(Ordering::Relaxed),
-                FRESH_DEPENDENCY,
-            ),
-            (self.fresh_answers.load(Ordering::Relaxed), FRESH_ANSWERS),
-        ]
-        .into_iter()
-        .filter_map(|(want, q)| want.then_some(q))
-        .collect();
-        let url = if fresh.is_empty() {
-            format!("http://{peer}{VIEW_PATH}")
-        } else {
-            format!("http://{peer}{VIEW_PATH}?{}", fresh.join("&"))
-        };
-        let mut req = self.http.get(&url);
-        if let Some(t) = &self.token {
-            req = req.bearer_auth(t);
+    /// One peer's view: asked with a fresh nonce and our proof, read up to the cap, counted only
+    /// when its proof answers this nonce and every field is in range.
+    async fn ask(&self, key: &Keyring, peer: &str) -> Result<PeerView, PeerError> {
+        let nonce = proof::nonce();
+        let mut path = format!("{VIEW_PATH}?nonce={nonce}");
+        for (want, q) in [
+            (&self.fresh_dependency, FRESH_DEPENDENCY),
+            (&self.fresh_answers, FRESH_ANSWERS),
+        ] {
+            if want.load(Ordering::Relaxed) {
+                path.push('&');
+                path.push_str(q);
+            }
         }
-        let resp = req
+        let resp = self
+            .http
+            .get(format!("http://{peer}{path}"))
+            .header(reqwest::header::AUTHORIZATION, key.ask(&path, proof::unix_now()))
             .send()
             .await
             .map_err(|e| PeerError::Transport(short(&e)))?;
         if !resp.status().is_success() {
             return Err(PeerError::Status(resp.status().as_u16()));
         }
-        let body = resp
-            .bytes()
-            .await
-            .map_err(|e| PeerError::Transport(short(&e)))?;
-        let view: PeerView =
-            serde_json::from_slice(&body).map_err(|e| PeerError::NotAView(e.to_string()))?;
-        if view.version != VIEW_VERSION {
-            return Err(PeerError::Version(view.version));
-        }
-        Ok(view)
+        let proof = resp
+            .headers()
+            .get(proof::PROOF_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let body = read_capped(resp, MAX_VIEW_BYTES).await?;
+        key.check_view(proof.as_deref(), &nonce, &body)?;
+        Ok(PeerView::parse(&body)?)
     }
 
     /// `host:port` of every peer the configuration names, re-read every round (the group's
     /// members as last listed), and what went wrong with any source: a source that failed
-    /// while others gave peers still says so.
+    /// while others gave peers still says so. An address that is no `host:port`
+    /// (`addr::check`) is dropped, and said.
     async fn peers(&self) -> (Vec<String>, Option<DiscoveryError>) {
-        let mut out = self.cfg.peers.clone();
+        use super::addr::{admit, Source};
+        let mut listed = vec![(Source::Static, self.cfg.peers.clone())];
         let mut errors = Vec::new();
         if !self.cfg.peers_dns.is_empty() {
             match self.dns().await {
-                Ok(p) => out.extend(p),
+                Ok(p) => listed.push((Source::Dns, p)),
                 Err(e) => errors.push(e),
             }
         }
-        if !self.cfg.consul_addr.is_empty() {
-            match self.consul().await {
-                Ok(p) => out.extend(p),
+        if let Some(consul) = &self.consul {
+            match consul.peers().await {
+                Ok(p) => listed.push((Source::Consul, p)),
                 Err(e) => errors.push(e),
             }
         }
         if let Some(asg) = &self.asg {
             match asg.peers() {
                 Ok((p, stale)) => {
-                    out.extend(p);
+                    listed.push((Source::Asg, p));
                     errors.extend(stale.map(|e| DiscoveryError::Asg(e.to_string())));
                 }
                 Err(e) => errors.push(DiscoveryError::Asg(e.to_string())),
             }
+        }
+        let mut out = Vec::new();
+        for (source, addrs) in listed {
+            let (ok, dropped) = admit(source, addrs);
+            out.extend(ok);
+            errors.extend(dropped.map(DiscoveryError::Dropped));
         }
         let error = match errors.len() {
             0 | 1 => errors.pop(),
@@ -224,91 +350,35 @@ impl Exchange {
             })?;
         Ok(addrs.map(|a| a.to_string()).collect())
     }
-
-    async fn consul(&self) -> Result<Vec<String>, DiscoveryError> {
-        let base = self.cfg.consul_addr.trim_end_matches('/');
-        let base = if base.contains("://") {
-            base.to_string()
-        } else {
-            format!("http://{base}")
-        };
-        let url = format!("{base}/v1/catalog/service/{}", self.cfg.consul_service);
-        let entries: Vec<CatalogEntry> = self
-            .http
-            .get(&url)
-            .send()
-            .await
-            .and_then(|r| r.error_for_status())
-            .map_err(|e| self.consul_error(&e))?
-            .json()
-            .await
-            .map_err(|e| self.consul_error(&e))?;
-        Ok(entries.iter().filter_map(CatalogEntry::peer).collect())
-    }
-
-    fn consul_error(&self, e: &reqwest::Error) -> DiscoveryError {
-        DiscoveryError::Consul {
-            service: self.cfg.consul_service.clone(),
-            reason: short(e),
-        }
-    }
 }
 
-/// One entry of Consul's `GET /v1/catalog/service/:service` (only the fields used).
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "PascalCase")]
-struct CatalogEntry {
-    #[serde(default)]
-    address: String,
-    #[serde(default)]
-    service_address: String,
-    #[serde(default)]
-    service_port: u16,
-}
-
-impl CatalogEntry {
-    /// The service's own address when registered with one, else its node's.
-    fn peer(&self) -> Option<String> {
-        let host = if self.service_address.is_empty() {
-            &self.address
-        } else {
-            &self.service_address
-        };
-        if host.is_empty() || self.service_port == 0 {
-            return None;
-        }
-        Some(match host.parse::<std::net::IpAddr>() {
-            Ok(std::net::IpAddr::V6(v6)) => format!("[{v6}]:{}", self.service_port),
-            _ => format!("{host}:{}", self.service_port),
-        })
+/// The body of `resp`, refused as soon as it grows past `cap`: a peer that streams gigabytes
+/// costs at most `cap` bytes and `fleet.timeout`.
+async fn read_capped(mut resp: reqwest::Response, cap: usize) -> Result<Vec<u8>, PeerError> {
+    if resp.content_length().is_some_and(|n| n > cap as u64) {
+        return Err(PeerError::TooLarge);
     }
+    let mut body = Vec::new();
+    while let Some(chunk) = resp
+        .chunk()
+        .await
+        .map_err(|e| PeerError::Transport(short(&e)))?
+    {
+        if body.len() + chunk.len() > cap {
+            return Err(PeerError::TooLarge);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
 }
 
 /// A reqwest error without its URL (a peer URL holds nothing secret, but keep lines short).
-fn short(e: &reqwest::Error) -> String {
+pub(super) fn short(e: &reqwest::Error) -> String {
     if e.is_timeout() {
         "no answer within fleet.timeout".into()
     } else if e.is_connect() {
         "connection failed".into()
     } else {
         e.to_string()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn consul_entries_prefer_the_service_address() {
-        let entries: Vec<CatalogEntry> = serde_json::from_str(
-            r#"[{"Node":"a","Address":"10.0.0.1","ServiceAddress":"","ServicePort":8080},
-                {"Node":"b","Address":"10.0.0.2","ServiceAddress":"10.1.0.2","ServicePort":8080},
-                {"Node":"c","Address":"fd00::3","ServiceAddress":"","ServicePort":8080},
-                {"Node":"d","Address":"10.0.0.4","ServicePort":0}]"#,
-        )
-        .unwrap();
-        let peers: Vec<String> = entries.iter().filter_map(CatalogEntry::peer).collect();
-        assert_eq!(peers, ["10.0.0.1:8080", "10.1.0.2:8080", "[fd00::3]:8080"]);
     }
 }

@@ -178,6 +178,7 @@ impl Judge {
             .map(|(a, why)| format!("{a}: {why}"))
             .collect();
         report.discovery = round.discovery_error.as_ref().map(ToString::to_string);
+        report.failures = round.failures;
         report.peer_alerts = round
             .answered
             .iter()

@@ -269,8 +269,11 @@ pub struct SlowTracker {
 /// after `after`.
 fn counted_after(p: &PeerLatency, asked: Option<Instant>, after: Instant) -> bool {
     match (asked, p.began_seconds_ago) {
-        (Some(asked), Some(ago)) => asked
-            .checked_sub(Duration::from_secs_f64(ago.max(0.0)))
+        // `view::PeerView::parse` bounds `ago` already; a figure that still makes no
+        // duration (negative, NaN, past `Duration`) confirms nothing rather than panicking.
+        (Some(asked), Some(ago)) => Duration::try_from_secs_f64(ago)
+            .ok()
+            .and_then(|ago| asked.checked_sub(ago))
             .is_some_and(|began| began >= after),
         _ => false,
     }

@@ -12,9 +12,13 @@
 
 pub mod addr;
 pub mod asg;
+pub mod consul;
 pub mod exchange;
+pub mod key;
 pub mod kind;
 pub mod latency;
+pub mod proof;
+pub mod view;
 
 use std::{
     collections::HashMap,
@@ -402,6 +406,8 @@ pub struct Round {
     pub failed: Vec<(String, exchange::PeerError)>,
     /// Why no peers could be listed (DNS, Consul), if so.
     pub discovery_error: Option<exchange::DiscoveryError>,
+    /// Peers' failures since the agent started, by reason (`exchange::FAILURE_REASONS`).
+    pub failures: [u64; exchange::FAILURE_REASONS.len()],
 }
 
 /// `details.fleet`.
@@ -447,6 +453,9 @@ pub struct FleetReport {
     /// alerts (not shown).
     #[serde(skip)]
     pub peer_alerts: Vec<PeerAlerts>,
+    /// Peers' failures since the agent started, by reason, for `/metrics`.
+    #[serde(skip)]
+    pub failures: [u64; exchange::FAILURE_REASONS.len()],
 }
 
 impl FleetReport {

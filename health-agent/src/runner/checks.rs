@@ -53,6 +53,8 @@ pub struct Checks {
     pub fleet: Option<Arc<Exchange>>,
     /// Why the fleet exchange could not be made.
     pub fleet_error: Option<crate::fleet::exchange::DiscoveryError>,
+    /// The fleet key as read at start (`[fleet]` configured, serve only).
+    pub fleet_key: Option<crate::fleet::key::FleetKey>,
 }
 
 impl Checks {
@@ -101,17 +103,16 @@ impl Checks {
             Err(e) => Database::Broken(e.to_string()),
         };
 
-        let (fleet, fleet_error) = if mode == Mode::Serve && cfg.fleet.enabled() {
-            let token = (!cfg.fleet.token_env.is_empty())
-                .then(|| std::env::var(&cfg.fleet.token_env).ok())
-                .flatten()
-                .filter(|t| !t.is_empty());
-            match Exchange::new(&cfg.fleet, cfg.server.listen, token) {
+        // The key is read once, here: the exchange proves its asks with it, the server its
+        // answers (`runner::Agent::fleet_key`).
+        let fleet_key = (mode == Mode::Serve && cfg.fleet.enabled())
+            .then(|| crate::fleet::key::FleetKey::load(&cfg.fleet));
+        let (fleet, fleet_error) = match &fleet_key {
+            Some(key) => match Exchange::new(&cfg.fleet, cfg.server.listen, key.clone()) {
                 Ok(e) => (Some(Arc::new(e)), None),
                 Err(e) => (None, Some(e)),
-            }
-        } else {
-            (None, None)
+            },
+            None => (None, None),
         };
 
         Self {
@@ -123,6 +124,7 @@ impl Checks {
             database,
             fleet,
             fleet_error,
+            fleet_key,
         }
     }
 }

@@ -51,6 +51,8 @@ pub struct Agent {
     pub witness: crate::fleet::Witness,
     /// `health-agent drain`'s state, for the control socket and the lifecycle hook.
     pub drain: crate::drain::Drain,
+    /// The fleet key as read at start: the peer view's access (`[fleet]` configured).
+    pub fleet_key: Option<crate::fleet::key::FleetKey>,
 }
 
 /// Where every snapshot goes: the cell `/health` reads, and the alerts' subscription.
@@ -100,6 +102,12 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
     }
     if let Some(e) = &checks.fleet_error {
         tracing::error!("{e}; judging alone");
+    }
+    let fleet_key = checks.fleet_key.clone();
+    match &fleet_key {
+        Some(k @ crate::fleet::key::FleetKey::Missing(_)) => tracing::warn!("{}", k.describe()),
+        Some(k) => tracing::info!("{}", k.describe()),
+        None => {}
     }
     if let Database::Broken(e) = &checks.database {
         // Config validation refuses such URLs; this only guards a hand-built Config.
@@ -221,6 +229,7 @@ pub async fn start(cfg: Arc<Config>, shutdown: CancellationToken) -> Agent {
         check_loop,
         witness,
         drain,
+        fleet_key,
     }
 }
 

@@ -11,6 +11,7 @@
 mod conn;
 #[cfg(test)]
 mod tests;
+mod view;
 
 use std::{
     net::{IpAddr, SocketAddr},
@@ -28,6 +29,7 @@ use axum::{
 };
 use bytes::Bytes;
 
+pub use self::view::{FleetAccess, FreshGate};
 pub use self::conn::{bind, connection_cap, run_threads, serve, Clients, Limits, RESERVED_FDS};
 use crate::{
     config::Details,
@@ -45,7 +47,9 @@ pub struct App {
     pub token: Option<String>,
     pub stale_after: Duration,
     /// Who may read the peer view.
-    pub fleet_token: FleetToken,
+    pub fleet_access: FleetAccess,
+    /// Whose `?fresh=` asks are honoured now.
+    pub fresh_gate: FreshGate,
     /// This host's name, in the peer view.
     pub host: String,
     /// The live evidence the peer view shows, and what a peer's `?fresh=dependency` wakes.
@@ -56,29 +60,15 @@ pub struct App {
 
 pub use crate::fleet::Witness;
 
-/// The peer endpoint's access rule (`fleet.token_env`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FleetToken {
-    /// No `[fleet]` peers configured: there is no peer view (404), so nothing about this
-    /// instance is served to whoever asks.
-    NotConfigured,
-    /// No token configured: anyone who reaches the health port may read it.
-    Open,
-    /// `Authorization: Bearer <token>` required.
-    Required(String),
-    /// A token is configured but its variable is empty: nobody may read it.
-    Unset(String),
-}
-
 #[derive(Clone, Copy)]
-struct Peer(SocketAddr);
+pub(crate) struct Peer(pub(crate) SocketAddr);
 
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/health", get(health))
         .route("/livez", get(livez))
         .route("/metrics", get(metrics_handler))
-        .route(crate::fleet::VIEW_PATH, get(fleet_view))
+        .route(crate::fleet::VIEW_PATH, get(view::fleet_view))
         .with_state(app)
 }
 
@@ -156,70 +146,6 @@ fn age_header(r: &mut Response, age: Duration) {
         HeaderName::from_static("x-snapshot-age-ms"),
         HeaderValue::from(age.as_millis() as u64),
     );
-}
-
-/// The compact peer view: this instance's raw check states, for its peers' judgement.
-async fn fleet_view(
-    State(app): State<Arc<App>>,
-    uri: axum::http::Uri,
-    headers: HeaderMap,
-) -> Response {
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    match &app.fleet_token {
-        FleetToken::NotConfigured => {
-            return (
-                StatusCode::NOT_FOUND,
-                "no [fleet] configured: this agent serves no peer view\n",
-            )
-                .into_response()
-        }
-        FleetToken::Open => {}
-        FleetToken::Required(t)
-            if given.is_some_and(|g| constant_time_eq(g.as_bytes(), t.as_bytes())) => {}
-        FleetToken::Required(_) => {
-            return (
-                StatusCode::UNAUTHORIZED,
-                "a valid fleet bearer token is required\n",
-            )
-                .into_response()
-        }
-        FleetToken::Unset(var) => {
-            return (
-                StatusCode::FORBIDDEN,
-                format!("fleet.token_env names {var}, which is empty: the peer view is closed\n"),
-            )
-                .into_response()
-        }
-    }
-    let fresh = |q: &str| {
-        uri.query()
-            .is_some_and(|all| all.split('&').any(|p| p == q))
-    };
-    if fresh(crate::fleet::FRESH_DEPENDENCY) {
-        // The asker's dependency fault is newer than our last round trip: check now, so
-        // its next ask gets our word from after its onset.
-        app.witness.recheck(Instant::now());
-    }
-    if fresh(crate::fleet::FRESH_ANSWERS) {
-        // The asker's answers fail: sample ours now (a counting window), so its next ask
-        // gets our word from after its onset.
-        app.witness.want_answers();
-    }
-    let snap = app.snapshot.load();
-    let age = Instant::now().saturating_duration_since(snap.created);
-    let now = Instant::now();
-    let mut view =
-        crate::fleet::PeerView::of(&snap.report, &app.witness.evidence(), &app.host, now);
-    view.alerts = app.witness.alerts(now);
-    view.latency = snap.fleet.latency.clone();
-    let mut r = axum::Json(view).into_response();
-    age_header(&mut r, age);
-    r.headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    r
 }
 
 fn respond(code: StatusCode, body: Bytes, ietf: bool, age: Duration) -> Response {

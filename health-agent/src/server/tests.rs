@@ -31,6 +31,8 @@ fn report(disk: DiskLevel) -> Report {
     }
 }
 
+const FLEET_KEY: &str = "k4BXzRk0J1lHq3Qm6mQbC4sDq4kU5Xo2cTgR1Y0vZ8I=";
+
 fn app(disk: DiskLevel, details: Details) -> Arc<App> {
     let r = report(disk);
     let d = evaluate(&crate::policy::PolicyInput::of(&r, false));
@@ -45,7 +47,10 @@ fn app(disk: DiskLevel, details: Details) -> Arc<App> {
         details,
         token: Some("s3cret".into()),
         stale_after: Duration::from_secs(10),
-        fleet_token: FleetToken::Required("fl33t".into()),
+        fleet_access: FleetAccess::Keyed(Arc::new(
+            crate::fleet::key::Keyring::parse(FLEET_KEY, "test").unwrap(),
+        )),
+        fresh_gate: FreshGate::new(Duration::from_secs(2)),
         host: "web-1".into(),
         witness: Default::default(),
         socket_tracing: crate::config::SocketTracing::OnSuspicion,
@@ -204,33 +209,56 @@ fn the_connection_cap_fits_the_open_files_limit() {
     assert_eq!(connection_cap(1024, 100), 16, "never below a handful");
 }
 
+/// The view is served only to an asker proven with the fleet key, and signed for its nonce;
+/// without a key it is closed, saying why.
 #[tokio::test]
-async fn the_peer_view_needs_the_fleet_token() {
+async fn the_peer_view_needs_the_fleet_key_and_answers_signed() {
+    use crate::fleet::{key::Keyring, proof};
     let a = app(DiskLevel::Ok, Details::Always);
-    let view = |auth: Option<&str>| {
-        let mut r = req(crate::fleet::VIEW_PATH);
+    let ours = Keyring::parse(FLEET_KEY, "test").unwrap();
+    let theirs = Keyring::parse("Zq0m3wN2b7f1Hk9Xc4Vt6Ls8Pa5Rd0Ey2Uj7Io3Gh1=", "test").unwrap();
+    let nonce = proof::nonce();
+    let path = format!("{}?nonce={nonce}", crate::fleet::VIEW_PATH);
+    let view = |auth: Option<String>| {
+        let mut r = req(&path);
         if let Some(a) = auth {
             r = r.header(header::AUTHORIZATION, a);
         }
         r.body(Body::empty()).unwrap()
     };
-    let resp = router(a.clone()).oneshot(view(None)).await.unwrap();
-    assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+    let now = proof::unix_now();
+    for (auth, why) in [
+        (None, "no proof"),
+        (Some("Bearer s3cret".to_string()), "a bearer token is no proof"),
+        (Some(theirs.ask(&path, now)), "another fleet's key"),
+        (Some(ours.ask(&path, now - 3_600)), "an ask an hour old"),
+        (Some(ours.ask(&format!("{path}&fresh=dependency"), now)), "another path"),
+    ] {
+        let resp = router(a.clone()).oneshot(view(auth)).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::UNAUTHORIZED, "{why}");
+    }
     let resp = router(a.clone())
-        .oneshot(view(Some("Bearer s3cret")))
+        .oneshot(view(Some(ours.ask(&path, now))))
         .await
         .unwrap();
-    assert_eq!(
-        resp.status(),
-        StatusCode::UNAUTHORIZED,
-        "the details token is not it"
-    );
-    let (code, _, body) = get(a, view(Some("Bearer fl33t"))).await;
-    assert_eq!(code, StatusCode::OK);
-    assert_eq!(body["version"], 1);
-    assert_eq!(body["host"], "web-1");
-    assert_eq!(body["web"], "not_configured");
-    assert!(!body.to_string().contains("fl33t"));
+    assert_eq!(resp.status(), StatusCode::OK);
+    let signed = resp.headers()[proof::PROOF_HEADER].to_str().unwrap().to_string();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(ours.check_view(Some(&signed), &nonce, &body), Ok(()));
+    assert!(ours.check_view(Some(&signed), &proof::nonce(), &body).is_err(), "another ask");
+    let v = crate::fleet::PeerView::parse(&body).unwrap();
+    assert_eq!((v.version, v.host.as_str()), (1, "web-1"));
+    assert!(!String::from_utf8_lossy(&body).contains(FLEET_KEY));
+
+    let closed = App {
+        fleet_access: FleetAccess::Closed("no fleet key".into()),
+        ..Arc::into_inner(app(DiskLevel::Ok, Details::Always)).unwrap()
+    };
+    let resp = router(Arc::new(closed))
+        .oneshot(view(Some(ours.ask(&path, now))))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::FORBIDDEN);
 }
 
 async fn get(app: Arc<App>, req: Request<Body>) -> (StatusCode, HeaderMap, serde_json::Value) {
@@ -364,7 +392,8 @@ async fn stale_snapshot_is_503() {
         details: Details::Always,
         token: None,
         stale_after: Duration::ZERO,
-        fleet_token: FleetToken::Open,
+        fleet_access: FleetAccess::NotConfigured,
+        fresh_gate: FreshGate::default(),
         host: "web-1".into(),
         witness: Default::default(),
         socket_tracing: crate::config::SocketTracing::OnSuspicion,
@@ -514,7 +543,7 @@ async fn every_5xx_is_fail_in_the_health_json_format() {
 #[tokio::test]
 async fn without_fleet_there_is_no_peer_view() {
     let a = App {
-        fleet_token: FleetToken::NotConfigured,
+        fleet_access: FleetAccess::NotConfigured,
         ..Arc::into_inner(app(DiskLevel::Ok, Details::Always)).unwrap()
     };
     let resp = router(Arc::new(a))
