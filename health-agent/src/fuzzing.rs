@@ -50,6 +50,10 @@ pub const TARGETS: &[Target] = &[
         name: "sock_diag",
         run: sock_diag,
     },
+    Target {
+        name: "peer_view",
+        run: peer_view,
+    },
 ];
 
 /// `Config::parse` on any text; what it accepts must survive a save and a load unchanged.
@@ -141,6 +145,59 @@ pub fn sock_diag(data: &[u8]) {
         "{messages} messages in {} bytes",
         data.len()
     );
+}
+
+/// A peer's answer as the exchange reads it (`PeerView::parse`), and, when accepted, the judge
+/// and the latency comparison reading it as a round's views: nothing a peer sends may panic the
+/// check loop, whichever fault this instance has and however old the round.
+pub fn peer_view(data: &[u8]) {
+    use crate::fleet::{self, latency, FleetReport, Judge, PeerView, Round};
+    use crate::status::FaultClass;
+    let Ok(view) = PeerView::parse(data) else {
+        return;
+    };
+    let t0 = Instant::now();
+    let peers = ["10.0.0.1:8080", "10.0.0.2:8080"].map(String::from);
+    let round = Round {
+        started: Some(t0),
+        asked: peers.to_vec(),
+        answered: peers.iter().map(|p| (p.clone(), view.clone())).collect(),
+        ..Round::default()
+    };
+    let second = Duration::from_secs(1);
+    let mut judge = Judge::new(second, second, 8 * second);
+    let all = [
+        FaultClass::Web,
+        FaultClass::Dependency,
+        FaultClass::Containers,
+        FaultClass::Errors,
+    ];
+    for at in [0, 1, 9, 3_600] {
+        let now = t0 + at * second;
+        let _ = judge.judge(&all, Some(&round), now);
+        let _ = judge.judge_own(&all[1..2], true, Some(&round), now);
+    }
+    let _ = fleet::classes_of(view.web, view.database, view.containers);
+    let Some(own) = view.latency.clone() else {
+        return;
+    };
+    let _ = latency::compare(&own, &[(peers[0].clone(), own.clone())], 3.0);
+    let _ = latency::may_go_out("0", false, &[(view.instance.clone(), Some(own.clone()))]);
+    let mut tracker = latency::SlowTracker::new(3.0, own.instance_type.clone());
+    for at in [0, 1, 30] {
+        let now = t0 + at * second;
+        let _ = tracker.round(
+            latency::RoundInput {
+                own: Some(own.clone()),
+                since: Some(t0),
+                answered: Some(&round.answered),
+                threshold: 3.0,
+                round_started: Some(t0),
+                now,
+            },
+            &mut FleetReport::default(),
+        );
+    }
 }
 
 /// How long [`smoke`] runs each target.
@@ -474,5 +531,10 @@ mod tests {
     #[test]
     fn fuzz_smoke_sock_diag() {
         run("sock_diag");
+    }
+
+    #[test]
+    fn fuzz_smoke_peer_view() {
+        run("peer_view");
     }
 }

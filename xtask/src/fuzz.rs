@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 use crate::{cmd, setup};
 
 /// The cargo-fuzz targets in fuzz/Cargo.toml, one per parser.
-pub const TARGETS: &[&str] = &["config", "redis", "mysql", "btf", "sock_diag"];
+pub const TARGETS: &[&str] = &["config", "redis", "mysql", "btf", "sock_diag", "peer_view"];
 
 #[derive(clap::Args)]
 pub struct Args {
