@@ -181,6 +181,9 @@ impl Agent {
         command
             .env("AWS_CONFIG_FILE", &no_file)
             .env("AWS_SHARED_CREDENTIALS_FILE", &no_file);
+        // Every agent of a test holds the fleet key, as a fleet's members do; a test that wants
+        // another key, or none, passes the variable itself.
+        command.env(crate::trust::KEY_VAR, crate::trust::FLEET_KEY);
         let started = Instant::now();
         let child = command
             .arg("--config")
@@ -274,6 +277,12 @@ impl Agent {
             Duration::from_secs(5),
         )
         .map(|(c, _, b)| (c, b))
+    }
+
+    /// `GET /fleet/v1/view` asked as a peer holding the harness's fleet key does: the status,
+    /// and the body when its proof answers this ask (else the status and an error).
+    pub fn view_proven(&self) -> io::Result<(u16, String)> {
+        crate::trust::ask_view(self.addr, crate::trust::FLEET_KEY)
     }
 
     /// The `/metrics` text.

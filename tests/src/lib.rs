@@ -30,6 +30,7 @@
 //! | `prometheus` | a real Prometheus scraping the test's agents and evaluating rule files; its HTTP API; `promtool check metrics` |
 //! | `soak` | the soak's backend restarted on its ports, the agent's /proc and BPF figures, the faults and the verdict over them |
 //! | `fleet` | stub servers, `/etc/hosts` lines, `/metrics` gauges for the fleet tests |
+//! | `trust` | the fleet key the harness's agents hold, the proofs written from the protocol, peer stand-ins that lie, replay or flood |
 
 pub mod agent;
 pub mod bpf_stats;
@@ -58,6 +59,7 @@ pub mod prometheus;
 pub mod puma;
 pub mod qemu;
 pub mod rack;
+pub mod trust;
 pub mod receiver;
 pub mod redis;
 pub mod release;

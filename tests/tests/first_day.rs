@@ -315,6 +315,8 @@ fn the_peer_view_exists_only_with_fleet() {
     let peer = free_port();
     let fleet = Agent::start(&format!("[fleet]\npeers = [\"127.0.0.1:{peer}\"]\n"));
     let (code, body) = fleet.view(None).expect("GET /fleet/v1/view");
+    assert_eq!(code, 401, "only a holder of the fleet key reads it: {body}");
+    let (code, body) = fleet.view_proven().expect("GET /fleet/v1/view, proven");
     assert_eq!(code, 200, "{body}");
 }
 

@@ -656,13 +656,14 @@ fn bad_peers_are_ignored_and_health_is_unaffected() {
     }
 }
 
-/// `fleet.token_env`: the peer endpoint answers only with `Authorization: Bearer <token>`, the
-/// agent sends it to its peers (two agents with the same token see each other), and the token
-/// shows up nowhere: not in /health, /metrics, the view, or the log.
+/// The fleet key: the peer endpoint answers only an ask proven with it, and signs its answer for
+/// that ask; two agents holding the same key (here from a variable named by `token_env`, the
+/// key's former name, which old configs keep) see each other; the key shows up nowhere: not in
+/// /health, /metrics, the view, or the log.
 #[test]
-fn the_peer_view_needs_the_token() {
+fn the_peer_view_needs_the_fleet_key() {
     require_root();
-    let token = format!("s3cret-{}-fleet-token", std::process::id());
+    let token = format!("s3cret-{:08}-fleet-key-0123456789abcdef", std::process::id());
     let env = [("HA_FLEET_TOKEN", token.as_str())];
     let (fa, fb) = (Fixture::start("normal"), Fixture::start("normal"));
     let (a_addr, b_addr) = (
@@ -687,21 +688,16 @@ fn the_peer_view_needs_the_token() {
 
     let no_auth = a.view(None).expect("GET /fleet/v1/view");
     let wrong = a
-        .view(Some("Bearer s3cret-wrong"))
-        .expect("GET /fleet/v1/view");
-    let not_bearer = a.view(Some(&token)).expect("GET /fleet/v1/view");
-    let right = a
         .view(Some(&format!("Bearer {token}")))
         .expect("GET /fleet/v1/view");
+    let other_key = health_agent_tests::trust::ask_view(a_addr, health_agent_tests::trust::FLEET_KEY)
+        .expect("GET /fleet/v1/view");
+    let right = health_agent_tests::trust::ask_view(a_addr, &token)
+        .unwrap_or_else(|e| panic!("the proven view: {e}{}", explain()));
     assert_eq!(no_auth.0, 401, "no Authorization: {no_auth:?}{}", explain());
-    assert_eq!(wrong.0, 401, "a wrong token: {wrong:?}{}", explain());
-    assert_eq!(
-        not_bearer.0,
-        401,
-        "the token without `Bearer `: {not_bearer:?}{}",
-        explain()
-    );
-    assert_eq!(right.0, 200, "the right token: {right:?}{}", explain());
+    assert_eq!(wrong.0, 401, "the key as a bearer token: {wrong:?}{}", explain());
+    assert_eq!(other_key.0, 401, "another fleet's key: {other_key:?}{}", explain());
+    assert_eq!(right.0, 200, "the right key: {right:?}{}", explain());
     let view: Value = serde_json::from_str(&right.1)
         .unwrap_or_else(|e| panic!("the view is not JSON ({e}): {}", right.1));
     assert_eq!(view["version"], 1, "view: {view}");
@@ -710,12 +706,12 @@ fn the_peer_view_needs_the_token() {
         "view.instance: {view}"
     );
 
-    // Each sends the token when asking the other, or the other would answer 401.
+    // Each proves its ask with the key, or the other would answer 401.
     let poll = HealthPoller::start_at(a_addr);
     let seen = poll.wait_for_from(
         Duration::ZERO,
         WAIT,
-        "agent A's details.fleet.peers_answered to list agent B (token sent)",
+        "agent A's details.fleet.peers_answered to list agent B (the ask proven)",
         |s| answered(s) == [b_addr.to_string()],
         explain,
     );
@@ -727,7 +723,7 @@ fn the_peer_view_needs_the_token() {
     let mut texts = vec![
         ("A's view", right.1.clone()),
         ("the 401 to no Authorization", no_auth.1),
-        ("the 401 to a wrong token", wrong.1),
+        ("the 401 to a bearer token", wrong.1),
         ("B's /health", b_health.to_string()),
         ("A's /metrics", a.metrics()),
         ("B's /metrics", b.metrics()),
@@ -743,7 +739,7 @@ fn the_peer_view_needs_the_token() {
     for (what, text) in &texts {
         assert!(
             !text.contains(&token),
-            "the fleet token appears in {what}:\n{text}"
+            "the fleet key appears in {what}:\n{text}"
         );
     }
     assert_eq!(

@@ -392,7 +392,7 @@ fn a_fault_of_one_host_is_that_hosts_incident_one_per_host() {
 
 /// What `GET /fleet/v1/view` of agent `a` says of the fleet's incident: (reporter, trigger).
 fn claim(a: &Agent) -> Option<(String, String)> {
-    let (_, body) = a.view(None).ok()?;
+    let (_, body) = a.view_proven().ok()?;
     let v: Value = serde_json::from_str(&body).ok()?;
     let c = v["alerts"].as_array()?.first()?.clone();
     Some((
@@ -402,7 +402,7 @@ fn claim(a: &Agent) -> Option<(String, String)> {
 }
 
 fn instance(a: &Agent) -> String {
-    let (_, body) = a.view(None).expect("the view");
+    let (_, body) = a.view_proven().expect("the view");
     let v: Value = serde_json::from_str(&body).expect("a JSON view");
     v["instance"].as_str().expect("instance").to_string()
 }
