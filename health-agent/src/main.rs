@@ -168,13 +168,20 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let loaded = Config::load_all(&path)?;
             let rt = runtime()?;
             let snap = rt.block_on(oneshot::run(&loaded.config));
+            let fleet = oneshot::fleet_line(&loaded.config);
             if json {
                 println!("{}", oneshot::json(&snap));
                 for note in &loaded.from_env.notes {
                     eprintln!("hint: {note}");
                 }
+                if let Some(f) = &fleet {
+                    eprintln!("fleet: {f}");
+                }
             } else {
                 print!("{}", oneshot::table(&snap.decision, &snap.report));
+                if let Some(f) = &fleet {
+                    println!("{:<15} {f}", "fleet");
+                }
                 print!("{}", oneshot::environment_rows(&loaded.from_env));
                 print!("{}", rt.block_on(oneshot::aws_rows(&loaded.config)));
             }
@@ -229,9 +236,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             // Which files made the configuration (a drop-in a tool wrote shows here), and the
             // kernel view this kernel offers: the first line says where the judgement stands.
             tracing::info!(
-                "configuration: {}; {}",
+                "configuration: {}; {}{}",
                 loaded.describe(),
-                health_agent::oneshot::tier_line(&loaded.config.web)
+                health_agent::oneshot::tier_line(&loaded.config.web),
+                health_agent::oneshot::fleet_line(&loaded.config)
+                    .map(|f| format!("; {f}"))
+                    .unwrap_or_default()
             );
             let from_env: Vec<String> = loaded
                 .from_env

@@ -251,6 +251,15 @@ pub fn table(d: &Decision, r: &Report) -> String {
     out
 }
 
+/// With `[fleet]`: whether this agent holds the fleet key, so whether its peers are counted.
+/// `check` prints it as a row, `serve` in its first log line. (It reads the key as `serve`
+/// does, and shows only its id.)
+pub fn fleet_line(cfg: &Config) -> Option<String> {
+    cfg.fleet
+        .enabled()
+        .then(|| crate::fleet::key::FleetKey::load(&cfg.fleet).describe())
+}
+
 /// The rows `check` prints after the table: where each secret in use comes from, and the
 /// hints on the environment (a variable named but unset, `DATABASE_URL` set but unread).
 /// Never a value.

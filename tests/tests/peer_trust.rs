@@ -2,3 +2,6 @@
 
 #[path = "peer_trust/config_files.rs"]
 mod config_files;
+
+#[path = "peer_trust/hostile.rs"]
+mod hostile;
