@@ -507,3 +507,82 @@ fn a_peer_streaming_gigabytes_costs_the_agent_at_most_the_cap() {
         undeclared.asks()
     );
 }
+
+/// `[fleet]` with peers and no key: the agent starts, asks and counts no peer, closes its view,
+/// and says why in its first log line, `details.fleet` and `check`.
+#[test]
+fn without_the_key_no_peer_is_counted_and_every_place_says_why() {
+    require_root();
+    let fixture = Fixture::start("normal");
+    let peer_addr = addr(loopback(3), free_port_on(loopback(3)));
+    let me = addr(loopback(2), free_port_on(loopback(2)));
+    let peer = Agent::start_at(
+        peer_addr,
+        &web_config(fixture.port, &fleet_config(&[me.to_string()], "")),
+        &[],
+    );
+    let config = web_config(fixture.port, &fleet_config(&[peer_addr.to_string()], ""));
+    let keyless = Agent::start_at(me, &config, &[(trust::KEY_VAR, "")]);
+    let explain = || format!("\nagent log (tail):\n{}", tail(&keyless.logs(), 30));
+    let (_, health) = keyless.wait_health(WAIT, "a round of the fleet", |_, b| {
+        b["details"]["fleet"]["discovery"].is_string()
+    });
+    let fleet = &health["details"]["fleet"];
+    println!("details.fleet: {}", pretty(fleet));
+    assert!(
+        fleet["discovery"]
+            .as_str()
+            .is_some_and(|d| d.contains("no fleet key") && d.contains(trust::KEY_VAR)),
+        "details.fleet.discovery: {fleet}{}",
+        explain()
+    );
+    assert!(
+        fleet["peers_answered"]
+            .as_array()
+            .is_some_and(Vec::is_empty),
+        "{fleet}"
+    );
+    let first = keyless
+        .logs()
+        .lines()
+        .find(|l| l.contains("configuration:"))
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        first.contains("no fleet key"),
+        "the first log line: {first}{}",
+        explain()
+    );
+    // Its view is closed, even to a holder of the key.
+    let (code, body) = keyless.view_proven().expect("GET /fleet/v1/view");
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("no fleet key"), "{body}");
+    // `check` says the same.
+    let out = std::process::Command::new(health_agent_tests::agent_binary())
+        .arg("--config")
+        .arg(keyless.config_path())
+        .arg("check")
+        .env(trust::KEY_VAR, "")
+        .output()
+        .expect("health-agent check");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("fleet "))
+        .unwrap_or_default();
+    println!("check: {row}");
+    assert!(row.contains("no fleet key"), "check printed:\n{text}");
+    // The peer that holds the key gets no view from an agent without one.
+    let (_, peer_health) = peer.wait_health(WAIT, "the keyed peer to be refused a view", |_, b| {
+        peers_failed(b)
+            .iter()
+            .any(|f| f.starts_with(&format!("{me}: HTTP 403")))
+    });
+    assert!(
+        peer_health["details"]["fleet"]["peers_answered"]
+            .as_array()
+            .is_some_and(Vec::is_empty),
+        "{}",
+        pretty(&peer_health["details"]["fleet"])
+    );
+}
