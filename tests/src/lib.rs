@@ -59,7 +59,6 @@ pub mod prometheus;
 pub mod puma;
 pub mod qemu;
 pub mod rack;
-pub mod trust;
 pub mod receiver;
 pub mod redis;
 pub mod release;
@@ -67,6 +66,7 @@ pub mod soak;
 pub mod stack;
 pub mod story;
 pub mod tmpfs;
+pub mod trust;
 pub mod wait;
 
 pub use agent::{check_json, merge_toml, Agent, SECRET_VARS};

@@ -663,7 +663,10 @@ fn bad_peers_are_ignored_and_health_is_unaffected() {
 #[test]
 fn the_peer_view_needs_the_fleet_key() {
     require_root();
-    let token = format!("s3cret-{:08}-fleet-key-0123456789abcdef", std::process::id());
+    let token = format!(
+        "s3cret-{:08}-fleet-key-0123456789abcdef",
+        std::process::id()
+    );
     let env = [("HA_FLEET_TOKEN", token.as_str())];
     let (fa, fb) = (Fixture::start("normal"), Fixture::start("normal"));
     let (a_addr, b_addr) = (
@@ -690,13 +693,24 @@ fn the_peer_view_needs_the_fleet_key() {
     let wrong = a
         .view(Some(&format!("Bearer {token}")))
         .expect("GET /fleet/v1/view");
-    let other_key = health_agent_tests::trust::ask_view(a_addr, health_agent_tests::trust::FLEET_KEY)
-        .expect("GET /fleet/v1/view");
+    let other_key =
+        health_agent_tests::trust::ask_view(a_addr, health_agent_tests::trust::FLEET_KEY)
+            .expect("GET /fleet/v1/view");
     let right = health_agent_tests::trust::ask_view(a_addr, &token)
         .unwrap_or_else(|e| panic!("the proven view: {e}{}", explain()));
     assert_eq!(no_auth.0, 401, "no Authorization: {no_auth:?}{}", explain());
-    assert_eq!(wrong.0, 401, "the key as a bearer token: {wrong:?}{}", explain());
-    assert_eq!(other_key.0, 401, "another fleet's key: {other_key:?}{}", explain());
+    assert_eq!(
+        wrong.0,
+        401,
+        "the key as a bearer token: {wrong:?}{}",
+        explain()
+    );
+    assert_eq!(
+        other_key.0,
+        401,
+        "another fleet's key: {other_key:?}{}",
+        explain()
+    );
     assert_eq!(right.0, 200, "the right key: {right:?}{}", explain());
     let view: Value = serde_json::from_str(&right.1)
         .unwrap_or_else(|e| panic!("the view is not JSON ({e}): {}", right.1));

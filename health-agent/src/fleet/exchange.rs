@@ -277,7 +277,10 @@ impl Exchange {
         let resp = self
             .http
             .get(format!("http://{peer}{path}"))
-            .header(reqwest::header::AUTHORIZATION, key.ask(&path, proof::unix_now()))
+            .header(
+                reqwest::header::AUTHORIZATION,
+                key.ask(&path, proof::unix_now()),
+            )
             .send()
             .await
             .map_err(|e| PeerError::Transport(short(&e)))?;

@@ -153,7 +153,9 @@ impl Keyring {
             return Err(KeyError::NoSource);
         }
         match std::env::var(&cfg.key_env) {
-            Ok(v) if !v.trim().is_empty() => Self::parse(&v, &format!("the variable {}", cfg.key_env)),
+            Ok(v) if !v.trim().is_empty() => {
+                Self::parse(&v, &format!("the variable {}", cfg.key_env))
+            }
             _ => Err(KeyError::Unset {
                 var: cfg.key_env.clone(),
             }),
@@ -240,9 +242,9 @@ impl FleetKey {
                 "fleet key held (id {}): peers' answers are counted only when signed with it",
                 k.ids().join(", ")
             ),
-            Self::Missing(e) => format!(
-                "{e}: no peer is counted (judged alone) and /fleet/v1/view is closed"
-            ),
+            Self::Missing(e) => {
+                format!("{e}: no peer is counted (judged alone) and /fleet/v1/view is closed")
+            }
         }
     }
 }
@@ -260,9 +262,18 @@ mod tests {
         assert_eq!(one.ids().len(), 1);
         let two = Keyring::parse(&format!("{B}\n{A}\n"), "f").unwrap();
         assert_eq!(two.signing().id(), Keyring::parse(B, "f").unwrap().ids()[0]);
-        assert!(two.get(one.ids()[0]).is_some(), "the second key is accepted");
+        assert!(
+            two.get(one.ids()[0]).is_some(),
+            "the second key is accepted"
+        );
         // From a variable: commas or spaces.
-        assert_eq!(Keyring::parse(&format!("{A},{B}"), "v").unwrap().ids().len(), 2);
+        assert_eq!(
+            Keyring::parse(&format!("{A},{B}"), "v")
+                .unwrap()
+                .ids()
+                .len(),
+            2
+        );
         // The id tells the keys apart, and is not the key.
         assert_ne!(two.ids()[0], two.ids()[1]);
         assert!(!A.contains(one.ids()[0]));
@@ -272,7 +283,11 @@ mod tests {
     #[test]
     fn short_strange_or_too_many_keys_are_refused_naming_the_source() {
         let e = Keyring::parse("s3cret", "the variable K").unwrap_err();
-        assert!(e.to_string().contains("the variable K: key 1 is 6 characters"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("the variable K: key 1 is 6 characters"),
+            "{e}"
+        );
         assert!(!e.to_string().contains("s3cret"));
         let e = Keyring::parse(&format!("{A} {B} {A}"), "f").unwrap_err();
         assert!(matches!(e, KeyError::TooMany { count: 3, .. }), "{e}");
@@ -288,7 +303,10 @@ mod tests {
         assert!(trusted("/k", 0o100400, 1000, 1000).is_ok());
         let e = trusted("/k", 0o100644, 0, 0).unwrap_err();
         assert!(e.to_string().contains("mode 0644") && e.to_string().contains("chmod 600 /k"));
-        assert!(matches!(trusted("/k", 0o100620, 0, 0), Err(KeyError::Mode { .. })));
+        assert!(matches!(
+            trusted("/k", 0o100620, 0, 0),
+            Err(KeyError::Mode { .. })
+        ));
         let e = trusted("/k", 0o100600, 1000, 0).unwrap_err();
         assert!(e.to_string().contains("uid 1000"), "{e}");
     }

@@ -44,7 +44,9 @@ pub enum ProofError {
     Malformed,
     #[error("signed with key {0}, which this agent does not hold")]
     UnknownKey(String),
-    #[error("the signature does not match: not a holder of the fleet key, or not this ask's answer")]
+    #[error(
+        "the signature does not match: not a holder of the fleet key, or not this ask's answer"
+    )]
     Mismatch,
     #[error("the ask's time is {0} s from this agent's clock (at most {MAX_SKEW_S} s)")]
     Skew(u64),
@@ -123,9 +125,14 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
 /// The key and MAC a proof names, the key looked up among ours.
 fn named<'k>(ring: &'k Keyring, id: &str, mac: &str) -> Result<(&'k Key, Vec<u8>), ProofError> {
     let mac = unhex(mac).ok_or(ProofError::Malformed)?;
-    let key = ring
-        .get(id)
-        .ok_or_else(|| ProofError::UnknownKey(id.chars().filter(char::is_ascii_alphanumeric).take(16).collect()))?;
+    let key = ring.get(id).ok_or_else(|| {
+        ProofError::UnknownKey(
+            id.chars()
+                .filter(char::is_ascii_alphanumeric)
+                .take(16)
+                .collect(),
+        )
+    })?;
     Ok((key, mac))
 }
 
@@ -220,7 +227,10 @@ mod tests {
             Err(ProofError::UnknownKey(_))
         ));
         let other = path.replace("&fresh=dependency", "");
-        assert_eq!(a.check_ask(Some(&h), &other, 1_000_000), Err(ProofError::Mismatch));
+        assert_eq!(
+            a.check_ask(Some(&h), &other, 1_000_000),
+            Err(ProofError::Mismatch)
+        );
         assert_eq!(
             a.check_ask(Some(&h), path, 1_000_000 + MAX_SKEW_S + 1),
             Err(ProofError::Skew(MAX_SKEW_S + 1))
@@ -316,7 +326,10 @@ mod tests {
                 let nonce = nonce();
                 let path = format!("/fleet/v1/view?nonce={nonce}");
                 let auth = ring.ask(&path, 1_000);
-                let id = ring.check_ask(Some(&auth), &path, 1_000).unwrap().to_string();
+                let id = ring
+                    .check_ask(Some(&auth), &path, 1_000)
+                    .unwrap()
+                    .to_string();
                 let body = serde_json::to_vec(&view).unwrap();
                 let proof = ring.prove_view(Some(&id), &nonce, &body);
                 ring.check_view(Some(&proof), &nonce, &body).unwrap();

@@ -141,7 +141,10 @@ fn id(field: &str, s: &str) -> Result<(), ViewError> {
     if s.len() > MAX_ID {
         return Err(bad(field, "is too long"));
     }
-    if !s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+    if !s
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
         return Err(bad(field, "holds characters an id has not"));
     }
     Ok(())
@@ -196,19 +199,26 @@ mod tests {
             )
         };
         let e = err(&lat(r#""began_seconds_ago":1e300"#));
-        assert!(e.contains("latency.began_seconds_ago is out of range"), "{e}");
+        assert!(
+            e.contains("latency.began_seconds_ago is out of range"),
+            "{e}"
+        );
         let e = err(&lat(r#""began_seconds_ago":-1"#));
         assert!(e.contains("latency.began_seconds_ago is negative"), "{e}");
         // NaN has no JSON spelling; an exponent past f64 is refused by the parser.
         let e = err(&lat(r#""began_seconds_ago":1e999"#));
         assert!(e.contains("not a peer view"), "{e}");
-        let e = err(r#"{"version":1,"latency":{"p50_ms":-1e9,"p90_ms":1,"answers":1,"window_seconds":1,"basis":"x","slow_vs_peers":false,"out_slow":false}}"#);
+        let e = err(
+            r#"{"version":1,"latency":{"p50_ms":-1e9,"p90_ms":1,"answers":1,"window_seconds":1,"basis":"x","slow_vs_peers":false,"out_slow":false}}"#,
+        );
         assert!(e.contains("latency.p50_ms is negative"), "{e}");
         let e = err(r#"{"version":1,"answers":{"visible":true,"answers":10,"share_5xx":7}}"#);
         assert!(e.contains("answers.share_5xx is out of range"), "{e}");
         let e = err(r#"{"version":1,"fine_ms":{"web":18446744073709551615}}"#);
         assert!(e.contains("fine_ms.web is out of range"), "{e}");
-        let e = err(r#"{"version":1,"alerts":[{"condition":"x","reporter":"y","reporter_ms":18446744073709551615}]}"#);
+        let e = err(
+            r#"{"version":1,"alerts":[{"condition":"x","reporter":"y","reporter_ms":18446744073709551615}]}"#,
+        );
         assert!(e.contains("alerts[0].reporter_ms"), "{e}");
         let e = err(r#"{"version":1,"fine_ms":{"web":-5}}"#);
         assert!(e.contains("not a peer view"), "{e}");
@@ -218,14 +228,20 @@ mod tests {
     fn hostile_shapes_are_rejected() {
         let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
         assert!(err(&deep).contains("not a peer view"));
-        let e = err(&format!(r#"{{"version":1,"host":"{}"}}"#, "x".repeat(1_000)));
+        let e = err(&format!(
+            r#"{{"version":1,"host":"{}"}}"#,
+            "x".repeat(1_000)
+        ));
         assert!(e.contains("field host is too long"), "{e}");
         let e = err(r#"{"version":1,"host":"web\u001b[2J"}"#);
         assert!(e.contains("host holds control characters"), "{e}");
         let e = err(r#"{"version":1,"instance":"a b"}"#);
         assert!(e.contains("instance"), "{e}");
         let many: Vec<String> = (0..100).map(|i| format!("\"10.0.0.{i}:1\"")).collect();
-        let e = err(&format!(r#"{{"version":1,"dependencies":[{}]}}"#, many.join(",")));
+        let e = err(&format!(
+            r#"{{"version":1,"dependencies":[{}]}}"#,
+            many.join(",")
+        ));
         assert!(e.contains("dependencies holds too many"), "{e}");
         assert_eq!(
             PeerView::parse(br#"{"version":2}"#),

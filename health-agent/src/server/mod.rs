@@ -29,8 +29,8 @@ use axum::{
 };
 use bytes::Bytes;
 
-pub use self::view::{FleetAccess, FreshGate};
 pub use self::conn::{bind, connection_cap, run_threads, serve, Clients, Limits, RESERVED_FDS};
+pub use self::view::{FleetAccess, FreshGate};
 use crate::{
     config::Details,
     metrics,

@@ -229,10 +229,16 @@ async fn the_peer_view_needs_the_fleet_key_and_answers_signed() {
     let now = proof::unix_now();
     for (auth, why) in [
         (None, "no proof"),
-        (Some("Bearer s3cret".to_string()), "a bearer token is no proof"),
+        (
+            Some("Bearer s3cret".to_string()),
+            "a bearer token is no proof",
+        ),
         (Some(theirs.ask(&path, now)), "another fleet's key"),
         (Some(ours.ask(&path, now - 3_600)), "an ask an hour old"),
-        (Some(ours.ask(&format!("{path}&fresh=dependency"), now)), "another path"),
+        (
+            Some(ours.ask(&format!("{path}&fresh=dependency"), now)),
+            "another path",
+        ),
     ] {
         let resp = router(a.clone()).oneshot(view(auth)).await.unwrap();
         assert_eq!(resp.status(), StatusCode::UNAUTHORIZED, "{why}");
@@ -242,10 +248,17 @@ async fn the_peer_view_needs_the_fleet_key_and_answers_signed() {
         .await
         .unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
-    let signed = resp.headers()[proof::PROOF_HEADER].to_str().unwrap().to_string();
+    let signed = resp.headers()[proof::PROOF_HEADER]
+        .to_str()
+        .unwrap()
+        .to_string();
     let body = resp.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(ours.check_view(Some(&signed), &nonce, &body), Ok(()));
-    assert!(ours.check_view(Some(&signed), &proof::nonce(), &body).is_err(), "another ask");
+    assert!(
+        ours.check_view(Some(&signed), &proof::nonce(), &body)
+            .is_err(),
+        "another ask"
+    );
     let v = crate::fleet::PeerView::parse(&body).unwrap();
     assert_eq!((v.version, v.host.as_str()), (1, "web-1"));
     assert!(!String::from_utf8_lossy(&body).contains(FLEET_KEY));

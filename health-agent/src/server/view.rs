@@ -124,7 +124,10 @@ pub(super) async fn fleet_view(State(app): State<Arc<App>>, req: Request) -> Res
         );
     };
     let now = Instant::now();
-    let wants = |q: &str| uri.query().is_some_and(|all| all.split('&').any(|p| p == q));
+    let wants = |q: &str| {
+        uri.query()
+            .is_some_and(|all| all.split('&').any(|p| p == q))
+    };
     let (fresh_dependency, fresh_answers) = (wants(FRESH_DEPENDENCY), wants(FRESH_ANSWERS));
     let asker = req.extensions().get::<Peer>().map(|Peer(a)| a.ip());
     if (fresh_dependency || fresh_answers)
