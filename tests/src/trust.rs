@@ -89,7 +89,12 @@ pub fn ask_authorization(key: &str, path_and_query: &str, ts: u64) -> String {
 pub fn prove_view(key: &str, nonce: &str, body: &[u8]) -> String {
     let m = mac(
         key,
-        &[b"health-agent fleet view v1\n", nonce.as_bytes(), b"\n", body],
+        &[
+            b"health-agent fleet view v1\n",
+            nonce.as_bytes(),
+            b"\n",
+            body,
+        ],
     );
     format!("key={},mac={m}", key_id(key))
 }
@@ -206,7 +211,8 @@ impl PeerStandIn {
             while !st.load(Ordering::SeqCst) && Instant::now() < deadline {
                 match listener.accept() {
                     Ok((s, _)) => {
-                        let (reply, st, sd, ak) = (reply.clone(), st.clone(), sd.clone(), ak.clone());
+                        let (reply, st, sd, ak) =
+                            (reply.clone(), st.clone(), sd.clone(), ak.clone());
                         std::thread::spawn(move || answer(s, &*reply, &st, &sd, &ak));
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(10)),
