@@ -5,16 +5,15 @@
 //! (docs/kernel-view.md, "What it answers").
 //!
 //! - egress: a segment whose payload starts with `HTTP/1.x DDD` counts in its status class
-//!   when it is the first the server sends after a request (`due`): the same bytes at the
-//!   start of a body segment are content, not a status. One that starts like a TLS record
-//!   counts as TLS, wherever it is: the requests are encrypted too, so none says where an
-//!   answer starts, and a TLS count only says the status is not visible, never feeds a class.
-//! - ingress: a segment whose payload starts with a request line counts as a request and
-//!   records where its answer will start (`due::arm`); one for the probe path (`ANSWER_PROBE`:
-//!   the agent's own probe, and a balancer's checks of the same path) counts apart, so that
-//!   user space can leave those answers out of the real traffic, and marks its connection
-//!   (`ConnState::probe`) so that the answer's latency stays out of the histogram too; an
-//!   HTTP/2 connection preface counts apart.
+//!   when it is the first such segment the server sends after the client sent a request
+//!   (`due`): the same bytes at the start of a body segment are content, not a status. One
+//!   that starts like a TLS record counts as TLS, wherever it is: a TLS count only says that
+//!   the status is not visible, and never feeds a class.
+//! - ingress: a segment whose payload starts with a request line counts as a request; one for
+//!   the probe path (`ANSWER_PROBE`: the agent's own probe, and a balancer's checks of the same
+//!   path) counts apart, so that user space can leave those answers out of the real traffic,
+//!   and marks its connection (`ConnState::probe`) so that the answer's latency stays out of
+//!   the histogram too; an HTTP/2 connection preface counts apart.
 //!
 //! Both return 1 (pass) whatever they see: they only count. The first test is the local port
 //! against the watched-port bitmap, a field of the context and one array read, which turns away
@@ -90,12 +89,12 @@ fn sk_addr(ctx: &SkBuffContext) -> Option<u64> {
     unsafe { bpf_probe_read_kernel(&sk as *const _ as *const u64) }.ok()
 }
 
-/// Marks the connection of socket `sk` for its next exchange as the probe path's or a real
-/// one: the send program leaves the probe's latency out of the histogram. A connection the
-/// table does not follow is left alone.
+/// Marks the connection's next exchange as the probe path's or a real one: the send program
+/// leaves the probe's latency out of the histogram. A connection the table does not follow
+/// is left alone.
 #[inline(always)]
-fn mark_probe(sk: Option<u64>, probe: bool) {
-    if let Some(conn) = sk.and_then(conn::get_mut) {
+fn mark_probe(ctx: &SkBuffContext, probe: bool) {
+    if let Some(conn) = sk_addr(ctx).and_then(conn::get_mut) {
         conn.probe = u32::from(probe);
     }
 }
@@ -184,7 +183,7 @@ fn try_egress(ctx: &SkBuffContext) -> Option<()> {
     // Only a segment that looks like a status line pays for the look-up that says whether it
     // starts an answer.
     if (1..=5).contains(&kind) {
-        kind = sk_addr(ctx).map_or(0, |sk| due::take(ctx, sk, &seg, &head, kind));
+        kind = due::take(ctx, &seg, &head, kind);
     }
     // Every segment sent counts only where it is the evidence of answers going out (the
     // sock_diag tier); elsewhere a body segment leaves here, before any look-up.
@@ -212,8 +211,7 @@ fn try_egress(ctx: &SkBuffContext) -> Option<()> {
 
 fn try_ingress(ctx: &SkBuffContext) -> Option<()> {
     let port = watched_port(ctx)?;
-    let seg = segment(ctx)?;
-    let at = seg.payload;
+    let at = segment(ctx)?.payload;
     let head: [u8; 8] = ctx.load(at).ok()?;
     let path_at = if starts(&head, b"GET /") {
         4
@@ -234,12 +232,8 @@ fn try_ingress(ctx: &SkBuffContext) -> Option<()> {
     };
     let c = counters(ctx, port)?;
     c.requests += 1;
-    let sk = sk_addr(ctx);
-    if let Some(sk) = sk {
-        due::arm(ctx, sk, &seg);
-    }
     // A real request until the path says otherwise.
-    mark_probe(sk, false);
+    mark_probe(ctx, false);
     if path_at == 0 {
         return None;
     }
@@ -270,7 +264,7 @@ fn try_ingress(ctx: &SkBuffContext) -> Option<()> {
     let next: u8 = ctx.load(from + len).ok()?;
     if next == b' ' || next == b'?' {
         c.probe_requests += 1;
-        mark_probe(sk, true);
+        mark_probe(ctx, true);
     }
     Some(())
 }

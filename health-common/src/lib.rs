@@ -33,9 +33,10 @@ pub mod maps {
     pub const ANSWERS: &str = "ANSWERS";
     /// `Array<ProbePath>` with one entry: the probe path, whose requests are not real traffic.
     pub const ANSWER_PROBE: &str = "ANSWER_PROBE";
-    /// `LruHashMap<u64 sock pointer, _>`: where the answer each connection owes starts in its
-    /// byte stream (kernel-only state; user space sizes it as [`CONNS`]).
-    pub const ANSWER_DUE: &str = "ANSWER_DUE";
+    /// `LruHashMap<u64 socket cookie, _>`: what each connection's latest answer acknowledged,
+    /// so that only the first segment after a request counts as an answer (kernel-only state;
+    /// user space sizes it as [`CONNS`]).
+    pub const ANSWER_STARTS: &str = "ANSWER_STARTS";
 }
 
 /// Index of [`maps::MAP_ERRORS`]: which kind of map update failed in the kernel. Each failure
@@ -52,7 +53,7 @@ pub enum MapErrorKind {
     /// counted.
     PortCounters = 1,
     /// Any other map update: an accept goes uncounted (the accept maps), or an answer does
-    /// (`ANSWER_DUE`).
+    /// (`ANSWER_STARTS`).
     Other = 2,
 }
 
@@ -212,8 +213,8 @@ impl PortCounters {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AnswerCounters {
     /// Answers by the status's first digit (index 1–5; 0 unused): the first segment sent after
-    /// a request, when it starts with `HTTP/1.x D..` (a body segment that starts so is not
-    /// one), keep-alive answers included; an interim `1xx` (all but `101`) is not an answer.
+    /// a request that starts with `HTTP/1.x D..` (a body segment that starts so is not one),
+    /// keep-alive answers included; an interim `1xx` (all but `101`) is not an answer.
     pub status: [u64; 6],
     /// Segments sent that start like a TLS record: answers whose status is not visible.
     pub tls: u64,

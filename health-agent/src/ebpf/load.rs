@@ -127,7 +127,7 @@ impl KernelView {
             // kernel's BTF can go now rather than after loading, which lowers the start-up peak.
             .btf(None)
             .map_max_entries(maps::CONNS, max_conns)
-            .map_max_entries(maps::ANSWER_DUE, max_conns)
+            .map_max_entries(maps::ANSWER_STARTS, max_conns)
             .load(OBJECT)
             .map_err(KernelError::Load)?;
 
