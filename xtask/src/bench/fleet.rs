@@ -21,7 +21,16 @@ use crate::live::{health, start_agent};
 /// visible.
 const INTERVAL_MS: u64 = 1000;
 
-fn config(port: u16, peers: &[u16]) -> String {
+/// The fleet key the section's agents share (`fleet.key_file`, mode 0600 as the agent requires).
+fn key_file(dir: &Path) -> Result<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let path = dir.join("fleet.key");
+    fs::write(&path, "bEnCh-fLeEt-KeY-0123456789abcdefghijklmnopqrstu\n")?;
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o600))?;
+    Ok(path)
+}
+
+fn config(port: u16, peers: &[u16], key: &Path) -> String {
     let mut c = format!(
         "[server]\nlisten = \"127.0.0.1:{port}\"\n\n[checks]\nboot_grace = \"0s\"\n\n[web]\nport = 0\n"
     );
@@ -29,8 +38,9 @@ fn config(port: u16, peers: &[u16]) -> String {
         let list: Vec<String> = peers.iter().map(|p| format!("\"127.0.0.1:{p}\"")).collect();
         let _ = write!(
             c,
-            "\n[fleet]\npeers = [{}]\ninterval = \"{INTERVAL_MS}ms\"\ntimeout = \"1s\"\n",
-            list.join(", ")
+            "\n[fleet]\npeers = [{}]\ninterval = \"{INTERVAL_MS}ms\"\ntimeout = \"1s\"\nkey_file = {:?}\n",
+            list.join(", "),
+            key.display().to_string()
         );
     }
     c
@@ -39,12 +49,13 @@ fn config(port: u16, peers: &[u16]) -> String {
 pub fn run(agent_bin: &Path, dir: &Path, quick: bool) -> Result<String> {
     let dir = dir.join("fleet");
     fs::create_dir_all(&dir)?;
+    let key = key_file(&dir)?;
     // Two peers that stay up for the whole section.
     let (pb, pc) = (free_port(), free_port());
     let mut peers = Vec::new();
     for (name, port, other) in [("b", pb, pc), ("c", pc, pb)] {
         let cfg = dir.join(format!("peer-{name}.toml"));
-        fs::write(&cfg, config(port, &[other]))?;
+        fs::write(&cfg, config(port, &[other], &key))?;
         peers.push(start_agent(
             agent_bin,
             &cfg,
@@ -54,8 +65,8 @@ pub fn run(agent_bin: &Path, dir: &Path, quick: bool) -> Result<String> {
     }
     let pa = free_port();
     let (on, off) = (dir.join("a-on.toml"), dir.join("a-off.toml"));
-    fs::write(&on, config(pa, &[pb, pc]))?;
-    fs::write(&off, config(pa, &[]))?;
+    fs::write(&on, config(pa, &[pb, pc], &key))?;
+    fs::write(&off, config(pa, &[], &key))?;
 
     let pairs = if quick { 2 } else { 5 };
     let secs = if quick { 3 } else { 5 };
@@ -140,5 +151,47 @@ pub fn run(agent_bin: &Path, dir: &Path, quick: bool) -> Result<String> {
         md,
         "| one exchange round: CPU | — | {cpu_per_round_ms:.2} ms | — |"
     );
+    let (plain, proven, bytes) = proof_cost()?;
+    let _ = writeln!(
+        md,
+        "| one ask, CPU of both sides: the view rendered and parsed ({bytes} B) | {plain:.1} µs | {proven:.1} µs with the proofs (ask signed and checked, view signed and checked, range-checked) | +{:.1} µs |",
+        proven - plain
+    );
     Ok(md)
+}
+
+/// The proofs' price per ask beside the work an ask did without them, in-process on a release
+/// build (`fleet::proof`'s `cost_per_ask`): (without, with, the view's bytes).
+fn proof_cost() -> Result<(f64, f64, u64)> {
+    let out = crate::cmd::cargo()
+        .current_dir(crate::cmd::root())
+        .args([
+            "test",
+            "--release",
+            "-p",
+            "health-agent",
+            "--lib",
+            "fleet::proof::tests::cost_per_ask",
+            "--",
+            "--ignored",
+            "--nocapture",
+            "--exact",
+        ])
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find_map(|l| l.strip_prefix("proof-cost: "))
+        .ok_or_else(|| anyhow::anyhow!("cost_per_ask printed no figures:\n{text}"))?;
+    let field = |name: &str| -> Result<f64> {
+        line.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| anyhow::anyhow!("no {name} in {line:?}"))
+    };
+    Ok((
+        field("plain_us")?,
+        field("proven_us")?,
+        field("body_bytes")? as u64,
+    ))
 }

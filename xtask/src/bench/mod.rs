@@ -96,6 +96,8 @@ enum Section {
     /// Section 3's cost per socket call and per connection (with `--baseline-agent`: the
     /// comparison).
     SocketCosts,
+    /// Section 7: what asking the peers costs, the fleet key's proofs included.
+    Fleet,
     /// Section 8: the health port under a flood (with `--baseline-agent`: the earlier build
     /// first).
     Flood,
@@ -154,6 +156,7 @@ pub fn run(args: &Args) -> Result<()> {
             Section::Health => vs_nginx::run(agent, &others, &dir, quick)?,
             Section::Hang => hang::run(agent, &bins.backend, &dir, quick)?,
             Section::SocketCosts => socket_costs::run(agent, baseline, &dir, quick)?,
+            Section::Fleet => fleet::run(agent, &dir, quick)?,
             Section::Flood => flood::run(agent, baseline, &dir, quick)?,
             Section::Scaling => scaling::run(agent, &bins.proxy, &dir, quick)?,
             Section::Cloudwatch => cloudwatch::run(agent, &dir, quick)?,
