@@ -353,3 +353,86 @@ async fn answers_count_by_status_class_and_the_probe_path_apart() {
     assert_eq!(a.probe_requests, 2, "{a:?}");
     assert_eq!(a.h2, 0, "{a:?}");
 }
+
+/// Where an answer starts, exchange by exchange (`answers/due.rs`): a request that came before
+/// the attach still has its answer counted; a body segment that begins like a 500 is no answer;
+/// `100 Continue` leaves the final status to count; a status line nobody asked for is not
+/// counted; after `101` the frames are not HTTP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+#[ignore = "needs root and a kernel with BTF: loads the eBPF programs (cargo test -- --ignored)"]
+async fn a_status_line_counts_only_where_an_answer_starts() {
+    let mut k = KernelView::load(1024, false, false, true).expect("loading");
+    k.set_probe_path("/up");
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    k.watch(&[(own_netns(), port)]).unwrap();
+    // 0: a request that arrives while detached, answered after the attach: 1×2xx, its body not.
+    {
+        let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let (mut sv, _) = listener.accept().unwrap();
+        sv.set_nodelay(true).unwrap();
+        let g = b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n";
+        c.write_all(g).unwrap();
+        let mut b = vec![0u8; g.len()];
+        sv.read_exact(&mut b).unwrap();
+        k.attach_answers(true).expect("attach");
+        let body = b"HTTP/1.1 500 Internal Server Error\r\n\r\n";
+        let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len());
+        sv.write_all(head.as_bytes()).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+        sv.write_all(body).unwrap();
+        let mut b = vec![0u8; head.len() + body.len()];
+        c.read_exact(&mut b).unwrap();
+    }
+    let get = b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n".as_slice();
+    let post = b"POST /a HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 20\r\n\r\n"
+        .as_slice();
+    let mut client = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let (mut server, _) = listener.accept().unwrap();
+    server.set_nodelay(true).unwrap();
+    let read_n = |s: &mut TcpStream, n: usize| {
+        let mut b = vec![0u8; n];
+        s.read_exact(&mut b).unwrap();
+    };
+    // 1: 200 head, then a body segment that starts like a 500: 1×2xx.
+    client.write_all(get).unwrap();
+    read_n(&mut server, get.len());
+    let body = b"HTTP/1.1 500 Internal Server Error\r\n\r\n";
+    let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len());
+    server.write_all(head.as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(5));
+    server.write_all(body).unwrap();
+    read_n(&mut client, head.len() + body.len());
+    // 2: 100 Continue, the body, then 503: 1×5xx, no 1xx.
+    client.write_all(post).unwrap();
+    read_n(&mut server, post.len());
+    let cont = b"HTTP/1.1 100 Continue\r\n\r\n";
+    server.write_all(cont).unwrap();
+    read_n(&mut client, cont.len());
+    client.write_all(b"01234567890123456789").unwrap();
+    read_n(&mut server, 20);
+    let fin = b"HTTP/1.1 503 X\r\nContent-Length: 0\r\n\r\n";
+    server.write_all(fin).unwrap();
+    read_n(&mut client, fin.len());
+    // 3: an unsolicited status line (no request): not counted.
+    server
+        .write_all(b"HTTP/1.1 408 Request Timeout\r\n\r\n")
+        .unwrap();
+    read_n(&mut client, 32);
+    // 4: 101: 1×1xx, then a frame that starts like a status line: not counted.
+    client.write_all(get).unwrap();
+    read_n(&mut server, get.len());
+    let up = b"HTTP/1.1 101 Switching Protocols\r\n\r\n";
+    server.write_all(up).unwrap();
+    read_n(&mut client, up.len());
+    server
+        .write_all(b"HTTP/1.1 500 in a frame\r\n\r\n")
+        .unwrap();
+    read_n(&mut client, 27);
+    settle(&k, |s| s.ports[0].answers.is_some_and(|a| a.answers() >= 3));
+    // Whatever else would be counted has been by now.
+    std::thread::sleep(Duration::from_millis(200));
+    let a = k.sample().ports[0].answers.expect("answers");
+    assert_eq!(a.status, [0, 1, 2, 0, 0, 1], "{a:?}");
+    assert_eq!(a.requests, 3, "{a:?}");
+}
