@@ -97,6 +97,10 @@ from moto.server import main
 main(sys.argv[1:])
 "#;
 
+/// moto's CloudFormation lacks `AWS::SecretsManager::Secret`; this teaches it, run before
+/// [`MOTO_MAIN`] in the server's process.
+const STACK_SECRET: &str = include_str!("moto_stack_secret.py");
+
 /// A moto server (all services; the tests use CloudWatch and Auto Scaling). Stopped on drop.
 pub struct Moto {
     pub port: u16,
@@ -148,7 +152,8 @@ impl Moto {
         let lifecycle_log = dir.path().join("lifecycle.jsonl");
         let web_identity_log = dir.path().join("web-identity.jsonl");
         let child = Command::new(&python)
-            .args(["-c", MOTO_MAIN, "-H", "127.0.0.1", "-p", &port.to_string()])
+            .args(["-c", &format!("{STACK_SECRET}\n{MOTO_MAIN}")])
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
             .env("HA_TEST_MOTO_LIFECYCLE_LOG", &lifecycle_log)
             .env("HA_TEST_MOTO_WEB_IDENTITY_LOG", &web_identity_log)
             .env("HA_TEST_MOTO_WEB_IDENTITY_TOKEN", WEB_IDENTITY_TOKEN)

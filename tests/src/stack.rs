@@ -1,8 +1,9 @@
 //! The shipped CloudFormation template (`deploy/aws/cloudformation.yaml`) deployed in moto
 //! ([`deploy`], [`Stack`]), and what its UserData needs on an instance that has no AWS: an AWS
-//! CLI stand-in ([`aws_cli_stand_in`]) that serves `s3 cp` from a directory the test fills and
-//! `ssm get-parameter` from the test's password. It stands in for S3 and Parameter Store only
-//! because nothing here reaches AWS; everything else in the UserData runs as written.
+//! CLI stand-in ([`aws_cli_stand_in`]) that serves `s3 cp` from a directory the test fills,
+//! `ssm get-parameter` from the test's password and `secretsmanager get-secret-value` from the
+//! fleet key moto holds. It stands in for S3, Parameter Store and Secrets Manager only because
+//! nothing here reaches AWS; everything else in the UserData runs as written.
 
 use std::path::Path;
 
@@ -47,6 +48,9 @@ pub struct Stack {
     /// (action, resource) for every statement of the role's policies.
     pub role_grants: Vec<(String, String)>,
     pub outputs: Value,
+    /// The fleet key's secret (the one the stack made, or `FleetKeySecretArn`) and its value
+    /// in moto; None when moto holds no such secret.
+    pub fleet_key: Option<FleetKey>,
     /// The latest Amazon Linux 2023 AMI (kernel-default) per architecture ("x86_64", "arm64"),
     /// as moto's copy of AWS's public SSM parameters has it.
     pub al2023: Value,
@@ -56,6 +60,13 @@ impl Stack {
     pub fn may(&self, action: &str) -> bool {
         self.role_grants.iter().any(|(a, _)| a == action)
     }
+}
+
+/// A Secrets Manager secret in moto: its ARN, and the value `get-secret-value` answers.
+#[derive(Clone)]
+pub struct FleetKey {
+    pub secret: String,
+    pub value: String,
 }
 
 /// Deploys the template as stack `name` in `region` with `params` besides the VPC and its
@@ -118,6 +129,7 @@ kw = dict(endpoint_url=endpoint, region_name=region,
 ec2, cfn = boto3.client("ec2", **kw), boto3.client("cloudformation", **kw)
 asg, iam = boto3.client("autoscaling", **kw), boto3.client("iam", **kw)
 elb, ssm = boto3.client("elbv2", **kw), boto3.client("ssm", **kw)
+sm = boto3.client("secretsmanager", **kw)
 body = open(template).read()
 # CloudFormation's short forms (!Ref, !Sub...) as plain values: only the parameters are read.
 def short_form(loader, tag, node):
@@ -175,6 +187,12 @@ def deploy(name, given):
         return any(r["IpProtocol"] == "tcp" and r["FromPort"] <= health_port <= r["ToPort"]
                    and any(p["GroupId"] == source for p in r["UserIdGroupPairs"]) for r in rules)
     target_group = elb.describe_target_groups(TargetGroupArns=[res["TargetGroup"]])["TargetGroups"][0]
+    secret, fleet_key = params.get("FleetKeySecretArn") or res.get("FleetKey"), None
+    try:
+        if secret:
+            fleet_key = [secret, sm.get_secret_value(SecretId=secret)["SecretString"]]
+    except sm.exceptions.ResourceNotFoundException:
+        pass  # a FleetKeySecretArn moto does not hold
     role = res["InstanceRole"]
     grants = []
     for policy in iam.list_role_policies(RoleName=role)["PolicyNames"]:
@@ -191,7 +209,8 @@ def deploy(name, given):
             "group_subnets": described["VPCZoneIdentifier"].split(","),
             "security_group": sg, "health_check_port": target_group["HealthCheckPort"],
             "balancer_reaches": reaches(lb_sg), "peers_reach": reaches(sg),
-            "role": role, "grants": grants, "outputs": outputs, "al2023": al2023}
+            "role": role, "grants": grants, "outputs": outputs, "fleet_key": fleet_key,
+            "al2023": al2023}
 
 print(json.dumps([deploy(name, given) for name, given in json.loads(stacks)]))
 "#;
@@ -225,15 +244,29 @@ fn stack_of(v: &Value) -> Result<Stack, String> {
         role: v["role"].as_str().expect("role").into(),
         role_grants: serde_json::from_value(v["grants"].clone()).expect("grants"),
         outputs: v["outputs"].clone(),
+        fleet_key: v["fleet_key"].as_array().map(|k| FleetKey {
+            secret: k[0].as_str().expect("the secret's ARN").into(),
+            value: k[1].as_str().expect("the secret's value").into(),
+        }),
         al2023: v["al2023"].clone(),
     })
 }
 
 /// An AWS CLI for an instance that reaches no AWS, at `/usr/local/bin/aws`: `s3 cp [OPTIONS]
 /// s3://BUCKET/KEY FILE` copies [`S3_MOUNT`]`/BUCKET/KEY` (failing as the CLI does when it is
-/// not there), `ssm get-parameter` prints `password`; each call's arguments are appended to
-/// [`AWS_ARGS`].
-pub fn aws_cli_stand_in(password: &str) -> String {
+/// not there), `ssm get-parameter` prints `password`, `secretsmanager get-secret-value
+/// --secret-id ARN` prints the value of that secret of `secrets` (failing as the CLI does for
+/// any other); each call's arguments are appended to [`AWS_ARGS`].
+pub fn aws_cli_stand_in(password: &str, secrets: &[&FleetKey]) -> String {
+    let served: String = secrets
+        .iter()
+        .map(|k| {
+            format!(
+                "  '{}')\n    cat <<'END'\n{}\nEND\n    ;;\n",
+                k.secret, k.value
+            )
+        })
+        .collect();
     format!(
         r#"#!/bin/sh
 printf '%s\n' "$*" >> {AWS_ARGS}
@@ -253,6 +286,19 @@ case "$1 $2" in
 {password}
 END
   ;;
+"secretsmanager get-secret-value")
+  id=
+  while [ $# -gt 0 ]; do
+    if [ "$1" = --secret-id ]; then id=$2; fi
+    shift
+  done
+  case "$id" in
+{served}  *)
+    echo "An error occurred (ResourceNotFoundException) when calling the GetSecretValue operation: Secrets Manager can't find the specified secret." >&2
+    exit 254
+    ;;
+  esac
+  ;;
 *)
   echo "aws stand-in: $* is not served here" >&2
   exit 2
@@ -264,8 +310,13 @@ esac
 
 /// Boots `rootfs` as an instance of the stack: `objects` (a directory of the bucket's keys)
 /// under [`S3_MOUNT`]`/`[`BUCKET`], the fixture backend, and the AWS CLI stand-in answering
-/// `password`. Nothing of the agent is installed: the UserData does that.
-pub fn boot_instance(rootfs: &Path, objects: &Path, password: &str) -> Machine {
+/// `password` and `secrets`. Nothing of the agent is installed: the UserData does that.
+pub fn boot_instance(
+    rootfs: &Path,
+    objects: &Path,
+    password: &str,
+    secrets: &[&FleetKey],
+) -> Machine {
     let fixture = crate::binary("fixture-backend", "health-agent-tests");
     let bucket = format!("{S3_MOUNT}/{BUCKET}");
     let machine = Machine::boot(
@@ -275,7 +326,7 @@ pub fn boot_instance(rootfs: &Path, objects: &Path, password: &str) -> Machine {
             (&fixture, "/usr/local/bin/fixture-backend"),
         ],
     );
-    machine.write("/usr/local/bin/aws", &aws_cli_stand_in(password));
+    machine.write("/usr/local/bin/aws", &aws_cli_stand_in(password, secrets));
     machine.run(&["chmod", "755", "/usr/local/bin/aws"]);
     machine
 }

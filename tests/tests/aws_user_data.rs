@@ -6,9 +6,13 @@
 //! and starts the agent under real systemd; an artifact whose checksum or architecture does not
 //! match installs and starts nothing. shellcheck checks the script as rendered.
 //!
-//! Nothing here reaches AWS: S3 and Parameter Store are an AWS CLI stand-in serving the test's
-//! files (`health_agent_tests::stack`), the instance metadata an IMDSv2 stub, and the APIs the
-//! agent calls are moto's. Everything else in the UserData runs as written.
+//! The stack's fleet key reaches every instance: each writes the one secret's value to a file
+//! only root reads, and names it in its config.
+//!
+//! Nothing here reaches AWS: S3, Parameter Store and Secrets Manager are an AWS CLI stand-in
+//! serving the test's files and moto's secret (`health_agent_tests::stack`), the instance
+//! metadata an IMDSv2 stub, and the APIs the agent calls are moto's. Everything else in the
+//! UserData runs as written.
 
 use std::{
     fs,
@@ -23,7 +27,7 @@ use health_agent_tests::{
     nspawn,
     release::{self, Artifact},
     require_root,
-    stack::{self, Stack, AWS_ARGS},
+    stack::{self, FleetKey, Stack, AWS_ARGS},
     succeed, wait_until, Machine, Moto, Receiver,
 };
 use serde_json::Value;
@@ -80,6 +84,14 @@ fn deploy_installing(moto: &Moto, name: &str, app: u16, listen: u16, artifact: &
         .collect();
     assert_eq!(readable.len(), 1, "that object only: {readable:?}");
     stack
+}
+
+/// The stack's fleet key as moto holds it.
+fn fleet_key(stack: &Stack) -> &FleetKey {
+    stack
+        .fleet_key
+        .as_ref()
+        .expect("moto holds the stack's fleet key secret")
 }
 
 /// shellcheck on the UserData as CloudFormation rendered it: no finding, style included.
@@ -228,6 +240,7 @@ fn assert_nothing_installed(machine: &Machine, listen: u16) {
         "/usr/lib/systemd/system/health-agent.service",
         "/etc/health-agent/health-agent.toml",
         "/etc/health-agent/conf.d/50-aws.toml",
+        "/etc/health-agent/fleet.key",
     ] {
         assert!(
             !machine.exec(&["test", "-e", path]).status.success(),
@@ -249,7 +262,7 @@ fn assert_nothing_installed(machine: &Machine, listen: u16) {
     );
     assert!(
         aws_calls(machine).iter().all(|c| c.starts_with("s3 cp ")),
-        "the password was read: {:?}",
+        "a secret was read: {:?}",
         aws_calls(machine)
     );
 }
@@ -273,7 +286,12 @@ fn the_user_data_installs_the_tarball_from_s3_and_the_agent_runs_as_configured()
     assert_peers_may_list_and_reach_each_other(&stack);
     let imds = metadata(&stack);
 
-    let machine = stack::boot_instance(&nspawn::rootfs(), objects.path(), PASSWORD);
+    let machine = stack::boot_instance(
+        &nspawn::rootfs(),
+        objects.path(),
+        PASSWORD,
+        &[fleet_key(&stack)],
+    );
     prepare_instance(&machine, app, listen, &imds, &moto);
     let (code, said) = stack::run_user_data(&machine, &stack.user_data);
     println!("UserData exited {code}:\n{said}");
@@ -416,7 +434,7 @@ fn assert_runs_as_the_stack_says(
         "{back}"
     );
     let log = journal(machine);
-    for s in [ROLE_SECRET, SESSION, PASSWORD] {
+    for s in [ROLE_SECRET, SESSION, PASSWORD, &fleet_key(stack).value] {
         assert!(!log.contains(s), "the journal shows a credential:\n{log}");
     }
 }
@@ -475,7 +493,12 @@ fn the_user_data_installs_and_starts_nothing_when_the_checksum_differs() {
     let (app, listen) = (free_port(), free_port());
     let stack = deploy_installing(&moto, "tampered", app, listen, &tarball);
 
-    let machine = stack::boot_instance(&nspawn::rootfs(), objects.path(), PASSWORD);
+    let machine = stack::boot_instance(
+        &nspawn::rootfs(),
+        objects.path(),
+        PASSWORD,
+        &[fleet_key(&stack)],
+    );
     let (code, said) = stack::run_user_data(&machine, &stack.user_data);
     println!("UserData exited {code}:\n{said}");
     assert_ne!(code, 0, "the UserData went on: {said}");
@@ -521,7 +544,12 @@ fn the_user_data_installs_the_rpm_with_dnf_and_refuses_another_architectures() {
     let stack = deploy_installing(&moto, "web", app, listen, &native);
     let imds = metadata(&stack);
 
-    let machine = stack::boot_instance(&nspawn::dnf_rootfs(), objects.path(), PASSWORD);
+    let machine = stack::boot_instance(
+        &nspawn::dnf_rootfs(),
+        objects.path(),
+        PASSWORD,
+        &[fleet_key(&stack)],
+    );
     if let Some(base) = &base {
         let name = base.file_name().and_then(|n| n.to_str()).expect("name");
         let at = format!("{}/{}/releases/{name}", stack::S3_MOUNT, stack::BUCKET);
@@ -557,4 +585,163 @@ fn the_user_data_installs_the_rpm_with_dnf_and_refuses_another_architectures() {
         "dnf installed the package"
     );
     assert_runs_as_the_stack_says(&machine, &stack, &moto, app, listen);
+}
+
+const KEY_FILE: &str = "/etc/health-agent/fleet.key";
+
+/// The fleet key `key` as a stack's UserData left it on `machine`: read from its secret in the
+/// stack's region, written to [`KEY_FILE`] (root's, mode 600, nothing in it but the secret's
+/// value), named by the drop-in's `[fleet] key_file`, and accepted by the agent's config check;
+/// the value is nowhere in what the UserData printed, in the stand-in's log of calls or in the
+/// agent's journal.
+fn assert_holds_the_fleet_key(machine: &Machine, key: &FleetKey, said: &str) {
+    let want = format!(
+        "secretsmanager get-secret-value --region {REGION} --secret-id {} \
+         --query SecretString --output text",
+        key.secret
+    );
+    let calls = aws_calls(machine);
+    assert!(
+        calls.contains(&want),
+        "the UserData reads the stack's secret: {calls:?}, want {want}"
+    );
+    assert_eq!(
+        machine.run(&["stat", "-c", "%a %U %G", KEY_FILE]),
+        "600 root root",
+        "{KEY_FILE}: root's, and only root reads it"
+    );
+    assert_eq!(
+        machine.run(&["cat", KEY_FILE]),
+        key.value,
+        "{KEY_FILE} holds the secret's value"
+    );
+    assert_eq!(
+        machine.run(&["sh", "-c", "ls /etc/health-agent | grep -c '^fleet.key'"]),
+        "1",
+        "no temporary copy of the key is left beside it"
+    );
+    let drop_in: toml_edit::DocumentMut = machine
+        .run(&["cat", "/etc/health-agent/conf.d/50-aws.toml"])
+        .parse()
+        .expect("the stack's drop-in is TOML");
+    assert_eq!(drop_in["fleet"]["key_file"].as_str(), Some(KEY_FILE));
+    assert_eq!(drop_in["fleet"]["peers_from"].as_str(), Some("asg"));
+    assert_eq!(
+        drop_in["drain"]["lifecycle_hook"].as_str(),
+        Some("health-agent-drain"),
+        "[drain] keeps its key"
+    );
+    let config = "/etc/health-agent/health-agent.toml";
+    let validate = machine.exec(&["health-agent", "config", "--validate", config]);
+    assert!(
+        validate.status.success(),
+        "the agent refuses the stack's config: {}{}",
+        String::from_utf8_lossy(&validate.stdout),
+        String::from_utf8_lossy(&validate.stderr)
+    );
+    let effective: toml_edit::DocumentMut = machine
+        .run(&["health-agent", "config", "--effective"])
+        .parse()
+        .expect("config --effective is TOML");
+    assert_eq!(effective["fleet"]["key_file"].as_str(), Some(KEY_FILE));
+    for (what, text) in [
+        ("the UserData's output", said.to_owned()),
+        ("the AWS CLI calls", aws_calls(machine).join("\n")),
+        ("the agent's journal", journal(machine)),
+    ] {
+        assert!(!text.contains(&key.value), "{what} shows the fleet key");
+    }
+}
+
+/// The fleet key the stack made (a Secrets Manager secret, 48 letters and digits) reaches every
+/// instance: two of the group's instances, booted one after the other, each hold the same key in
+/// a file only root reads, and their configs name it; a second stack given the first's secret
+/// (FleetKeySecretArn) makes none of its own and its instance holds the same key, one fleet; a
+/// secret's name there, not its ARN, is refused. The instance role may read that secret and no
+/// other.
+#[test]
+fn the_stacks_fleet_key_reaches_each_instance_in_a_file_only_root_reads() {
+    require_root();
+    let mut tarball = None;
+    let objects = bucket(|dir| tarball = Some(release::tarball(dir)));
+    let tarball = tarball.expect("the tarball");
+    let moto = Moto::start();
+    let (app, listen) = (free_port(), free_port());
+    let web = deploy_installing(&moto, "web", app, listen, &tarball);
+    let key = fleet_key(&web).clone();
+    assert!(
+        key.value.len() >= 32 && key.value.chars().all(|c| c.is_ascii_graphic()),
+        "the generated key is at least 32 printable characters without whitespace ({} long)",
+        key.value.len()
+    );
+    let secret_grants: Vec<_> = web
+        .role_grants
+        .iter()
+        .filter(|(a, _)| a.starts_with("secretsmanager:"))
+        .collect();
+    assert_eq!(
+        secret_grants,
+        [&(
+            "secretsmanager:GetSecretValue".to_owned(),
+            key.secret.clone()
+        )],
+        "the instance role may read the fleet key's secret, and no other"
+    );
+    assert_eq!(web.outputs["FleetKeySecret"], key.secret.as_str());
+
+    let url = stack::artifact_url(tarball.name());
+    let shop = deploy(
+        &moto,
+        "shop",
+        app,
+        listen,
+        &[
+            ("AgentArtifactUrl", &url),
+            ("AgentArtifactSha256", &tarball.sha256),
+            ("FleetKeySecretArn", &key.secret),
+        ],
+    );
+    assert_eq!(
+        fleet_key(&shop).secret,
+        key.secret,
+        "the second stack reads the first's secret"
+    );
+    assert!(
+        shop.role_grants
+            .contains(&("secretsmanager:GetSecretValue".into(), key.secret.clone())),
+        "{:?}",
+        shop.role_grants
+    );
+    assert_eq!(shop.outputs["FleetKeySecret"], key.secret.as_str());
+    // A secret's name is no ARN: the role's grant would name nothing.
+    let refused = stack::deploy(
+        &moto,
+        REGION,
+        "named",
+        &[
+            ("AppWorkers", "4"),
+            ("FleetKeySecretArn", "health-agent-fleet-key"),
+        ],
+    );
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.contains("Parameter 'FleetKeySecretArn' must match pattern")),
+        "a secret's name for FleetKeySecretArn: {:?}",
+        refused.err()
+    );
+
+    for (stack, instance) in [(&web, "web 1"), (&web, "web 2"), (&shop, "shop 1")] {
+        let imds = metadata(stack);
+        let machine = stack::boot_instance(&nspawn::rootfs(), objects.path(), PASSWORD, &[&key]);
+        prepare_instance(&machine, app, listen, &imds, &moto);
+        let (code, said) = stack::run_user_data(&machine, &stack.user_data);
+        println!("{instance}: UserData exited {code}:\n{said}");
+        assert_eq!(code, 0, "{said}");
+        assert_holds_the_fleet_key(&machine, &key, &said);
+        println!(
+            "{instance}: {KEY_FILE} 600 root, the secret's {} characters",
+            key.value.len()
+        );
+    }
 }
