@@ -209,4 +209,101 @@ mod tests {
         listed.sort();
         assert_eq!(shipped, listed, "deploy::KUBERNETES lists every manifest");
     }
+
+    /// What `script` prints (JSON) with `input` on its stdin, run by the Python that runs
+    /// kubernetes-validate: xtask has no YAML library, that interpreter has PyYAML (the
+    /// validator's dependency) and tomllib.
+    fn python(script: &str, input: &str) -> serde_json::Value {
+        use std::io::Write;
+        let validator = crate::setup::pip_tool("kubernetes-validate").unwrap();
+        let shebang = std::fs::read_to_string(&validator).unwrap_or_default();
+        let interpreter = shebang
+            .lines()
+            .next()
+            .and_then(|l| l.strip_prefix("#!"))
+            .map(str::trim)
+            .filter(|p| Path::new(p).is_file())
+            .unwrap_or("python3")
+            .to_owned();
+        let mut child = std::process::Command::new(&interpreter)
+            .args(["-c", script])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("running {interpreter}: {e}"));
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(input.as_bytes())
+            .expect("writing to python");
+        let out = child.wait_with_output().expect("python's output");
+        assert!(out.status.success(), "{interpreter} -c {script} failed");
+        serde_json::from_slice(&out.stdout).expect("JSON")
+    }
+
+    /// The DaemonSet's agent takes the fleet key from the Secret health-agent-fleet-key (key
+    /// fleet.key) in the variable its config reads it from, optional so that a cluster without
+    /// the Secret still runs the agent. Read as YAML, and the ConfigMap's config as TOML.
+    #[test]
+    fn the_daemonset_takes_the_fleet_key_from_its_secret() {
+        let file = crate::cmd::root().join("deploy/kubernetes/health-agent.yaml");
+        let text = std::fs::read_to_string(&file).unwrap();
+        let docs = python(
+            "import json, sys, yaml; print(json.dumps([d for d in yaml.safe_load_all(sys.stdin) if d]))",
+            &text,
+        );
+        let docs = docs.as_array().expect("documents");
+        let kind = |k: &str| docs.iter().find(|d| d["kind"] == k).expect(k);
+        let pod = &kind("DaemonSet")["spec"]["template"]["spec"];
+        let agent = pod["containers"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["name"] == "health-agent"))
+            .expect("the health-agent container");
+        let key: Vec<_> = agent["env"]
+            .as_array()
+            .map(|env| {
+                env.iter()
+                    .filter(|e| e["name"] == "HEALTH_AGENT_FLEET_KEY")
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert_eq!(key.len(), 1, "one HEALTH_AGENT_FLEET_KEY: {}", agent["env"]);
+        assert_eq!(
+            key[0]["valueFrom"],
+            serde_json::json!({"secretKeyRef": {
+                "name": "health-agent-fleet-key", "key": "fleet.key", "optional": true}}),
+            "from the Secret, never a value in the manifest: {}",
+            key[0]
+        );
+        assert!(key[0].get("value").is_none(), "{}", key[0]);
+
+        // The config the ConfigMap mounts reads the key from that variable: no key_file, and
+        // key_env left at its default or naming it.
+        let config_map = pod["volumes"]
+            .as_array()
+            .and_then(|v| v.iter().find_map(|v| v["configMap"]["name"].as_str()))
+            .expect("the config's ConfigMap");
+        let toml = docs
+            .iter()
+            .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == config_map)
+            .and_then(|d| d["data"]["health-agent.toml"].as_str())
+            .expect("the ConfigMap's health-agent.toml");
+        let config = python(
+            "import json, sys, tomllib; print(json.dumps(tomllib.loads(sys.stdin.read())))",
+            toml,
+        );
+        let fleet = &config["fleet"];
+        assert!(
+            fleet["key_file"].as_str().unwrap_or_default().is_empty(),
+            "the config reads a key_file, not the variable the DaemonSet sets: {fleet}"
+        );
+        assert!(
+            matches!(
+                fleet["key_env"].as_str(),
+                None | Some("HEALTH_AGENT_FLEET_KEY")
+            ),
+            "the config reads another variable than the DaemonSet sets: {fleet}"
+        );
+    }
 }
