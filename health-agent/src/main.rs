@@ -157,6 +157,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             let loaded = Config::load_all(&file)?;
             println!("{}: valid", loaded.describe());
+            // Valid either way: without the key the agent still starts and judges alone. But a
+            // key file another user may read, or a variable not set, is worth saying here.
+            match oneshot::fleet_key(&loaded.config) {
+                Some(k) if k.held() => println!("{}", k.describe()),
+                Some(k) => eprintln!("warning: {}", k.describe()),
+                None => {}
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Config { .. } => {
@@ -168,7 +175,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let loaded = Config::load_all(&path)?;
             let rt = runtime()?;
             let snap = rt.block_on(oneshot::run(&loaded.config));
-            let fleet = oneshot::fleet_line(&loaded.config);
+            let fleet = oneshot::fleet_key(&loaded.config).map(|k| k.describe());
             if json {
                 println!("{}", oneshot::json(&snap));
                 for note in &loaded.from_env.notes {
@@ -239,8 +246,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 "configuration: {}; {}{}",
                 loaded.describe(),
                 health_agent::oneshot::tier_line(&loaded.config.web),
-                health_agent::oneshot::fleet_line(&loaded.config)
-                    .map(|f| format!("; {f}"))
+                health_agent::oneshot::fleet_key(&loaded.config)
+                    .map(|k| format!("; {}", k.describe()))
                     .unwrap_or_default()
             );
             let from_env: Vec<String> = loaded

@@ -251,13 +251,12 @@ pub fn table(d: &Decision, r: &Report) -> String {
     out
 }
 
-/// With `[fleet]`: whether this agent holds the fleet key, so whether its peers are counted.
-/// `check` prints it as a row, `serve` in its first log line. (It reads the key as `serve`
-/// does, and shows only its id.)
-pub fn fleet_line(cfg: &Config) -> Option<String> {
+/// With `[fleet]`: the fleet key as `serve` would read it, so whether its peers are counted.
+/// `check` prints it as a row, `config --validate` and `serve`'s first log line say it.
+pub fn fleet_key(cfg: &Config) -> Option<crate::fleet::key::FleetKey> {
     cfg.fleet
         .enabled()
-        .then(|| crate::fleet::key::FleetKey::load(&cfg.fleet).describe())
+        .then(|| crate::fleet::key::FleetKey::load(&cfg.fleet))
 }
 
 /// The rows `check` prints after the table: where each secret in use comes from, and the

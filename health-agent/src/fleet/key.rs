@@ -235,6 +235,10 @@ impl FleetKey {
         }
     }
 
+    pub fn held(&self) -> bool {
+        matches!(self, Self::Held(_))
+    }
+
     /// What the first log line, `check` and `details.fleet` say of it.
     pub fn describe(&self) -> String {
         match self {
