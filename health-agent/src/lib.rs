@@ -6,6 +6,7 @@
 //! Module map, from the leaves up (outside tests, a module imports only from those above it):
 //! - `status`: every state enum, the shared vocabulary (a leaf);
 //! - `text`: truncation, rounding and RFC 3339 timestamps for display (a leaf);
+//! - `capped`: an HTTP answer from outside read up to a cap while it streams (a leaf);
 //! - `dburl`: database URLs, parsing and redaction (a leaf shared by `config` and the database
 //!   check);
 //! - `redact`: secrets out of log lines and messages (a leaf used by `config` and `alerts`);
@@ -55,6 +56,7 @@
 pub mod agent_check;
 pub mod alerts;
 pub mod aws;
+pub(crate) mod capped;
 pub mod checks;
 pub mod cloudwatch;
 pub mod config;

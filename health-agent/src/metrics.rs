@@ -553,7 +553,7 @@ fn heal_and_fleet(o: &mut Out, s: &Snapshot) {
         );
         o.labeled_counter(
             "fleet_peer_failures",
-            "Peer answers not counted since start, by reason: unproven (not signed with the fleet key for this ask), out_of_range, too_large, not_a_view, version, transport, status",
+            "Peer answers not counted since start, by reason: unproven (not signed with the fleet key for this ask), refused (the peer refused our proof), out_of_range, too_large, not_a_view, version, transport, status",
             crate::fleet::exchange::FAILURE_REASONS
                 .iter()
                 .zip(f.failures)

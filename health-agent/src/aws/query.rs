@@ -231,27 +231,22 @@ pub async fn call_unsigned(
 }
 
 async fn send(req: reqwest::RequestBuilder, body: String) -> Result<String, QueryError> {
-    let mut resp = req
+    let resp = req
         .header("content-type", CONTENT_TYPE)
         .body(body)
         .send()
         .await
         .map_err(|e| QueryError::Transport(without_url(&e)))?;
     let status = resp.status();
-    let mut answer = Vec::new();
-    while let Some(chunk) = resp
-        .chunk()
+    let answer = crate::capped::body(resp, MAX_ANSWER)
         .await
-        .map_err(|e| QueryError::Transport(without_url(&e)))?
-    {
-        if answer.len() + chunk.len() > MAX_ANSWER {
-            return Err(QueryError::Transport(format!(
+        .map_err(|e| match e {
+            crate::capped::CappedError::Transport(e) => QueryError::Transport(without_url(&e)),
+            crate::capped::CappedError::TooLarge { .. } => QueryError::Transport(format!(
                 "the answer is larger than {} MiB",
                 MAX_ANSWER >> 20
-            )));
-        }
-        answer.extend_from_slice(&chunk);
-    }
+            )),
+        })?;
     let text = String::from_utf8_lossy(&answer).into_owned();
     if status.is_success() {
         return Ok(text);

@@ -52,7 +52,7 @@ impl Consul {
             .map_err(|()| error("fleet.consul_addr cannot take a path".into()))?
             .pop_if_empty()
             .extend(["v1", "catalog", "service", &cfg.consul_service]);
-        let token = read_token(cfg).map_err(error)?;
+        let token = read_token(cfg)?;
         Ok(Self {
             url,
             service: cfg.consul_service.clone(),
@@ -67,18 +67,17 @@ impl Consul {
         if let Some(t) = &self.token {
             req = req.header(TOKEN_HEADER, t.clone());
         }
-        let mut resp = req
+        let resp = req
             .send()
             .await
             .and_then(|r| r.error_for_status())
             .map_err(|e| self.error(short(&e)))?;
-        let mut body = Vec::new();
-        while let Some(chunk) = resp.chunk().await.map_err(|e| self.error(short(&e)))? {
-            if body.len() + chunk.len() > MAX_BODY {
-                return Err(self.error(format!("the answer is larger than {MAX_BODY} bytes")));
-            }
-            body.extend_from_slice(&chunk);
-        }
+        let body = crate::capped::body(resp, MAX_BODY)
+            .await
+            .map_err(|e| match e {
+                crate::capped::CappedError::Transport(e) => self.error(short(&e)),
+                too_large => self.error(too_large.to_string()),
+            })?;
         let entries: Vec<CatalogEntry> = serde_json::from_slice(&body)
             .map_err(|e| self.error(format!("not a catalog answer: {e}")))?;
         Ok(entries.iter().filter_map(CatalogEntry::peer).collect())
@@ -94,16 +93,20 @@ impl Consul {
 
 /// The token, marked sensitive (kept out of reqwest's Debug output), or None. The file must be
 /// readable and hold one; the variable counts when set and not empty.
-fn read_token(cfg: &FleetConfig) -> Result<Option<HeaderValue>, String> {
+fn read_token(cfg: &FleetConfig) -> Result<Option<HeaderValue>, DiscoveryError> {
+    let error = |reason: String| DiscoveryError::Consul {
+        service: cfg.consul_service.clone(),
+        reason,
+    };
     let (token, from) = if !cfg.consul_token_file.is_empty() {
         let path = &cfg.consul_token_file;
         let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("fleet.consul_token_file {path}: {e}"))?;
+            .map_err(|e| error(format!("fleet.consul_token_file {path}: {e}")))?;
         let first = text.lines().next().unwrap_or("").trim().to_string();
         if first.is_empty() {
-            return Err(format!(
+            return Err(error(format!(
                 "fleet.consul_token_file {path}: its first line holds no token"
-            ));
+            )));
         }
         (first, format!("fleet.consul_token_file {path}"))
     } else if !cfg.consul_token_env.is_empty() {
@@ -120,8 +123,11 @@ fn read_token(cfg: &FleetConfig) -> Result<Option<HeaderValue>, String> {
     } else {
         return Ok(None);
     };
-    let mut value = HeaderValue::from_str(&token)
-        .map_err(|_| format!("the token in {from} holds characters a header cannot carry"))?;
+    let mut value = HeaderValue::from_str(&token).map_err(|_| {
+        error(format!(
+            "the token in {from} holds characters a header cannot carry"
+        ))
+    })?;
     value.set_sensitive(true);
     Ok(Some(value))
 }

@@ -22,7 +22,7 @@ use super::{
     view::{ViewError, MAX_VIEW_BYTES},
     PeerView, Round, FRESH_ANSWERS, FRESH_DEPENDENCY, VIEW_PATH,
 };
-use crate::config::FleetConfig;
+use crate::{capped::CappedError, config::FleetConfig};
 
 /// Why a peer gave no usable view. Shown in `details.fleet.peers_failed`, counted by reason in
 /// `/metrics`, never a reason to change this instance's answer.
@@ -33,6 +33,9 @@ pub enum PeerError {
     Transport(String),
     #[error("HTTP {0}")]
     Status(u16),
+    /// The peer refused this agent's ask (401, 403), saying why.
+    #[error("refused our ask (HTTP {status}): {why}")]
+    Refused { status: u16, why: String },
     /// The answer grew past `view::MAX_VIEW_BYTES`: cut off there, not read on.
     #[error("an answer over {} KiB: cut off", MAX_VIEW_BYTES / 1024)]
     TooLarge,
@@ -49,6 +52,7 @@ impl PeerError {
         match self {
             Self::Transport(_) => "transport",
             Self::Status(_) => "status",
+            Self::Refused { .. } => "refused",
             Self::TooLarge => "too_large",
             Self::Unproven(_) => "unproven",
             Self::View(ViewError::NotJson(_)) => "not_a_view",
@@ -65,9 +69,10 @@ impl PeerError {
 }
 
 /// Every `PeerError::reason`, in the order `/metrics` lists them.
-pub const FAILURE_REASONS: [&str; 7] = [
+pub const FAILURE_REASONS: [&str; 8] = [
     "transport",
     "status",
+    "refused",
     "too_large",
     "unproven",
     "not_a_view",
@@ -123,6 +128,9 @@ pub struct Exchange {
     /// per peer and reason, not every round.
     logged: Mutex<HashMap<String, &'static str>>,
 }
+
+/// A refusal's body is one line of text; more is not read.
+const REFUSAL_BYTES: usize = 512;
 
 /// Peers remembered in `Exchange::logged`; past this the memory starts over (a flood of
 /// addresses from DNS or Consul must not grow the agent).
@@ -284,15 +292,40 @@ impl Exchange {
             .send()
             .await
             .map_err(|e| PeerError::Transport(short(&e)))?;
+        let status = resp.status().as_u16();
+        if matches!(status, 401 | 403) {
+            // The peer refused our proof: its one line says why (another key, our clock off by
+            // minutes, no key there), which is what an operator needs to fix it.
+            let why = crate::capped::body(resp, REFUSAL_BYTES)
+                .await
+                .ok()
+                .map(|b| {
+                    String::from_utf8_lossy(&b)
+                        .lines()
+                        .next()
+                        .unwrap_or("")
+                        .to_string()
+                })
+                .unwrap_or_default();
+            return Err(PeerError::Refused {
+                status,
+                why: crate::text::clean(&why).chars().take(200).collect(),
+            });
+        }
         if !resp.status().is_success() {
-            return Err(PeerError::Status(resp.status().as_u16()));
+            return Err(PeerError::Status(status));
         }
         let proof = resp
             .headers()
             .get(proof::PROOF_HEADER)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
-        let body = read_capped(resp, MAX_VIEW_BYTES).await?;
+        let body = crate::capped::body(resp, MAX_VIEW_BYTES)
+            .await
+            .map_err(|e| match e {
+                CappedError::TooLarge { .. } => PeerError::TooLarge,
+                CappedError::Transport(e) => PeerError::Transport(short(&e)),
+            })?;
         key.check_view(proof.as_deref(), &nonce, &body)?;
         Ok(PeerView::parse(&body)?)
     }
@@ -353,26 +386,6 @@ impl Exchange {
             })?;
         Ok(addrs.map(|a| a.to_string()).collect())
     }
-}
-
-/// The body of `resp`, refused as soon as it grows past `cap`: a peer that streams gigabytes
-/// costs at most `cap` bytes and `fleet.timeout`.
-async fn read_capped(mut resp: reqwest::Response, cap: usize) -> Result<Vec<u8>, PeerError> {
-    if resp.content_length().is_some_and(|n| n > cap as u64) {
-        return Err(PeerError::TooLarge);
-    }
-    let mut body = Vec::new();
-    while let Some(chunk) = resp
-        .chunk()
-        .await
-        .map_err(|e| PeerError::Transport(short(&e)))?
-    {
-        if body.len() + chunk.len() > cap {
-            return Err(PeerError::TooLarge);
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
 }
 
 /// A reqwest error without its URL (a peer URL holds nothing secret, but keep lines short).

@@ -574,9 +574,10 @@ fn without_the_key_no_peer_is_counted_and_every_place_says_why() {
     assert!(row.contains("no fleet key"), "check printed:\n{text}");
     // The peer that holds the key gets no view from an agent without one.
     let (_, peer_health) = peer.wait_health(WAIT, "the keyed peer to be refused a view", |_, b| {
-        peers_failed(b)
-            .iter()
-            .any(|f| f.starts_with(&format!("{me}: HTTP 403")))
+        peers_failed(b).iter().any(|f| {
+            f.starts_with(&format!("{me}: refused our ask (HTTP 403)"))
+                && f.contains("no fleet key")
+        })
     });
     assert!(
         peer_health["details"]["fleet"]["peers_answered"]
