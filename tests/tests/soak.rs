@@ -736,18 +736,26 @@ fn figures(samples: &[Sampled], warm_up: Duration) -> (String, Vec<String>) {
             .map(|v| v.1)
             .max()
             .unwrap_or(0) as f64;
-        // The accept maps are keyed by any process on the host that accepts while accept()
-        // is traced (tests beside the soak included); LRU and preallocated, so their memory
-        // is fixed and their fill is bounded by their capacity. The others are the agent's
-        // own connections and ports: back to their warm level.
-        let host_wide = m.starts_with("ACCEPT");
+        // LRU and preallocated, so their memory is fixed and their fill is bounded by their
+        // capacity: the accept maps, keyed by any process on the host that accepts while
+        // accept() is traced (tests beside the soak included), and ANSWER_STARTS, one entry
+        // per connection of the watched port that sent an answer, left to the LRU (no program
+        // sees a connection's end by its cookie). The others are the agent's own connections
+        // and ports: back to their warm level.
+        let lru = if m.starts_with("ACCEPT") {
+            Some("LRU, host-wide")
+        } else if m == "ANSWER_STARTS" {
+            Some("LRU, one entry per answering connection")
+        } else {
+            None
+        };
         figure(
             format!("BPF map {m} (entries)"),
             series(&|x| x.maps.get(&m).map(|v| v.0 as f64)),
             &move |s, end| {
-                if host_wide {
+                if let Some(kind) = lru {
                     (
-                        format!("≤ capacity {capacity:.0} (LRU, host-wide)"),
+                        format!("≤ capacity {capacity:.0} ({kind})"),
                         s.max_after_warm <= capacity,
                     )
                 } else {
