@@ -22,6 +22,9 @@ const MAX_ALERTS: usize = 16;
 const MAX_ENDPOINT: usize = 261;
 const MAX_NAME: usize = 253;
 const MAX_ID: usize = 64;
+/// A view nests three levels; a document nested deeper is no view, whatever field holds it
+/// (unknown fields are skipped, not refused, so that a newer peer's view still reads).
+const MAX_DEPTH: usize = 16;
 
 /// Why a peer's answer is not a view this agent counts.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -44,6 +47,11 @@ fn bad(field: impl Into<String>, why: &'static str) -> ViewError {
 impl PeerView {
     /// The view in `body`, checked whole.
     pub fn parse(body: &[u8]) -> Result<Self, ViewError> {
+        if depth(body) > MAX_DEPTH {
+            return Err(ViewError::NotJson(format!(
+                "nested deeper than {MAX_DEPTH} levels"
+            )));
+        }
         let view: PeerView = serde_json::from_slice(body).map_err(|e| {
             // serde's message names the line and column, never echoes the input at length.
             let mut s = e.to_string();
@@ -91,6 +99,33 @@ impl PeerView {
         }
         Ok(())
     }
+}
+
+/// How deep `body` nests arrays and objects, strings skipped; one pass, no allocation.
+fn depth(body: &[u8]) -> usize {
+    let (mut depth, mut deepest) = (0usize, 0usize);
+    let (mut in_string, mut escaped) = (false, false);
+    for &b in body {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
 }
 
 fn latency(l: &PeerLatency) -> Result<(), ViewError> {
@@ -228,6 +263,15 @@ mod tests {
     fn hostile_shapes_are_rejected() {
         let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
         assert!(err(&deep).contains("not a peer view"));
+        // In a field the view does not know, which serde would skip whole.
+        let e = err(&format!(
+            r#"{{"version":1,"future":{}{}}}"#,
+            "[".repeat(10_000),
+            "]".repeat(10_000)
+        ));
+        assert!(e.contains("nested deeper than 16 levels"), "{e}");
+        // Brackets inside strings are text.
+        assert_eq!(depth(br#"{"host":"[[[[{{{{\"[[[["}"#), 1);
         let e = err(&format!(
             r#"{{"version":1,"host":"{}"}}"#,
             "x".repeat(1_000)

@@ -336,7 +336,7 @@ fn hostile_views() -> Vec<(&'static str, String, &'static str)> {
                 "[".repeat(10_000),
                 "]".repeat(10_000)
             ),
-            "recursion limit exceeded",
+            "nested deeper than 16 levels",
         ),
     ]
 }
