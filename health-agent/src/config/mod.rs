@@ -35,6 +35,7 @@ pub use sections::{
     DiskConfig, DrainConfig, FleetConfig, HealConfig, ScalingConfig, ServerConfig, WebConfig,
 };
 pub use web_modes::{AcceptTracing, KernelTier, ProbeScheme, SocketTracing};
+pub(crate) use trust::foreign_owner;
 
 // Database URLs are checked and redacted by a leaf module shared with the database check.
 use crate::dburl::{has_password, validate_url};

@@ -33,7 +33,9 @@ fn writable_by_others(mode: u32) -> bool {
     mode & 0o022 != 0
 }
 
-fn foreign_owner(uid: u32, euid: u32) -> bool {
+/// Owned by neither root nor the user the agent runs as: whoever owns it can change what the
+/// agent trusts (a config file, the fleet key).
+pub(crate) fn foreign_owner(uid: u32, euid: u32) -> bool {
     uid != 0 && uid != euid
 }
 

@@ -206,7 +206,7 @@ fn trusted(path: &str, mode: u32, uid: u32, own_uid: u32) -> Result<(), KeyError
             mode: mode & 0o7777,
         });
     }
-    if uid != 0 && uid != own_uid {
+    if crate::config::foreign_owner(uid, own_uid) {
         return Err(KeyError::Owner {
             path: path.to_string(),
             uid,
