@@ -34,8 +34,8 @@ pub use sections::{
     AlertsConfig, ChecksConfig, CloudWatchConfig, ContainersConfig, DatabaseConfig, Details,
     DiskConfig, DrainConfig, FleetConfig, HealConfig, ScalingConfig, ServerConfig, WebConfig,
 };
-pub use web_modes::{AcceptTracing, KernelTier, ProbeScheme, SocketTracing};
 pub(crate) use trust::foreign_owner;
+pub use web_modes::{AcceptTracing, KernelTier, ProbeScheme, SocketTracing};
 
 // Database URLs are checked and redacted by a leaf module shared with the database check.
 use crate::dburl::{has_password, validate_url};
